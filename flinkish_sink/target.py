@@ -1,0 +1,127 @@
+"""The contract every two-phase-commit target implements.
+
+Flink's ``TwoPhaseCommitSinkFunction`` splits a transactional sink into beginTransaction,
+invoke (write), preCommit, commit and abort, plus recoverAndCommit / recoverAndAbort after a
+failure. Here the task side (Spark write tasks) runs the first three and the driver side
+(``commit(messages, batchId)``) runs the rest, so the only thing that crosses from one to the
+other is the JSON-serialisable :class:`PreCommit` each task returns.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import pyarrow as pa
+
+_GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
+
+
+@dataclass(frozen=True, order=True)
+class TransactionId:
+    """Deterministic id of one write attempt's transaction: prefix, query, epoch, task, attempt.
+
+    Deterministic so that recovery can find every transaction a query ever opened by its prefix
+    and query, and decide each one from the epoch it names.
+    """
+
+    prefix: str
+    query: str
+    epoch: int
+    task: int
+    attempt: int
+
+    def __post_init__(self) -> None:
+        for name in ("prefix", "query"):
+            value = getattr(self, name)
+            if not _GID_PART.match(value):
+                raise ValueError(
+                    f"transaction id {name} {value!r} may only hold letters, digits, '_', '.' "
+                    "and '-'"
+                )
+
+    @property
+    def gid(self) -> str:
+        """The global id, e.g. ``flinkish:q1:7:3:0`` (PostgreSQL's PREPARE TRANSACTION id)."""
+        return f"{self.prefix}:{self.query}:{self.epoch}:{self.task}:{self.attempt}"
+
+    @classmethod
+    def parse(cls, gid: str) -> TransactionId | None:
+        """The id behind ``gid``, or None when ``gid`` is not one of ours."""
+        parts = gid.split(":")
+        if len(parts) != 5:
+            return None
+        prefix, query, epoch, task, attempt = parts
+        if not (epoch.isdigit() and task.isdigit() and attempt.isdigit()):
+            return None
+        try:
+            return cls(prefix, query, int(epoch), int(task), int(attempt))
+        except ValueError:
+            return None
+
+
+@dataclass(frozen=True)
+class PreCommit:
+    """What a task hands the driver: which transaction it pre-committed and what it holds."""
+
+    txn: TransactionId
+    rows: int
+    late_rows: int = 0
+    detail: dict[str, Any] | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gid": self.txn.gid,
+            "rows": self.rows,
+            "late_rows": self.late_rows,
+            "detail": self.detail or {},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> PreCommit:
+        txn = TransactionId.parse(data["gid"])
+        if txn is None:
+            raise ValueError(f"not a flinkish transaction id: {data['gid']!r}")
+        return cls(txn, int(data["rows"]), int(data.get("late_rows", 0)), data.get("detail") or None)
+
+
+class TaskTransaction(Protocol):
+    """One open transaction on the task side (Flink: the TXN handle)."""
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Add rows to the transaction (Flink: invoke)."""
+
+    def pre_commit(self) -> PreCommit:
+        """Make the rows durable but invisible; after this only the driver decides."""
+
+    def abort(self) -> None:
+        """Throw the transaction away (the task failed before pre-committing)."""
+
+
+class Target(Protocol):
+    """A place rows go to, with a prepare/commit split (PostgreSQL, Parquet files)."""
+
+    def check(self, schema: pa.Schema) -> None:
+        """Fail at query start with a clear message if the target cannot take ``schema``
+        (creating what is missing, e.g. the table)."""
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> TaskTransaction:
+        """Open a transaction for one task attempt (Flink: beginTransaction)."""
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """Write and make visible at once (at-least-once / none delivery)."""
+
+    def commit(self, pre_commit: PreCommit) -> None:
+        """Make a pre-committed transaction visible. Idempotent: a transaction that is no
+        longer pending was committed before (the protocol never rolls back a decided one)."""
+
+    def rollback(self, txn: TransactionId) -> None:
+        """Discard a pre-committed (or half-written) transaction. Idempotent."""
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        """Every pre-committed or half-written transaction of ``prefix``/``query`` still
+        lingering in the target (prepared transactions, staged files)."""
+
+    def close(self) -> None:
+        """Release connections."""
