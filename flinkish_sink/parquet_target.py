@@ -1,0 +1,417 @@
+"""Parquet files as a two-phase-commit target.
+
+Flink's ``FileSink`` pre-commits by closing "in-progress" part files under a hidden name and
+commits by renaming them into place; this is the same idea on any ``pyarrow.fs`` filesystem.
+
+Layout under the target directory ``path``::
+
+    part-<prefix>-<query>-<epoch:09d>-<task:05d>-<attempt>-<n:03d>.parquet   committed data
+    part-direct-<uuid>.parquet                                              at-least-once data
+    _flinkish_staging/<prefix>~<query>~<epoch>~<task>~<attempt>/<part file> staged (pre-committed)
+    _flinkish_staging/_direct/<part file>                                   write_direct temp
+    _flinkish_epochs/<query>/<epoch:09d>.json                               epoch commit records
+
+Committed files sit flat under ``path`` (no ``epoch=N`` directories) so that Spark's partition
+discovery does not add a column the query never produced. Everything else lives under names
+starting with ``_``, which ``spark.read.parquet`` and ``pyarrow.dataset`` (``ignore_prefixes``
+``['.', '_']``) both skip, so readers only ever see committed epochs.
+
+Committed names follow from the transaction id (and a file number), so committing is a rename
+that can be repeated: a staged file that is gone while its committed name exists was moved
+before. A
+staging directory name is ``txn.gid`` with ``:`` (not allowed on every filesystem) replaced by
+``~``, which no id part can contain, so :meth:`ParquetTarget.pending` reverses it exactly.
+
+A transaction that wrote no rows stages and commits no file at all: an empty epoch leaves the
+data unchanged, and its epoch record still says it is in. (So until the first rows are
+committed, ``spark.read.parquet(path)`` has no file to infer a schema from and needs one given.)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from flinkish_sink.target import PreCommit, TransactionId
+
+STAGING_DIR = "_flinkish_staging"
+EPOCHS_DIR = "_flinkish_epochs"
+_DIRECT_DIR = "_direct"
+_GID_SEPARATOR = "~"
+_QUERY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+_EPOCH_RECORD = re.compile(r"^(\d+)\.json$")
+
+
+class ParquetTarget:
+    """Directory of Parquet files with staged-then-renamed commits.
+
+    Holds only a pyarrow filesystem (picklable) and paths, so it ships to Spark tasks as is.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None):
+        """``path`` is a local directory or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
+        (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a
+        transaction over to a new file after that many rows (None: one file per transaction)."""
+        text = os.fspath(path)
+        if not text:
+            raise ValueError("Parquet target path is empty")
+        try:
+            if "://" in text:
+                filesystem, base = pafs.FileSystem.from_uri(text)
+            else:
+                filesystem, base = pafs.LocalFileSystem(), os.path.abspath(text)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"cannot use {text!r} as a Parquet target path: {exc}") from exc
+        self._setup(filesystem, base, text, max_rows_per_file)
+
+    @classmethod
+    def from_filesystem(
+        cls,
+        filesystem: pafs.FileSystem,
+        base_path: str,
+        *,
+        max_rows_per_file: int | None = None,
+    ) -> ParquetTarget:
+        """A target on an already-built filesystem (tests, custom credentials)."""
+        target = cls.__new__(cls)
+        target._setup(
+            filesystem, base_path, f"{filesystem.type_name}:{base_path}", max_rows_per_file
+        )
+        return target
+
+    def _setup(
+        self, filesystem: pafs.FileSystem, base: str, where: str, max_rows_per_file: int | None
+    ) -> None:
+        base = base.rstrip("/")
+        if not base:
+            raise ValueError(f"Parquet target {where!r} is a filesystem root; name a directory")
+        if max_rows_per_file is not None and max_rows_per_file < 1:
+            raise ValueError(f"max_rows_per_file must be positive, got {max_rows_per_file}")
+        self._fs = filesystem
+        self._base = base
+        self._where = where
+        self._max_rows_per_file = max_rows_per_file
+
+    def __repr__(self) -> str:
+        return f"ParquetTarget({self._where!r})"
+
+    # -- paths ---------------------------------------------------------------------------------
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self._base, *parts))
+
+    def staged_dir(self, txn: TransactionId) -> str:
+        """Where the files of ``txn`` wait for the commit."""
+        return self._path(STAGING_DIR, txn.gid.replace(":", _GID_SEPARATOR))
+
+    def _epochs_dir(self, query: str) -> str:
+        if not _QUERY_NAME.match(query) or query in (".", ".."):
+            raise ValueError(
+                f"query name {query!r} must be letters, digits, '_', '.' and '-', "
+                "and not '.' or '..'"
+            )
+        return self._path(EPOCHS_DIR, query)
+
+    # -- Target --------------------------------------------------------------------------------
+
+    def check(self, schema: pa.Schema) -> None:
+        """Create the directory, or make sure the files already in it hold ``schema``.
+
+        Compares against the schema a reader of the directory sees, so a mismatch is caught at
+        query start rather than as an unreadable mix of files later.
+        """
+        info = self._fs.get_file_info(self._base)
+        if info.type == pafs.FileType.File:
+            raise ValueError(f"Parquet target {self._where!r} is a file, not a directory")
+        if info.type == pafs.FileType.NotFound:
+            self._fs.create_dir(self._base, recursive=True)
+            return
+        dataset = ds.dataset(self._base, filesystem=self._fs, format="parquet")
+        if not dataset.files:
+            return
+        differences = schema_differences(dataset.schema, schema)
+        if differences:
+            raise ValueError(
+                f"Parquet target {self._where!r} already holds files with another schema: "
+                + "; ".join(differences)
+            )
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> ParquetTransaction:
+        return ParquetTransaction(self, txn, schema)
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """Write one visible file, under a unique name, appearing whole (temp file + rename)."""
+        if batch.num_rows == 0:
+            return
+        name = f"part-direct-{uuid.uuid4().hex}.parquet"
+        temp = self._path(STAGING_DIR, _DIRECT_DIR, name)
+        self._fs.create_dir(self._path(STAGING_DIR, _DIRECT_DIR), recursive=True)
+        try:
+            with pq.ParquetWriter(temp, batch.schema, filesystem=self._fs) as writer:
+                writer.write_batch(batch)
+            self._sync(temp)
+            self._fs.move(temp, self._path(name))
+        except BaseException:
+            _delete_file_if_present(self._fs, temp)
+            raise
+        self._sync(self._base)
+
+    def commit(self, pre_commit: PreCommit) -> None:
+        """Rename the staged files into place, then drop the staging directory.
+
+        Every file is checked before any is moved, so a transaction whose files were deleted
+        behind our back fails whole instead of half-appearing. On S3/GCS a move is a copy and a
+        delete, but the committed object still appears whole, never partially written.
+        """
+        txn = pre_commit.txn
+        names = _files_of(pre_commit)
+        directory = self.staged_dir(txn)
+        staged = [f"{directory}/{name}" for name in names]
+        final = [self._path(name) for name in names]
+        infos = self._fs.get_file_info(staged + final)
+        staged_present = [i.type != pafs.FileType.NotFound for i in infos[: len(names)]]
+        final_present = [i.type != pafs.FileType.NotFound for i in infos[len(names) :]]
+        lost = [
+            name
+            for name, s, f in zip(names, staged_present, final_present, strict=True)
+            if not (s or f)
+        ]
+        if lost:
+            raise RuntimeError(
+                f"cannot commit {txn.gid} to {self._where!r}: files {lost} are neither staged in "
+                f"{directory!r} nor committed; they were removed outside flinkish"
+            )
+        for source, dest, present in zip(staged, final, staged_present, strict=True):
+            if present:
+                self._fs.move(source, dest)
+        self._sync(self._base)
+        self._delete_dir_if_present(directory)
+
+    def rollback(self, txn: TransactionId) -> None:
+        self._delete_dir_if_present(self.staged_dir(txn))
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        """Transactions of ``prefix``/``query`` that still have a staging directory."""
+        selector = pafs.FileSelector(self._path(STAGING_DIR), allow_not_found=True)
+        found = []
+        for info in self._fs.get_file_info(selector):
+            if info.type != pafs.FileType.Directory:
+                continue
+            txn = TransactionId.parse(info.base_name.replace(_GID_SEPARATOR, ":"))
+            if txn is not None and txn.prefix == prefix and txn.query == query:
+                found.append(txn)
+        return sorted(found)
+
+    def close(self) -> None:
+        """Nothing to release: every file is opened and closed within one call."""
+
+    # -- epoch records -------------------------------------------------------------------------
+
+    def publish_epoch(
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+    ) -> None:
+        """Record that ``epoch`` of ``query`` is committed, so consumers can ask how far the
+        data is complete. Republishing an epoch changes nothing.
+
+        Each record also carries ``max_watermark`` (the largest watermark so far, carried over from
+        the newest record before it), so :meth:`committed_watermark` reads one record, not
+        all of them. That relies on epochs being published in order, as the driver commits
+        them.
+        """
+        directory = self._epochs_dir(query)
+        path = f"{directory}/{epoch:09d}.json"
+        if self._fs.get_file_info(path).type != pafs.FileType.NotFound:
+            return
+        self._fs.create_dir(directory, recursive=True)
+        previous = self._latest_epoch_record(query)
+        earlier = None if previous is None else previous["max_watermark"]
+        candidates = [w for w in (watermark, earlier) if w is not None]
+        record = {
+            "query": query,
+            "epoch": epoch,
+            "watermark": watermark,
+            "max_watermark": max(candidates) if candidates else None,
+            "rows": rows,
+            "late_rows": late_rows,
+        }
+        temp = f"{directory}/.{epoch:09d}.json.{uuid.uuid4().hex}.tmp"
+        try:
+            with self._fs.open_output_stream(temp) as out:
+                out.write(json.dumps(record, sort_keys=True).encode())
+            self._sync(temp)
+            self._fs.move(temp, path)
+        except BaseException:
+            _delete_file_if_present(self._fs, temp)
+            raise
+        self._sync(directory)
+
+    def committed_watermark(self, query: str) -> int | None:
+        """The largest watermark of any published epoch of ``query`` (None: none yet)."""
+        record = self._latest_epoch_record(query)
+        return None if record is None else record["max_watermark"]
+
+    def _latest_epoch_record(self, query: str) -> dict[str, Any] | None:
+        selector = pafs.FileSelector(self._epochs_dir(query), allow_not_found=True)
+        latest: tuple[int, str] | None = None
+        for info in self._fs.get_file_info(selector):
+            match = _EPOCH_RECORD.match(info.base_name)
+            if match and info.is_file and (latest is None or int(match[1]) > latest[0]):
+                latest = (int(match[1]), info.path)
+        if latest is None:
+            return None
+        with self._fs.open_input_stream(latest[1]) as stream:
+            record: dict[str, Any] = json.loads(stream.read())
+        return record
+
+    # -- helpers -------------------------------------------------------------------------------
+
+    def _delete_dir_if_present(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.delete_dir(path)
+
+    def _sync(self, path: str) -> None:
+        """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a
+        pre-commit or commit survives a machine crash; remote stores make a closed file or a
+        rename durable by themselves."""
+        local = _local_os_path(self._fs, path)
+        if local is None or os.name != "posix":
+            return
+        fd = os.open(local, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+class ParquetTransaction:
+    """One task attempt's staged files, written as the batches arrive.
+
+    Each batch goes straight to a ``ParquetWriter`` (one row group per batch), so memory holds
+    at most one batch however many rows the task writes.
+    """
+
+    def __init__(self, target: ParquetTarget, txn: TransactionId, schema: pa.Schema):
+        self._target = target
+        self._txn = txn
+        self._schema = schema
+        self._dir = target.staged_dir(txn)
+        self._files: list[str] = []
+        self._writer: pq.ParquetWriter | None = None
+        self._file_rows = 0
+        self._rows = 0
+        self._finished = False
+        # A re-run of the same task attempt id supersedes whatever an earlier run staged.
+        target._fs.create_dir(self._dir, recursive=True)
+        target._fs.delete_dir_contents(self._dir, missing_dir_ok=True)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._finished:
+            raise RuntimeError(f"transaction {self._txn.gid} is already pre-committed or aborted")
+        limit = self._target._max_rows_per_file
+        offset = 0
+        while offset < batch.num_rows:
+            if self._writer is None:
+                self._open_file()
+            assert self._writer is not None
+            take = batch.num_rows - offset
+            if limit is not None:
+                take = min(take, limit - self._file_rows)
+            self._writer.write_batch(batch.slice(offset, take))
+            offset += take
+            self._file_rows += take
+            self._rows += take
+            if limit is not None and self._file_rows >= limit:
+                self._close_file()
+
+    def pre_commit(self) -> PreCommit:
+        """Close and fsync the staged files; the driver now decides their fate."""
+        if self._finished:
+            raise RuntimeError(f"transaction {self._txn.gid} is already pre-committed or aborted")
+        self._finished = True
+        self._close_file()
+        self._target._sync(self._dir)
+        return PreCommit(self._txn, self._rows, detail={"files": list(self._files)})
+
+    def abort(self) -> None:
+        self._finished = True
+        try:
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        finally:
+            self._target.rollback(self._txn)
+
+    def _open_file(self) -> None:
+        txn = self._txn
+        name = (
+            f"part-{txn.prefix}-{txn.query}-{txn.epoch:09d}-{txn.task:05d}-{txn.attempt}"
+            f"-{len(self._files):03d}.parquet"
+        )
+        self._writer = pq.ParquetWriter(
+            f"{self._dir}/{name}", self._schema, filesystem=self._target._fs
+        )
+        self._files.append(name)
+        self._file_rows = 0
+
+    def _close_file(self) -> None:
+        if self._writer is None:
+            return
+        self._writer.close()
+        self._writer = None
+        self._target._sync(f"{self._dir}/{self._files[-1]}")
+
+
+def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
+    """How ``new`` differs from ``existing`` by column name and type.
+
+    Order, nullability and metadata are ignored: Parquet readers match columns by name and
+    Spark reads every column as nullable.
+    """
+    old_types = {f.name: f.type for f in existing}
+    new_types = {f.name: f.type for f in new}
+    differences = []
+    missing = [name for name in old_types if name not in new_types]
+    if missing:
+        differences.append(f"columns only in the existing files: {missing}")
+    added = [name for name in new_types if name not in old_types]
+    if added:
+        differences.append(f"columns only in the new schema: {added}")
+    differences.extend(
+        f"column {name!r} is {old_types[name]} in the existing files but {new_types[name]} now"
+        for name in old_types
+        if name in new_types and not old_types[name].equals(new_types[name])
+    )
+    return differences
+
+
+def _files_of(pre_commit: PreCommit) -> list[str]:
+    files = (pre_commit.detail or {}).get("files")
+    if not isinstance(files, list):
+        raise ValueError(
+            f"pre-commit of {pre_commit.txn.gid} lists no files; it does not come from a "
+            "ParquetTarget"
+        )
+    return [str(name) for name in files]
+
+
+def _delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_file(path)
+
+
+def _local_os_path(filesystem: pafs.FileSystem, path: str) -> str | None:
+    """The OS path behind ``path`` if ``filesystem`` is local disk (possibly a subtree of it)."""
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return path
+    if isinstance(filesystem, pafs.SubTreeFileSystem):
+        return _local_os_path(filesystem.base_fs, filesystem.base_path.rstrip("/") + "/" + path)
+    return None
