@@ -1,0 +1,105 @@
+"""Where a record's event time comes from: the Kafka timestamp, a JSON field or a header.
+
+A value that cannot be read as a time is never guessed at: ``eventTime.onError=fail`` stops the
+query naming the partition and offset; ``skip`` emits the record without an event time (it then
+does not move the watermark) and counts it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from flinkish_source.options import OnError, SourceOptions
+
+
+class EventTimeError(ValueError):
+    """A record's event time could not be read (``eventTime.onError=fail``)."""
+
+
+def _field(document: Any, path: Sequence[str]) -> Any:
+    for part in path:
+        if not isinstance(document, dict) or part not in document:
+            return None
+        document = document[part]
+    return document
+
+
+class EventTimeExtractor:
+    """Turns records into epoch-millisecond event times, following the configured policy."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._path = options.event_time_field.split(".") if options.event_time_field else None
+        self._header = options.event_time_header
+        self._unit = options.event_time_unit_ms
+        self._fail = options.event_time_on_error is OnError.FAIL
+
+    @property
+    def from_kafka_timestamp(self) -> bool:
+        return self._path is None and self._header is None
+
+    def _where(self) -> str:
+        if self._path is not None:
+            return f"JSON field {'.'.join(self._path)!r} of the value"
+        if self._header is not None:
+            return f"header {self._header!r}"
+        return "Kafka record timestamp"
+
+    def _parse(self, raw: Any) -> int | None:
+        if isinstance(raw, bytes):
+            try:
+                raw = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        if isinstance(raw, bool) or raw is None:
+            return None
+        if isinstance(raw, (int, float)):
+            return int(raw * self._unit)
+        if isinstance(raw, str):
+            text = raw.strip()
+            try:
+                return int(float(text) * self._unit)
+            except ValueError:
+                pass
+            try:
+                parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+            except ValueError:
+                return None
+            if parsed.tzinfo is None:
+                return None  # a time without a zone would be a guess
+            return int(parsed.timestamp() * 1000)
+        return None
+
+    def raw_value(self, key: bytes | None, value: bytes | None, headers: Any) -> Any:
+        if self._path is not None:
+            if value is None:
+                return None
+            try:
+                document = json.loads(value)
+            except ValueError:
+                return None
+            return _field(document, self._path)
+        for name, header_value in headers or ():
+            if name == self._header:
+                return header_value
+        return None
+
+    def failed(self, topic: str, partition: int, offset: int, raw: Any) -> None:
+        """Apply the policy to one unreadable event time: raise, or return (skip)."""
+        if self._fail:
+            shown = raw if not isinstance(raw, bytes) else raw[:80]
+            raise EventTimeError(
+                f"{topic}/{partition} offset {offset}: cannot read an event time from the "
+                f"{self._where()} (found {shown!r}); fix the producer, point eventTime.field / "
+                "eventTime.header elsewhere, or set eventTime.onError=skip to emit such records "
+                "without an event time and count them"
+            )
+
+    def extract(
+        self, key: bytes | None, value: bytes | None, headers: Any
+    ) -> tuple[int | None, Any]:
+        """(event time in ms or None, the raw value it was read from)."""
+        raw = self.raw_value(key, value, headers)
+        return self._parse(raw), raw

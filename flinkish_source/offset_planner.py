@@ -1,0 +1,245 @@
+"""Plans micro-batches: which offsets each Kafka partition reads, and its idle/active status.
+
+Pure functions of (journaled start offset, what the cluster holds, the clock). Everything a read
+task needs to reproduce its records and markers on replay goes into the end offset, which Spark
+journals verbatim: the partition's position, its status, when it last saw new data (for
+Flink-style idleness, a processing-time decision), and the watermark generator's state at the
+slice's start.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from flinkish_source.kafka_client import DataLossError, OffsetRange, TopicPartitionKey
+from flinkish_source.options import EARLIEST, LATEST, OptionError, SourceOptions, display
+from flinkish_source.partition_reader import SlicePlan
+from flinkish_source.valve import WatermarkStatus
+from flinkish_source.watermark_strategy import GeneratorState
+
+FORMAT_VERSION = 1
+ACTIVE = WatermarkStatus.ACTIVE.value
+IDLE = WatermarkStatus.IDLE.value
+
+StateLoader = Callable[[TopicPartitionKey, int, GeneratorState], GeneratorState]
+
+
+@dataclass(frozen=True)
+class PartitionPosition:
+    """One partition's entry in a journaled offset."""
+
+    offset: int
+    first: int  # where the partition entered the query: the start of its first slice
+    status: str | None  # None until the partition has been announced downstream
+    progress_at: int  # processing time (ms) the partition was last seen to get new records
+    seen: int  # the latest offset seen then
+    base: GeneratorState | None  # generator state at the previous batch's end (this slice's start)
+    stop: int | None  # ending offset of a bounded partition
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "offset": self.offset,
+            "first": self.first,
+            "progressAt": self.progress_at,
+            "seen": self.seen,
+        }
+        if self.status is not None:
+            out["status"] = self.status
+        if self.base is not None:
+            out["base"] = self.base.to_json()
+        if self.stop is not None:
+            out["stop"] = self.stop
+        return out
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> PartitionPosition:
+        return cls(
+            offset=int(data["offset"]),
+            first=int(data["first"]),
+            status=data.get("status"),
+            progress_at=int(data["progressAt"]),
+            seen=int(data["seen"]),
+            base=GeneratorState.from_json(data["base"]) if "base" in data else None,
+            stop=int(data["stop"]) if "stop" in data else None,
+        )
+
+
+Positions = dict[TopicPartitionKey, PartitionPosition]
+
+
+def to_json(positions: Positions) -> dict[str, Any]:
+    topics: dict[str, dict[str, Any]] = {}
+    for (topic, part), pos in sorted(positions.items()):
+        topics.setdefault(topic, {})[str(part)] = pos.to_json()
+    return {"version": FORMAT_VERSION, "topics": topics}
+
+
+def from_json(data: Mapping[str, Any]) -> Positions:
+    if data.get("version") != FORMAT_VERSION or not isinstance(data.get("topics"), dict):
+        raise ValueError(
+            f"not a flinkish source offset (version {FORMAT_VERSION}): {str(dict(data))[:200]}"
+        )
+    return {
+        (topic, int(part)): PartitionPosition.from_json(entry)
+        for topic, parts in data["topics"].items()
+        for part, entry in parts.items()
+    }
+
+
+def _specific(
+    key: str, wanted: dict[str, dict[int, int]], partitions: list[TopicPartitionKey]
+) -> dict[TopicPartitionKey, int]:
+    given = {(t, p): o for t, parts in wanted.items() for p, o in parts.items()}
+    missing = sorted(set(partitions) - set(given))
+    unknown = sorted(set(given) - set(partitions))
+    if missing or unknown:
+        raise OptionError(
+            f"option {display(key)} must name every partition of the query exactly: "
+            + (f"missing {missing}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"not in the query or not in Kafka: {unknown}" if unknown else "")
+        )
+    return given
+
+
+class OffsetPlanner:
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+
+    def initial(
+        self, partitions: list[TopicPartitionKey], ranges: Mapping[TopicPartitionKey, OffsetRange],
+        now_ms: int,
+    ) -> Positions:
+        """Positions before the first batch, from startingOffsets / endingOffsets."""
+        options = self._options
+        starting = options.starting
+        specific = _specific("startingoffsets", starting, partitions) if isinstance(
+            starting, dict) else {}
+        ending = options.ending
+        stops = _specific("endingoffsets", ending, partitions) if isinstance(ending, dict) else {}
+        positions: Positions = {}
+        for tp in partitions:
+            r = ranges[tp]
+            wanted = specific.get(tp, EARLIEST if starting == "earliest" else LATEST)
+            offset = r.earliest if wanted == EARLIEST else r.latest if wanted == LATEST else wanted
+            if offset < r.earliest:
+                if options.fail_on_data_loss:
+                    raise DataLossError(
+                        f"startingOffsets for {tp[0]}/{tp[1]} is {offset} but the partition "
+                        f"starts at {r.earliest} (older records were deleted); set "
+                        "failOnDataLoss=false to start at the earliest offset left"
+                    )
+                offset = r.earliest
+            stop = None
+            if ending is not None:
+                stop = stops.get(tp, LATEST)
+                stop = r.latest if stop == LATEST else max(stop, offset)
+            positions[tp] = self._new(offset, r.latest, now_ms, stop)
+        return positions
+
+    def _new(self, offset: int, latest: int, now_ms: int, stop: int | None) -> PartitionPosition:
+        base = GeneratorState(offset) if self._options.needs_state else None
+        return PartitionPosition(offset, offset, None, now_ms, latest, base, stop)
+
+    def latest(
+        self,
+        start: Positions,
+        partitions: list[TopicPartitionKey],
+        ranges: Mapping[TopicPartitionKey, OffsetRange],
+        now_ms: int,
+        limit: int | None = None,
+        target: Mapping[TopicPartitionKey, int] | None = None,
+        load_state: StateLoader | None = None,
+    ) -> Positions:
+        """The end offset of the next batch (equal to ``start`` when there is nothing to do).
+
+        ``limit`` caps the records admitted (maxOffsetsPerTrigger), shared out in proportion to
+        each partition's backlog; ``target`` caps each partition for Trigger.AvailableNow.
+        """
+        options = self._options
+        current = set(partitions)
+        vanished = sorted(tp for tp in start if tp not in current)
+        if vanished and options.fail_on_data_loss:
+            raise DataLossError(
+                f"partitions {vanished} disappeared from Kafka (topic deleted?); set "
+                "failOnDataLoss=false to go on without them"
+            )
+        positions: Positions = {tp: pos for tp, pos in start.items() if tp in current}
+        for tp in partitions:
+            if tp not in positions and not options.topics.assign:
+                # discovered after the query started: read from its beginning, as Spark does
+                stop = ranges[tp].latest if options.ending is not None else None
+                positions[tp] = self._new(ranges[tp].earliest, ranges[tp].latest, now_ms, stop)
+            elif tp not in positions:
+                continue
+
+        available: dict[TopicPartitionKey, int] = {}
+        for tp, pos in positions.items():
+            cap = ranges[tp].latest
+            if target is not None:
+                cap = min(cap, target.get(tp, pos.offset))
+            if pos.stop is not None:
+                cap = min(cap, pos.stop)
+            available[tp] = max(cap, pos.offset)
+        admitted = _prorate({tp: available[tp] - positions[tp].offset for tp in positions}, limit)
+
+        end: Positions = {}
+        for tp, pos in positions.items():
+            offset = pos.offset + admitted[tp]
+            progress_at, seen = pos.progress_at, pos.seen
+            if available[tp] > seen:
+                progress_at, seen = now_ms, available[tp]
+            status = ACTIVE if (pos.status is None or offset > pos.offset) else pos.status
+            idle_timeout = options.idle_timeout_ms
+            finished = pos.stop is not None and offset >= pos.stop
+            if (
+                idle_timeout is not None
+                and not finished
+                and offset == available[tp]
+                and now_ms - progress_at >= idle_timeout
+            ):
+                status = IDLE
+            base = pos.base
+            if base is not None and base.at != pos.offset:
+                if load_state is None:
+                    raise RuntimeError("generator state is needed but no loader was given")
+                base = load_state(tp, pos.offset, base)
+            end[tp] = replace(
+                pos, offset=offset, status=status, progress_at=progress_at, seen=seen, base=base
+            )
+        return end
+
+    @staticmethod
+    def slices(start: Positions, end: Positions) -> list[SlicePlan]:
+        """What each partition's read task does for the batch (start, end]; a pure function of
+        the two journaled offsets, as Spark requires for replay."""
+        plans = []
+        for tp, pos in sorted(end.items()):
+            before = start.get(tp)
+            first = before.offset if before is not None else pos.first
+            start_status = before.status if before is not None else None
+            if pos.offset == first and pos.status == start_status:
+                continue
+            plans.append(
+                SlicePlan(tp[0], tp[1], first, pos.offset, start_status, pos.status or ACTIVE,
+                          pos.base, pos.stop)
+            )
+        return plans
+
+
+def _prorate(lags: dict[TopicPartitionKey, int], limit: int | None) -> dict[TopicPartitionKey, int]:
+    """Share ``limit`` records between partitions in proportion to their backlog, exactly."""
+    total = sum(lags.values())
+    if limit is None or total <= limit:
+        return dict(lags)
+    shares = {tp: lag * limit // total for tp, lag in lags.items()}
+    left = limit - sum(shares.values())
+    for tp in sorted(lags, key=lambda tp: (-(lags[tp] * limit % total), tp)):
+        if left == 0:
+            break
+        if shares[tp] < lags[tp]:
+            shares[tp] += 1
+            left -= 1
+    return shares

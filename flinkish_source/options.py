@@ -1,0 +1,380 @@
+"""Parse and validate the source's options once, at query start, so every mistake is reported
+with the option's name and what it accepts instead of surfacing later inside a Spark task.
+
+Option names follow Spark's own Kafka source (``kafka.*``, ``subscribe``, ``startingOffsets``,
+``maxOffsetsPerTrigger`` …) so that switching is a change of format; the Flink-specific ones
+(``watermark.*``, ``idleTimeout``, ``eventTime.*``) are named after Flink's ``WatermarkStrategy``.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+EARLIEST = -2
+LATEST = -1
+
+
+class OptionError(ValueError):
+    """A wrong, missing or conflicting option; the message names it and says what is accepted."""
+
+
+class WatermarkKind(Enum):
+    BOUNDED_OUT_OF_ORDERNESS = "boundedOutOfOrderness"
+    MONOTONOUS = "monotonous"
+    PUNCTUATED = "punctuated"
+    NONE = "none"
+
+
+class OnError(Enum):
+    FAIL = "fail"
+    SKIP = "skip"
+
+
+_UNITS_MS = {
+    "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
+    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
+    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
+    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
+    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
+}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
+_EVENT_TIME_UNITS = {"milliseconds": 1, "seconds": 1000, "microseconds": 0.001}
+
+#: Consumer settings the source owns; users setting them would break offset tracking.
+_FORBIDDEN_KAFKA = {
+    "enable.auto.commit": "offsets are tracked in Spark's checkpoint, not committed to Kafka",
+    "auto.offset.reset": "use the startingOffsets option instead",
+    "enable.partition.eof": "the source sets it itself",
+    "group.id": "the source assigns partitions itself; it does not join a consumer group",
+}
+_SECRET_KEY = re.compile(r"(sasl|ssl|password|secret|token|credential)", re.IGNORECASE)
+
+_KNOWN = {
+    "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign", "startingoffsets",
+    "endingoffsets", "maxoffsetspertrigger", "failondataloss", "includeheaders",
+    "includemarkers", "eventtime.field", "eventtime.header", "eventtime.unit",
+    "eventtime.onerror", "watermark.strategy", "watermark.maxoutoforderness",
+    "watermark.punctuation.field", "watermark.punctuation.header", "idletimeout",
+    "checkpointing.location", "kafkaconsumer.polltimeoutms",
+}
+_DISPLAY = {
+    "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
+    "endingoffsets": "endingOffsets", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
+    "failondataloss": "failOnDataLoss", "includeheaders": "includeHeaders",
+    "includemarkers": "includeMarkers", "eventtime.field": "eventTime.field",
+    "eventtime.header": "eventTime.header", "eventtime.unit": "eventTime.unit",
+    "eventtime.onerror": "eventTime.onError", "watermark.strategy": "watermark.strategy",
+    "watermark.maxoutoforderness": "watermark.maxOutOfOrderness",
+    "watermark.punctuation.field": "watermark.punctuation.field",
+    "watermark.punctuation.header": "watermark.punctuation.header",
+    "idletimeout": "idleTimeout", "checkpointing.location": "checkpointing.location",
+    "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
+}
+
+
+def display(key: str) -> str:
+    """The option's name as the documentation spells it."""
+    return _DISPLAY.get(key, key)
+
+
+def parse_duration_ms(name: str, text: str) -> int:
+    """``"2 seconds"``, ``"500 ms"``, ``"1.5s"``, ``"1 minute"`` -> milliseconds."""
+    match = _DURATION.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS_MS:
+        raise OptionError(
+            f"option {name}: {text!r} is not a duration; write a number and a unit, "
+            "e.g. '2 seconds', '500 ms', '1 minute' (units: ms, s, min, h, d)"
+        )
+    return int(round(float(match.group(1)) * _UNITS_MS[unit]))
+
+
+def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
+    return {k: ("***" if _SECRET_KEY.search(k) else v) for k, v in config.items()}
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """Exactly one of Spark's three ways to name the input."""
+
+    subscribe: tuple[str, ...] = ()
+    pattern: str | None = None
+    assign: tuple[tuple[str, int], ...] = ()
+
+    def matches(self, topic: str) -> bool:
+        if self.subscribe:
+            return topic in self.subscribe
+        if self.pattern is not None:
+            return re.fullmatch(self.pattern, topic) is not None
+        return any(t == topic for t, _ in self.assign)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    kafka_config: dict[str, str]
+    topics: TopicSelection
+    starting: str | dict[str, dict[int, int]] = "latest"
+    ending: str | dict[str, dict[int, int]] | None = None
+    max_offsets_per_trigger: int | None = None
+    fail_on_data_loss: bool = True
+    include_headers: bool = False
+    include_markers: bool = True
+    event_time_field: str | None = None
+    event_time_header: str | None = None
+    event_time_unit_ms: float = 1
+    event_time_on_error: OnError = OnError.FAIL
+    watermark: WatermarkKind = WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
+    max_out_of_orderness_ms: int = 0
+    punctuation_field: str | None = None
+    punctuation_header: str | None = None
+    idle_timeout_ms: int | None = None
+    state_location: str | None = None
+    poll_timeout_ms: int = 120_000
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def needs_state(self) -> bool:
+        """Watermark generators carry state across batches; only then is a location needed."""
+        return self.include_markers and self.watermark is not WatermarkKind.NONE
+
+    @property
+    def safe_kafka_config(self) -> dict[str, Any]:
+        return redact_kafka_config(self.kafka_config)
+
+
+def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    value = str(raw).strip().lower()
+    if value not in ("true", "false"):
+        raise OptionError(f"option {display(key)}: {raw!r} is not a boolean; use true or false")
+    return value == "true"
+
+
+def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[int, int]]:
+    what = "earliest, latest" if allow_earliest else "latest"
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict):
+        raise OptionError(
+            f"option {display(key)}: {raw!r} is not {what} or a JSON object like "
+            '{"topic":{"0":23,"1":-2}} (-2 = earliest, -1 = latest)'
+        )
+    out: dict[str, dict[int, int]] = {}
+    for topic, parts in data.items():
+        if not isinstance(parts, dict):
+            raise OptionError(
+                f"option {display(key)}: topic {topic!r} must map partition numbers to offsets"
+            )
+        out[topic] = {}
+        for part, offset in parts.items():
+            ok_offset = isinstance(offset, int) and not isinstance(offset, bool)
+            if not str(part).isdigit() or not ok_offset:
+                raise OptionError(
+                    f"option {display(key)}: {topic}/{part} -> {offset!r}: partitions are "
+                    "numbers and offsets are integers (-2 = earliest, -1 = latest)"
+                )
+            if offset < LATEST or (offset == EARLIEST and not allow_earliest) or (
+                offset < EARLIEST
+            ):
+                raise OptionError(
+                    f"option {display(key)}: offset {offset} for {topic}/{part} is not "
+                    f"allowed; use an offset >= 0 or -1 (latest)"
+                    + (" or -2 (earliest)" if allow_earliest else "")
+                )
+            out[topic][int(part)] = offset
+    return out
+
+
+def _topics(options: Mapping[str, str]) -> TopicSelection:
+    given = [k for k in ("subscribe", "subscribepattern", "assign") if options.get(k)]
+    if len(given) != 1:
+        named = ", ".join(display(k) for k in given) or "none"
+        raise OptionError(
+            "exactly one of the options subscribe, subscribePattern, assign must be set "
+            f"(given: {named})"
+        )
+    key = given[0]
+    raw = options[key]
+    if key == "subscribe":
+        topics = tuple(t.strip() for t in raw.split(",") if t.strip())
+        if not topics:
+            raise OptionError("option subscribe: give a comma-separated list of topic names")
+        return TopicSelection(subscribe=topics)
+    if key == "subscribepattern":
+        try:
+            re.compile(raw)
+        except re.error as exc:
+            raise OptionError(f"option subscribePattern: {raw!r} is not a regex: {exc}") from exc
+        return TopicSelection(pattern=raw)
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        data = None
+    if not isinstance(data, dict) or not all(
+        isinstance(v, list) and all(isinstance(p, int) and p >= 0 for p in v)
+        for v in data.values()
+    ):
+        raise OptionError(
+            f'option assign: {raw!r} is not a JSON object like {{"topicA":[0,1],"topicB":[2]}}'
+        )
+    return TopicSelection(assign=tuple(sorted((t, p) for t, ps in data.items() for p in ps)))
+
+
+def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+    """Validate everything the source will ever read from its options."""
+    options = {str(k).lower(): str(v) for k, v in raw.items()}
+    unknown = [k for k in options if k not in _KNOWN and not k.startswith("kafka.")]
+    if unknown:
+        key = unknown[0]
+        close = difflib.get_close_matches(key, list(_KNOWN), n=1)
+        hint = f"; did you mean {display(close[0])}?" if close else ""
+        raise OptionError(f"unknown option {key!r} for format flinkish{hint}")
+
+    kafka = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
+    if not kafka.get("bootstrap.servers"):
+        raise OptionError(
+            "option kafka.bootstrap.servers is required, e.g. 'host1:9092,host2:9092'"
+        )
+    for key, why in _FORBIDDEN_KAFKA.items():
+        if key in kafka:
+            raise OptionError(f"option kafka.{key} is not supported: {why}")
+
+    topics = _topics(options)
+
+    starting: str | dict[str, dict[int, int]] = options.get("startingoffsets", "latest").strip()
+    if starting not in ("earliest", "latest"):
+        starting = _offsets_json("startingoffsets", str(starting), allow_earliest=True)
+    ending: str | dict[str, dict[int, int]] | None = options.get("endingoffsets")
+    if ending is not None:
+        ending = ending.strip()
+        if ending == "earliest":
+            raise OptionError("option endingOffsets: earliest is not allowed; use latest or JSON")
+        if ending != "latest":
+            ending = _offsets_json("endingoffsets", ending, allow_earliest=False)
+    if topics.pattern is not None:
+        for key, value in (("startingoffsets", starting), ("endingoffsets", ending)):
+            if isinstance(value, dict):
+                raise OptionError(
+                    f"option {display(key)}: per-partition offsets cannot be combined with "
+                    "subscribePattern (the partitions are not known in advance); use "
+                    "subscribe or assign"
+                )
+
+    max_per_trigger = None
+    if "maxoffsetspertrigger" in options:
+        text = options["maxoffsetspertrigger"].strip()
+        if not text.isdigit() or int(text) <= 0:
+            raise OptionError(
+                f"option maxOffsetsPerTrigger: {text!r} is not a positive whole number"
+            )
+        max_per_trigger = int(text)
+
+    et_field = options.get("eventtime.field") or None
+    et_header = options.get("eventtime.header") or None
+    if et_field and et_header:
+        raise OptionError(
+            "options eventTime.field and eventTime.header conflict: name one place to take "
+            "event time from (neither = the Kafka record timestamp)"
+        )
+    unit_name = options.get("eventtime.unit", "milliseconds").strip().lower()
+    if unit_name not in _EVENT_TIME_UNITS:
+        raise OptionError(
+            f"option eventTime.unit: {unit_name!r} is not one of "
+            + ", ".join(_EVENT_TIME_UNITS)
+        )
+    if "eventtime.unit" in options and not (et_field or et_header):
+        raise OptionError(
+            "option eventTime.unit only applies with eventTime.field or eventTime.header"
+        )
+    on_error_raw = options.get("eventtime.onerror", "fail").strip().lower()
+    try:
+        on_error = OnError(on_error_raw)
+    except ValueError:
+        raise OptionError(
+            f"option eventTime.onError: {on_error_raw!r} is not fail or skip"
+        ) from None
+
+    strategy_raw = options.get("watermark.strategy", "boundedOutOfOrderness").strip()
+    by_lower = {k.value.lower(): k for k in WatermarkKind}
+    if strategy_raw.lower() not in by_lower:
+        raise OptionError(
+            f"option watermark.strategy: {strategy_raw!r} is not one of "
+            + ", ".join(k.value for k in WatermarkKind)
+        )
+    strategy = by_lower[strategy_raw.lower()]
+    bound = 0
+    if "watermark.maxoutoforderness" in options:
+        if strategy is not WatermarkKind.BOUNDED_OUT_OF_ORDERNESS:
+            raise OptionError(
+                "option watermark.maxOutOfOrderness only applies to watermark.strategy "
+                f"boundedOutOfOrderness (the strategy is {strategy.value})"
+            )
+        bound = parse_duration_ms("watermark.maxOutOfOrderness",
+                                  options["watermark.maxoutoforderness"])
+    p_field = options.get("watermark.punctuation.field") or None
+    p_header = options.get("watermark.punctuation.header") or None
+    if strategy is WatermarkKind.PUNCTUATED:
+        if bool(p_field) == bool(p_header):
+            raise OptionError(
+                "watermark.strategy punctuated needs exactly one of the options "
+                "watermark.punctuation.field or watermark.punctuation.header (the flag that "
+                "marks a record as carrying a watermark)"
+            )
+    elif p_field or p_header:
+        raise OptionError(
+            "options watermark.punctuation.* only apply to watermark.strategy punctuated"
+        )
+
+    idle = None
+    if "idletimeout" in options:
+        idle = parse_duration_ms("idleTimeout", options["idletimeout"])
+        if idle <= 0:
+            raise OptionError("option idleTimeout must be a positive duration")
+
+    poll_text = options.get("kafkaconsumer.polltimeoutms", "120000").strip()
+    if not poll_text.isdigit() or int(poll_text) <= 0:
+        raise OptionError(
+            f"option kafkaConsumer.pollTimeoutMs: {poll_text!r} is not a positive number of ms"
+        )
+
+    parsed = SourceOptions(
+        kafka_config=kafka,
+        topics=topics,
+        starting=starting,
+        ending=ending,
+        max_offsets_per_trigger=max_per_trigger,
+        fail_on_data_loss=_bool(options, "failondataloss", True),
+        include_headers=_bool(options, "includeheaders", False),
+        include_markers=_bool(options, "includemarkers", True),
+        event_time_field=et_field,
+        event_time_header=et_header,
+        event_time_unit_ms=_EVENT_TIME_UNITS[unit_name],
+        event_time_on_error=on_error,
+        watermark=strategy,
+        max_out_of_orderness_ms=bound,
+        punctuation_field=p_field,
+        punctuation_header=p_header,
+        idle_timeout_ms=idle,
+        state_location=options.get("checkpointing.location") or None,
+        poll_timeout_ms=int(poll_text),
+    )
+    if parsed.needs_state and not parsed.state_location:
+        raise OptionError(
+            "option checkpointing.location is required: per-partition watermarks carry the "
+            "max event time across micro-batches, kept in a directory (local path or a "
+            "pyarrow.fs URI such as s3://bucket/path) that the driver and the executors both "
+            "reach — e.g. a sub-directory of the query's checkpointLocation. (Not needed with "
+            "includeMarkers=false or watermark.strategy=none.)"
+        )
+    return parsed

@@ -1,0 +1,210 @@
+"""Reads one Kafka partition's slice of a micro-batch into Arrow batches, interleaving the
+partition's watermark and status markers exactly where its generator emits them.
+
+Everything a slice emits is a function of its :class:`SlicePlan` (journaled offsets) and of the
+records in Kafka, so replaying a batch yields the same records and the same markers.
+
+Marker rows carry ``offset`` = the partition position they apply at (every record before the
+marker has a smaller offset), so a consumer can restore their order after a shuffle by sorting
+on (offset, status ACTIVE < watermark < status IDLE, watermark value).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flinkish_source.event_time import EventTimeExtractor
+from flinkish_source.options import SourceOptions, WatermarkKind
+from flinkish_source.schema import KIND_RECORD, KIND_STATUS, KIND_WATERMARK, arrow_schema
+from flinkish_source.source_state import SourceStateStore
+from flinkish_source.valve import WatermarkStatus
+from flinkish_source.watermark_strategy import GeneratorState, WatermarkStrategy
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 20_000
+_TS_TYPE = {0: -1, 1: 0, 2: 1}  # librdkafka timestamp type -> Spark's timestampType
+
+
+@dataclass(frozen=True)
+class SlicePlan:
+    """One partition's share of a micro-batch, as planned from the journaled offsets."""
+
+    topic: str
+    partition: int
+    start: int
+    end: int
+    start_status: str | None  # None: the partition is new and must be announced
+    end_status: str
+    base: GeneratorState | None
+    stop: int | None  # ending offset of a bounded partition
+
+
+class _Batches:
+    """Builds output batches (records and markers) against the exact declared schema."""
+
+    def __init__(self, plan: SlicePlan, include_headers: bool) -> None:
+        self.plan = plan
+        self.headers = include_headers
+        self.schema = arrow_schema(include_headers)
+
+    def marker(self, position: int, kind: str, watermark: int | None = None,
+               status: str | None = None) -> pa.RecordBatch:
+        row: dict[str, list[Any]] = {name: [None] for name in self.schema.names}
+        row["topic"] = [self.plan.topic]
+        row["partition"] = [self.plan.partition]
+        row["offset"] = [position]
+        row["kind"] = [kind]
+        row["watermark"] = [watermark]
+        row["status"] = [status]
+        return pa.RecordBatch.from_pydict(row, schema=self.schema)
+
+    def records(self, msgs: list[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
+        n = len(msgs)
+        stamps = [m.timestamp() for m in msgs]
+        ts = pa.array([t[1] * 1000 if t[0] else None for t in stamps], pa.timestamp("us", "UTC"))
+        columns: list[pa.Array] = [
+            pa.array([m.key() for m in msgs], pa.binary()),
+            pa.array([m.value() for m in msgs], pa.binary()),
+            pa.array([self.plan.topic] * n, pa.string()),
+            pa.array([self.plan.partition] * n, pa.int32()),
+            pa.array([m.offset() for m in msgs], pa.int64()),
+            ts,
+            pa.array([_TS_TYPE.get(t[0], -1) for t in stamps], pa.int32()),
+        ]
+        if self.headers:
+            columns.append(
+                pa.array(
+                    [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs],
+                    self.schema.field("headers").type,
+                )
+            )
+        columns.append(
+            ts if event_ms is None
+            else pa.array([None if e is None else e * 1000 for e in event_ms],
+                          pa.timestamp("us", "UTC"))
+        )
+        columns += [
+            pa.array([KIND_RECORD] * n, pa.string()),
+            pa.nulls(n, pa.int64()),
+            pa.nulls(n, pa.string()),
+        ]
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
+    """Does this record carry a punctuated watermark (its own event time)?"""
+    if options.punctuation_header is not None:
+        for name, raw in headers or ():
+            if name == options.punctuation_header:
+                text = (raw or b"").decode("utf-8", "replace").strip().lower()
+                return text not in ("", "0", "false", "no")
+        return False
+    try:
+        document = json.loads(value) if value is not None else None
+    except ValueError:
+        return False
+    flag: Any = document
+    for part in (options.punctuation_field or "").split("."):
+        flag = flag.get(part) if isinstance(flag, dict) else None
+    return bool(flag)
+
+
+def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBatch]:
+    """Stream the slice: [ACTIVE] records/[punctuated watermarks] [watermark] [MAX] [IDLE]."""
+    from flinkish_source.kafka_client import read_range
+
+    out = _Batches(plan, options.include_headers)
+    markers = options.include_markers
+    strategy = WatermarkStrategy.from_options(options)
+    generator = (
+        strategy.create_generator(plan.base) if markers and plan.base is not None else None
+    )
+    extractor = EventTimeExtractor(options)
+    punctuated = generator is not None and options.watermark is WatermarkKind.PUNCTUATED
+    status = plan.start_status
+    if markers and status is None:
+        status = WatermarkStatus.ACTIVE.value
+        yield out.marker(plan.start, KIND_STATUS, status=status)
+
+    for msgs in read_range(options, plan.topic, plan.partition, plan.start, plan.end, CHUNK):
+        if markers and status != WatermarkStatus.ACTIVE.value:
+            status = WatermarkStatus.ACTIVE.value
+            yield out.marker(msgs[0].offset(), KIND_STATUS, status=status)
+        event_ms = None if extractor.from_kafka_timestamp else _event_times(
+            extractor, generator, plan, msgs
+        )
+        batch = out.records(msgs, event_ms)
+        if generator is None:
+            yield batch
+        elif punctuated:
+            yield from _punctuate(options, out, generator, batch, msgs)
+        else:
+            column = batch.column("eventTime")
+            if extractor.from_kafka_timestamp and column.null_count:
+                for i in (j for j, m in enumerate(msgs) if not m.timestamp()[0]):
+                    extractor.failed(plan.topic, plan.partition, msgs[i].offset(), None)
+                    generator.on_event_time_error()
+            top = pc.max(column.cast(pa.int64())).as_py()
+            generator.on_max_event_time(None if top is None else top // 1000)
+            yield batch
+
+    if generator is not None:
+        watermark = generator.on_periodic_emit()
+        if watermark is not None:
+            yield out.marker(plan.end, KIND_WATERMARK, watermark=watermark)
+        if plan.stop is not None and plan.end >= plan.stop:
+            final = generator.on_end_of_input()
+            if final is not None:
+                yield out.marker(plan.end, KIND_WATERMARK, watermark=final)
+    if markers and plan.end_status != status:
+        yield out.marker(plan.end, KIND_STATUS, status=plan.end_status)
+
+    if generator is not None and options.state_location and plan.end > plan.start:
+        SourceStateStore(options.state_location).save(
+            plan.topic, plan.partition, generator.state(plan.end)
+        )
+
+
+def _event_times(
+    extractor: EventTimeExtractor, generator: Any, plan: SlicePlan, msgs: list[Any]
+) -> list[int | None]:
+    times: list[int | None] = []
+    for m in msgs:
+        event_time, raw = extractor.extract(m.key(), m.value(), m.headers())
+        if event_time is None:
+            extractor.failed(plan.topic, plan.partition, m.offset(), raw)
+            if generator is not None:
+                generator.on_event_time_error()
+            else:
+                logger.warning(
+                    "%s/%s offset %s: no event time (eventTime.onError=skip)",
+                    plan.topic, plan.partition, m.offset(),
+                )
+        times.append(event_time)
+    return times
+
+
+def _punctuate(
+    options: SourceOptions, out: _Batches, generator: Any, batch: pa.RecordBatch, msgs: list[Any]
+) -> Iterator[pa.RecordBatch]:
+    """Split the batch right after each flagged record and emit its watermark there."""
+    event_us = batch.column("eventTime").cast(pa.int64()).to_pylist()
+    begin = 0
+    for i, m in enumerate(msgs):
+        if event_us[i] is None or not _flagged(options, m.value(), m.headers()):
+            continue
+        watermark = generator.on_punctuation(event_us[i] // 1000)
+        if watermark is not None:
+            yield batch.slice(begin, i + 1 - begin)
+            yield out.marker(m.offset() + 1, KIND_WATERMARK, watermark=watermark)
+            begin = i + 1
+    if begin < len(msgs):
+        yield batch.slice(begin)
