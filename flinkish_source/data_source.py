@@ -16,8 +16,8 @@ class FlinkishDataSource(DataSource):
         return "flinkish"
 
     def schema(self) -> str:
-        include_headers = str(self.options.get("includeHeaders", "false")).strip().lower()
-        return spark_ddl(include_headers == "true")
+        # Parsing here makes a wrong option fail at load(), before any query starts.
+        return spark_ddl(parse_options(self.options).include_headers)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from flinkish_source.stream_reader import FlinkishStreamReader

@@ -1,0 +1,41 @@
+"""Shared fixtures: one real broker and one SparkSession for the whole integration session."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from flinkish.embedded_kafka import create_topic, kafka_for_tests
+from flinkish.spark_session import local_session
+
+_names = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> Iterator[str]:
+    with kafka_for_tests() as bootstrap:
+        yield bootstrap
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    session = local_session("flinkish-tests")
+    yield session
+    for query in session.streams.active:
+        query.stop()
+    session.stop()
+
+
+@pytest.fixture
+def topic(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Any:
+    """A factory for fresh topics: topic(partitions) -> name."""
+
+    def make(partitions: int) -> str:
+        name = f"{request.node.name[:40].replace('[', '-').replace(']', '')}-{next(_names)}"
+        create_topic(kafka_bootstrap, name, partitions)
+        return name
+
+    return make
