@@ -15,7 +15,9 @@ Record = tuple[int, bytes, bytes, int]  # partition, key, value, timestamp ms
 def produce(bootstrap: str, topic: str, records: Iterable[Record], headers: Any = None) -> None:
     """Produce with lingering so several records share a producer batch (Tansu's latest-offset
     quirk only shows with multi-record batches)."""
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 100, "batch.num.messages": 50})
+    producer = Producer(
+        {"bootstrap.servers": bootstrap, "linger.ms": 100, "batch.num.messages": 50}
+    )
     for partition, key, value, ts in records:
         producer.produce(topic, key=key, value=value, partition=partition, timestamp=ts,
                          headers=headers)
