@@ -1,0 +1,319 @@
+"""A throw-away PostgreSQL server that our own code starts and stops (tests, demo).
+
+There is no Docker engine on the machines this project runs on, but the PostgreSQL server
+binaries are (or can be installed with ``apt-get install postgresql``). So instead of a
+container we ``initdb`` a temporary cluster and run it on a free loopback port.
+
+PostgreSQL refuses to run as root, and CI runs as root: then every server command runs as
+the ``postgres`` user through ``runuser``, on a directory that user owns.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import weakref
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+
+DSN_ENV = "FLINKISH_POSTGRES_DSN"
+"""Set to a libpq DSN to make :func:`postgres_for_tests` use that server instead."""
+
+BIN_ENV = "FLINKISH_PG_BIN"
+"""Set to the directory that holds ``initdb`` and ``pg_ctl`` to pick a specific build."""
+
+_POLL_SECONDS = 0.01
+_START_ATTEMPTS = 3  # a free port can be taken between probing it and the server binding it
+
+
+class PostgresNotFoundError(RuntimeError):
+    """No PostgreSQL server binaries were found."""
+
+
+def find_pg_bin() -> Path:
+    """The directory holding ``initdb`` and ``pg_ctl``: ``$FLINKISH_PG_BIN`` if set, else PATH,
+    else the newest ``/usr/lib/postgresql/*/bin`` (Debian puts them there, off PATH)."""
+    override = os.environ.get(BIN_ENV)
+    if override:
+        candidates = [Path(override)]
+    else:
+        on_path = shutil.which("initdb")
+        candidates = [Path(on_path).parent] if on_path else []
+        candidates += sorted(
+            (Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin")),
+            key=lambda p: _version_key(p.parent.name),
+            reverse=True,
+        )
+    for directory in candidates:
+        if all(os.access(directory / tool, os.X_OK) for tool in ("initdb", "pg_ctl")):
+            return directory
+    where = (
+        f"{BIN_ENV}={override} holds no initdb/pg_ctl"
+        if override
+        else "PostgreSQL server binaries (initdb, pg_ctl) are not on PATH nor in "
+        "/usr/lib/postgresql/*/bin"
+    )
+    raise PostgresNotFoundError(
+        f"{where}. Install them with `apt-get install postgresql`, set {BIN_ENV} to the "
+        f"directory that holds them, or set {DSN_ENV} to use a running server."
+    )
+
+
+def _version_key(name: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in name.split(".") if part.isdigit())
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class EmbeddedPostgres:
+    """A temporary PostgreSQL cluster on ``127.0.0.1``, trust auth, superuser ``postgres``.
+
+    ``fsync=off`` because the data is thrown away on :meth:`stop`; two-phase commit is on
+    (``max_prepared_transactions``) because that is what the sink needs, and a parameter so a
+    test can start a server without it.
+    """
+
+    def __init__(
+        self, *, max_prepared_transactions: int = 64, startup_timeout: float = 30.0
+    ) -> None:
+        self.max_prepared_transactions = max_prepared_transactions
+        self.startup_timeout = startup_timeout
+        self._port: int | None = None
+        self._finalizer: weakref.finalize | None = None
+
+    @property
+    def dsn(self) -> str:
+        """libpq connection string of the running server."""
+        if self._port is None:
+            raise RuntimeError("EmbeddedPostgres is not running: call start() first")
+        return f"host=127.0.0.1 port={self._port} user=postgres dbname=postgres"
+
+    @property
+    def port(self) -> int | None:
+        return self._port
+
+    def __enter__(self) -> EmbeddedPostgres:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def start(self) -> EmbeddedPostgres:
+        """initdb a fresh cluster and start it; returns once it accepts connections."""
+        if self._finalizer is not None and self._finalizer.alive:
+            raise RuntimeError("EmbeddedPostgres is already running")
+        bin_dir = find_pg_bin()
+        run_as = _run_as_prefix()
+        base = Path(tempfile.mkdtemp(prefix="flinkish-pg-"))
+        # The finalizer also runs at interpreter exit, so an interrupted test run does not leave
+        # a server behind.
+        self._finalizer = weakref.finalize(self, _shutdown, bin_dir, run_as, base)
+        try:
+            if run_as:
+                _hand_to_postgres_user(base)
+            _run(
+                [
+                    *run_as,
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(base / "data"),
+                    "-U",
+                    "postgres",
+                    "--auth=trust",
+                    "--encoding=UTF8",
+                    "--locale=C",
+                    "--no-sync",
+                    "--no-instructions",
+                ],
+                cwd=base,
+                what="initdb",
+            )
+            for attempt in range(_START_ATTEMPTS):
+                port = _free_port()
+                if self._start_server(bin_dir, run_as, base, port, attempt):
+                    self._port = port
+                    return self
+            raise RuntimeError(f"PostgreSQL did not start: {_log_tail(base)}")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start_server(
+        self, bin_dir: Path, run_as: list[str], base: Path, port: int, attempt: int
+    ) -> bool:
+        """Start on ``port``; False if the port was taken meanwhile (the caller retries)."""
+        log = base / f"postgres-{attempt}.log"
+        options = (
+            f"-p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
+            f"-c max_prepared_transactions={self.max_prepared_transactions} "
+            # No Unix socket: the default directory may not exist or be writable here.
+            "-c unix_socket_directories="
+        )
+        _run(
+            [
+                *run_as,
+                str(bin_dir / "pg_ctl"),
+                "start",
+                "-D",
+                str(base / "data"),
+                "-l",
+                str(log),
+                "-W",
+                "-o",
+                options,
+            ],
+            cwd=base,
+            what="pg_ctl start",
+        )
+        deadline = time.monotonic() + self.startup_timeout
+        while True:
+            if _pidfile_status(base) == "ready":
+                with psycopg.connect(
+                    f"host=127.0.0.1 port={port} user=postgres dbname=postgres",
+                    connect_timeout=max(1, int(deadline - time.monotonic())),
+                ):
+                    return True
+            text = log.read_text(errors="replace") if log.exists() else ""
+            if "FATAL" in text or "PANIC" in text:
+                if "could not create any TCP/IP sockets" in text:
+                    return False
+                raise RuntimeError(f"PostgreSQL failed to start:\n{text[-2000:]}")
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"PostgreSQL not ready after {self.startup_timeout:.0f}s:\n{text[-2000:]}"
+                )
+            time.sleep(_POLL_SECONDS)
+
+    def stop(self) -> None:
+        """Stop the server (fast shutdown, then kill) and delete its directory. Idempotent."""
+        if self._finalizer is not None:
+            self._finalizer()
+        self._port = None
+
+
+def _run_as_prefix() -> list[str]:
+    """``runuser -u postgres --`` when we are root (initdb and postgres refuse root)."""
+    if os.geteuid() != 0:
+        return []
+    try:
+        pwd.getpwnam("postgres")
+    except KeyError:
+        raise RuntimeError(
+            "running as root, and PostgreSQL refuses to run as root, but there is no `postgres` "
+            "user to run it as (`apt-get install postgresql` creates one)"
+        ) from None
+    runuser = shutil.which("runuser")
+    if runuser is None:
+        raise RuntimeError("running as root needs `runuser` (util-linux) to start PostgreSQL")
+    return [runuser, "-u", "postgres", "--"]
+
+
+def _hand_to_postgres_user(base: Path) -> None:
+    """Give ``base`` to the postgres user, after checking that user can reach it at all."""
+    for parent in base.parents:
+        if not parent.stat().st_mode & 0o001:
+            raise RuntimeError(
+                f"the postgres user cannot traverse {parent} (mode "
+                f"{oct(parent.stat().st_mode & 0o777)}), so it cannot use {base}; point TMPDIR "
+                "at a directory under world-traversable parents, e.g. /tmp"
+            )
+    entry = pwd.getpwnam("postgres")
+    os.chown(base, entry.pw_uid, entry.pw_gid)
+
+
+def _run(cmd: list[str], *, cwd: Path, what: str) -> None:
+    done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{what} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
+        )
+
+
+def _pidfile_status(base: Path) -> str | None:
+    """Line 8 of postmaster.pid: ``starting``, ``ready`` or ``stopping`` (PostgreSQL >= 10)."""
+    try:
+        lines = (base / "data" / "postmaster.pid").read_text().splitlines()
+    except FileNotFoundError:
+        return None
+    return lines[7].strip() if len(lines) > 7 else None
+
+
+def _postmaster_pid(base: Path) -> int | None:
+    try:
+        return int((base / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _log_tail(base: Path) -> str:
+    logs = sorted(base.glob("postgres-*.log"))
+    return logs[-1].read_text(errors="replace")[-2000:] if logs else "(no log)"
+
+
+def _shutdown(bin_dir: Path, run_as: list[str], base: Path) -> None:
+    """pg_ctl stop -m fast; SIGKILL the postmaster if that fails; remove the directory."""
+    try:
+        pid = _postmaster_pid(base)
+        if pid is not None:
+            stopped = subprocess.run(
+                [
+                    *run_as,
+                    str(bin_dir / "pg_ctl"),
+                    "stop",
+                    "-D",
+                    str(base / "data"),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "-t",
+                    "20",
+                ],
+                cwd=base,
+                capture_output=True,
+                check=False,
+            )
+            if stopped.returncode != 0:
+                _kill(pid)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _kill(pid: int) -> None:
+    # The postmaster is not our child (pg_ctl detached it), so poll for it to go away; its
+    # backends exit by themselves once they notice the postmaster is gone.
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(_POLL_SECONDS)
+
+
+@contextlib.contextmanager
+def postgres_for_tests(*, max_prepared_transactions: int = 64) -> Iterator[str]:
+    """Yield a DSN: ``$FLINKISH_POSTGRES_DSN`` if set (an external server, left running),
+    else that of an :class:`EmbeddedPostgres` started here and stopped on exit."""
+    external = os.environ.get(DSN_ENV)
+    if external:
+        yield external
+        return
+    with EmbeddedPostgres(max_prepared_transactions=max_prepared_transactions) as server:
+        yield server.dsn

@@ -1,0 +1,488 @@
+"""PostgreSQL as a two-phase-commit target: COPY into a transaction, PREPARE it, decide later.
+
+Flink's JDBC exactly-once sink relies on XA; PostgreSQL's native equivalent is
+``PREPARE TRANSACTION 'gid'``: the rows become durable (they survive a crash of the writer and a
+restart of the server) yet invisible, until any session runs ``COMMIT PREPARED 'gid'`` or
+``ROLLBACK PREPARED 'gid'``. Write tasks prepare; the driver commits. Because the gid is the
+deterministic :class:`TransactionId`, a restarted driver finds every transaction its query left
+prepared in ``pg_prepared_xacts`` and decides each one from the epoch it names.
+
+Rows travel as binary ``COPY`` built from the Arrow buffers by Arrow compute kernels (no Python
+object per row): the wire format is a 2-byte field count per row, then per field a 4-byte
+length (-1 for NULL) and the value in PostgreSQL's binary ``*_send`` representation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import date, datetime, time
+from decimal import Decimal
+from functools import partial
+from typing import Any
+
+import numpy as np
+import psycopg
+import pyarrow as pa
+import pyarrow.compute as pc
+from psycopg import sql
+from psycopg.adapt import PyFormat
+from psycopg.rows import TupleRow
+
+from flinkish_sink.target import PreCommit, TransactionId
+
+Connection = psycopg.Connection[TupleRow]
+
+COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
+COPY_TRAILER = b"\xff\xff"
+_NULL_FIELD = pa.scalar(b"\xff\xff\xff\xff", pa.large_binary())  # field length -1
+_NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
+_PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01, PostgreSQL's timestamp epoch, in Unix us
+_PG_EPOCH_DAYS = 10_957
+_US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
+
+_FIX_2PC = (
+    "Two-phase commit is disabled on this server (max_prepared_transactions = 0), so "
+    "PREPARE TRANSACTION cannot work. Fix: as a superuser run "
+    "`ALTER SYSTEM SET max_prepared_transactions = 64;` and restart PostgreSQL, or start the "
+    "server with `-c max_prepared_transactions=64` (use at least the number of write tasks "
+    "that pre-commit concurrently)."
+)
+
+
+@dataclass(frozen=True)
+class ColumnType:
+    """How one Arrow type lands in PostgreSQL.
+
+    ``ddl`` is the type a created table gets; ``accepts`` the ``pg_type.typname``\\ s of an
+    existing column that binary COPY of ``encode``'s output can fill (binary input is strict:
+    8 bytes of int64 cannot go into an int4 column); ``encode`` turns an Arrow array into one
+    large_binary value per row holding that row's complete field (length + data, or -1).
+    """
+
+    ddl: str
+    accepts: frozenset[str]
+    encode: Callable[[pa.Array], pa.Array]
+
+
+def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
+    """The PostgreSQL type for an Arrow type; ValueError naming ``column`` if there is none."""
+    if pa.types.is_int8(dtype) or pa.types.is_int16(dtype):
+        return ColumnType("smallint", frozenset({"int2"}), partial(_encode_fixed, dtype=">i2"))
+    if pa.types.is_int32(dtype):
+        return ColumnType("integer", frozenset({"int4"}), partial(_encode_fixed, dtype=">i4"))
+    if pa.types.is_int64(dtype):
+        return ColumnType("bigint", frozenset({"int8"}), partial(_encode_fixed, dtype=">i8"))
+    if pa.types.is_float32(dtype):
+        return ColumnType("real", frozenset({"float4"}), partial(_encode_fixed, dtype=">f4"))
+    if pa.types.is_float64(dtype):
+        return ColumnType(
+            "double precision", frozenset({"float8"}), partial(_encode_fixed, dtype=">f8")
+        )
+    if pa.types.is_boolean(dtype):
+        return ColumnType("boolean", frozenset({"bool"}), partial(_encode_fixed, dtype="u1"))
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return ColumnType("text", frozenset({"text", "varchar", "bpchar"}), _encode_bytes)
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+        return ColumnType("bytea", frozenset({"bytea"}), _encode_bytes)
+    if pa.types.is_timestamp(dtype) and dtype.unit in (*_US_PER_UNIT, "ns"):
+        # Arrow timestamps count from the Unix epoch in UTC (also when they carry no zone, which
+        # therefore land as UTC); an existing `timestamp` column takes the same binary value.
+        return ColumnType(
+            "timestamptz",
+            frozenset({"timestamptz", "timestamp"}),
+            partial(_encode_timestamp, unit=dtype.unit),
+        )
+    if pa.types.is_date32(dtype):
+        return ColumnType("date", frozenset({"date"}), _encode_date)
+    if pa.types.is_decimal(dtype):
+        return ColumnType(
+            f"numeric({dtype.precision}, {dtype.scale})", frozenset({"numeric"}), _encode_decimal
+        )
+    if (
+        pa.types.is_list(dtype)
+        or pa.types.is_large_list(dtype)
+        or pa.types.is_fixed_size_list(dtype)
+        or pa.types.is_struct(dtype)
+        or pa.types.is_map(dtype)
+    ):
+        return ColumnType("jsonb", frozenset({"jsonb"}), _encode_jsonb)
+    raise ValueError(
+        f"unsupported type for column {column!r}: Arrow {dtype} has no PostgreSQL mapping "
+        "(supported: integers, floats, bool, string, binary, timestamp, date32, decimal, "
+        "and list/struct/map as jsonb)"
+    )
+
+
+def postgres_types(schema: pa.Schema) -> list[ColumnType]:
+    """:func:`postgres_type` for every field, in order."""
+    return [postgres_type(field.type, field.name) for field in schema]
+
+
+def _binary_values(data: np.ndarray, width: int) -> pa.Array:
+    """A large_binary array over ``data`` (a contiguous buffer), ``width`` bytes per value."""
+    count = len(data) * data.dtype.itemsize // width
+    offsets = np.arange(0, (count + 1) * width, width, dtype=np.int64)
+    return pa.Array.from_buffers(
+        pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
+
+
+def _with_nulls(fields: pa.Array, column: pa.Array) -> pa.Array:
+    """Replace the fields of ``column``'s NULL rows by the NULL marker (length -1, no data)."""
+    if column.null_count == 0:
+        return fields
+    return pc.if_else(column.is_valid(), fields, _NULL_FIELD)
+
+
+def _fixed_fields(values: np.ndarray, column: pa.Array) -> pa.Array:
+    """Fields for a fixed-width big-endian value array: one (length, value) record per row."""
+    records = np.empty(len(values), dtype=[("length", ">i4"), ("value", values.dtype)])
+    records["length"] = values.dtype.itemsize
+    records["value"] = values
+    return _with_nulls(_binary_values(records, records.dtype.itemsize), column)
+
+
+def _numbers(column: pa.Array) -> np.ndarray:
+    # fill_null first: to_numpy would otherwise turn ints with nulls into float64 (lossy).
+    filled = pc.fill_null(column, False if pa.types.is_boolean(column.type) else 0)
+    result: np.ndarray = filled.to_numpy(zero_copy_only=False)
+    return result
+
+
+def _encode_fixed(column: pa.Array, dtype: str) -> pa.Array:
+    return _fixed_fields(_numbers(column).astype(dtype), column)
+
+
+def _encode_timestamp(column: pa.Array, unit: str) -> pa.Array:
+    raw = _numbers(column.cast(pa.int64()))
+    # PostgreSQL keeps microseconds: nanoseconds are floored (towards the earlier instant).
+    micros = raw // 1_000 if unit == "ns" else raw * _US_PER_UNIT[unit]
+    return _fixed_fields((micros - _PG_EPOCH_US).astype(">i8"), column)
+
+
+def _encode_date(column: pa.Array) -> pa.Array:
+    days = _numbers(column.cast(pa.int32()))
+    return _fixed_fields((days - _PG_EPOCH_DAYS).astype(">i4"), column)
+
+
+def _encode_bytes(column: pa.Array) -> pa.Array:
+    """text and bytea: the binary representation is the bytes themselves (text as UTF-8)."""
+    values = column.cast(pa.large_binary())
+    lengths = _numbers(pc.binary_length(values)).astype(">i4")
+    prefixed = pc.binary_join_element_wise(_binary_values(lengths, 4), values, _NO_SEPARATOR)
+    return pc.fill_null(prefixed, _NULL_FIELD)
+
+
+def _encode_per_value(column: pa.Array, dump: Callable[[Any], bytes]) -> pa.Array:
+    """For types Arrow kernels cannot encode (decimal, jsonb): one Python call per value."""
+    dumped = [None if value is None else dump(value) for value in column.to_pylist()]
+    return _encode_bytes(pa.array(dumped, pa.large_binary()))
+
+
+def _encode_decimal(column: pa.Array) -> pa.Array:
+    """numeric's binary form (base-10000 digits) through psycopg's own dumper."""
+    dumper = psycopg.adapters.get_dumper(Decimal, PyFormat.BINARY)(Decimal)
+
+    def dump(value: Decimal) -> bytes:
+        return bytes(dumper.dump(value) or b"")  # None is only ever dumped from None
+
+    return _encode_per_value(column, dump)
+
+
+def _json_default(value: object) -> str:
+    if isinstance(value, datetime | date | time):
+        return value.isoformat()
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, Decimal):
+        return str(value)
+    raise TypeError(f"cannot store {type(value).__name__} in jsonb")
+
+
+def _dump_jsonb(value: object) -> bytes:
+    # jsonb's binary format: a version byte (1), then the JSON text.
+    text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+    return b"\x01" + text.encode()
+
+
+def _encode_jsonb(column: pa.Array) -> pa.Array:
+    """Lists and structs as JSON arrays and objects (maps as arrays of [key, value] pairs)."""
+    return _encode_per_value(column, _dump_jsonb)
+
+
+def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
+    """The rows of a ``COPY … FROM STDIN (FORMAT BINARY)`` payload for ``batch`` (everything
+    between :data:`COPY_HEADER` and :data:`COPY_TRAILER`)."""
+    count = pa.scalar(len(types).to_bytes(2, "big"), pa.large_binary())
+    fields = [kind.encode(column) for kind, column in zip(types, batch.columns, strict=True)]
+    rows = pc.binary_join_element_wise(count, *fields, _NO_SEPARATOR)
+    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int64)
+    start, end = int(offsets[rows.offset]), int(offsets[rows.offset + len(rows)])
+    return memoryview(rows.buffers()[2])[start:end]
+
+
+def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
+    types = postgres_types(batch.schema)
+    if batch.num_rows == 0:
+        return
+    columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, columns)
+    with conn.cursor() as cursor, cursor.copy(statement) as copy:
+        copy.write(COPY_HEADER)
+        copy.write(encode_rows(batch, types))
+        copy.write(COPY_TRAILER)
+
+
+def _identifier(name: str) -> sql.Identifier:
+    """``table`` or ``schema.table`` as a quoted identifier."""
+    parts = name.split(".")
+    if len(parts) > 2 or not all(parts):
+        raise ValueError(f"table name {name!r} must be 'table' or 'schema.table'")
+    return sql.Identifier(*parts)
+
+
+def _connect(dsn: str, **options: Any) -> Connection:
+    # UTF-8 because binary COPY of text is converted from the client encoding.
+    return psycopg.connect(dsn, autocommit=True, client_encoding="UTF8", **options)
+
+
+class PostgresTransaction:
+    """One task attempt's transaction on its own connection, named by its gid once prepared.
+
+    The connection runs in autocommit mode with an explicit BEGIN so that what is sent is
+    exactly BEGIN, COPY…, PREPARE TRANSACTION, with no statement psycopg would add itself.
+    """
+
+    def __init__(
+        self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema
+    ) -> None:
+        postgres_types(schema)  # fail before connecting if a column cannot be stored
+        self.txn = txn
+        self._table = table
+        self._types = schema.types
+        self._rows = 0
+        self._prepared = False
+        # application_name shows in pg_stat_activity which attempt holds a session.
+        self._conn = _connect(dsn, application_name=txn.gid[:63])
+        self._conn.execute("BEGIN")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._prepared:
+            raise RuntimeError(f"transaction {self.txn.gid} is already pre-committed")
+        if batch.schema.types != self._types:
+            raise ValueError(
+                f"batch types {batch.schema.types} differ from the transaction's {self._types}"
+            )
+        _copy_into(self._conn, self._table, batch)
+        self._rows += batch.num_rows
+
+    def pre_commit(self) -> PreCommit:
+        prepared = self._conn.execute(
+            sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(self.txn.gid))
+        )
+        if prepared.statusmessage != "PREPARE TRANSACTION":
+            # PostgreSQL answers PREPARE in a failed transaction with a ROLLBACK, not an error.
+            # Reporting success here would make the driver "commit" rows that do not exist.
+            raise RuntimeError(
+                f"transaction {self.txn.gid} was rolled back, not prepared: an earlier "
+                "statement in it failed"
+            )
+        self._prepared = True
+        # A prepared transaction no longer belongs to the session: free the connection now.
+        self._conn.close()
+        return PreCommit(self.txn, self._rows)
+
+    def abort(self) -> None:
+        """Roll back if not yet prepared; after PREPARE only the driver decides, so just
+        close."""
+        if self._conn.closed:
+            return
+        try:
+            if not self._prepared:
+                self._conn.execute("ROLLBACK")
+        except psycopg.Error:
+            pass  # a broken connection: the server rolls the transaction back itself
+        finally:
+            self._conn.close()
+
+
+class PostgresTarget:
+    """Exactly-once target over PostgreSQL prepared transactions (see the module docstring).
+
+    Pickled to Spark tasks: the driver-side connection is created lazily and dropped by
+    ``__getstate__``, so each process opens its own.
+    """
+
+    def __init__(self, dsn: str, table: str, *, epochs_table: str | None = None) -> None:
+        self.dsn = dsn
+        self.table = table
+        self.epochs_table = epochs_table or f"{table}_flinkish_epochs"
+        self._table = _identifier(table)
+        self._epochs = _identifier(self.epochs_table)
+        self._conn: Connection | None = None
+        self._epochs_ready = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_conn"] = None
+        state["_epochs_ready"] = False
+        return state
+
+    def _connection(self) -> Connection:
+        """The one reused autocommit connection of this process (reopened if it broke)."""
+        if self._conn is None or self._conn.closed:
+            self._conn = _connect(self.dsn)
+        return self._conn
+
+    def check(self, schema: pa.Schema) -> None:
+        """Fail unless the server can prepare transactions and the table fits ``schema``;
+        create the table (and the epochs table) if missing."""
+        types = postgres_types(schema)
+        conn = self._connection()
+        setting = conn.execute("SHOW max_prepared_transactions").fetchone()
+        if setting is None or int(setting[0]) <= 0:
+            raise RuntimeError(f"PostgreSQL at {conn.info.host}:{conn.info.port}: {_FIX_2PC}")
+        found = conn.execute(
+            "SELECT to_regclass(%s)::oid", [self._table.as_string(conn)]
+        ).fetchone()
+        if found is None or found[0] is None:
+            columns = sql.SQL(", ").join(
+                sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(kind.ddl))
+                for field, kind in zip(schema, types, strict=True)
+            )
+            conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table, columns))
+        else:
+            self._check_columns(conn, found[0], schema, types)
+        self._ensure_epochs_table()
+
+    def _check_columns(
+        self, conn: Connection, oid: int, schema: pa.Schema, types: list[ColumnType]
+    ) -> None:
+        rows = conn.execute(
+            """
+            SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod),
+                   a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
+                   AND a.attgenerated = ''
+            FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+            WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
+            ORDER BY a.attnum
+            """,
+            [oid],
+        ).fetchall()
+        existing = {name: (typname, shown) for name, typname, shown, _ in rows}
+        problems = []
+        for field, kind in zip(schema, types, strict=True):
+            if field.name not in existing:
+                problems.append(f"{field.name!r} is missing from the table (needs {kind.ddl})")
+            elif existing[field.name][0] not in kind.accepts:
+                problems.append(
+                    f"{field.name!r} is {existing[field.name][1]} in the table but Arrow "
+                    f"{field.type} in the stream (needs {kind.ddl})"
+                )
+        problems += [
+            f"{name!r} is NOT NULL without a default in the table but not in the stream"
+            for name, _, _, required in rows
+            if required and name not in schema.names
+        ]
+        if problems:
+            raise ValueError(
+                f"table {self.table} does not fit the stream's schema: " + "; ".join(problems)
+            )
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> PostgresTransaction:
+        return PostgresTransaction(self.dsn, self._table, txn, schema)
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """One COPY in autocommit mode: the batch commits as a whole, at once."""
+        _copy_into(self._connection(), self._table, batch)
+
+    def commit(self, pre_commit: PreCommit) -> None:
+        """COMMIT PREPARED; a gid that is no longer prepared was committed before.
+
+        That inference is sound because nothing rolls back a transaction whose epoch the
+        driver decided to commit: rollback is only ever applied to undecided epochs. So an
+        absent gid here means an earlier attempt of this very commit (before a crash) got it.
+        """
+        with contextlib.suppress(psycopg.errors.UndefinedObject):
+            self._connection().execute(
+                sql.SQL("COMMIT PREPARED {}").format(sql.Literal(pre_commit.txn.gid))
+            )
+
+    def rollback(self, txn: TransactionId) -> None:
+        """ROLLBACK PREPARED if prepared; otherwise a no-op (a transaction that never got
+        prepared is rolled back by the server when its session ends)."""
+        with contextlib.suppress(psycopg.errors.UndefinedObject):
+            self._connection().execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(txn.gid)))
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        """Prepared transactions of ``prefix``/``query`` in this database, sorted."""
+        rows = (
+            self._connection()
+            .execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+            .fetchall()
+        )
+        found = (TransactionId.parse(gid) for (gid,) in rows)
+        return sorted(
+            txn for txn in found if txn is not None and txn.prefix == prefix and txn.query == query
+        )
+
+    def _ensure_epochs_table(self) -> None:
+        if self._epochs_ready:
+            return
+        self._connection().execute(
+            sql.SQL(
+                """
+                CREATE TABLE IF NOT EXISTS {} (
+                    query text NOT NULL,
+                    epoch bigint NOT NULL,
+                    committed_at timestamptz NOT NULL DEFAULT now(),
+                    watermark bigint,
+                    rows bigint NOT NULL,
+                    late_rows bigint NOT NULL,
+                    PRIMARY KEY (query, epoch)
+                )
+                """
+            ).format(self._epochs)
+        )
+        self._epochs_ready = True
+
+    def publish_epoch(
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+    ) -> None:
+        """Record that ``epoch`` of ``query`` is committed, with the combined watermark.
+
+        First write wins: a replayed epoch (the driver crashed after publishing) leaves the
+        row, including ``committed_at``, as it was.
+        """
+        self._ensure_epochs_table()
+        self._connection().execute(
+            sql.SQL(
+                "INSERT INTO {} (query, epoch, watermark, rows, late_rows) "
+                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
+            ).format(self._epochs),
+            [query, epoch, watermark, rows, late_rows],
+        )
+
+    def committed_watermark(self, query: str) -> int | None:
+        """The highest published watermark of ``query``: every row with an event time up to
+        it is in the table. None before the first publish."""
+        try:
+            row = (
+                self._connection()
+                .execute(
+                    sql.SQL("SELECT max(watermark) FROM {} WHERE query = %s").format(self._epochs),
+                    [query],
+                )
+                .fetchone()
+            )
+        except psycopg.errors.UndefinedTable:
+            return None
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
