@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs what flinkish needs on a fresh machine: a virtualenv with the project (and, with
+# "test", its test tools), Java for Spark, and PostgreSQL server binaries for the sink's tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+extra="${1:-}"
+python="${PYTHON:-python3}"
+[ -x .venv/bin/python ] || "$python" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
+if [ "$extra" = "test" ]; then
+  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored" || true
+else
+  .venv/bin/python -m pip install -q -e . 2>&1 | grep -v "is ignored" || true
+fi
+.venv/bin/python -c "import pyspark, confluent_kafka, pyarrow" \
+  || { echo "installing the Python packages failed" >&2; exit 1; }
+need_apt=()
+command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  need_apt+=(postgresql)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  echo "installing ${need_apt[*]} from the distribution" >&2
+  if [ "$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq "${need_apt[@]}";
+  else sudo apt-get update -qq && sudo apt-get install -y -qq "${need_apt[@]}"; fi
+fi
