@@ -1,0 +1,82 @@
+"""Pending and completed checkpoints (Flink: PendingCheckpoint, CompletedCheckpoint).
+
+A Spark micro-batch id ("epoch") stands in for Flink's checkpoint id. A checkpoint is
+*pending* once begun (the sink records its decision -- which pre-commits belong to the
+epoch -- here, so recovery can finish it) and *completed* once its final state is durable.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from checkpointing.storage import CorruptRecordError
+
+
+def check_checkpoint_id(checkpoint_id: int) -> int:
+    """``checkpoint_id`` if it is a valid id (an int >= 0), else ValueError."""
+    if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
+        raise ValueError(f"checkpoint id must be an int >= 0, got {checkpoint_id!r}")
+    return checkpoint_id
+
+
+def now_ms() -> int:
+    """Wall-clock epoch milliseconds, the unit of every checkpoint timestamp."""
+    return time.time_ns() // 1_000_000
+
+
+def _field(record: Any, name: str, kind: type, path: str) -> Any:
+    value = record.get(name) if isinstance(record, dict) else None
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise CorruptRecordError(path, f"not a checkpoint record: bad or missing {name!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint:
+    """A begun checkpoint and the state recorded when it began."""
+
+    checkpoint_id: int
+    created_ms: int
+    state: dict[str, Any]
+
+    def to_record(self) -> dict[str, Any]:
+        return {"id": self.checkpoint_id, "created_ms": self.created_ms, "state": self.state}
+
+    @classmethod
+    def from_record(cls, record: Any, path: str) -> PendingCheckpoint:
+        """The checkpoint in ``record`` read from ``path``; CorruptRecordError if malformed."""
+        return cls(
+            _field(record, "id", int, path),
+            _field(record, "created_ms", int, path),
+            _field(record, "state", dict, path),
+        )
+
+
+@dataclass(frozen=True)
+class CompletedCheckpoint:
+    """A completed checkpoint: the state recorded when it completed, which recovery restores."""
+
+    checkpoint_id: int
+    created_ms: int
+    completed_ms: int
+    state: dict[str, Any]
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "id": self.checkpoint_id,
+            "created_ms": self.created_ms,
+            "completed_ms": self.completed_ms,
+            "state": self.state,
+        }
+
+    @classmethod
+    def from_record(cls, record: Any, path: str) -> CompletedCheckpoint:
+        """The checkpoint in ``record`` read from ``path``; CorruptRecordError if malformed."""
+        return cls(
+            _field(record, "id", int, path),
+            _field(record, "created_ms", int, path),
+            _field(record, "completed_ms", int, path),
+            _field(record, "state", dict, path),
+        )

@@ -1,0 +1,312 @@
+"""Durable pending and completed checkpoints with subsumption and retention (Flink: the
+bookkeeping of CheckpointCoordinator plus CompletedCheckpointStore).
+
+Layout under the storage base::
+
+    _owner                  who may write (see checkpointing.fencing)
+    pending/<id>.json       begun checkpoints and the state recorded with them
+    completed/<id>.json     completed checkpoints, the last ``retain`` of them
+    _latest                 pointer: the id of the latest completed checkpoint
+
+``complete(N)`` takes four steps: (1) write ``completed/N`` -- the commit point; (2) point
+``_latest`` at N; (3) delete pending checkpoints <= N, which N subsumes; (4) delete completed
+checkpoints older than the last ``retain``. A crash before (1) finishes leaves the old latest
+(record writes are atomic); a crash after it leaves N completed, and the next ``complete`` --
+typically Spark replaying batch N -- redoes steps 2-4. Reads never depend on 3 and 4 having
+run: pending checkpoints at or below the latest completed one are reported as gone.
+
+Recovery rule -- which checkpoint is the latest completed one:
+
+* It is the highest id among the pointer and the listed completed records. The pointer is
+  written after the record, so a listing that misses a new record (an eventually consistent
+  store, or HDFS's delete-then-rename overwrite) cannot move recovery back below it; a record
+  listed above the pointer is one whose ``complete`` crashed between steps 1 and 2, and since
+  it verifies it counts: the records are trusted over the pointer.
+* That record is read and verified. If it is damaged or missing, CorruptRecordError names it:
+  falling back to an older checkpoint would silently replay or lose epochs.
+* A damaged pointer is ignored (logged) when completed records exist -- the records rebuild
+  it, and the next ``complete`` rewrites it; with no records it raises.
+
+One instance writes a location at a time (see fencing); an instance is not thread-safe.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from typing import Any, TypeVar
+
+from checkpointing.checkpoint import (
+    CompletedCheckpoint,
+    PendingCheckpoint,
+    check_checkpoint_id,
+    now_ms,
+)
+from checkpointing.fencing import OwnerFence
+from checkpointing.storage import CheckpointStorage, CorruptRecordError
+
+logger = logging.getLogger(__name__)
+
+PENDING_DIR = "pending"
+COMPLETED_DIR = "completed"
+LATEST_POINTER = "_latest"
+_RECORD_NAME = re.compile(r"^(\d{20})\.json$")
+_Checkpoint = TypeVar("_Checkpoint", PendingCheckpoint, CompletedCheckpoint)
+
+
+class SubsumedError(ValueError):
+    """The checkpoint is below the latest completed one and was never completed: a later
+    checkpoint subsumed it (or it completed once and retention has since dropped it)."""
+
+
+class AlreadyCompletedError(ValueError):
+    """The checkpoint is completed, so it can no longer be begun or aborted."""
+
+
+def record_path(directory: str, checkpoint_id: int) -> str:
+    """Where checkpoint ``checkpoint_id`` lives in ``directory`` (zero-padded: names sort)."""
+    return f"{directory}/{checkpoint_id:020d}.json"
+
+
+def _json_state(state: Any) -> dict[str, Any]:
+    """``state`` as it will read back (tuples become lists, keys strings), so the checkpoint
+    returned by a write equals the one a later read returns."""
+    if not isinstance(state, dict):
+        raise TypeError(f"checkpoint state must be a JSON object (dict), got {type(state)}")
+    try:
+        copy: dict[str, Any] = json.loads(json.dumps(state, allow_nan=False))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"checkpoint state is not JSON-serialisable: {e}") from e
+    return copy
+
+
+class CheckpointStore:
+    """Pending and completed checkpoints of one query at one storage location.
+
+    Opening claims the location for ``owner`` with a new generation (FencedError if another
+    query owns it; earlier instances of this query are fenced from then on) and removes temp
+    files crashed writes left behind. ``retain`` (>= 1) completed checkpoints are kept.
+    """
+
+    def __init__(self, storage: CheckpointStorage, *, owner: str, retain: int = 10) -> None:
+        if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
+            raise ValueError(f"retain must be an int >= 1, got {retain!r}")
+        if not isinstance(owner, str) or not owner:
+            raise ValueError(f"owner must be a non-empty string, got {owner!r}")
+        self._storage = storage
+        self.owner = owner
+        self.retain = retain
+        self._fence = OwnerFence.acquire(storage, owner)
+        # Safe only now: any writer that could own a temp file is fenced.
+        removed = storage.cleanup_temp()
+        if removed:
+            logger.info("removed %d temp files of crashed writes in %s", removed, storage.location)
+
+    @property
+    def location(self) -> str:
+        return self._storage.location
+
+    @property
+    def generation(self) -> int:
+        """This instance's generation: how many instances of the query opened the location."""
+        return self._fence.claim.generation
+
+    # -- writes --------------------------------------------------------------------------
+
+    def begin(self, checkpoint_id: int, state: dict[str, Any] | None = None) -> PendingCheckpoint:
+        """Durably record checkpoint ``checkpoint_id`` as pending, with ``state``.
+
+        Idempotent like :meth:`complete`: if it is already pending, the recorded checkpoint is
+        returned unchanged -- the first recorded state (the sink's decision) wins; abort first
+        to replace it. Raises AlreadyCompletedError / SubsumedError at or below the latest
+        completed checkpoint."""
+        check_checkpoint_id(checkpoint_id)
+        state = _json_state({} if state is None else state)
+        self._fence.check()
+        latest = self._latest_id()
+        if latest is not None and checkpoint_id <= latest:
+            if self._read_completed(checkpoint_id) is not None:
+                raise self._already_completed(checkpoint_id, "begin")
+            raise self._subsumed(checkpoint_id, latest, "begin")
+        recorded = self._read_pending(checkpoint_id)
+        if recorded is not None:
+            return recorded
+        pending = PendingCheckpoint(checkpoint_id, now_ms(), state)
+        self._storage.write_json(record_path(PENDING_DIR, checkpoint_id), pending.to_record())
+        return pending
+
+    def complete(self, checkpoint_id: int, state: dict[str, Any]) -> CompletedCheckpoint:
+        """Complete ``checkpoint_id`` with its final ``state`` (pending or not), subsuming the
+        pending checkpoints below it and applying retention.
+
+        Re-completing a completed checkpoint (Spark replays a batch) changes nothing and
+        returns the *recorded* checkpoint, ignoring ``state``; it also finishes the steps a
+        crashed completion left undone. Raises SubsumedError below the latest completed one."""
+        check_checkpoint_id(checkpoint_id)
+        state = _json_state(state)
+        self._fence.check()
+        pointer, ids = self._scan()
+        latest = _latest(pointer, ids)
+        recorded = self._read_completed(checkpoint_id)
+        if recorded is not None:
+            self._settle(
+                checkpoint_id if latest is None else max(latest, checkpoint_id), pointer, ids
+            )
+            return recorded
+        if latest is not None and checkpoint_id < latest:
+            raise self._subsumed(checkpoint_id, latest, "complete")
+        pending = self._read_pending(checkpoint_id)
+        completed_ms = now_ms()
+        completed = CompletedCheckpoint(
+            checkpoint_id,
+            completed_ms if pending is None else pending.created_ms,
+            completed_ms,
+            state,
+        )
+        self._storage.write_json(record_path(COMPLETED_DIR, checkpoint_id), completed.to_record())
+        self._settle(checkpoint_id, pointer, ids)
+        return completed
+
+    def abort(self, checkpoint_id: int) -> None:
+        """Drop pending checkpoint ``checkpoint_id``; nothing to do if it is not pending.
+
+        Raises AlreadyCompletedError if it is completed: that decision is final."""
+        check_checkpoint_id(checkpoint_id)
+        self._fence.check()
+        if self._read_completed(checkpoint_id) is not None:
+            raise self._already_completed(checkpoint_id, "abort")
+        self._storage.delete(record_path(PENDING_DIR, checkpoint_id))
+
+    def _settle(self, latest: int, pointer: int | None, ids: list[int]) -> None:
+        """Steps 2-4 of a completion whose record (``latest``) is written."""
+        if pointer != latest:
+            self._storage.write_json(LATEST_POINTER, {"id": latest})
+        for pending_id in self._ids(PENDING_DIR):
+            if pending_id <= latest:
+                self._storage.delete(record_path(PENDING_DIR, pending_id))
+        oldest_kept = sorted({*ids, latest})[-self.retain :][0]
+        for completed_id in ids:
+            if completed_id < oldest_kept:
+                self._storage.delete(record_path(COMPLETED_DIR, completed_id))
+
+    # -- reads ---------------------------------------------------------------------------
+
+    def pending(self, checkpoint_id: int) -> PendingCheckpoint | None:
+        """Pending checkpoint ``checkpoint_id``, or None (never begun, aborted, completed or
+        subsumed)."""
+        check_checkpoint_id(checkpoint_id)
+        latest = self._latest_id()
+        if latest is not None and checkpoint_id <= latest:
+            return None
+        return self._read_pending(checkpoint_id)
+
+    def pending_ids(self) -> list[int]:
+        """Ids of the pending checkpoints, ascending (all above the latest completed one)."""
+        latest = self._latest_id()
+        return [i for i in self._ids(PENDING_DIR) if latest is None or i > latest]
+
+    def completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        """Completed checkpoint ``checkpoint_id``, or None (not completed, or not retained)."""
+        return self._read_completed(check_checkpoint_id(checkpoint_id))
+
+    def completed_ids(self) -> list[int]:
+        """Ids of the retained completed checkpoints, ascending."""
+        return self._ids(COMPLETED_DIR)
+
+    def latest_completed(self) -> CompletedCheckpoint | None:
+        """The checkpoint to recover from, or None before the first completion (see the
+        module docstring for the rule); CorruptRecordError rather than an older one."""
+        latest = self._latest_id()
+        if latest is None:
+            return None
+        found = self._read_completed(latest)
+        if found is None:
+            path = self._storage.full_path(record_path(COMPLETED_DIR, latest))
+            raise CorruptRecordError(
+                path,
+                f"missing, yet {self._storage.full_path(LATEST_POINTER)} names it as the latest "
+                "completed checkpoint; refusing to fall back to an older one",
+            )
+        return found
+
+    # -- helpers -------------------------------------------------------------------------
+
+    def _ids(self, directory: str) -> list[int]:
+        names = (_RECORD_NAME.match(n) for n in self._storage.list(directory))
+        return sorted(int(m.group(1)) for m in names if m)
+
+    def _scan(self) -> tuple[int | None, list[int]]:
+        """The pointer (None if absent, or damaged while records exist) and the listed ids."""
+        ids = self._ids(COMPLETED_DIR)
+        try:
+            return self._read_pointer(), ids
+        except CorruptRecordError as e:
+            if not ids:
+                raise
+            logger.warning("%s; using the completed records instead", e)
+            return None, ids
+
+    def _read_pointer(self) -> int | None:
+        try:
+            record = self._storage.read_json(LATEST_POINTER)
+        except FileNotFoundError:
+            return None
+        pointer = record.get("id") if isinstance(record, dict) else None
+        if isinstance(pointer, bool) or not isinstance(pointer, int):
+            path = self._storage.full_path(LATEST_POINTER)
+            raise CorruptRecordError(path, "not a latest-completed pointer")
+        return pointer
+
+    def _latest_id(self) -> int | None:
+        return _latest(*self._scan())
+
+    def _read_pending(self, checkpoint_id: int) -> PendingCheckpoint | None:
+        relpath = record_path(PENDING_DIR, checkpoint_id)
+        try:
+            record = self._storage.read_json(relpath)
+        except FileNotFoundError:
+            return None
+        path = self._storage.full_path(relpath)
+        return _matching(PendingCheckpoint.from_record(record, path), checkpoint_id, path)
+
+    def _read_completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
+        relpath = record_path(COMPLETED_DIR, checkpoint_id)
+        try:
+            record = self._storage.read_json(relpath)
+        except FileNotFoundError:
+            return None
+        path = self._storage.full_path(relpath)
+        return _matching(CompletedCheckpoint.from_record(record, path), checkpoint_id, path)
+
+    def _already_completed(self, checkpoint_id: int, action: str) -> AlreadyCompletedError:
+        return AlreadyCompletedError(
+            f"cannot {action} checkpoint {checkpoint_id} at {self.location!r}: it is already "
+            "completed (a replayed epoch should look it up with completed())"
+        )
+
+    def _subsumed(self, checkpoint_id: int, latest: int, action: str) -> SubsumedError:
+        return SubsumedError(
+            f"cannot {action} checkpoint {checkpoint_id} at {self.location!r}: it is below the "
+            f"latest completed checkpoint {latest} and has no completed record, so it was "
+            f"subsumed (or it completed and retention, retain={self.retain}, has dropped it)"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"CheckpointStore({self.location!r}, owner={self.owner!r}, "
+            f"generation={self.generation}, retain={self.retain})"
+        )
+
+
+def _latest(pointer: int | None, ids: list[int]) -> int | None:
+    return max(ids if pointer is None else [*ids, pointer], default=None)
+
+
+def _matching(checkpoint: _Checkpoint, checkpoint_id: int, path: str) -> _Checkpoint:
+    """``checkpoint`` if it is the one its path names (a copied or renamed file is not)."""
+    if checkpoint.checkpoint_id != checkpoint_id:
+        raise CorruptRecordError(
+            path, f"holds checkpoint {checkpoint.checkpoint_id}, expected {checkpoint_id}"
+        )
+    return checkpoint

@@ -1,0 +1,362 @@
+"""Durable, checksummed JSON records on local disk or any ``pyarrow.fs`` filesystem.
+
+The source's watermark-generator state and the sink's per-epoch decisions must survive a
+driver crash, so every record is written atomically (a reader sees the old or the new value,
+never a torn one) and carries a checksum (a damaged record is reported, never read as empty
+or as an older value).
+
+How atomicity is reached depends on the filesystem:
+
+* local disk: write a temp file in the target's directory, fsync it, rename it over the target
+  and fsync the directory (rename is atomic; the fsyncs make it survive a power cut);
+* HDFS: write a temp file and move it over the target (HDFS has no atomic single write;
+  replacing an existing target is delete-then-rename, so an overwritten record can be absent
+  for an instant, never torn -- the checkpoint store tolerates that, see checkpoint_store);
+* object stores (S3, GCS, Azure): one PUT is atomic, so the object is written directly.
+
+A crash between a temp write and its rename leaves a ``.tmp-*`` file behind: readers and
+:meth:`CheckpointStorage.list` ignore it and :meth:`CheckpointStorage.cleanup_temp` removes it.
+
+Record format: one header line ``FLINKISH-RECORD <version> <payload length> <crc32 hex>``,
+then the compact, key-sorted JSON payload (sorted so equal values give equal bytes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import posixpath
+import shutil
+import uuid
+import zlib
+from typing import Any
+from urllib.parse import urlsplit
+
+import pyarrow.fs as pafs
+
+MAGIC = b"FLINKISH-RECORD"
+VERSION = 1
+TEMP_PREFIX = ".tmp-"
+# A valid header is far shorter; a longer first line is not ours, not a truncated header.
+_MAX_HEADER = 128
+
+
+class CorruptRecordError(Exception):
+    """A record exists but cannot be trusted: truncated, bad checksum, not ours, bad JSON."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"corrupt checkpoint record {path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The default pickling passes only the message back to __init__; Spark may pickle errors.
+        return (type(self), (self.path, self.problem))
+
+
+def encode_record(value: Any) -> bytes:
+    """The bytes of a record holding ``value`` (raises ValueError if it is not plain JSON)."""
+    try:
+        text = json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"value is not JSON-serialisable: {e}") from e
+    payload = text.encode("utf-8")
+    return b"%s %d %d %08x\n%s" % (MAGIC, VERSION, len(payload), zlib.crc32(payload), payload)
+
+
+def decode_record(data: bytes, path: str) -> Any:
+    """The value in record bytes ``data`` read from ``path``; CorruptRecordError if damaged."""
+    prefix = MAGIC + b" "
+    if not data:
+        raise CorruptRecordError(path, "truncated: the file is empty")
+    if not data.startswith(prefix):
+        if prefix.startswith(data):
+            raise CorruptRecordError(path, f"truncated: {len(data)} bytes, header incomplete")
+        raise CorruptRecordError(
+            path, f"not a flinkish record: expected header {MAGIC!r}, found {data[:24]!r}"
+        )
+    newline = data.find(b"\n", 0, _MAX_HEADER)
+    if newline < 0:
+        if len(data) < _MAX_HEADER:
+            raise CorruptRecordError(path, f"truncated: {len(data)} bytes, header incomplete")
+        raise CorruptRecordError(path, "malformed header: no end of line")
+    fields = data[len(prefix) : newline].split(b" ")
+    try:
+        version, length, crc = int(fields[0]), int(fields[1]), int(fields[2], 16)
+    except (IndexError, ValueError):
+        raise CorruptRecordError(path, f"malformed header {data[:newline]!r}") from None
+    if len(fields) != 3:
+        raise CorruptRecordError(path, f"malformed header {data[:newline]!r}")
+    if version != VERSION:
+        raise CorruptRecordError(path, f"unsupported record version {version} (this is {VERSION})")
+    payload = data[newline + 1 :]
+    if len(payload) < length:
+        raise CorruptRecordError(
+            path, f"truncated: payload is {len(payload)} bytes, header says {length}"
+        )
+    if len(payload) > length:
+        raise CorruptRecordError(
+            path, f"{len(payload) - length} unexpected bytes after the {length}-byte payload"
+        )
+    actual = zlib.crc32(payload)
+    if actual != crc:
+        raise CorruptRecordError(
+            path, f"bad checksum: header says {crc:08x}, payload has {actual:08x}"
+        )
+    try:
+        return json.loads(payload.decode("utf-8"))
+    except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise CorruptRecordError(path, f"bad JSON: {e}") from e
+
+
+def _fsync_dir(path: str) -> None:
+    """Make a rename, creation or removal inside ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _display_uri(location: str) -> str:
+    """``location`` without credentials, query or fragment, for error messages and logs."""
+    parts = urlsplit(location)
+    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}".rstrip("/")
+
+
+class CheckpointStorage:
+    """JSON records under one base directory of a filesystem, written atomically and durably.
+
+    Build it with :meth:`open` from a location string, or directly from an already built
+    ``pyarrow.fs.FileSystem`` and a base path in it. Record paths (``relpath``) are relative to
+    the base and use ``/``. ``rename_writes`` forces (True) or forbids (False) temp-and-rename
+    writes on a non-local filesystem; by default only HDFS uses them. Local disk always does.
+
+    One writer per record at a time: concurrent writers of the same record are not serialised.
+    """
+
+    def __init__(
+        self,
+        filesystem: pafs.FileSystem,
+        base_path: str,
+        *,
+        location: str | None = None,
+        rename_writes: bool | None = None,
+    ) -> None:
+        self._fs = filesystem
+        self._local = isinstance(filesystem, pafs.LocalFileSystem)
+        if self._local:
+            base_path = os.path.abspath(base_path)
+        elif base_path != "/":
+            base_path = base_path.rstrip("/")
+        self._base = base_path
+        if rename_writes is None:
+            rename_writes = filesystem.type_name == "hdfs"
+        self._rename = rename_writes
+        if location is None:
+            location = base_path if self._local else f"{filesystem.type_name}://{base_path}"
+        self.location = location
+        try:
+            if self._local:
+                os.makedirs(base_path, exist_ok=True)
+            elif base_path not in ("", "/"):
+                filesystem.create_dir(base_path, recursive=True)
+        except OSError as e:
+            raise ValueError(f"cannot create checkpoint location {location!r}: {e}") from e
+
+    @classmethod
+    def open(cls, location: str) -> CheckpointStorage:
+        """Storage at a local path or a URI ``pyarrow.fs.FileSystem.from_uri`` understands
+        (``file://``, ``s3://``, ``hdfs://``, ``gs://``...), creating the directory."""
+        if not location.strip():
+            raise ValueError("checkpoint location is empty")
+        if "://" not in location:
+            path = os.path.abspath(os.path.expanduser(location))
+            return cls(pafs.LocalFileSystem(), path, location=path)
+        try:
+            filesystem, path = pafs.FileSystem.from_uri(location)
+        except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError
+            raise ValueError(f"cannot open checkpoint location {location!r}: {e}") from e
+        if isinstance(filesystem, pafs.LocalFileSystem):
+            return cls(filesystem, path, location=path)
+        return cls(filesystem, path, location=_display_uri(location))
+
+    # -- paths ---------------------------------------------------------------------------
+
+    def _path(self, relpath: str, *, allow_root: bool = False) -> str:
+        if relpath == "" and allow_root:
+            return self._base
+        parts = relpath.split("/")
+        if relpath.startswith("/") or "\\" in relpath or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"bad record path {relpath!r}: use 'dir/name', relative, no '..'")
+        if parts[-1].startswith(TEMP_PREFIX):
+            raise ValueError(f"bad record path {relpath!r}: {TEMP_PREFIX!r} names are reserved")
+        return posixpath.join(self._base, relpath)
+
+    def full_path(self, relpath: str) -> str:
+        """Where ``relpath`` lives, for messages: an absolute path or a URI."""
+        self._path(relpath, allow_root=True)
+        root = self.location.rstrip("/") or "/"
+        return posixpath.join(root, relpath) if relpath else root
+
+    # -- records -------------------------------------------------------------------------
+
+    def write_json(self, relpath: str, value: Any) -> None:
+        """Atomically and durably replace the record at ``relpath`` with ``value``."""
+        path = self._path(relpath)
+        try:
+            data = encode_record(value)
+        except ValueError as e:
+            raise ValueError(f"cannot write {self.full_path(relpath)}: {e}") from e
+        if self._local:
+            self._write_local(path, data)
+        elif self._rename:
+            self._write_renamed(path, data)
+        else:
+            self._put(path, data)
+
+    def _write_local(self, path: str, data: bytes) -> None:
+        directory, name = os.path.split(path)
+        self._ensure_local_dir(directory)
+        temp = os.path.join(directory, f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex}")
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
+        _fsync_dir(directory)
+
+    def _ensure_local_dir(self, directory: str) -> None:
+        if os.path.isdir(directory):
+            return
+        parent = os.path.dirname(directory)
+        self._ensure_local_dir(parent)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory)
+        _fsync_dir(parent)
+
+    def _put(self, path: str, data: bytes) -> None:
+        """One PUT. Object stores need no directories; other filesystems get them on demand
+        rather than with a directory check before every write."""
+        try:
+            with self._fs.open_output_stream(path) as out:
+                out.write(data)
+        except FileNotFoundError:
+            self._fs.create_dir(posixpath.dirname(path), recursive=True)
+            with self._fs.open_output_stream(path) as out:
+                out.write(data)
+
+    def _write_renamed(self, path: str, data: bytes) -> None:
+        directory, name = posixpath.split(path)
+        temp = posixpath.join(directory, f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex}")
+        try:
+            self._put(temp, data)
+            self._fs.move(temp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                self._fs.delete_file(temp)
+            raise
+
+    def read_json(self, relpath: str) -> Any:
+        """The value at ``relpath``: FileNotFoundError if absent, CorruptRecordError if damaged."""
+        path = self._path(relpath)
+        if self._local:
+            with open(path, "rb") as f:
+                data = f.read()
+        else:
+            with self._fs.open_input_stream(path) as f:
+                data = f.read()
+        return decode_record(data, self.full_path(relpath))
+
+    def exists(self, relpath: str) -> bool:
+        """Whether a record is at ``relpath``."""
+        path = self._path(relpath)
+        if self._local:
+            return os.path.isfile(path)
+        return bool(self._fs.get_file_info(path).type == pafs.FileType.File)
+
+    def list(self, reldir: str) -> list[str]:
+        """Sorted names of the records directly in ``reldir`` ("" is the base); [] if absent.
+
+        Temp files of unfinished writes are never listed."""
+        path = self._path(reldir, allow_root=True)
+        if self._local:
+            try:
+                with os.scandir(path) as entries:
+                    names = [e.name for e in entries if e.is_file()]
+            except FileNotFoundError:
+                return []
+        else:
+            selector = pafs.FileSelector(path, allow_not_found=True)
+            infos = self._fs.get_file_info(selector)
+            names = [i.base_name for i in infos if i.type == pafs.FileType.File]
+        return sorted(n for n in names if not n.startswith(TEMP_PREFIX))
+
+    def delete(self, relpath: str) -> None:
+        """Remove the record at ``relpath``, durably; nothing to do if it is absent."""
+        path = self._path(relpath)
+        if self._local:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                return
+            _fsync_dir(os.path.dirname(path))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_file(path)
+
+    def delete_dir(self, reldir: str) -> None:
+        """Remove ``reldir`` and everything in it; nothing to do if it is absent."""
+        path = self._path(reldir)
+        if self._local:
+            try:
+                shutil.rmtree(path)
+            except FileNotFoundError:
+                return
+            _fsync_dir(os.path.dirname(path))
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                self._fs.delete_dir(path)
+
+    def cleanup_temp(self, reldir: str = "") -> int:
+        """Remove the temp files crashed writes left in ``reldir`` and below; how many.
+
+        Only call it while no write is running under ``reldir``: it would remove that write's
+        temp file and make it fail."""
+        path = self._path(reldir, allow_root=True)
+        if self._local:
+            temps = [
+                os.path.join(directory, name)
+                for directory, _, names in os.walk(path)
+                for name in names
+                if name.startswith(TEMP_PREFIX)
+            ]
+            for temp in temps:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(temp)
+            for directory in {os.path.dirname(t) for t in temps}:
+                _fsync_dir(directory)
+        else:
+            selector = pafs.FileSelector(path, allow_not_found=True, recursive=True)
+            temps = [
+                i.path
+                for i in self._fs.get_file_info(selector)
+                if i.type == pafs.FileType.File and i.base_name.startswith(TEMP_PREFIX)
+            ]
+            for temp in temps:
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.delete_file(temp)
+        return len(temps)
+
+    def __repr__(self) -> str:
+        return f"CheckpointStorage({self.location!r})"
