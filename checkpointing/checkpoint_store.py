@@ -43,6 +43,7 @@ from checkpointing.checkpoint import (
     check_checkpoint_id,
     now_ms,
 )
+from checkpointing.failpoints import failpoint
 from checkpointing.fencing import OwnerFence
 from checkpointing.storage import CheckpointStorage, CorruptRecordError
 
@@ -97,11 +98,28 @@ class CheckpointStore:
         self._storage = storage
         self.owner = owner
         self.retain = retain
-        self._fence = OwnerFence.acquire(storage, owner)
+        self._fence: OwnerFence | None = OwnerFence.acquire(storage, owner)
         # Safe only now: any writer that could own a temp file is fenced.
         removed = storage.cleanup_temp()
         if removed:
             logger.info("removed %d temp files of crashed writes in %s", removed, storage.location)
+
+    @classmethod
+    def reader(cls, storage: CheckpointStorage) -> CheckpointStore:
+        """A read-only view that claims nothing: for reporting and for readers beside the
+        owning query (``flinkish inspect``, the sink's planning of late-data thresholds)."""
+        store = cls.__new__(cls)
+        store._storage = storage
+        store.owner = ""
+        store.retain = 1
+        store._fence = None
+        return store
+
+    def _writable(self) -> OwnerFence:
+        if self._fence is None:
+            raise PermissionError(f"{self.location} was opened read-only (CheckpointStore.reader)")
+        self._fence.check()
+        return self._fence
 
     @property
     def location(self) -> str:
@@ -110,7 +128,7 @@ class CheckpointStore:
     @property
     def generation(self) -> int:
         """This instance's generation: how many instances of the query opened the location."""
-        return self._fence.claim.generation
+        return 0 if self._fence is None else self._fence.claim.generation
 
     # -- writes --------------------------------------------------------------------------
 
@@ -123,7 +141,7 @@ class CheckpointStore:
         completed checkpoint."""
         check_checkpoint_id(checkpoint_id)
         state = _json_state({} if state is None else state)
-        self._fence.check()
+        self._writable()
         latest = self._latest_id()
         if latest is not None and checkpoint_id <= latest:
             if self._read_completed(checkpoint_id) is not None:
@@ -145,7 +163,7 @@ class CheckpointStore:
         crashed completion left undone. Raises SubsumedError below the latest completed one."""
         check_checkpoint_id(checkpoint_id)
         state = _json_state(state)
-        self._fence.check()
+        self._writable()
         pointer, ids = self._scan()
         latest = _latest(pointer, ids)
         recorded = self._read_completed(checkpoint_id)
@@ -165,6 +183,7 @@ class CheckpointStore:
             state,
         )
         self._storage.write_json(record_path(COMPLETED_DIR, checkpoint_id), completed.to_record())
+        failpoint("checkpoint_write")
         self._settle(checkpoint_id, pointer, ids)
         return completed
 
@@ -173,7 +192,7 @@ class CheckpointStore:
 
         Raises AlreadyCompletedError if it is completed: that decision is final."""
         check_checkpoint_id(checkpoint_id)
-        self._fence.check()
+        self._writable()
         if self._read_completed(checkpoint_id) is not None:
             raise self._already_completed(checkpoint_id, "abort")
         self._storage.delete(record_path(PENDING_DIR, checkpoint_id))

@@ -594,3 +594,15 @@ StoreMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 test_store_machine = StoreMachine.TestCase
+
+
+def test_reader_reads_without_claiming_and_refuses_writes(storage: CheckpointStorage) -> None:
+    owner = CheckpointStore(storage, owner="q1")
+    owner.complete(3, {"x": 1})
+    view = CheckpointStore.reader(storage)
+    latest = view.latest_completed()
+    assert latest is not None and latest.checkpoint_id == 3 and latest.state == {"x": 1}
+    with pytest.raises(PermissionError, match="read-only"):
+        view.complete(4, {})
+    owner.complete(4, {"x": 2})  # the owner was not fenced by the reader
+    assert view.completed_ids() == [3, 4]

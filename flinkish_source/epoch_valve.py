@@ -1,0 +1,155 @@
+"""The valve over Spark epochs: each micro-batch's marker rows go through a
+:class:`StatusWatermarkValve` restored from the previous epoch's completed checkpoint.
+
+A micro-batch boundary is a perfectly aligned barrier: every partition's slice of epoch N is
+done before the epoch commits. So feeding an epoch's markers in a fixed order (partitions
+sorted; within a partition, the order its reader emitted them) into the valve restored from
+epoch N-1 gives the same combined watermark every time the epoch is replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flinkish_source.schema import KIND_STATUS, KIND_WATERMARK
+from flinkish_source.valve import MIN_WATERMARK, StatusWatermarkValve, WatermarkStatus
+
+_RANK = {("status", "ACTIVE"): 0, ("watermark", None): 1, ("status", "IDLE"): 2}
+
+
+@dataclass(frozen=True, order=True)
+class Marker:
+    """A watermark or status marker row of the flinkish source."""
+
+    topic: str
+    partition: int
+    offset: int
+    kind: str
+    watermark: int | None = None
+    status: str | None = None
+
+    def sort_key(self) -> tuple[Any, ...]:
+        """Emission order within an epoch (see ``partition_reader``): position, then ACTIVE
+        before watermarks (ascending: a partition's watermarks never go back) before IDLE."""
+        return (
+            self.topic, self.partition, self.offset,
+            _RANK[(self.kind, self.status if self.kind == KIND_STATUS else None)],
+            self.watermark if self.watermark is not None else 0,
+        )
+
+    def to_json(self) -> list[Any]:
+        return [self.topic, self.partition, self.offset, self.kind, self.watermark, self.status]
+
+    @classmethod
+    def from_json(cls, data: list[Any]) -> Marker:
+        topic, partition, offset, kind, watermark, status = data
+        return cls(str(topic), int(partition), int(offset), str(kind),
+                   None if watermark is None else int(watermark), status)
+
+
+def channel_name(topic: str, partition: int) -> str:
+    return f"{topic}/{partition}"
+
+
+class _Last:
+    """Valve output that only remembers; the epoch's result is the state after all inputs."""
+
+    def emit_watermark(self, watermark: int) -> None:
+        pass
+
+    def emit_watermark_status(self, status: WatermarkStatus) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class EpochWatermark:
+    """The valve's result for one epoch, stored with the epoch's checkpoint."""
+
+    epoch: int
+    watermark: int  # combined watermark after the epoch
+    status: str  # combined status after the epoch
+    previous_watermark: int  # combined watermark after epoch N-1: the late-data threshold
+    channels: tuple[str, ...] = ()  # valve channel index -> "topic/partition"
+    valve: dict[str, Any] | None = None  # valve snapshot (None until a partition is known)
+    partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def idle_partitions(self) -> list[str]:
+        return [name for name, p in self.partitions.items() if p["status"] == "IDLE"]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "epoch": self.epoch,
+            "watermark": self.watermark,
+            "status": self.status,
+            "previous_watermark": self.previous_watermark,
+            "channels": list(self.channels),
+            "valve": self.valve,
+            "partitions": self.partitions,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> EpochWatermark:
+        return cls(
+            epoch=int(data["epoch"]),
+            watermark=int(data["watermark"]),
+            status=str(data["status"]),
+            previous_watermark=int(data["previous_watermark"]),
+            channels=tuple(data["channels"]),
+            valve=data["valve"],
+            partitions=dict(data["partitions"]),
+        )
+
+
+def initial(epoch: int = -1) -> EpochWatermark:
+    """Before the first epoch: no partitions known, the combined watermark at Long.MIN_VALUE."""
+    return EpochWatermark(epoch, MIN_WATERMARK, "ACTIVE", MIN_WATERMARK)
+
+
+def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> EpochWatermark:
+    """Feed epoch ``epoch``'s markers into the valve restored from ``previous``.
+
+    Every partition the source announces becomes a channel (as in Flink, an empty partition
+    holds the combined watermark back until it is marked idle); partitions first seen in this
+    epoch join in sorted order.
+    """
+    ordered = sorted(markers, key=Marker.sort_key)
+    channels = list(previous.channels)
+    index = {name: i for i, name in enumerate(channels)}
+    new = sorted({channel_name(m.topic, m.partition) for m in ordered} - set(index))
+    output = _Last()
+    if previous.valve is None:
+        if not new:
+            return EpochWatermark(epoch, previous.watermark, previous.status, previous.watermark)
+        valve = StatusWatermarkValve(len(new), output)
+        for name in new:
+            index[name] = len(channels)
+            channels.append(name)
+    else:
+        valve = StatusWatermarkValve.restore(previous.valve, output)
+        for name in new:
+            index[name] = valve.add_channel()
+            channels.append(name)
+    for m in ordered:
+        channel = index[channel_name(m.topic, m.partition)]
+        if m.kind == KIND_WATERMARK and m.watermark is not None:
+            valve.input_watermark(m.watermark, channel)
+        elif m.kind == KIND_STATUS and m.status is not None:
+            valve.input_watermark_status(WatermarkStatus(m.status), channel)
+    partitions = {}
+    for i, name in enumerate(channels):
+        state = valve.channel(i)
+        partitions[name] = {
+            "watermark": state.watermark, "status": state.status.value, "aligned": state.aligned,
+        }
+    return EpochWatermark(
+        epoch=epoch,
+        watermark=valve.last_output_watermark,
+        status=valve.last_output_status.value,
+        previous_watermark=previous.watermark,
+        channels=tuple(channels),
+        valve=valve.snapshot(),
+        partitions=partitions,
+    )
