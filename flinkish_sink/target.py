@@ -83,7 +83,9 @@ class PreCommit:
         txn = TransactionId.parse(data["gid"])
         if txn is None:
             raise ValueError(f"not a flinkish transaction id: {data['gid']!r}")
-        return cls(txn, int(data["rows"]), int(data.get("late_rows", 0)), data.get("detail") or None)
+        return cls(
+            txn, int(data["rows"]), int(data.get("late_rows", 0)), data.get("detail") or None
+        )
 
 
 class TaskTransaction(Protocol):
@@ -122,6 +124,15 @@ class Target(Protocol):
     def pending(self, prefix: str, query: str) -> list[TransactionId]:
         """Every pre-committed or half-written transaction of ``prefix``/``query`` still
         lingering in the target (prepared transactions, staged files)."""
+
+    def publish_epoch(
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+    ) -> None:
+        """Record a committed epoch and its combined watermark beside the data, so a consumer
+        can ask "is everything up to event time T in?". Idempotent per (query, epoch)."""
+
+    def committed_watermark(self, query: str) -> int | None:
+        """The highest combined watermark published for ``query``."""
 
     def close(self) -> None:
         """Release connections."""

@@ -9,10 +9,27 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import datetime, timedelta, timezone
+from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
 from flinkish_source.options import OnError, SourceOptions
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+# event times must fit Spark's timestamp (microseconds in a signed 64-bit integer)
+_MAX_MS = (2**63 - 1) // 1000
+_MIN_MS = -_MAX_MS
+
+
+def _iso_ms(text: str) -> int | None:
+    """An ISO-8601 time with an explicit zone, in exact epoch milliseconds."""
+    try:
+        parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if parsed.tzinfo is None:
+        return None  # a time without a zone would be a guess
+    return (parsed - _EPOCH) // timedelta(milliseconds=1)
 
 
 class EventTimeError(ValueError):
@@ -55,21 +72,20 @@ class EventTimeExtractor:
                 return None
         if isinstance(raw, bool) or raw is None:
             return None
-        if isinstance(raw, (int, float)):
-            return int(raw * self._unit)
         if isinstance(raw, str):
             text = raw.strip()
             try:
-                return int(float(text) * self._unit)
-            except ValueError:
-                pass
+                raw = Decimal(text)
+            except InvalidOperation:
+                return _iso_ms(text)
+        if isinstance(raw, (int, float, Decimal)):
             try:
-                parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
-            except ValueError:
-                return None
-            if parsed.tzinfo is None:
-                return None  # a time without a zone would be a guess
-            return int(parsed.timestamp() * 1000)
+                # Decimal arithmetic: 1.001 s is 1001 ms, not float's 1000.9999
+                millis = int((Decimal(raw) * Decimal(str(self._unit))).to_integral_value(
+                    ROUND_HALF_EVEN))
+            except (InvalidOperation, ValueError, OverflowError):
+                return None  # NaN, infinity
+            return millis if _MIN_MS <= millis <= _MAX_MS else None
         return None
 
     def raw_value(self, key: bytes | None, value: bytes | None, headers: Any) -> Any:

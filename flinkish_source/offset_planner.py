@@ -35,7 +35,7 @@ class PartitionPosition:
     status: str | None  # None until the partition has been announced downstream
     progress_at: int  # processing time (ms) the partition was last seen to get new records
     seen: int  # the latest offset seen then
-    base: GeneratorState | None  # generator state at the previous batch's end (this slice's start)
+    base: GeneratorState | None  # generator state at the start of the partition's last slice
     stop: int | None  # ending offset of a bounded partition
 
     def to_json(self) -> dict[str, Any]:
@@ -202,7 +202,10 @@ class OffsetPlanner:
             ):
                 status = IDLE
             base = pos.base
-            if base is not None and base.at != pos.offset:
+            has_slice = offset > pos.offset or status != pos.status
+            if has_slice and base is not None and base.at != pos.offset:
+                # Only a slice needs its start state; loading it for a quiet partition would
+                # change the offset and make Spark run an empty batch.
                 if load_state is None:
                     raise RuntimeError("generator state is needed but no loader was given")
                 base = load_state(tp, pos.offset, base)

@@ -118,7 +118,7 @@ class TopicSelection:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    kafka_config: dict[str, str]
+    kafka_config: dict[str, str] = field(repr=False)  # may hold secrets
     topics: TopicSelection
     starting: str | dict[str, dict[int, int]] = "latest"
     ending: str | dict[str, dict[int, int]] | None = None
@@ -184,9 +184,7 @@ def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[in
                     f"option {display(key)}: {topic}/{part} -> {offset!r}: partitions are "
                     "numbers and offsets are integers (-2 = earliest, -1 = latest)"
                 )
-            if offset < LATEST or (offset == EARLIEST and not allow_earliest) or (
-                offset < EARLIEST
-            ):
+            if offset < EARLIEST or (offset == EARLIEST and not allow_earliest):
                 raise OptionError(
                     f"option {display(key)}: offset {offset} for {topic}/{part} is not "
                     f"allowed; use an offset >= 0 or -1 (latest)"
@@ -255,13 +253,15 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     starting: str | dict[str, dict[int, int]] = options.get("startingoffsets", "latest").strip()
     if starting not in ("earliest", "latest"):
         starting = _offsets_json("startingoffsets", str(starting), allow_earliest=True)
-    ending: str | dict[str, dict[int, int]] | None = options.get("endingoffsets")
-    if ending is not None:
-        ending = ending.strip()
-        if ending == "earliest":
+    ending: str | dict[str, dict[int, int]] | None = None
+    ending_text = options.get("endingoffsets")
+    if ending_text is not None:
+        ending_text = ending_text.strip()
+        if ending_text == "earliest":
             raise OptionError("option endingOffsets: earliest is not allowed; use latest or JSON")
-        if ending != "latest":
-            ending = _offsets_json("endingoffsets", ending, allow_earliest=False)
+        ending = ending_text if ending_text == "latest" else _offsets_json(
+            "endingoffsets", ending_text, allow_earliest=False
+        )
     if topics.pattern is not None:
         for key, value in (("startingoffsets", starting), ("endingoffsets", ending)):
             if isinstance(value, dict):

@@ -282,7 +282,7 @@ def test_missing_loader_when_state_is_needed() -> None:
     p = planner()
     start = {T0: pos(10, base=GeneratorState(4))}
     with pytest.raises(RuntimeError, match="no loader was given"):
-        p.latest(start, [T0], {T0: OffsetRange(0, 10)}, 0)
+        p.latest(start, [T0], {T0: OffsetRange(0, 12)}, 0)
 
 
 def test_state_loader_called_only_when_base_is_behind() -> None:
@@ -308,18 +308,21 @@ def test_state_loader_called_only_when_base_is_behind() -> None:
     ]
 
 
-def test_base_hand_over_then_quiet() -> None:
-    """After a batch that read records, the next plan journals the loaded base (one batch with
-    no slices); after that, nothing changes."""
+def test_quiet_partition_keeps_its_base_until_it_has_a_slice() -> None:
+    """After a batch that read records, nothing changes while the partition stays quiet (no
+    empty batch just to journal the state); its next slice loads the state at its start."""
     p = planner()
     start = {T0: pos(10, base=GeneratorState(4))}
-    ranges = {T0: OffsetRange(0, 10)}
+    quiet = p.latest(start, [T0], {T0: OffsetRange(0, 10)}, 0, load_state=no_loader)
+    assert same_json(quiet, start)
+    assert OffsetPlanner.slices(start, quiet) == []
     loaded = GeneratorState(10, 77, 76)
-    end = p.latest(start, [T0], ranges, 0, load_state=lambda tp, at, base: loaded)
-    assert end == {T0: dataclasses.replace(start[T0], base=loaded)}
-    assert OffsetPlanner.slices(start, end) == []
-    again = p.latest(end, [T0], ranges, 10, load_state=no_loader)
-    assert same_json(again, end)
+    end = p.latest(start, [T0], {T0: OffsetRange(0, 13)}, 5,
+                   load_state=lambda tp, at, base: loaded if at == 10 else base)
+    assert end[T0].base == loaded and end[T0].offset == 13
+    assert OffsetPlanner.slices(start, end) == [
+        SlicePlan("t", 0, 10, 13, ACTIVE, ACTIVE, loaded, None)
+    ]
 
 
 def test_no_state_no_loader_needed() -> None:

@@ -422,11 +422,6 @@ def test_log_append_time_type(kafka: FakeKafka, tmp_path: Path) -> None:
     assert column(run(opts(tmp_path), plan), "timestampType") == [1]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: partition_reader.py:91 an event time beyond the timestamp range (e.g. 10**17 ms)"
-    " passes event_time._parse and crashes the Arrow conversion instead of onError=skip",
-)
 def test_out_of_range_event_time_is_skipped(kafka: FakeKafka, tmp_path: Path) -> None:
     kafka.messages = [FakeMessage(0, 1, b'{"ts": 100000000000000000}')]
     options = opts(tmp_path, **{"eventTime.field": "ts", "eventTime.onError": "skip"})

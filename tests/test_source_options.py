@@ -264,10 +264,6 @@ def test_starting_json_offsets() -> None:
     assert o.starting == {"events": {0: 23, 1: LATEST, 2: 0}}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: options.py:187 `offset < LATEST` rejects -2 (earliest) in startingOffsets JSON",
-)
 def test_starting_json_accepts_minus_two_for_earliest() -> None:
     o = parse(startingOffsets='{"events":{"0":-2,"1":5}}')
     assert o.starting == {"events": {0: EARLIEST, 1: 5}}

@@ -1,0 +1,156 @@
+"""The sink's options, validated when the query starts (in ``streamWriter``)."""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from flinkish_source.options import OptionError
+
+
+class DeliveryGuarantee(Enum):
+    EXACTLY_ONCE = "exactly-once"
+    AT_LEAST_ONCE = "at-least-once"
+    NONE = "none"
+
+
+class LateData(Enum):
+    KEEP = "keep"
+    DROP = "drop"
+    SIDE = "side"
+
+
+_KNOWN = {
+    "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
+    "checkpointlocation", "deliveryguarantee", "latedata", "latedata.table", "latedata.path",
+    "eventtimecolumn", "transactionalidprefix", "epochstable",
+}
+_PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
+
+
+@dataclass(frozen=True)
+class SinkOptions:
+    target: str
+    dsn: str | None
+    table: str | None
+    path: str | None
+    checkpoint_location: str | None
+    state_location: str | None
+    retain: int
+    guarantee: DeliveryGuarantee
+    late_data: LateData
+    late_table: str | None
+    late_path: str | None
+    event_time_column: str
+    prefix: str
+    epochs_table: str | None
+
+
+def _choice(options: Mapping[str, str], key: str, name: str, enum: type[Enum], default: Enum
+            ) -> Enum:
+    raw = options.get(key)
+    if raw is None:
+        return default
+    for member in enum:
+        if member.value == raw.strip().lower():
+            return member
+    accepted = ", ".join(str(m.value) for m in enum)
+    raise OptionError(f"option {name}: {raw!r} is not one of {accepted}")
+
+
+def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
+    options = {str(k).lower(): str(v) for k, v in raw.items()}
+    unknown = sorted(k for k in options if k not in _KNOWN)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(_KNOWN), n=1)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise OptionError(f"unknown option {unknown[0]!r} for the flinkish sink{hint}")
+    target = options.get("target", "").strip().lower()
+    if target not in ("postgres", "parquet"):
+        raise OptionError(
+            f"option target: {options.get('target')!r} is not postgres or parquet "
+            "(where the sink writes)"
+        )
+    if target == "postgres":
+        for key in ("dsn", "table"):
+            if not options.get(key):
+                raise OptionError(f"option {key} is required with target postgres")
+        if "path" in options:
+            raise OptionError("option path applies to target parquet; postgres takes dsn/table")
+    elif not options.get("path"):
+        raise OptionError("option path is required with target parquet (a directory or URI)")
+    elif "table" in options or "dsn" in options:
+        raise OptionError("options dsn/table apply to target postgres; parquet takes path")
+
+    guarantee = _choice(options, "deliveryguarantee", "deliveryGuarantee", DeliveryGuarantee,
+                        DeliveryGuarantee.EXACTLY_ONCE)
+    late = _choice(options, "latedata", "lateData", LateData, LateData.KEEP)
+    late_table = options.get("latedata.table") or None
+    late_path = options.get("latedata.path") or None
+    if late is LateData.SIDE:
+        if target == "postgres" and not late_table:
+            raise OptionError("lateData=side with target postgres needs option lateData.table")
+        if target == "parquet" and not late_path:
+            raise OptionError("lateData=side with target parquet needs option lateData.path")
+    elif late_table or late_path:
+        raise OptionError("options lateData.table / lateData.path apply only with lateData=side")
+
+    retain_text = options.get("checkpointing.retain", "10").strip()
+    if not retain_text.isdigit() or int(retain_text) < 1:
+        raise OptionError(
+            f"option checkpointing.retain: {retain_text!r} is not a whole number >= 1"
+        )
+    prefix = options.get("transactionalidprefix", "flinkish").strip()
+    if not _PREFIX.match(prefix):
+        raise OptionError(
+            f"option transactionalIdPrefix: {prefix!r} may only hold letters, digits, '_' and '.'"
+        )
+    checkpoint = options.get("checkpointlocation") or None
+    state = options.get("checkpointing.location") or None
+    if guarantee is not DeliveryGuarantee.NONE and not (checkpoint or state):
+        raise OptionError(
+            "the flinkish sink needs the query's checkpointLocation (or option "
+            "checkpointing.location) to keep its per-epoch commit records"
+        )
+    return SinkOptions(
+        target=target,
+        dsn=options.get("dsn"),
+        table=options.get("table"),
+        path=options.get("path"),
+        checkpoint_location=checkpoint,
+        state_location=state,
+        retain=int(retain_text),
+        guarantee=guarantee,  # type: ignore[arg-type]
+        late_data=late,  # type: ignore[arg-type]
+        late_table=late_table,
+        late_path=late_path,
+        event_time_column=options.get("eventtimecolumn", "eventTime"),
+        prefix=prefix,
+        epochs_table=options.get("epochstable") or None,
+    )
+
+
+def query_id(checkpoint_location: str) -> str:
+    """The streaming query's id, which Spark writes to ``<checkpointLocation>/metadata`` before
+    the first batch and keeps across restarts: the identity transactions and fencing use."""
+    import pyarrow.fs as pafs
+
+    if "://" in checkpoint_location:
+        filesystem, base = pafs.FileSystem.from_uri(checkpoint_location)
+    elif checkpoint_location.startswith("file:"):
+        filesystem, base = pafs.LocalFileSystem(), checkpoint_location[len("file:"):]
+    else:
+        filesystem, base = pafs.LocalFileSystem(), checkpoint_location
+    try:
+        with filesystem.open_input_stream(f"{base.rstrip('/')}/metadata") as stream:
+            text = stream.read().decode("utf-8")
+        return str(json.loads(text.splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise OptionError(
+            f"cannot read the query id from {checkpoint_location}/metadata ({exc}); the "
+            "flinkish sink must run as a streaming query with a checkpointLocation"
+        ) from exc

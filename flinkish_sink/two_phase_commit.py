@@ -1,0 +1,190 @@
+"""Flink's two-phase commit, with Spark micro-batch ids as checkpoint ids.
+
+Tasks run beginTransaction / write / preCommit (see :mod:`flinkish_sink.stream_writer`); this
+module is the driver half, on top of a :class:`~checkpointing.CheckpointStore`:
+
+1. **decide**: durably record which pre-commits make up epoch N (``begin(N, decision)``) —
+   after this point the epoch's outcome is fixed, whatever crashes;
+2. **commit** each decided transaction (idempotent);
+3. **complete** checkpoint N with the valve's combined watermark for the epoch, after
+   publishing it beside the data.
+
+Recovery follows from the decision records (Flink's recoverAndCommit / recoverAndAbort): a
+lingering transaction whose epoch has a recorded decision naming it is committed; any other is
+rolled back — safe, because Spark replays an epoch that did not complete and its tasks
+pre-commit again. A replay of a decided epoch finishes the recorded commit and discards the
+replay's own pre-commits, so no row is ever written twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from checkpointing import CheckpointStore, CompletedCheckpoint
+from checkpointing.failpoints import failpoint
+from flinkish_sink.target import PreCommit, Target, TransactionId
+from flinkish_source.epoch_valve import EpochWatermark, Marker, advance, initial
+from flinkish_source.valve import MIN_WATERMARK
+
+logger = logging.getLogger(__name__)
+
+LATE_SUFFIX = "-late"
+
+
+@dataclass(frozen=True)
+class EpochOutcome:
+    """What one epoch commit did (for logs, metrics and tests)."""
+
+    checkpoint: CompletedCheckpoint
+    watermark: EpochWatermark
+    committed: tuple[str, ...]
+    rolled_back: tuple[str, ...]
+    replayed: bool
+
+
+def late_threshold(store: CheckpointStore, epoch: int) -> int:
+    """The combined watermark epoch ``epoch``'s records are judged late against: the one epoch
+    N-1 committed (for a replay of a completed epoch, the one recorded with it)."""
+    done = store.completed(epoch)
+    if done is not None:
+        return int(done.state["watermark"]["previous_watermark"])
+    latest = store.latest_completed()
+    if latest is None:
+        return MIN_WATERMARK
+    return int(latest.state["watermark"]["watermark"])
+
+
+class TwoPhaseCommitCoordinator:
+    """The driver side of the protocol for one query writing to ``target`` (and, for late
+    rows routed to a side output, ``side_target``)."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        target: Target,
+        prefix: str,
+        query: str,
+        side_target: Target | None = None,
+    ) -> None:
+        self._store = store
+        self._target = target
+        self._side = side_target
+        self._prefix = prefix
+        self._query = query
+
+    def _target_of(self, txn: TransactionId) -> Target:
+        if txn.prefix == self._prefix + LATE_SUFFIX:
+            if self._side is None:
+                raise ValueError(f"{txn.gid} belongs to a late-data side output not configured")
+            return self._side
+        return self._target
+
+    def commit_epoch(
+        self,
+        epoch: int,
+        pre_commits: Iterable[PreCommit],
+        markers: Iterable[Marker],
+        rows: int,
+        late_rows: int,
+    ) -> EpochOutcome:
+        """Decide, commit and complete epoch ``epoch``; idempotent under Spark's replays."""
+        pre_commits = list(pre_commits)
+        done = self._store.completed(epoch)
+        if done is not None:
+            decided = {d["gid"] for d in done.state["decision"]}
+            rolled = self._discard(pre_commits, decided)
+            rolled += self.recover(epoch)
+            return EpochOutcome(
+                done, EpochWatermark.from_json(done.state["watermark"]), (), tuple(rolled), True
+            )
+
+        pending = self._store.pending(epoch)
+        replayed = pending is not None
+        if pending is None:
+            failpoint("before_decision")
+            pending = self._store.begin(
+                epoch,
+                {
+                    "decision": [pc.to_json() for pc in pre_commits],
+                    "markers": [m.to_json() for m in markers],
+                    "rows": rows,
+                    "late_rows": late_rows,
+                },
+            )
+            failpoint("after_decision")
+        decision = pending.state
+        chosen = [PreCommit.from_json(d) for d in decision["decision"]]
+        committed = []
+        for pc in chosen:
+            self._target_of(pc.txn).commit(pc)
+            committed.append(pc.txn.gid)
+            failpoint("mid_commit")
+        rolled = self._discard(pre_commits, {pc.txn.gid for pc in chosen})
+        rolled += self.recover(epoch)
+
+        previous = self._store.latest_completed()
+        result = advance(
+            initial() if previous is None
+            else EpochWatermark.from_json(previous.state["watermark"]),
+            epoch,
+            (Marker.from_json(m) for m in decision["markers"]),
+        )
+        published = None if result.watermark == MIN_WATERMARK else result.watermark
+        self._target.publish_epoch(
+            self._query, epoch, published, decision["rows"], decision["late_rows"]
+        )
+        failpoint("before_checkpoint")
+        checkpoint = self._store.complete(epoch, {**decision, "watermark": result.to_json()})
+        failpoint("after_checkpoint")
+        return EpochOutcome(checkpoint, result, tuple(committed), tuple(rolled), replayed)
+
+    def abort_epoch(self, epoch: int, pre_commits: Iterable[PreCommit | None]) -> list[str]:
+        """Spark gave up on the epoch's tasks: roll back what they pre-committed, unless an
+        earlier attempt of the epoch already decided on it."""
+        decided: set[str] = set()
+        recorded = self._store.completed(epoch) or self._store.pending(epoch)
+        if recorded is not None:
+            decided = {d["gid"] for d in recorded.state.get("decision", [])}
+        return self._discard([pc for pc in pre_commits if pc is not None], decided)
+
+    def _discard(self, pre_commits: list[PreCommit], keep: set[str]) -> list[str]:
+        rolled = []
+        for pc in pre_commits:
+            if pc.txn.gid not in keep:
+                self._target_of(pc.txn).rollback(pc.txn)
+                rolled.append(pc.txn.gid)
+        return rolled
+
+    def lingering(self) -> list[TransactionId]:
+        """Every transaction of this query still pre-committed in the targets."""
+        found = self._target.pending(self._prefix, self._query)
+        if self._side is not None:
+            found += self._side.pending(self._prefix + LATE_SUFFIX, self._query)
+        return sorted(found)
+
+    def recover(self, up_to_epoch: int | None = None) -> list[str]:
+        """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None):
+        recoverAndCommit those a recorded decision names, recoverAndAbort the rest."""
+        resolved = []
+        decisions: dict[int, dict[str, Any]] = {}
+        for txn in self.lingering():
+            if up_to_epoch is not None and txn.epoch > up_to_epoch:
+                continue
+            if txn.epoch not in decisions:
+                recorded = self._store.completed(txn.epoch) or self._store.pending(txn.epoch)
+                decisions[txn.epoch] = {
+                    d["gid"]: d for d in (recorded.state.get("decision", []) if recorded else [])
+                }
+            target = self._target_of(txn)
+            found = decisions[txn.epoch].get(txn.gid)
+            if found is not None:
+                logger.info("recovering %s: committing (its epoch decided on it)", txn.gid)
+                target.commit(PreCommit.from_json(found))
+            else:
+                logger.info("recovering %s: rolling back (no decision names it)", txn.gid)
+                target.rollback(txn)
+            resolved.append(txn.gid)
+        return resolved
