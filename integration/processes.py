@@ -3,6 +3,7 @@ sets its own process group, so killing the driver's group alone leaves workers r
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -44,21 +45,15 @@ def kill_tree(pid: int, timeout: float = 30) -> None:
     victims = [pid, *descendants(pid)]
     groups = set()
     for p in victims:
-        try:
+        with contextlib.suppress(OSError):
             groups.add(os.getpgid(p))
-        except OSError:
-            pass
     groups.discard(os.getpgid(0))
     for group in groups:
-        try:
+        with contextlib.suppress(OSError):
             os.killpg(group, signal.SIGKILL)
-        except OSError:
-            pass
     for p in victims:
-        try:
+        with contextlib.suppress(OSError):
             os.kill(p, signal.SIGKILL)
-        except OSError:
-            pass
     deadline = time.monotonic() + timeout
     while any(_alive(p) for p in victims):
         if time.monotonic() > deadline:
