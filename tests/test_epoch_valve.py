@@ -348,7 +348,7 @@ def epoch_runs(draw: st.DrawFn) -> list[list[Marker]]:
             for kind, value in events:
                 offsets[(topic, p)] += draw(st.integers(0, 3))
                 at = offsets[(topic, p)]
-                if kind == "wm":
+                if kind == "wm" and value is not None:
                     markers.append(wm(p, at, value, topic))
                 elif kind == "ACTIVE":
                     markers.append(active(p, at, topic))
