@@ -1,4 +1,9 @@
-"""The ``flinkish`` command: ``flinkish demo`` runs the main job on the embedded broker."""
+"""The ``flinkish`` command.
+
+- ``flinkish demo``: the main job, on an embedded broker (see ``flinkish.demo``);
+- ``flinkish inspect LOCATION [--plot FILE.png]``: a query's epochs and watermarks;
+- ``flinkish transactions``: list (and ``--resolve``) pre-commits a query left in its target.
+"""
 
 from __future__ import annotations
 
@@ -6,17 +11,105 @@ import argparse
 import sys
 
 
+def _inspect(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from flinkish.inspect import load_epochs, plot, table
+
+    rows = load_epochs(args.location)
+    console = Console()
+    if not rows:
+        console.print(f"no epochs recorded in {args.location}")
+        return 1
+    console.print(table(rows))
+    if args.plot:
+        plot(rows, args.plot)
+        console.print(f"plot written to {args.plot}")
+    return 0
+
+
+def _transactions(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from checkpointing import CheckpointStorage, CheckpointStore
+    from flinkish.inspect import store_location
+    from flinkish_sink.options import query_id
+    from flinkish_sink.target import Target
+    from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
+
+    target: Target
+    if args.postgres:
+        from flinkish_sink.postgres_target import PostgresTarget
+
+        if not args.table:
+            raise SystemExit("--postgres needs --table")
+        target = PostgresTarget(args.postgres, args.table)
+    else:
+        from flinkish_sink.parquet_target import ParquetTarget
+
+        target = ParquetTarget(args.parquet)
+    query = args.query or (query_id(args.checkpoint) if args.checkpoint else None)
+    if query is None:
+        raise SystemExit("name the query: --checkpoint (its checkpointLocation) or --query ID")
+    console = Console()
+    store = None
+    if args.checkpoint:
+        store = CheckpointStore.reader(CheckpointStorage.open(store_location(args.checkpoint)))
+    lingering = target.pending(args.prefix, query)
+    for txn in lingering:
+        console.print(f"lingering pre-commit {txn.gid} (epoch {txn.epoch}, task {txn.task}, "
+                      f"attempt {txn.attempt})")
+    if not lingering:
+        console.print(f"no lingering pre-commits for prefix {args.prefix!r}, query {query}")
+    if args.resolve and lingering:
+        if store is None:
+            raise SystemExit("--resolve needs --checkpoint: decisions are read from there")
+        coordinator = TwoPhaseCommitCoordinator(store, target, args.prefix, query)
+        for gid in coordinator.recover():
+            console.print(f"resolved {gid}")
+    target.close()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flinkish", description=__doc__)
+    parser = argparse.ArgumentParser(prog="flinkish", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
+
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
-    demo.add_argument("--events", type=int, default=400, help="events per partition")
+    demo.add_argument("--duration", type=float, default=40.0,
+                      help="seconds of event production (default 40)")
+    demo.add_argument("--target", choices=("parquet", "postgres"), default="parquet")
+    demo.add_argument("--bootstrap", help="use this Kafka cluster instead of the embedded broker")
+    demo.add_argument("--plain", action="store_true", help="no live display (logs only)")
+    demo.add_argument("--workdir", help="keep the checkpoint and output here (default: a temp "
+                      "directory, removed at the end)")
+
+    inspect = commands.add_parser("inspect", help="show a query's epochs and watermarks")
+    inspect.add_argument("location", help="the query's checkpointLocation, or its store")
+    inspect.add_argument("--plot", metavar="FILE.png", help="also plot watermarks over epochs")
+
+    txns = commands.add_parser("transactions",
+                               help="list or resolve pre-commits a query left in its target")
+    where = txns.add_mutually_exclusive_group(required=True)
+    where.add_argument("--postgres", metavar="DSN")
+    where.add_argument("--parquet", metavar="PATH")
+    txns.add_argument("--table")
+    txns.add_argument("--prefix", default="flinkish")
+    txns.add_argument("--query", help="query id (default: read from --checkpoint)")
+    txns.add_argument("--checkpoint", help="the query's checkpointLocation")
+    txns.add_argument("--resolve", action="store_true",
+                      help="commit decided pre-commits, roll back the rest (stop the query first)")
+
     args = parser.parse_args(argv)
     if args.command == "demo":
         from flinkish.demo import run_demo
 
-        return run_demo(events_per_partition=args.events)
-    return 2
+        return run_demo(duration=args.duration, target=args.target, bootstrap=args.bootstrap,
+                        live=not args.plain, workdir=args.workdir)
+    if args.command == "inspect":
+        return _inspect(args)
+    return _transactions(args)
 
 
 if __name__ == "__main__":

@@ -1,83 +1,377 @@
-"""The main job: a skewed, out-of-order event stream on the embedded broker, read by the
-flinkish source, showing per-partition watermarks where Spark would have one global number."""
+"""The main job: what flinkish does that Spark alone does not, shown live.
+
+A realistic event stream over four Kafka partitions: out-of-order event times, partition 3
+lagging two minutes behind in event time, partition 2 going silent for a while and resuming.
+The flinkish source feeds the valve and the two-phase-commit sink (in a separate process);
+midway the demo kills that process (SIGKILL, like a crash) and restarts it from its checkpoint,
+then checks that the output holds every produced event exactly once.
+
+Beside flinkish's combined watermark it shows the one global watermark Spark's
+``withWatermark`` would have used (max event time of the previous batches minus the same
+2-second delay) and how many rows Spark would have dropped as late. Both are computed exactly
+from the batches Spark actually planned (the query's ``offsets/`` log) and the event times the
+demo produced.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 from rich.table import Table
+from rich.text import Text
+
+from flinkish.inspect import EpochRow, format_watermark, load_epochs
+from flinkish.processes import kill_tree
 
 PARTITIONS = 4
-LAG_MS = 120_000  # partition 3 lags two minutes behind in event time
+LAGGING, SILENT = 3, 2
+LAG_MS = 120_000
+DELAY_MS = 2_000  # the bound for both: flinkish's maxOutOfOrderness, Spark's withWatermark
+RATE = 40  # events per second per partition
 
 
-def _produce(bootstrap: str, topic: str, events: int) -> None:
+@dataclass
+class Produced:
+    """Event times by (partition, offset), from the producer's delivery reports."""
+
+    times: dict[tuple[int, int], int] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    done: bool = False
+
+    def add(self, partition: int, offset: int, ts: int) -> None:
+        with self.lock:
+            self.times[(partition, offset)] = ts
+
+    def snapshot(self) -> dict[tuple[int, int], int]:
+        with self.lock:
+            return dict(self.times)
+
+
+def _produce(bootstrap: str, topic: str, duration: float, produced: Produced,
+             stop: threading.Event) -> None:
     from confluent_kafka import Producer
 
-    rng = random.Random(7)
+    rng = random.Random(42)
     producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
-    base = int(time.time() * 1000) - 3_600_000
-    for i in range(events):
+    start = time.monotonic()
+    seq = 0
+    while not stop.is_set() and time.monotonic() - start < duration:
+        elapsed = (time.monotonic() - start) / duration
+        now = int(time.time() * 1000)
         for p in range(PARTITIONS):
-            ts = base + i * 500 - (LAG_MS if p == PARTITIONS - 1 else 0) + rng.randint(-1500, 0)
-            producer.produce(topic, value=json.dumps({"p": p, "i": i}).encode(), partition=p,
-                             timestamp=ts)
+            if p == SILENT and 0.25 <= elapsed < 0.55:
+                continue  # partition 2 goes silent, then resumes
+            for _ in range(RATE // 10):
+                ts = now - (LAG_MS if p == LAGGING else 0) - rng.randint(0, 1500)
+                seq += 1
+
+                def report(err: Any, msg: Any, ts: int = ts) -> None:
+                    if err is None:
+                        produced.add(msg.partition(), msg.offset(), ts)
+
+                producer.produce(topic, json.dumps({"id": seq, "p": p}).encode(), partition=p,
+                                 timestamp=ts, on_delivery=report)
+        producer.poll(0)
+        stop.wait(0.1)
     producer.flush(30)
+    produced.done = True
 
 
-def run_demo(events_per_partition: int = 400) -> int:
-    from flinkish.embedded_kafka import EmbeddedKafka, create_topic
-    from flinkish.spark_session import local_session
-
-    console = Console()
-    with EmbeddedKafka() as broker, tempfile.TemporaryDirectory() as work:
-        console.print(f"[bold]embedded broker[/] on {broker.bootstrap_servers}")
-        create_topic(broker.bootstrap_servers, "events", PARTITIONS)
-        _produce(broker.bootstrap_servers, "events", events_per_partition)
-        console.print(f"produced {events_per_partition * PARTITIONS} events; starting Spark…")
-        spark = local_session("flinkish-demo")
+def _spark_batches(checkpoint: Path, topic: str) -> list[dict[int, int]]:
+    """End offsets per partition of every batch Spark planned (its offsets log)."""
+    out = []
+    directory = checkpoint / "offsets"
+    if not directory.is_dir():
+        return out
+    for name in sorted((n for n in os.listdir(directory) if n.isdigit()), key=int):
         try:
-            rows = _read(spark, broker.bootstrap_servers, work)
-        finally:
-            spark.stop()
-    table = Table(title="flinkish source: per-partition markers")
-    for column in ("partition", "records", "max event time", "watermark", "status"):
+            data = json.loads((directory / name).read_text().splitlines()[-1])
+            out.append({int(p): e["offset"] for p, e in data["topics"].get(topic, {}).items()})
+        except (OSError, ValueError, KeyError, IndexError):
+            break  # being written
+    return out
+
+
+@dataclass
+class SparkComparison:
+    watermark: int | None = None
+    dropped: int = 0
+    dropped_lagging: int = 0
+
+
+def spark_comparison(batches: list[dict[int, int]], times: dict[tuple[int, int], int]
+                     ) -> SparkComparison:
+    """What Spark's withWatermark would have done on the same batches: its watermark for batch
+    N is max event time of batches < N minus the delay; rows below it are dropped as late."""
+    result = SparkComparison()
+    previous = {p: 0 for p in range(PARTITIONS)}
+    max_seen: int | None = None
+    for ends in batches:
+        watermark = None if max_seen is None else max_seen - DELAY_MS
+        batch_max = max_seen
+        for p, end in ends.items():
+            for offset in range(previous.get(p, 0), end):
+                ts = times.get((p, offset))
+                if ts is None:
+                    continue
+                if watermark is not None and ts < watermark:
+                    result.dropped += 1
+                    result.dropped_lagging += p == LAGGING
+                batch_max = ts if batch_max is None else max(batch_max, ts)
+            previous[p] = end
+        max_seen = batch_max
+        result.watermark = watermark
+    return result
+
+
+class QueryProcess:
+    """The query as a child process (its own session, so the demo can kill its whole tree)."""
+
+    def __init__(self, command: list[str], log: Path) -> None:
+        self._command = command
+        self._log = log
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        root = str(Path(__file__).resolve().parent.parent)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
+        with open(self._log, "ab") as log:
+            self.process = subprocess.Popen(self._command, stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, env=env,
+                                            start_new_session=True)
+
+    def crash(self) -> None:
+        if self.process is not None:
+            kill_tree(self.process.pid)
+            self.process.wait()
+
+    def failed(self) -> bool:
+        return self.process is not None and self.process.poll() not in (None, 0)
+
+
+@contextlib.contextmanager
+def _broker(bootstrap: str | None) -> Iterator[str]:
+    if bootstrap:
+        yield bootstrap
+        return
+    from flinkish.embedded_kafka import EmbeddedKafka
+
+    with EmbeddedKafka() as broker:
+        yield broker.bootstrap_servers
+
+
+@contextlib.contextmanager
+def _postgres(enabled: bool) -> Iterator[str | None]:
+    if not enabled:
+        yield None
+        return
+    from flinkish.embedded_postgres import postgres_for_tests
+
+    with postgres_for_tests() as dsn:
+        yield dsn
+
+
+def _view(phase: str, epochs: list[EpochRow], batches: list[dict[int, int]],
+          spark: SparkComparison, produced: int, crashes: int) -> Group:
+    latest = next((r for r in reversed(epochs) if r.state == "completed"), None)
+    table = Table(title="flinkish: per-partition watermarks through the valve", expand=False)
+    for column in ("partition", "last offset", "watermark", "status"):
         table.add_column(column)
+    ends = batches[-1] if batches else {}
     for p in range(PARTITIONS):
-        mine = [r for r in rows if r["partition"] == p]
-        records = [r for r in mine if r["kind"] == "record"]
-        wms = [r["watermark"] for r in mine if r["kind"] == "watermark"]
-        statuses = [r["status"] for r in mine if r["kind"] == "status"]
-        top = max(r["eventTime"] for r in records) if records else None
-        table.add_row(str(p), str(len(records)), str(top), str(wms[-1] if wms else None),
-                      statuses[-1] if statuses else "")
-    console.print(table)
-    spark_wm = max(r["eventTime"] for r in rows if r["kind"] == "record")
-    console.print(f"Spark's single global watermark would follow the fastest partition: {spark_wm}")
-    return 0
+        info = latest.partitions.get(f"{_TOPIC[0]}/{p}", {}) if latest else {}
+        note = " (lags 2 min)" if p == LAGGING else " (goes silent)" if p == SILENT else ""
+        status = info.get("status", "-")
+        table.add_row(f"{p}{note}", str(ends.get(p, "-")),
+                      format_watermark(info.get("watermark")) if info else "-",
+                      Text(status, style="yellow" if status == "IDLE" else "green"))
+    committed = sum(r.rows or 0 for r in epochs if r.state == "completed")
+    late = sum(r.late_rows or 0 for r in epochs if r.state == "completed")
+    summary = Table.grid(padding=(0, 2))
+    summary.add_row("flinkish combined watermark",
+                    format_watermark(latest.watermark if latest else None),
+                    "(min over active partitions; idle ones do not hold it back)")
+    summary.add_row("Spark's global watermark", format_watermark(spark.watermark),
+                    "(max event time - 2 s: set by the fastest partition)")
+    summary.add_row("rows Spark would drop as late", f"[red]{spark.dropped}[/]",
+                    f"({spark.dropped_lagging} of them from the lagging partition)")
+    summary.add_row("rows flinkish committed", str(committed),
+                    f"(late by flinkish's watermark: {late}, kept and counted; dropped: 0)")
+    summary.add_row("produced / epochs / crashes", f"{produced} / {len(epochs)} / {crashes}", "")
+    return Group(Text(phase, style="bold cyan"), table, summary)
 
 
-def _read(spark: Any, bootstrap: str, work: str) -> list[dict[str, Any]]:
-    df = (
-        spark.readStream.format("flinkish")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", "events")
-        .option("startingOffsets", "earliest")
-        .option("watermark.maxOutOfOrderness", "2 seconds")
-        .option("checkpointing.location", f"{work}/state")
-        .load()
-    )
-    collected: list[dict[str, Any]] = []
-    query = (
-        df.writeStream.trigger(availableNow=True)
-        .foreachBatch(lambda batch, _: collected.extend(r.asDict() for r in batch.collect()))
-        .option("checkpointLocation", f"{work}/checkpoint")
-        .start()
-    )
-    query.awaitTermination()
-    return collected
+_TOPIC: list[str] = ["events"]
+
+
+def _committed_rows(target: str, output: Path, dsn: str | None) -> list[tuple[int, int]]:
+    if target == "postgres":
+        import psycopg
+
+        with psycopg.connect(dsn or "") as conn:
+            return [(int(p), int(o)) for p, o in
+                    conn.execute('SELECT partition, "offset" FROM demo_events').fetchall()]
+    import pyarrow.dataset as ds
+
+    if not output.exists():
+        return []
+    table = ds.dataset(str(output), format="parquet").to_table(columns=["partition", "offset"])
+    return list(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                    strict=True))
+
+
+def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | None = None,
+             live: bool = True, workdir: str | None = None) -> int:
+    console = Console()
+    work = Path(workdir or tempfile.mkdtemp(prefix="flinkish-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    checkpoint, output = work / "checkpoint", work / "output"
+    stop_file = work / "stop"
+    started = time.monotonic()
+    crashes = 0
+    try:
+        with _broker(bootstrap) as servers, _postgres(target == "postgres") as dsn:
+            from flinkish.embedded_kafka import create_topic
+
+            topic = f"flinkish-demo-{int(time.time())}"
+            _TOPIC[0] = topic
+            create_topic(servers, topic, PARTITIONS)
+            console.print(f"broker {servers}, topic {topic}, target {target}, work dir {work}")
+            produced = Produced()
+            stop = threading.Event()
+            producer = threading.Thread(target=_produce, daemon=True,
+                                        args=(servers, topic, duration, produced, stop))
+            command = [sys.executable, "-m", "flinkish.demo_query", servers, topic,
+                       str(checkpoint), str(stop_file)]
+            command += ["--postgres", dsn] if dsn else ["--parquet", str(output)]
+            query = QueryProcess(command, work / "query.log")
+            query.start()
+            phase = "starting Spark and the query (the stream starts once it is up)…"
+            production_started: float | None = None
+
+            def refresh() -> Group:
+                times = produced.snapshot()
+                batches = _spark_batches(checkpoint, topic)
+                epochs = load_epochs(str(checkpoint)) if (checkpoint / "flinkish").exists() else []
+                return _view(phase, epochs, batches, spark_comparison(batches, times),
+                             len(times), crashes)
+
+            display = Live(refresh(), console=console, refresh_per_second=4) if live else None
+            with display if display is not None else contextlib.nullcontext():
+                last_log = 0.0
+                epoch_at_crash = epoch_at_start = 0
+                while True:
+                    if query.failed():
+                        raise RuntimeError("the query process failed; see " +
+                                           str(work / "query.log"))
+                    epochs = load_epochs(str(checkpoint)) if (
+                        checkpoint / "flinkish").exists() else []
+                    completed = [r for r in epochs if r.state == "completed"]
+                    if production_started is None:
+                        if completed:
+                            producer.start()
+                            production_started = time.monotonic()
+                            epoch_at_start = completed[-1].epoch
+                        else:
+                            time.sleep(0.25)
+                            if display is not None:
+                                display.update(refresh())
+                            elif time.monotonic() - last_log > 5:
+                                last_log = time.monotonic()
+                                console.print(f"[{time.monotonic() - started:5.1f}s] {phase}")
+                            continue
+                    elapsed = time.monotonic() - production_started
+                    if crashes == 0 and completed[-1].epoch >= epoch_at_start + 3 and (
+                            elapsed > duration * 0.45 or produced.done):
+                        epoch_at_crash = completed[-1].epoch
+                        phase = "CRASH: SIGKILL of the query's processes; restarting it…"
+                        query.crash()
+                        crashes += 1
+                        query.start()
+                    elif crashes:
+                        phase = "restarted from the checkpoint; streaming"
+                    else:
+                        phase = "streaming"
+                    times = produced.snapshot()
+                    if produced.done:
+                        phase = "production finished; catching up"
+                        batches = _spark_batches(checkpoint, topic)
+                        caught_up = batches and all(
+                            batches[-1].get(p, 0) >= 1 + max(
+                                (o for (q, o) in times if q == p), default=-1)
+                            for p in range(PARTITIONS))
+                        if (caught_up and crashes and completed[-1].epoch > epoch_at_crash
+                                and completed[-1].epoch >= len(batches) - 1):
+                            break
+                    if display is not None:
+                        display.update(refresh())
+                    elif time.monotonic() - last_log > 5:
+                        last_log = time.monotonic()
+                        console.print(f"[{elapsed:5.1f}s] {phase}: {len(completed)} epochs, "
+                                      f"{len(times)} produced")
+                    time.sleep(0.25)
+                    if time.monotonic() - started > duration + 300:
+                        raise RuntimeError("the demo did not finish in time")
+                phase = "stopping the query and verifying the output…"
+                if display is not None:
+                    display.update(refresh())
+            stop_file.write_text("stop")
+            deadline = time.monotonic() + 60
+            while query.process and query.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            query.crash()
+            return _verdict(console, produced, target, output, dsn, checkpoint, topic, crashes,
+                            started)
+    finally:
+        if workdir is None:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _verdict(console: Console, produced: Produced, target: str, output: Path, dsn: str | None,
+             checkpoint: Path, topic: str, crashes: int, started: float) -> int:
+    times = produced.snapshot()
+    rows = _committed_rows(target, output, dsn)
+    unique = set(rows)
+    duplicates = len(rows) - len(unique)
+    missing = len(set(times) - unique)
+    unexpected = len(unique - set(times))
+    epochs = [r for r in load_epochs(str(checkpoint)) if r.state == "completed"]
+    watermarks = [r.watermark for r in epochs if r.watermark is not None]
+    monotone = all(a <= b for a, b in zip(watermarks, watermarks[1:], strict=False))
+    spark = spark_comparison(_spark_batches(checkpoint, topic), times)
+    lagging = sum(1 for (p, _) in times if p == LAGGING)
+    ok = duplicates == 0 and missing == 0 and unexpected == 0 and monotone and crashes == 1
+    verdict = Table(title="verdict", show_header=False)
+    verdict.add_row("events produced", str(len(times)))
+    verdict.add_row("rows committed", str(len(rows)))
+    verdict.add_row("duplicates / missing", f"{duplicates} / {missing}")
+    verdict.add_row("crashes survived", str(crashes))
+    verdict.add_row("combined watermark never went back", "yes" if monotone else "NO")
+    verdict.add_row("rows Spark's withWatermark would have dropped",
+                    f"{spark.dropped} ({spark.dropped_lagging} of the lagging partition's "
+                    f"{lagging})")
+    verdict.add_row("rows flinkish dropped", "0")
+    verdict.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
+    console.print(verdict)
+    if ok:
+        console.print("[bold green]VERDICT: every produced event is in the output exactly once, "
+                      "through a crash.[/]")
+        return 0
+    console.print("[bold red]VERDICT: FAILED[/] (see the table above)")
+    return 1

@@ -99,7 +99,12 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     elif late_table or late_path:
         raise OptionError("options lateData.table / lateData.path apply only with lateData=side")
 
-    retain_text = options.get("checkpointing.retain", "10").strip()
+    if guarantee is DeliveryGuarantee.NONE and late is not LateData.KEEP:
+        raise OptionError(
+            "option lateData: judging late rows needs the epoch bookkeeping that "
+            "deliveryGuarantee=none turns off; use at-least-once or exactly-once"
+        )
+    retain_text = options.get("checkpointing.retain", "100").strip()
     if not retain_text.isdigit() or int(retain_text) < 1:
         raise OptionError(
             f"option checkpointing.retain: {retain_text!r} is not a whole number >= 1"

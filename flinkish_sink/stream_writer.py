@@ -9,6 +9,7 @@ source's marker rows it saw (markers are not data: they feed the valve at the ep
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +31,12 @@ from flinkish_sink.options import (
 from flinkish_sink.target import PreCommit, Target, TaskTransaction, TransactionId
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 from flinkish_source.epoch_valve import Marker
+from flinkish_source.options import OptionError
 from flinkish_source.valve import MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
+
+_LAST_MS = (2**63 - 1) // 1000  # the last millisecond a microsecond timestamp can hold
 
 #: Source columns that describe markers; they are not written as data.
 MARKER_COLUMNS = ("kind", "watermark", "status")
@@ -88,6 +92,18 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             self._options.event_time_column
             if self._options.event_time_column in schema.fieldNames() else None
         )
+        if self._event_time is not None:
+            kind = schema[self._event_time].dataType.typeName()
+            if kind not in ("timestamp", "timestamp_ntz"):
+                raise OptionError(
+                    f"option eventTimeColumn: column {self._event_time!r} is {kind}, not a "
+                    "timestamp; late data is judged on the source's eventTime column"
+                )
+        if not self._has_kind:
+            logger.warning(
+                "the flinkish sink got no marker rows (no 'kind' column): it commits exactly "
+                "once but cannot compute a combined watermark or judge late rows"
+            )
         self._target = make_target(self._options)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
@@ -95,12 +111,17 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         if self._side is not None:
             self._side.check(self._data_schema)
         self._query = ""
+        self._run = uuid.uuid4().hex[:8]  # see TransactionId.run
         # (latest completed epoch, its combined watermark, the watermark before it): enough
         # for a task of epoch N to know its late threshold without opening the store
         self._thresholds: tuple[int, int, int] = (-1, MIN_WATERMARK, MIN_WATERMARK)
         if self._options.guarantee is not DeliveryGuarantee.NONE:
-            self._query = query_id(self._options.checkpoint_location or "") if (
-                self._options.checkpoint_location) else "query"
+            if not self._options.checkpoint_location:
+                raise OptionError(
+                    "the flinkish sink needs the query's checkpointLocation: its id names the "
+                    "query's transactions and owns the checkpoint store"
+                )
+            self._query = query_id(self._options.checkpoint_location)
             view = CheckpointStore.reader(CheckpointStorage.open(store_location(self._options)))
             latest = view.latest_completed()
             if latest is not None:
@@ -134,7 +155,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 target = self._side if kind == "late" else self._target
                 assert target is not None
                 open_txns[kind] = target.begin_transaction(
-                    TransactionId(prefix, self._query, epoch, task, attempt), self._data_schema
+                    TransactionId(prefix, self._query, epoch, task, attempt, self._run),
+                    self._data_schema,
                 )
             return open_txns[kind]
 
@@ -163,7 +185,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 late = None
                 if self._event_time is not None and threshold != MIN_WATERMARK:
                     event_us = batch.column(self._event_time).cast(pa.int64())
-                    late = pc.fill_null(pc.less_equal(event_us, threshold * 1000), False)
+                    late = pc.fill_null(pc.less_equal(event_us, min(threshold, _LAST_MS) * 1000),
+                                        False)
                     late_count = pc.sum(late).as_py() or 0
                     message.late_rows += late_count
                     if late_count == 0:

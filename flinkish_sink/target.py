@@ -20,10 +20,13 @@ _GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 @dataclass(frozen=True, order=True)
 class TransactionId:
-    """Deterministic id of one write attempt's transaction: prefix, query, epoch, task, attempt.
+    """Id of one write attempt's transaction: prefix, query, epoch, task, attempt and run.
 
-    Deterministic so that recovery can find every transaction a query ever opened by its prefix
-    and query, and decide each one from the epoch it names.
+    Recovery finds every transaction a query opened by its prefix and query, and decides each
+    one from the epoch it names. ``run`` is a token of the driver-side writer that planned the
+    attempt: after a crash Spark replays the epoch with task attempts numbered from 0 again,
+    and without it a replayed task could re-prepare under the id of a transaction that was
+    already committed, which the recorded decision would then commit a second time.
     """
 
     prefix: str
@@ -31,11 +34,12 @@ class TransactionId:
     epoch: int
     task: int
     attempt: int
+    run: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("prefix", "query"):
+        for name in ("prefix", "query", "run"):
             value = getattr(self, name)
-            if not _GID_PART.match(value):
+            if (value or name != "run") and not _GID_PART.match(value):
                 raise ValueError(
                     f"transaction id {name} {value!r} may only hold letters, digits, '_', '.' "
                     "and '-'"
@@ -43,20 +47,25 @@ class TransactionId:
 
     @property
     def gid(self) -> str:
-        """The global id, e.g. ``flinkish:q1:7:3:0`` (PostgreSQL's PREPARE TRANSACTION id)."""
-        return f"{self.prefix}:{self.query}:{self.epoch}:{self.task}:{self.attempt}"
+        """The global id, e.g. ``flinkish:q1:7:3:0:5f2a9c1e`` (PostgreSQL's PREPARE TRANSACTION
+        id)."""
+        base = f"{self.prefix}:{self.query}:{self.epoch}:{self.task}:{self.attempt}"
+        return f"{base}:{self.run}" if self.run else base
 
     @classmethod
     def parse(cls, gid: str) -> TransactionId | None:
         """The id behind ``gid``, or None when ``gid`` is not one of ours."""
         parts = gid.split(":")
-        if len(parts) != 5:
+        if len(parts) not in (5, 6):
             return None
-        prefix, query, epoch, task, attempt = parts
-        if not (epoch.isdigit() and task.isdigit() and attempt.isdigit()):
+        prefix, query, epoch, task, attempt = parts[:5]
+        run = parts[5] if len(parts) == 6 else ""
+        if not (epoch.isdigit() and task.isdigit() and attempt.isdigit()) or (
+            len(parts) == 6 and not run
+        ):
             return None
         try:
-            return cls(prefix, query, int(epoch), int(task), int(attempt))
+            return cls(prefix, query, int(epoch), int(task), int(attempt), run)
         except ValueError:
             return None
 

@@ -58,7 +58,7 @@ class ValveForEachBatch:
         *,
         state_location: str | None = None,
         event_time_column: str = "eventTime",
-        retain: int = 10,
+        retain: int = 100,
     ) -> None:
         self._func = func
         self._checkpoint = checkpoint_location

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
+from flinkish.processes import kill_tree
 from integration.kafka_helpers import produce, wait_for
-from integration.processes import kill_tree
 
 B = 1_700_000_000_000
 
