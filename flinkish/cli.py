@@ -77,8 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
-    demo.add_argument("--duration", type=float, default=40.0,
-                      help="seconds of event production (default 40)")
+    demo.add_argument("--duration", type=float, default=30.0,
+                      help="seconds of event production (default 30)")
     demo.add_argument("--target", choices=("parquet", "postgres"), default="parquet")
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of the embedded broker")
     demo.add_argument("--plain", action="store_true", help="no live display (logs only)")

@@ -74,7 +74,7 @@ def _produce(bootstrap: str, topic: str, duration: float, produced: Produced,
         elapsed = (time.monotonic() - start) / duration
         now = int(time.time() * 1000)
         for p in range(PARTITIONS):
-            if p == SILENT and 0.25 <= elapsed < 0.55:
+            if p == SILENT and 0.2 <= elapsed < 0.6:
                 continue  # partition 2 goes silent, then resumes
             for _ in range(RATE // 10):
                 ts = now - (LAG_MS if p == LAGGING else 0) - rng.randint(0, 1500)
@@ -94,7 +94,7 @@ def _produce(bootstrap: str, topic: str, duration: float, produced: Produced,
 
 def _spark_batches(checkpoint: Path, topic: str) -> list[dict[int, int]]:
     """End offsets per partition of every batch Spark planned (its offsets log)."""
-    out = []
+    out: list[dict[int, int]] = []
     directory = checkpoint / "offsets"
     if not directory.is_dir():
         return out

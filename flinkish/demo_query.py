@@ -28,7 +28,7 @@ def main() -> None:
         .option("subscribe", args.topic)
         .option("startingOffsets", "earliest")
         .option("watermark.maxOutOfOrderness", "2 seconds")
-        .option("idleTimeout", "3 seconds")
+        .option("idleTimeout", "2 seconds")
         .option("maxOffsetsPerTrigger", "5000")
         .option("checkpointing.location", os.path.join(args.checkpoint, "source-state"))
         .load()

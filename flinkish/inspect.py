@@ -62,27 +62,41 @@ def _wm(value: Any) -> int | None:
     return None if value is None or int(value) == MIN_WATERMARK else int(value)
 
 
-def format_watermark(value: int | None) -> str:
+def format_watermark(value: int | None, with_date: bool = True) -> str:
+    """Epoch milliseconds as UTC time; Long.MIN/MAX as words."""
     if value is None:
         return "-"
     if value == MAX_WATERMARK:
         return "MAX (ended)"
-    return datetime.fromtimestamp(value / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3]
+    shape = "%Y-%m-%d %H:%M:%S.%f" if with_date else "%H:%M:%S.%f"
+    return datetime.fromtimestamp(value / 1000, timezone.utc).strftime(shape)[:-3]
+
+
+def _short(names: tuple[str, ...], topics: set[str]) -> str:
+    """Idle partitions as numbers when the query reads one topic."""
+    if len(topics) == 1:
+        return ", ".join(n.rsplit("/", 1)[1] for n in names) or "-"
+    return ", ".join(names) or "-"
 
 
 def table(rows: list[EpochRow]) -> Any:
     from rich.table import Table
 
-    out = Table(title="flinkish epochs")
-    for column in ("epoch", "state", "committed at", "combined watermark", "idle partitions",
-                   "rows", "late rows"):
-        out.add_column(column, justify="right" if column in ("epoch", "rows", "late rows")
-                       else "left")
+    topics = {n.rsplit("/", 1)[0] for r in rows for n in r.partitions}
+    days = {format_watermark(r.committed_at)[:10] for r in rows if r.committed_at}
+    title = "flinkish epochs" + (f" of topic {next(iter(topics))}" if len(topics) == 1 else "")
+    out = Table(title=title, caption="times in UTC" + (
+        f", all on {next(iter(days))}" if len(days) == 1 else ""))
+    for header in ("epoch", "state", "committed\nat", "combined\nwatermark", "idle\npartitions",
+                   "rows", "late\nrows"):
+        out.add_column(header, no_wrap=True,
+                       justify="right" if header in ("epoch", "rows", "late\nrows") else "left")
+    one_day = len(days) <= 1
     for r in rows:
         out.add_row(
             str(r.epoch), r.state,
-            format_watermark(r.committed_at) if r.committed_at else "-",
-            format_watermark(r.watermark), ", ".join(r.idle_partitions) or "-",
+            format_watermark(r.committed_at, not one_day)[:-4] if r.committed_at else "-",
+            format_watermark(r.watermark, not one_day), _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),
             "-" if r.late_rows is None else str(r.late_rows),
         )
@@ -95,38 +109,41 @@ def plot(rows: list[EpochRow], path: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
+    import matplotlib.dates as mdates
     import matplotlib.pyplot as plt
 
     done = [r for r in rows if r.state == "completed"]
     if not done:
         raise ValueError("no completed epochs to plot yet")
 
-    def when(value: int | None) -> datetime | None:
+    def when(value: int | None) -> float | None:
+        """Matplotlib's date number for a watermark; None for Long.MIN/MAX (off the chart)."""
         if value is None or value in (MIN_WATERMARK, MAX_WATERMARK):
             return None
-        return datetime.fromtimestamp(value / 1000, timezone.utc)
+        return float(mdates.date2num(datetime.fromtimestamp(value / 1000, timezone.utc)))
 
     names = sorted({n for r in done for n in r.partitions})
     fig, ax = plt.subplots(figsize=(10, 5.5))
     for name in names:
         points = [(r.epoch, r.partitions.get(name, {})) for r in done]
-        xs = [e for e, p in points if when(p.get("watermark")) is not None]
-        ys = [when(p["watermark"]) for e, p in points if when(p.get("watermark")) is not None]
+        known = [(e, w) for e, p in points if (w := when(p.get("watermark"))) is not None]
+        xs, ys = [e for e, _ in known], [w for _, w in known]
         line = ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, label=name)[0]
-        idle = [(e, when(p["watermark"])) for e, p in points
-                if p.get("status") == "IDLE" and when(p.get("watermark")) is not None]
+        idle = [(e, w) for e, p in points
+                if p.get("status") == "IDLE" and (w := when(p.get("watermark"))) is not None]
         if idle:
             ax.scatter([e for e, _ in idle], [w for _, w in idle], s=70, facecolors="white",
                        edgecolors=line.get_color(), zorder=3)
-    combined = [(r.epoch, when(r.watermark)) for r in done if when(r.watermark) is not None]
-    ax.plot([e for e, _ in combined], [w for _, w in combined], color="black", linewidth=3,
-            label="combined (valve)")
+    combined = [(r.epoch, w) for r in done if (w := when(r.watermark)) is not None]
+    ax.plot([e for e, _ in combined], [w for _, w in combined], color="black", linewidth=6,
+            alpha=0.3, zorder=1, label="combined (valve)")
     ax.set_xlabel("epoch (micro-batch id = checkpoint id)")
     ax.set_ylabel("watermark (event time, UTC)")
     ax.set_title("flinkish: per-partition and combined watermarks (hollow = idle)")
     ax.grid(alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
-    fig.autofmt_xdate()
+    ax.yaxis_date(tz=timezone.utc)
+    ax.yaxis.set_major_formatter(mdates.DateFormatter("%H:%M:%S", tz=timezone.utc))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
