@@ -269,8 +269,8 @@ def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | N
                 times = produced.snapshot()
                 batches = _spark_batches(checkpoint, topic)
                 epochs = load_epochs(str(checkpoint)) if (checkpoint / "flinkish").exists() else []
-                return _view(phase, epochs, batches, spark_comparison(batches, times),
-                             len(times), crashes)
+                return _view(f"[{time.monotonic() - started:5.1f}s] {phase}", epochs, batches,
+                             spark_comparison(batches, times), len(times), crashes)
 
             display = Live(refresh(), console=console, refresh_per_second=4) if live else None
             with display if display is not None else contextlib.nullcontext():

@@ -64,7 +64,7 @@ def _wm(value: Any) -> int | None:
 
 def format_watermark(value: int | None, with_date: bool = True) -> str:
     """Epoch milliseconds as UTC time; Long.MIN/MAX as words."""
-    if value is None:
+    if value is None or value == MIN_WATERMARK:
         return "-"
     if value == MAX_WATERMARK:
         return "MAX (ended)"

@@ -1,0 +1,63 @@
+"""flinkish inspect over a real checkpoint store (no Spark): epochs, watermarks, idle
+partitions, and the plot."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from checkpointing import CheckpointStorage, CheckpointStore
+from flinkish.inspect import format_watermark, load_epochs, plot, table
+from flinkish_source.epoch_valve import Marker, advance, initial
+from flinkish_source.valve import MAX_WATERMARK, MIN_WATERMARK
+
+T = 1_700_000_000_000
+
+
+def _store(tmp_path: Path) -> Path:
+    location = tmp_path / "ck" / "flinkish"
+    store = CheckpointStore(CheckpointStorage.open(str(location)), owner="q")
+    epochs = [
+        [Marker("t", 0, 0, "status", status="ACTIVE"), Marker("t", 1, 0, "status", status="ACTIVE"),
+         Marker("t", 0, 5, "watermark", watermark=T)],
+        [Marker("t", 1, 0, "status", status="IDLE"),
+         Marker("t", 0, 9, "watermark", watermark=T + 5)],
+        [Marker("t", 0, 9, "watermark", watermark=MAX_WATERMARK)],
+    ]
+    result = initial()
+    for epoch, markers in enumerate(epochs):
+        result = advance(result, epoch, markers)
+        store.complete(epoch, {"watermark": result.to_json(), "rows": 5 * epoch, "late_rows": 1})
+    store.begin(3, {"decision": [], "markers": [], "rows": 7, "late_rows": 0})
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q"}\n')
+    return tmp_path / "ck"
+
+
+def test_epochs_table_from_the_query_checkpoint(tmp_path: Path) -> None:
+    rows = load_epochs(str(_store(tmp_path)))
+    assert [(r.epoch, r.state, r.watermark, r.idle_partitions, r.rows) for r in rows] == [
+        (0, "completed", None, (), 0),  # partition 1 holds it at Long.MIN_VALUE
+        (1, "completed", T + 5, ("t/1",), 5),
+        (2, "completed", MAX_WATERMARK, ("t/1",), 10),  # ended, not idle
+        (3, "pending", None, (), 7),
+    ]
+    console = Console(record=True, width=100)
+    console.print(table(rows))
+    text = console.export_text()
+    assert "flinkish epochs of topic t" in text
+    assert "MAX (ended)" in text and "22:13:20.005" in text
+    assert "│     1 │ completed │" in text and "│     3 │ pending   │" in text
+
+
+def test_format_watermark_extremes() -> None:
+    assert format_watermark(None) == format_watermark(MIN_WATERMARK) == "-"
+    assert format_watermark(MAX_WATERMARK) == "MAX (ended)"
+    assert format_watermark(T) == "2023-11-14 22:13:20.000"
+    assert format_watermark(T, with_date=False) == "22:13:20.000"
+
+
+def test_plot_writes_a_png(tmp_path: Path) -> None:
+    out = tmp_path / "wm.png"
+    plot(load_epochs(str(_store(tmp_path))), str(out))
+    assert out.read_bytes()[:4] == b"\x89PNG"
