@@ -261,9 +261,13 @@ def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | N
                        str(checkpoint), str(stop_file)]
             command += ["--postgres", dsn] if dsn else ["--parquet", str(output)]
             query = QueryProcess(command, work / "query.log")
+            # Produce from the start: a stream that paused longer than idleTimeout before the
+            # first batch would mark every partition idle, and the lagging one, resuming behind
+            # the others, would then stay unaligned (Flink's valve semantics).
+            producer.start()
+            production_started = time.monotonic()
             query.start()
-            phase = "starting Spark and the query (the stream starts once it is up)…"
-            production_started: float | None = None
+            phase = "starting Spark and the query…"
 
             def refresh() -> Group:
                 times = produced.snapshot()
@@ -275,7 +279,7 @@ def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | N
             display = Live(refresh(), console=console, refresh_per_second=4) if live else None
             with display if display is not None else contextlib.nullcontext():
                 last_log = 0.0
-                epoch_at_crash = epoch_at_start = 0
+                epoch_at_crash = 0
                 while True:
                     if query.failed():
                         raise RuntimeError("the query process failed; see " +
@@ -283,21 +287,16 @@ def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | N
                     epochs = load_epochs(str(checkpoint)) if (
                         checkpoint / "flinkish").exists() else []
                     completed = [r for r in epochs if r.state == "completed"]
-                    if production_started is None:
-                        if completed:
-                            producer.start()
-                            production_started = time.monotonic()
-                            epoch_at_start = completed[-1].epoch
-                        else:
-                            time.sleep(0.25)
-                            if display is not None:
-                                display.update(refresh())
-                            elif time.monotonic() - last_log > 5:
-                                last_log = time.monotonic()
-                                console.print(f"[{time.monotonic() - started:5.1f}s] {phase}")
-                            continue
+                    if not completed:
+                        time.sleep(0.25)
+                        if display is not None:
+                            display.update(refresh())
+                        elif time.monotonic() - last_log > 5:
+                            last_log = time.monotonic()
+                            console.print(f"[{time.monotonic() - started:5.1f}s] {phase}")
+                        continue
                     elapsed = time.monotonic() - production_started
-                    if crashes == 0 and completed[-1].epoch >= epoch_at_start + 3 and (
+                    if crashes == 0 and completed[-1].epoch >= 3 and (
                             elapsed > duration * 0.45 or produced.done):
                         epoch_at_crash = completed[-1].epoch
                         phase = "CRASH: SIGKILL of the query's processes; restarting it…"

@@ -2,9 +2,15 @@
 :class:`StatusWatermarkValve` restored from the previous epoch's completed checkpoint.
 
 A micro-batch boundary is a perfectly aligned barrier: every partition's slice of epoch N is
-done before the epoch commits. So feeding an epoch's markers in a fixed order (partitions
-sorted; within a partition, the order its reader emitted them) into the valve restored from
-epoch N-1 gives the same combined watermark every time the epoch is replayed.
+done before the epoch commits. So feeding an epoch's markers in a fixed order into the valve
+restored from epoch N-1 gives the same combined watermark every time the epoch is replayed.
+
+The order: within a partition, the order its reader emitted the markers; across partitions,
+round-robin over the partitions in sorted order (each partition's first marker, then each one's
+second, ...). The partitions' slices ran concurrently, and interleaving mirrors that: when all
+partitions resume together after being idle, each turns ACTIVE before any of them reports a
+watermark, as in Flink, instead of the first partition's watermark racing ahead and leaving a
+lagging partition unaligned.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ class Marker:
         topic, partition, offset, kind, watermark, status = data
         return cls(str(topic), int(partition), int(offset), str(kind),
                    None if watermark is None else int(watermark), status)
+
+
+def feed_order(markers: Iterable[Marker]) -> list[Marker]:
+    """Each partition's markers in emission order, interleaved round-robin across partitions."""
+    by_partition: dict[tuple[str, int], list[Marker]] = {}
+    for m in sorted(markers, key=Marker.sort_key):
+        by_partition.setdefault((m.topic, m.partition), []).append(m)
+    queues = [by_partition[key] for key in sorted(by_partition)]
+    return [q[i] for i in range(max(map(len, queues), default=0)) for q in queues if i < len(q)]
 
 
 def channel_name(topic: str, partition: int) -> str:
@@ -115,7 +130,7 @@ def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> 
     holds the combined watermark back until it is marked idle); partitions first seen in this
     epoch join in sorted order.
     """
-    ordered = sorted(markers, key=Marker.sort_key)
+    ordered = feed_order(markers)
     channels = list(previous.channels)
     index = {name: i for i, name in enumerate(channels)}
     new = sorted({channel_name(m.topic, m.partition) for m in ordered} - set(index))

@@ -22,6 +22,7 @@ from flinkish_source.epoch_valve import (
     Marker,
     advance,
     channel_name,
+    feed_order,
     initial,
 )
 from flinkish_source.schema import KIND_STATUS, KIND_WATERMARK
@@ -367,13 +368,13 @@ class _Null:
 
 
 def continuous_reference(epochs: Sequence[list[Marker]]) -> list[tuple[int, str]]:
-    """One linear-scan valve (the reference semantics) fed every epoch's sorted markers in turn,
+    """One linear-scan valve (the reference semantics) fed every epoch's markers in feed order,
     never snapshotted: what advance() must reproduce through its checkpoints."""
     valve: LinearScanValve | None = None
     index: dict[str, int] = {}
     out: list[tuple[int, str]] = []
     for markers in epochs:
-        ordered = sorted(markers, key=Marker.sort_key)
+        ordered = feed_order(markers)
         new = sorted({channel_name(m.topic, m.partition) for m in ordered} - set(index))
         if valve is None and new:
             valve = LinearScanValve(len(new), _Null())
@@ -424,3 +425,18 @@ def test_idle_partitions_lists_exactly_the_idle_ones(previous_status: str) -> No
     result = advance(initial(), 0, markers)
     assert result.status == previous_status
     assert result.idle_partitions == (["t/0", "t/1"] if previous_status == "IDLE" else [])
+
+
+def test_partitions_resuming_together_after_all_idle_keep_the_lagging_one_aligned() -> None:
+    """All partitions idle (a quiet start), then all resume in one epoch, partition 1 two
+    minutes behind: interleaving turns every partition ACTIVE before any watermark, so the
+    combined watermark follows the lagging partition instead of leaving it unaligned (its
+    records would all be late)."""
+    quiet = advance(initial(), 0, [active(0, 0), active(1, 0), idle(0, 0), idle(1, 0)])
+    assert (quiet.watermark, quiet.status) == (MIN, "IDLE")
+    resumed = advance(quiet, 1, [active(0, 0), wm(0, 10, 200_000), active(1, 0), wm(1, 10, 80_000)])
+    assert (resumed.watermark, resumed.status) == (80_000, "ACTIVE")
+    assert resumed.partitions["t/1"] == {"watermark": 80_000, "status": "ACTIVE", "aligned": True}
+    assert feed_order(
+        [wm(1, 10, 80_000), active(0, 0), wm(0, 10, 200_000), active(1, 0)]
+    ) == [active(0, 0), active(1, 0), wm(0, 10, 200_000), wm(1, 10, 80_000)]
