@@ -87,17 +87,19 @@ def batch(ids: Sequence[int]) -> pa.RecordBatch:
     )
 
 
-def txn(epoch: int, task: int, attempt: int = 0, prefix: str = PREFIX) -> TransactionId:
-    return TransactionId(prefix, QUERY, epoch, task, attempt)
+def txn(
+    epoch: int, task: int, attempt: int = 0, prefix: str = PREFIX, run: str = ""
+) -> TransactionId:
+    return TransactionId(prefix, QUERY, epoch, task, attempt, run)
 
 
 def pre_commit(
     target: ParquetTarget, epoch: int, task: int, attempt: int = 0, *,
-    ids: Sequence[int] | None = None, prefix: str = PREFIX,
+    ids: Sequence[int] | None = None, prefix: str = PREFIX, run: str = "",
 ) -> PreCommit:
     """What one write task does: begin, write (two batches), pre-commit."""
     rows = ids_of(epoch, task) if ids is None else list(ids)
-    transaction = target.begin_transaction(txn(epoch, task, attempt, prefix), SCHEMA)
+    transaction = target.begin_transaction(txn(epoch, task, attempt, prefix, run), SCHEMA)
     transaction.write(batch(rows[:1]))
     transaction.write(batch(rows[1:]))
     return transaction.pre_commit()
@@ -522,46 +524,42 @@ def test_every_row_exactly_once_whatever_the_crashes(
             assert env.epoch_record(epoch)["rows"] == 3 * TASKS
 
 
-# ------------------------------------------------- replays that reuse the original attempt ids
+# ------------------------------------------------------------ replays after a restart
 #
-# Spark numbers task attempts per stage: after a restart, the replayed batch's tasks are attempt
-# 0 again, so the replay's transaction ids equal the ones the crashed run decided on.
+# Spark numbers task attempts per run: after a restart the replayed batch's tasks are attempt 0
+# again. Only the run token of the driver-side writer (TransactionId.run) keeps the replay's ids
+# apart from the ones the crashed run decided on. (Without it, found on e5d1f5d: a replay
+# re-prepared PostgreSQL transactions under already committed ids, and the recorded decision
+# committed them a second time; a failing Parquet replay task deleted the decided files.)
 
 
-def test_parquet_replay_with_the_original_attempt_ids_is_still_exactly_once(env: Env) -> None:
-    # Parquet gets away with it: committed names follow from the id, so re-committing the
-    # replay's identical files over the committed ones changes nothing.
-    for crash in ("mid_commit", "after_checkpoint"):
-        epoch = 0 if crash == "mid_commit" else 1
-        pcs = [pre_commit(env.target, epoch, task) for task in range(2)]
+def test_parquet_replay_numbered_from_attempt_0_again_is_exactly_once(env: Env) -> None:
+    for epoch, crash in enumerate(("mid_commit", "after_checkpoint")):
+        pcs = [pre_commit(env.target, epoch, task, run="run1") for task in range(2)]
         with crash_at(crash), pytest.raises(Crash):
             env.coordinator().commit_epoch(epoch, pcs, [], 6, 0)
-        replay = [pre_commit(env.target, epoch, task) for task in range(2)]
-        env.coordinator().commit_epoch(epoch, replay, [], 6, 0)
+        replay = [pre_commit(env.target, epoch, task, run="run2") for task in range(2)]
+        outcome = env.coordinator().commit_epoch(epoch, replay, [], 6, 0)
+        assert outcome.rolled_back == gids(replay)
     assert env.committed() == sorted(ids_of(0, 0) + ids_of(0, 1) + ids_of(1, 0) + ids_of(1, 1))
     assert env.lingering() == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=RuntimeError,
-    reason="BUG: a replay task reusing a decided transaction id (attempt 0 after a restart) "
-    "wipes the decided staged files (ParquetTransaction.__init__, then abort()); if it then "
-    "fails and Spark's retry succeeds, the recorded decision can no longer be committed",
-)
-def test_parquet_replay_task_that_fails_must_not_destroy_the_decided_files(env: Env) -> None:
-    pcs = [pre_commit(env.target, 0, task) for task in range(2)]
+def test_a_failing_replay_task_leaves_the_decided_files_alone(env: Env) -> None:
+    pcs = [pre_commit(env.target, 0, task, run="run1") for task in range(2)]
     with crash_at("after_decision"), pytest.raises(Crash):
         env.coordinator().commit_epoch(0, pcs, [], 6, 0)
-    # restart: task 0 (attempt 0) succeeds; task 1's attempt 0 fails mid-write (say, a Kafka
-    # timeout) and aborts; Spark retries it as attempt 1, which succeeds
-    replay = [pre_commit(env.target, 0, 0)]
-    failing = env.target.begin_transaction(txn(0, 1, 0), SCHEMA)
+    # restart: task 0 succeeds; task 1's attempt 0 fails mid-write (say, a Kafka timeout) and
+    # aborts; Spark retries it as attempt 1, which succeeds
+    replay = [pre_commit(env.target, 0, 0, run="run2")]
+    failing = env.target.begin_transaction(txn(0, 1, 0, run="run2"), SCHEMA)
     failing.write(batch(ids_of(0, 1)[:1]))
     failing.abort()
-    replay.append(pre_commit(env.target, 0, 1, attempt=1))
-    env.coordinator().commit_epoch(0, replay, [], 6, 0)  # RuntimeError: files lost
+    replay.append(pre_commit(env.target, 0, 1, attempt=1, run="run2"))
+    outcome = env.coordinator().commit_epoch(0, replay, [], 6, 0)
+    assert outcome.committed == gids(pcs)
     assert env.committed() == sorted(ids_of(0, 0) + ids_of(0, 1))
+    assert env.lingering() == []
 
 
 class PreparedTransactions:
@@ -628,9 +626,10 @@ class PreparedTransactionTarget:
         pass
 
 
-def pg_pre_commit(target: PreparedTransactionTarget, epoch: int, task: int, attempt: int = 0
-                  ) -> PreCommit:
-    transaction = target.begin_transaction(txn(epoch, task, attempt), SCHEMA)
+def pg_pre_commit(
+    target: PreparedTransactionTarget, epoch: int, task: int, attempt: int = 0, run: str = ""
+) -> PreCommit:
+    transaction = target.begin_transaction(txn(epoch, task, attempt, run=run), SCHEMA)
     transaction.write(batch(ids_of(epoch, task)))
     return transaction.pre_commit()
 
@@ -639,56 +638,154 @@ def pg_coordinator(env: Env, target: PreparedTransactionTarget) -> TwoPhaseCommi
     return TwoPhaseCommitCoordinator(env.store(), target, PREFIX, QUERY)
 
 
-def test_prepared_transaction_target_with_fresh_attempt_ids_is_exactly_once(env: Env) -> None:
+def test_prepared_transactions_replay_of_a_completed_epoch_is_exactly_once(env: Env) -> None:
     target = PreparedTransactionTarget(PreparedTransactions())
-    for epoch, crash in enumerate(("mid_commit", "after_checkpoint")):
-        pcs = [pg_pre_commit(target, epoch, task) for task in range(2)]
-        with crash_at(crash), pytest.raises(Crash):
-            pg_coordinator(env, target).commit_epoch(epoch, pcs, [], 6, 0)
-        replay = [pg_pre_commit(target, epoch, task, attempt=1) for task in range(2)]
-        pg_coordinator(env, target).commit_epoch(epoch, replay, [], 6, 0)
-    assert sorted(target.server.table) == sorted(
-        ids_of(0, 0) + ids_of(0, 1) + ids_of(1, 0) + ids_of(1, 1)
-    )
-    assert target.server.prepared == {}
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: replay of a completed epoch whose tasks reuse the decided gids (attempt 0 "
-    "after a restart): commit_epoch's recover(epoch) COMMIT PREPAREs the replay's transactions "
-    "because the decision names their gid -> every row of the epoch twice in PostgreSQL",
-)
-def test_postgres_like_replay_of_a_completed_epoch_with_the_original_ids(env: Env) -> None:
-    target = PreparedTransactionTarget(PreparedTransactions())
-    pcs = [pg_pre_commit(target, 0, task) for task in range(2)]
+    pcs = [pg_pre_commit(target, 0, task, run="run1") for task in range(2)]
     # the crash Spark replays after: our commit is done, Spark's commit log is not written
     with crash_at("after_checkpoint"), pytest.raises(Crash):
         pg_coordinator(env, target).commit_epoch(0, pcs, [], 6, 0)
-    replay = [pg_pre_commit(target, 0, task) for task in range(2)]  # attempt 0 again
+    replay = [pg_pre_commit(target, 0, task, run="run2") for task in range(2)]  # attempt 0
     outcome = pg_coordinator(env, target).commit_epoch(0, replay, [], 6, 0)
-    assert outcome.replayed is True
-    assert sorted(target.server.table) == sorted(ids_of(0, 0) + ids_of(0, 1))  # actual: twice
+    assert (outcome.replayed, outcome.committed, outcome.rolled_back) == (True, (), gids(replay))
+    assert sorted(target.server.table) == sorted(ids_of(0, 0) + ids_of(0, 1))
     assert target.server.prepared == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: replay of a decided, partly committed epoch whose task reuses a committed gid "
-    "(attempt 0 after a restart): commit_epoch COMMIT PREPAREs the replay's transaction as if "
-    "it were the decided one -> that task's rows twice in PostgreSQL",
-)
-def test_postgres_like_replay_of_a_partly_committed_epoch_with_the_original_ids(
+def test_prepared_transactions_replay_of_a_partly_committed_epoch_is_exactly_once(
     env: Env,
 ) -> None:
     target = PreparedTransactionTarget(PreparedTransactions())
-    pcs = [pg_pre_commit(target, 0, task) for task in range(2)]
+    pcs = [pg_pre_commit(target, 0, task, run="run1") for task in range(2)]
     with crash_at("mid_commit"), pytest.raises(Crash):  # task 0 committed, task 1 prepared
         pg_coordinator(env, target).commit_epoch(0, pcs, [], 6, 0)
-    replay = [pg_pre_commit(target, 0, 0)]  # attempt 0 again: the gid is free, PREPARE works
-    with pytest.raises(RuntimeError, match="already in use"):  # task 1's gid is still prepared
-        pg_pre_commit(target, 0, 1)
-    replay.append(pg_pre_commit(target, 0, 1, attempt=1))  # Spark's task retry
-    pg_coordinator(env, target).commit_epoch(0, replay, [], 6, 0)
-    assert sorted(target.server.table) == sorted(ids_of(0, 0) + ids_of(0, 1))  # actual: 0,0 x2
+    assert sorted(target.server.prepared) == [pcs[1].txn.gid]
+    replay = [pg_pre_commit(target, 0, task, run="run2") for task in range(2)]  # attempt 0
+    outcome = pg_coordinator(env, target).commit_epoch(0, replay, [], 6, 0)
+    assert (outcome.committed, outcome.rolled_back) == (gids(pcs), gids(replay))
+    assert sorted(target.server.table) == sorted(ids_of(0, 0) + ids_of(0, 1))
     assert target.server.prepared == {}
+
+
+# ------------------------------------------------------- the Spark adapter's transaction ids
+
+
+class FakeTaskContext:
+    """What FlinkishStreamWriter.write asks of Spark's TaskContext."""
+
+    def __init__(self, epoch: int, task: int, attempt: int) -> None:
+        self._epoch, self._task, self._attempt = epoch, task, attempt
+
+    def getLocalProperty(self, key: str) -> str | None:  # noqa: N802 (Spark's name)
+        return str(self._epoch) if key == "streaming.sql.batchId" else None
+
+    def partitionId(self) -> int:  # noqa: N802
+        return self._task
+
+    def attemptNumber(self) -> int:  # noqa: N802
+        return self._attempt
+
+
+def source_struct() -> Any:
+    """The flinkish source's Spark schema (without headers), built without a JVM."""
+    from pyspark.sql.types import (
+        BinaryType,
+        IntegerType,
+        LongType,
+        StringType,
+        StructField,
+        StructType,
+        TimestampType,
+    )
+
+    columns = [
+        ("key", BinaryType()), ("value", BinaryType()), ("topic", StringType()),
+        ("partition", IntegerType()), ("offset", LongType()), ("timestamp", TimestampType()),
+        ("timestampType", IntegerType()), ("eventTime", TimestampType()),
+        ("kind", StringType()), ("watermark", LongType()), ("status", StringType()),
+    ]
+    return StructType([StructField(name, kind) for name, kind in columns])
+
+
+def source_batch(partition: int, offsets: Sequence[int], watermark: int) -> pa.RecordBatch:
+    """A slice as the source emits it: ACTIVE, the records, then the watermark marker."""
+    from flinkish_source.schema import arrow_schema
+
+    schema = arrow_schema(False)
+    end = offsets[-1] + 1
+    rows: list[dict[str, Any]] = [
+        {"topic": "t", "partition": partition, "offset": offsets[0], "kind": "status",
+         "status": "ACTIVE"}
+    ]
+    rows += [
+        {"key": b"k%d" % o, "value": b"v", "topic": "t", "partition": partition, "offset": o,
+         "timestamp": BASE_US + o, "timestampType": 0, "eventTime": BASE_US + o,
+         "kind": "record"}
+        for o in offsets
+    ]
+    rows.append({"topic": "t", "partition": partition, "offset": end, "kind": "watermark",
+                 "watermark": watermark})
+    return pa.RecordBatch.from_pylist(rows, schema=schema)
+
+
+BASE_US = 1_700_000_000_000_000
+
+
+@dataclass
+class SparkRun:
+    """One run of the query (a SparkSession): Spark builds a new writer for each micro-batch."""
+
+    root: Path
+
+    def writer(self) -> Any:
+        from flinkish_sink.stream_writer import FlinkishStreamWriter
+
+        checkpoint = self.root / "checkpoint"
+        checkpoint.mkdir(exist_ok=True)
+        (checkpoint / "metadata").write_text(json.dumps({"id": "query-1"}) + "\n")
+        return FlinkishStreamWriter(
+            source_struct(),
+            {"target": "parquet", "path": str(self.root / "out"),
+             "checkpointLocation": str(checkpoint)},
+        )
+
+
+def write_task(writer: Any, epoch: int, task: int, attempt: int, batch: pa.RecordBatch) -> Any:
+    import pyspark
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pyspark.TaskContext, "get",
+                   classmethod(lambda cls: FakeTaskContext(epoch, task, attempt)))
+        return writer.write(iter([batch]))
+
+
+def test_the_stream_writer_runs_the_protocol_for_an_epoch(tmp_path: Path) -> None:
+    writer = SparkRun(tmp_path).writer()
+    messages = [
+        write_task(writer, 0, 0, 0, source_batch(0, [0, 1, 2], 5_000)),
+        write_task(writer, 0, 1, 0, source_batch(1, [0, 1], 4_000)),
+    ]
+    assert [m.rows for m in messages] == [3, 2]
+    assert [len(m.markers) for m in messages] == [2, 2]
+    writer.commit(messages, 0)
+    table = ds.dataset(str(tmp_path / "out"), format="parquet").to_table()
+    assert sorted(zip(table.column("partition").to_pylist(), table.column("offset").to_pylist(),
+                      strict=True)) == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1)]
+    assert "kind" not in table.column_names
+    assert ParquetTarget(tmp_path / "out").committed_watermark("query-1") == 4_000
+
+
+def test_a_replay_after_a_restart_opens_transactions_under_new_ids(tmp_path: Path) -> None:
+    crashed = SparkRun(tmp_path).writer()
+    first = [write_task(crashed, 0, t, 0, source_batch(t, [0, 1], 10)) for t in range(2)]
+    restarted = SparkRun(tmp_path).writer()  # a new SparkSession replays batch 0
+    replay = [write_task(restarted, 0, t, 0, source_batch(t, [0, 1], 10)) for t in range(2)]
+    first_ids = {p["gid"] for m in first for p in m.pre_commits}
+    replay_ids = {p["gid"] for m in replay for p in m.pre_commits}
+    assert len(first_ids) == len(replay_ids) == 2
+    assert first_ids.isdisjoint(replay_ids)
+    # a task retry within one run differs by its attempt number, under the same run token
+    retry = write_task(restarted, 0, 1, 1, source_batch(1, [0, 1], 10))
+    (again,) = [TransactionId.parse(p["gid"]) for p in retry.pre_commits]
+    (before,) = [TransactionId.parse(p["gid"]) for p in replay[1].pre_commits]
+    assert again is not None and before is not None
+    assert (again.attempt, before.attempt, again.run) == (1, 0, before.run)
