@@ -51,7 +51,6 @@ class Produced:
 
     times: dict[tuple[int, int], int] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    done: bool = False
 
     def add(self, partition: int, offset: int, ts: int) -> None:
         with self.lock:
@@ -62,34 +61,58 @@ class Produced:
             return dict(self.times)
 
 
-def _produce(bootstrap: str, topic: str, duration: float, produced: Produced,
-             stop: threading.Event) -> None:
-    from confluent_kafka import Producer
+class EventStream:
+    """Produces the demo's events in runs; a run is a thread, ``running`` while it lasts."""
 
-    rng = random.Random(42)
-    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
-    start = time.monotonic()
-    seq = 0
-    while not stop.is_set() and time.monotonic() - start < duration:
-        elapsed = (time.monotonic() - start) / duration
-        now = int(time.time() * 1000)
-        for p in range(PARTITIONS):
-            if p == SILENT and 0.2 <= elapsed < 0.6:
-                continue  # partition 2 goes silent, then resumes
-            for _ in range(RATE // 10):
-                ts = now - (LAG_MS if p == LAGGING else 0) - rng.randint(0, 1500)
-                seq += 1
+    def __init__(self, bootstrap: str, topic: str, produced: Produced) -> None:
+        self._bootstrap, self._topic, self._produced = bootstrap, topic, produced
+        self._rng = random.Random(42)
+        self._seq = 0
+        self._thread: threading.Thread | None = None
+        self.stop = threading.Event()
 
-                def report(err: Any, msg: Any, ts: int = ts) -> None:
-                    if err is None:
-                        produced.add(msg.partition(), msg.offset(), ts)
+    def join(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
 
-                producer.produce(topic, json.dumps({"id": seq, "p": p}).encode(), partition=p,
-                                 timestamp=ts, on_delivery=report)
-        producer.poll(0)
-        stop.wait(0.1)
-    producer.flush(30)
-    produced.done = True
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def start(self, duration: float) -> None:
+        """Produce until ``stop`` is set; partition 2 is silent from 20% to 60% of
+        ``duration``."""
+        self._thread = threading.Thread(target=self._run, args=(duration,), daemon=True)
+        self._thread.start()
+
+    def _run(self, duration: float) -> None:
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 20})
+        start = time.monotonic()
+        while not self.stop.is_set():
+            elapsed = (time.monotonic() - start) / duration
+            now = int(time.time() * 1000)
+            for p in range(PARTITIONS):
+                if p == SILENT and 0.2 <= elapsed < 0.6:
+                    continue  # partition 2 goes silent, then resumes
+                for _ in range(RATE // 10):
+                    ts = now - (LAG_MS if p == LAGGING else 0) - self._rng.randint(0, 1500)
+                    self._seq += 1
+
+                    def report(err: Any, msg: Any, ts: int = ts) -> None:
+                        if err is None:
+                            self._produced.add(msg.partition(), msg.offset(), ts)
+
+                    producer.produce(self._topic, json.dumps({"id": self._seq, "p": p}).encode(),
+                                     partition=p, timestamp=ts, on_delivery=report)
+            producer.poll(0)
+            self.stop.wait(0.1)
+        producer.flush(30)
+
+
+def _epochs(checkpoint: Path) -> list[EpochRow]:
+    return load_epochs(str(checkpoint)) if (checkpoint / "flinkish").exists() else []
 
 
 def _spark_batches(checkpoint: Path, topic: str) -> list[dict[int, int]]:
@@ -160,6 +183,14 @@ class QueryProcess:
         if self.process is not None:
             kill_tree(self.process.pid)
             self.process.wait()
+
+    def stop(self, stop_file: Path, timeout: float = 60) -> None:
+        """Ask the query to stop (it polls ``stop_file``), then make sure it is gone."""
+        stop_file.write_text("stop")
+        deadline = time.monotonic() + timeout
+        while self.process and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        self.crash()
 
     def failed(self) -> bool:
         return self.process is not None and self.process.poll() not in (None, 0)
@@ -254,9 +285,7 @@ def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | N
             create_topic(servers, topic, PARTITIONS)
             console.print(f"broker {servers}, topic {topic}, target {target}, work dir {work}")
             produced = Produced()
-            stop = threading.Event()
-            producer = threading.Thread(target=_produce, daemon=True,
-                                        args=(servers, topic, duration, produced, stop))
+            stream = EventStream(servers, topic, produced)
             command = [sys.executable, "-m", "flinkish.demo_query", servers, topic,
                        str(checkpoint), str(stop_file)]
             command += ["--postgres", dsn] if dsn else ["--parquet", str(output)]
@@ -264,77 +293,80 @@ def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | N
             # Produce from the start: a stream that paused longer than idleTimeout before the
             # first batch would mark every partition idle, and the lagging one, resuming behind
             # the others, would then stay unaligned (Flink's valve semantics).
-            producer.start()
-            production_started = time.monotonic()
-            query.start()
-            phase = "starting Spark and the query…"
+            try:
+                stream.start(duration)
+                production_started = time.monotonic()
+                query.start()
+                phase = "starting Spark and the query…"
 
-            def refresh() -> Group:
-                times = produced.snapshot()
-                batches = _spark_batches(checkpoint, topic)
-                epochs = load_epochs(str(checkpoint)) if (checkpoint / "flinkish").exists() else []
-                return _view(f"[{time.monotonic() - started:5.1f}s] {phase}", epochs, batches,
-                             spark_comparison(batches, times), len(times), crashes)
+                def refresh() -> Group:
+                    times = produced.snapshot()
+                    batches = _spark_batches(checkpoint, topic)
+                    epochs = _epochs(checkpoint)
+                    return _view(f"[{time.monotonic() - started:5.1f}s] {phase}", epochs, batches,
+                                 spark_comparison(batches, times), len(times), crashes)
 
-            display = Live(refresh(), console=console, refresh_per_second=4) if live else None
-            with display if display is not None else contextlib.nullcontext():
-                last_log = 0.0
-                epoch_at_crash = 0
-                while True:
-                    if query.failed():
-                        raise RuntimeError("the query process failed; see " +
-                                           str(work / "query.log"))
-                    epochs = load_epochs(str(checkpoint)) if (
-                        checkpoint / "flinkish").exists() else []
-                    completed = [r for r in epochs if r.state == "completed"]
-                    if not completed:
-                        time.sleep(0.25)
+                display = Live(refresh(), console=console, refresh_per_second=4) if live else None
+                with display if display is not None else contextlib.nullcontext():
+                    last_log = 0.0
+                    epoch_at_crash = 0
+                    while True:
+                        if query.failed():
+                            raise RuntimeError("the query process failed; see " +
+                                               str(work / "query.log"))
+                        epochs = _epochs(checkpoint)
+                        completed = [r for r in epochs if r.state == "completed"]
+                        if not completed:
+                            time.sleep(0.25)
+                            if display is not None:
+                                display.update(refresh())
+                            elif time.monotonic() - last_log > 5:
+                                last_log = time.monotonic()
+                                console.print(f"[{time.monotonic() - started:5.1f}s] {phase}")
+                            continue
+                        elapsed = time.monotonic() - production_started
+                        if crashes == 0 and completed[-1].epoch >= 2 and (
+                                elapsed > duration * 0.45):
+                            epoch_at_crash = completed[-1].epoch
+                            phase = "CRASH: SIGKILL of the query's processes; restarting it…"
+                            query.crash()
+                            crashes += 1
+                            query.start()
+                        elif crashes:
+                            phase = "restarted from the checkpoint; streaming"
+                        else:
+                            phase = "streaming"
+                        times = produced.snapshot()
+                        if stream.running and elapsed >= duration and crashes and (
+                                completed[-1].epoch > epoch_at_crash + 1):
+                            stream.stop.set()  # ran its time, and the restarted query is live
+                            stream.join()
+                        if not stream.running:
+                            phase = "production finished; catching up"
+                            batches = _spark_batches(checkpoint, topic)
+                            caught_up = batches and all(
+                                batches[-1].get(p, 0) >= 1 + max(
+                                    (o for (q, o) in times if q == p), default=-1)
+                                for p in range(PARTITIONS))
+                            if (caught_up and crashes and completed[-1].epoch > epoch_at_crash
+                                    and completed[-1].epoch >= len(batches) - 1):
+                                break
                         if display is not None:
                             display.update(refresh())
                         elif time.monotonic() - last_log > 5:
                             last_log = time.monotonic()
-                            console.print(f"[{time.monotonic() - started:5.1f}s] {phase}")
-                        continue
-                    elapsed = time.monotonic() - production_started
-                    if crashes == 0 and completed[-1].epoch >= 3 and (
-                            elapsed > duration * 0.45 or produced.done):
-                        epoch_at_crash = completed[-1].epoch
-                        phase = "CRASH: SIGKILL of the query's processes; restarting it…"
-                        query.crash()
-                        crashes += 1
-                        query.start()
-                    elif crashes:
-                        phase = "restarted from the checkpoint; streaming"
-                    else:
-                        phase = "streaming"
-                    times = produced.snapshot()
-                    if produced.done:
-                        phase = "production finished; catching up"
-                        batches = _spark_batches(checkpoint, topic)
-                        caught_up = batches and all(
-                            batches[-1].get(p, 0) >= 1 + max(
-                                (o for (q, o) in times if q == p), default=-1)
-                            for p in range(PARTITIONS))
-                        if (caught_up and crashes and completed[-1].epoch > epoch_at_crash
-                                and completed[-1].epoch >= len(batches) - 1):
-                            break
+                            console.print(f"[{elapsed:5.1f}s] {phase}: {len(completed)} epochs, "
+                                          f"{len(times)} produced")
+                        time.sleep(0.25)
+                        if time.monotonic() - started > duration + 300:
+                            raise RuntimeError("the demo did not finish in time")
+                    phase = "stopping the query and verifying the output…"
                     if display is not None:
                         display.update(refresh())
-                    elif time.monotonic() - last_log > 5:
-                        last_log = time.monotonic()
-                        console.print(f"[{elapsed:5.1f}s] {phase}: {len(completed)} epochs, "
-                                      f"{len(times)} produced")
-                    time.sleep(0.25)
-                    if time.monotonic() - started > duration + 300:
-                        raise RuntimeError("the demo did not finish in time")
-                phase = "stopping the query and verifying the output…"
-                if display is not None:
-                    display.update(refresh())
-            stop_file.write_text("stop")
-            deadline = time.monotonic() + 60
-            while query.process and query.process.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            query.crash()
+                query.stop(stop_file)
+            finally:
+                stream.stop.set()
+                query.crash()  # whatever happened, stop every process the demo started
             return _verdict(console, produced, target, output, dsn, checkpoint, topic, crashes,
                             started)
     finally:
