@@ -10,6 +10,7 @@ import pytest
 
 from flinkish.embedded_kafka import create_topic, kafka_for_tests
 from flinkish.spark_session import local_session
+from integration.postgres_fixtures import postgres_dsn  # noqa: F401  (one server per session)
 
 _names = itertools.count()
 

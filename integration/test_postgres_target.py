@@ -20,7 +20,6 @@ from psycopg import sql
 from flinkish.embedded_postgres import DSN_ENV, EmbeddedPostgres, postgres_for_tests
 from flinkish_sink.postgres_target import PostgresTarget
 from flinkish_sink.target import TransactionId
-from integration.postgres_fixtures import postgres_dsn  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
