@@ -212,3 +212,34 @@ def test_unreachable_broker_fails_clearly_and_hides_secrets(spark: Any, tmp_path
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
                 assert secret.encode() not in fh.read(), f"secret written to {f}"
+
+
+def test_subscribe_pattern_discovers_new_topics_and_partitions_start_emitting(
+    spark: Any, kafka_bootstrap: str, tmp_path: Any
+) -> None:
+    from flinkish.embedded_kafka import create_topic
+
+    stem = f"pattern-{os.getpid()}-{int(time.time())}"
+    create_topic(kafka_bootstrap, f"{stem}-a", 2)
+    produce(kafka_bootstrap, f"{stem}-a", [(p, b"a", b"{}", BASE + p) for p in range(2)])
+    df = (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", kafka_bootstrap)
+        .option("subscribePattern", f"{stem}-.*")
+        .option("startingOffsets", "earliest")
+        .option("checkpointing.location", str(tmp_path / "state"))
+        .load()
+    )
+    first = run_available_now(df, str(tmp_path / "ck"))
+    assert sorted((r.topic, r.partition) for r in first if r.kind == "record") == [
+        (f"{stem}-a", 0), (f"{stem}-a", 1)
+    ]
+
+    create_topic(kafka_bootstrap, f"{stem}-b", 1)  # appears while the query is stopped
+    produce(kafka_bootstrap, f"{stem}-b", [(0, b"b", b"{}", BASE + 50)])
+    second = run_available_now(df, str(tmp_path / "ck"))
+    new = [r for r in second if r.topic == f"{stem}-b"]
+    assert [(r.kind, r.offset, r.status or r.watermark) for r in new] == [
+        ("status", 0, "ACTIVE"), ("record", 0, None), ("watermark", 1, BASE + 49)
+    ]
+    assert all(r.topic == f"{stem}-b" for r in second if r.kind == "record")
