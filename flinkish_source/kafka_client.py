@@ -47,10 +47,12 @@ class OffsetRange:
 
 
 def _error_hint(options: SourceOptions) -> str:
+    """What to check, with the client settings in use (secrets masked)."""
     return (
         f"bootstrap servers {options.kafka_config.get('bootstrap.servers')!r}; check "
         "kafka.bootstrap.servers and the kafka.security.*/sasl.*/ssl.* settings "
-        "(kafkaConsumer.pollTimeoutMs sets how long to wait)"
+        "(kafkaConsumer.pollTimeoutMs sets how long to wait); client settings: "
+        f"{options.safe_kafka_config}"
     )
 
 

@@ -137,7 +137,6 @@ class SourceOptions:
     idle_timeout_ms: int | None = None
     state_location: str | None = None
     poll_timeout_ms: int = 120_000
-    extra: dict[str, str] = field(default_factory=dict)
 
     @property
     def needs_state(self) -> bool:

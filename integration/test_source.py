@@ -207,7 +207,7 @@ def test_unreachable_broker_fails_clearly_and_hides_secrets(spark: Any, tmp_path
     assert time.monotonic() - started < 90
     text = str(info.value)
     assert "could not list Kafka topics" in text and "kafka.bootstrap.servers" in text
-    assert secret not in text
+    assert secret not in text and "'sasl.password': '***'" in text
     for root, _, files in os.walk(tmp_path):
         for f in files:
             with open(os.path.join(root, f), "rb") as fh:
