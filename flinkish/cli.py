@@ -65,8 +65,11 @@ def _transactions(args: argparse.Namespace) -> int:
         if store is None:
             raise SystemExit("--resolve needs --checkpoint: decisions are read from there")
         coordinator = TwoPhaseCommitCoordinator(store, target, args.prefix, query)
-        for gid in coordinator.recover():
-            console.print(f"resolved {gid}")
+        committed, rolled = coordinator.recover()
+        for gid in committed:
+            console.print(f"resolved {gid}: committed (its epoch decided on it)")
+        for gid in rolled:
+            console.print(f"resolved {gid}: rolled back (no decision names it)")
     target.close()
     return 0
 

@@ -94,11 +94,13 @@ class TwoPhaseCommitCoordinator:
         pre_commits = list(pre_commits)
         done = self._store.completed(epoch)
         if done is not None:
-            decided = {d["gid"] for d in done.state["decision"]}
-            rolled = self._discard(pre_commits, decided)
-            rolled += self.recover(epoch)
+            # everything the epoch decided was committed before it completed: whatever this
+            # replay pre-committed, or still lingers of the epoch, goes
+            rolled = self._discard(pre_commits, set())
+            recovered, recover_rolled = self.recover(epoch)
             return EpochOutcome(
-                done, EpochWatermark.from_json(done.state["watermark"]), (), tuple(rolled), True
+                done, EpochWatermark.from_json(done.state["watermark"]), tuple(recovered),
+                tuple(rolled + recover_rolled), True,
             )
 
         pending = self._store.pending(epoch)
@@ -123,7 +125,9 @@ class TwoPhaseCommitCoordinator:
             committed.append(pc.txn.gid)
             failpoint("mid_commit")
         rolled = self._discard(pre_commits, {pc.txn.gid for pc in chosen})
-        rolled += self.recover(epoch)
+        recovered, recover_rolled = self.recover(epoch)
+        committed += recovered
+        rolled += recover_rolled
 
         previous = self._store.latest_completed()
         result = advance(
@@ -165,26 +169,33 @@ class TwoPhaseCommitCoordinator:
             found += self._side.pending(self._prefix + LATE_SUFFIX, self._query)
         return sorted(found)
 
-    def recover(self, up_to_epoch: int | None = None) -> list[str]:
+    def recover(self, up_to_epoch: int | None = None) -> tuple[list[str], list[str]]:
         """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None):
-        recoverAndCommit those a recorded decision names, recoverAndAbort the rest."""
-        resolved = []
+        recoverAndCommit those a pending epoch's recorded decision names, recoverAndAbort the
+        rest — including any of a completed epoch, which committed all it decided before it
+        completed. Returns the gids (committed, rolled back)."""
+        committed: list[str] = []
+        rolled: list[str] = []
         decisions: dict[int, dict[str, Any]] = {}
         for txn in self.lingering():
             if up_to_epoch is not None and txn.epoch > up_to_epoch:
                 continue
             if txn.epoch not in decisions:
-                recorded = self._store.completed(txn.epoch) or self._store.pending(txn.epoch)
+                pending = (
+                    None if self._store.completed(txn.epoch) is not None
+                    else self._store.pending(txn.epoch)
+                )
                 decisions[txn.epoch] = {
-                    d["gid"]: d for d in (recorded.state.get("decision", []) if recorded else [])
+                    d["gid"]: d for d in (pending.state.get("decision", []) if pending else [])
                 }
             target = self._target_of(txn)
             found = decisions[txn.epoch].get(txn.gid)
             if found is not None:
                 logger.info("recovering %s: committing (its epoch decided on it)", txn.gid)
                 target.commit(PreCommit.from_json(found))
+                committed.append(txn.gid)
             else:
                 logger.info("recovering %s: rolling back (no decision names it)", txn.gid)
                 target.rollback(txn)
-            resolved.append(txn.gid)
-        return resolved
+                rolled.append(txn.gid)
+        return committed, rolled

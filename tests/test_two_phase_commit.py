@@ -344,17 +344,18 @@ def test_recover_commits_decided_and_rolls_back_undecided_and_leftovers(env: Env
     other_prefix = pre_commit(env.target, 1, 5, prefix="other")
 
     coordinator = env.coordinator()
-    first = [decided[0].txn, orphan.txn, decided[1].txn, txn(1, 2, 0)]  # in id order
-    assert coordinator.recover(up_to_epoch=1) == [t.gid for t in first]
+    assert coordinator.recover(up_to_epoch=1) == (  # each list in id order
+        [decided[0].txn.gid, decided[1].txn.gid], [orphan.txn.gid, txn(1, 2, 0).gid]
+    )
     assert env.lingering() == [undecided.txn]
     assert env.committed() == sorted(ids_of(0, 0) + ids_of(1, 0) + ids_of(1, 1))
 
-    assert coordinator.recover() == [undecided.txn.gid]
+    assert coordinator.recover() == ([], [undecided.txn.gid])
     assert env.lingering() == []
     assert env.committed() == sorted(ids_of(0, 0) + ids_of(1, 0) + ids_of(1, 1))
     assert env.target.pending("flinkish", "q2") == [TransactionId(PREFIX, "q2", 1, 0, 0)]
     assert env.target.pending("other", QUERY) == [other_prefix.txn]
-    assert coordinator.recover() == []  # idempotent
+    assert coordinator.recover() == ([], [])  # idempotent
 
     # Recovery committed epoch 1's data but did not complete it: the replay does.
     outcome = env.coordinator().commit_epoch(1, [], [], 0, 0)
