@@ -38,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 _LAST_MS = (2**63 - 1) // 1000  # the last millisecond a microsecond timestamp can hold
 
+#: (options, schema) pairs whose targets this process has checked (and created) already.
+_CHECKED: set[tuple[str, str]] = set()
+
 #: Source columns that describe markers; they are not written as data.
 MARKER_COLUMNS = ("kind", "watermark", "status")
 
@@ -107,9 +110,12 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         self._target = make_target(self._options)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
-        self._target.check(self._data_schema)
-        if self._side is not None:
-            self._side.check(self._data_schema)
+        checked = (repr(self._options), self._data_schema.to_string())
+        if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
+            self._target.check(self._data_schema)
+            if self._side is not None:
+                self._side.check(self._data_schema)
+            _CHECKED.add(checked)
         self._query = ""
         self._run = uuid.uuid4().hex[:8]  # see TransactionId.run
         # (latest completed epoch, its combined watermark, the watermark before it): enough
