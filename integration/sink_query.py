@@ -1,0 +1,510 @@
+"""Run flinkish source -> flinkish sink as its own Spark driver process (for crash tests).
+
+One query::
+
+    python integration/sink_query.py --bootstrap HOST:PORT --topic T --checkpoint DIR \\
+        --target postgres --dsn DSN --table NAME          # or: --target parquet --path DIR
+        [--trigger available-now | --trigger processing --until-offsets '{"T": {"0": 25}}']
+        [--max-offsets N] [--master 'local[2,2]'] [--conf KEY=VALUE ...] [--query-name NAME]
+        [--failpoint NAME --failpoint-file FILE [--failpoint-from-epoch N]]
+        [--fail-first-attempt EPOCH:TASK[:kill] --evidence FILE [--batch-rows N]]
+
+Several queries in one driver (each with its own checkpoint and table / path)::
+
+    python integration/sink_query.py --jobs jobs.json [--master ...] [--start-window K]
+
+``jobs.json`` is a list of objects whose keys are the long option names above with ``_`` for
+``-`` (``bootstrap``, ``topic``, ``checkpoint``, ``target``, ``dsn``, ``max_offsets``, …, plus
+``name``, a label for the results); a failpoint is an object
+``{"point": NAME, "marker": FILE, "from_epoch": N}``. Queries start one after another, at most
+``--start-window`` of them before the earlier ones finished a batch (many queries starting at
+once on 2 cores made Spark time out waiting for Python workers to connect back), then run
+concurrently. The script exits when every query is done: 0 if all succeeded, 1 if any failed,
+printing one JSON line per query (``{"name": …, "ok": …, "error": …, "last_batch": …}``).
+
+Failure injection:
+
+* ``--failpoint NAME`` stops the query at ``checkpointing.failpoints.failpoint(NAME)``: the
+  process that reaches it writes ``--failpoint-file`` and blocks, for the caller to SIGKILL the
+  process tree. With ``--failpoint-from-epoch N`` it fires only once Spark has logged batch
+  N-1 as committed (``<checkpoint>/commits/N-1``), so the crash lands mid-stream. Spark's
+  Python processes get a ``sitecustomize`` module that replaces ``failpoint`` by a dispatcher
+  which also finds the query of the call (the sink keeps its query id in ``self._query``), so
+  each query of a ``--jobs`` run can stop at its own point.
+* ``--fail-first-attempt EPOCH:TASK`` runs ``offset`` through an identity Python UDF that
+  fails the first attempt of task TASK of batch EPOCH past its first UDF batch, *after* the
+  sink's transaction of that attempt holds rows (it waits until it sees them in the target),
+  writing what it saw to ``--evidence``; ``EPOCH:TASK:kill`` SIGKILLs the sink's write process
+  instead of raising (the process holding the attempt's PostgreSQL session or staged file
+  open), so the sink's own clean-up in ``write`` never runs. Needs task retries
+  (``--master 'local[2,2]'``) for the query to succeed.
+  ``--batch-rows N`` (rows per UDF batch; the sink's Arrow batches get N/2) must be well below
+  the rows of one task, so that rows reach the sink before the failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+SPEC_ENV = "FLINKISH_TEST_FAILPOINTS"
+
+# Imported by every Python process Spark starts (``site`` imports ``sitecustomize`` from the
+# path). Firing does what checkpointing.failpoints does: write the marker file, then block.
+_SITECUSTOMIZE = '''\
+import json as _json
+import os as _os
+import sys as _sys
+import time as _time
+
+
+def _flinkish_install_failpoints():
+    spec_file = _os.environ.get("@SPEC_ENV@")
+    if not spec_file:
+        return
+    with open(spec_file) as f:
+        specs = _json.load(f)
+    import checkpointing.failpoints as failpoints
+
+    ids = {}
+
+    def query_of_caller():
+        frame = _sys._getframe(2)
+        while frame is not None:
+            query = getattr(frame.f_locals.get("self"), "_query", None)
+            if isinstance(query, str) and query:
+                return query
+            frame = frame.f_back
+        return None
+
+    def query_id(checkpoint):
+        if checkpoint not in ids:
+            try:
+                with open(_os.path.join(checkpoint, "metadata")) as f:
+                    ids[checkpoint] = _json.loads(f.readline())["id"]
+            except (OSError, ValueError, KeyError):
+                return None
+        return ids[checkpoint]
+
+    def failpoint(name):
+        query = None
+        for spec in specs:
+            if spec["point"] != name:
+                continue
+            query = query or query_of_caller()
+            if query is None or query_id(spec["checkpoint"]) != query:
+                continue
+            before = int(spec.get("from_epoch", 0)) - 1
+            if before >= 0 and not _os.path.exists(
+                    _os.path.join(spec["checkpoint"], "commits", str(before))):
+                continue
+            with open(spec["marker"], "w") as marker:
+                marker.write(name + " " + str(_os.getpid()) + "\\n")
+            while True:  # wait to be killed
+                _time.sleep(1)
+
+    # checkpointing/__init__ imported checkpoint_store, which bound the original already
+    original = failpoints.failpoint
+    for module in list(_sys.modules.values()):
+        try:
+            if getattr(module, "failpoint", None) is original:
+                module.failpoint = failpoint
+        except Exception:
+            pass
+
+
+try:
+    _flinkish_install_failpoints()
+except Exception as _exc:  # never break interpreter start-up; say why no point will fire
+    print("sink_query sitecustomize: failpoints not installed: %r" % (_exc,), file=_sys.stderr)
+'''.replace("@SPEC_ENV@", SPEC_ENV)
+
+_JOB_KEYS = {
+    "name", "bootstrap", "topic", "checkpoint", "source_state", "target", "dsn", "table",
+    "path", "prefix", "trigger", "until_offsets", "max_offsets", "fail_first_attempt",
+    "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    p.add_argument("--jobs", help="JSON file with a list of query configurations")
+    p.add_argument("--name", help="label of the query in the results")
+    p.add_argument("--query-name", dest="query_name", help="Spark's queryName of the query")
+    p.add_argument("--bootstrap", help="Kafka bootstrap servers")
+    p.add_argument("--topic", help="topic to read (from the earliest offsets)")
+    p.add_argument("--checkpoint", help="the query's checkpointLocation")
+    p.add_argument("--source-state", dest="source_state",
+                   help="the source's checkpointing.location (default: <checkpoint>-source)")
+    p.add_argument("--target", choices=("postgres", "parquet"))
+    p.add_argument("--dsn")
+    p.add_argument("--table")
+    p.add_argument("--path")
+    p.add_argument("--prefix", help="transactionalIdPrefix")
+    p.add_argument("--trigger", choices=("available-now", "processing"))
+    p.add_argument("--until-offsets", dest="until_offsets",
+                   help='with --trigger processing: stop once every listed partition is read '
+                        'up to the offset, e.g. \'{"topic": {"0": 100, "1": 100}}\'')
+    p.add_argument("--max-offsets", dest="max_offsets", type=int,
+                   help="maxOffsetsPerTrigger (records per micro-batch over all partitions)")
+    p.add_argument("--out-of-orderness", dest="out_of_orderness",
+                   help="watermark.maxOutOfOrderness of the source (default 1 second)")
+    p.add_argument("--master", default="local[2]", help="local[N] or local[N,maxFailures]")
+    p.add_argument("--batch-rows", dest="batch_rows", type=int,
+                   help="rows per batch to Python UDFs (and half as many to the sink)")
+    p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                   help="a Spark configuration setting (repeatable)")
+    p.add_argument("--start-window", dest="start_window", type=int, default=1,
+                   help="queries that may be starting (no batch finished yet) at once")
+    p.add_argument("--timeout", type=float, default=300.0,
+                   help="give up on the queries after this many seconds")
+    p.add_argument("--failpoint", help="stop the query at this checkpointing failpoint")
+    p.add_argument("--failpoint-file", dest="failpoint_file",
+                   help="written when the failpoint is reached")
+    p.add_argument("--failpoint-from-epoch", dest="failpoint_from_epoch", type=int, default=0,
+                   help="the failpoint fires only once batch N-1 is in Spark's commit log")
+    p.add_argument("--fail-first-attempt", dest="fail_first_attempt", metavar="EPOCH:TASK",
+                   help="fail attempt 0 of this task after the sink wrote rows in it")
+    p.add_argument("--evidence", help="with --fail-first-attempt: JSON written by the failure")
+    return p
+
+
+def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    if args.jobs:
+        jobs = json.loads(Path(args.jobs).read_text())
+        if not isinstance(jobs, list) or not jobs:
+            raise SystemExit("--jobs: expected a non-empty JSON list of objects")
+    else:
+        job = {k: getattr(args, k) for k in _JOB_KEYS - {"failpoint"}
+               if getattr(args, k, None) is not None}
+        if args.failpoint:
+            if not args.failpoint_file:
+                raise SystemExit("--failpoint needs --failpoint-file")
+            job["failpoint"] = {"point": args.failpoint, "marker": args.failpoint_file,
+                                "from_epoch": args.failpoint_from_epoch}
+        jobs = [job]
+    checked = []
+    for i, raw in enumerate(jobs):
+        job = {"trigger": "available-now", "out_of_orderness": "1 second", **raw}
+        unknown = sorted(set(job) - _JOB_KEYS)
+        if unknown:
+            raise SystemExit(f"job {i}: unknown keys {unknown}")
+        for key in ("bootstrap", "topic", "checkpoint", "target"):
+            if not job.get(key):
+                raise SystemExit(f"job {i}: {key} is required")
+        if job["target"] == "postgres" and not (job.get("dsn") and job.get("table")):
+            raise SystemExit(f"job {i}: target postgres needs dsn and table")
+        if job["target"] == "parquet" and not job.get("path"):
+            raise SystemExit(f"job {i}: target parquet needs path")
+        if job["trigger"] == "processing" and not job.get("until_offsets"):
+            raise SystemExit(f"job {i}: trigger processing needs until_offsets")
+        if job.get("fail_first_attempt") and not job.get("evidence"):
+            raise SystemExit(f"job {i}: fail_first_attempt needs evidence")
+        job["checkpoint"] = os.path.abspath(job["checkpoint"])
+        job.setdefault("name", Path(job["checkpoint"]).name)
+        job.setdefault("source_state", job["checkpoint"].rstrip("/") + "-source")
+        checked.append(job)
+    return checked
+
+
+def _install_failpoints(jobs: list[dict[str, Any]]) -> None:
+    """Before Spark starts (its JVM and every Python worker inherit the environment): put the
+    failpoint dispatcher and the specs of the jobs' failpoints on the workers' path."""
+    specs = [
+        {**job["failpoint"], "checkpoint": job["checkpoint"],
+         "marker": os.path.abspath(job["failpoint"]["marker"])}
+        for job in jobs if job.get("failpoint")
+    ]
+    if not specs:
+        return
+    parent = Path(jobs[0]["checkpoint"]).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    site = Path(tempfile.mkdtemp(prefix=".sink_query-", dir=parent))
+    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
+    (site / "failpoints.json").write_text(json.dumps(specs, indent=1))
+    os.environ[SPEC_ENV] = str(site / "failpoints.json")
+    path = os.environ.get("PYTHONPATH", "")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(ROOT), path) if p)
+
+
+# -- the failing UDF (runs in the executors' Python workers) ------------------------------
+
+def _sink_attempt_has_rows(job: dict[str, Any], base: str) -> str | None:
+    """How we can see that the sink's transaction of the attempt ``base`` (its id without
+    the writer's run token) holds rows, or None if not yet."""
+    if job["target"] == "postgres":
+        import psycopg
+
+        with psycopg.connect(job["dsn"], autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT application_name, state, backend_xid::text FROM pg_stat_activity "
+                "WHERE (application_name = %s OR application_name LIKE %s) "
+                "AND backend_xid IS NOT NULL",
+                [base, base + ":%"],
+            ).fetchone()
+        return None if row is None else f"session {row[0]} {row[1]} with xid {row[2]}"
+    staging = Path(job["path"], "_flinkish_staging")
+    name = base.replace(":", "~")
+    files = sorted(
+        str(p.relative_to(staging)) for p in staging.glob("*/*.parquet")
+        if p.parent.name == name or p.parent.name.startswith(name + "~")
+    )
+    return f"staged {files}" if files else None
+
+
+def _writer_pid(job: dict[str, Any], base: str) -> int | None:
+    """The process of this driver (same session) holding the attempt's transaction open: the
+    client end of its PostgreSQL session, or an open file in its staging directory."""
+    if job["target"] == "postgres":
+        import psycopg
+
+        with psycopg.connect(job["dsn"], autocommit=True) as conn:
+            row = conn.execute(
+                "SELECT client_port FROM pg_stat_activity "
+                "WHERE application_name = %s OR application_name LIKE %s",
+                [base, base + ":%"],
+            ).fetchone()
+        if row is None or row[0] is None:
+            return None
+        wanted = set()
+        for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+            with contextlib.suppress(OSError), open(table) as f:
+                for line in f.readlines()[1:]:
+                    fields = line.split()
+                    if int(fields[1].rsplit(":", 1)[1], 16) == int(row[0]):
+                        wanted.add(f"socket:[{fields[9]}]")
+
+        def matches(link: str) -> bool:
+            return link in wanted
+    else:
+        staging = Path(job["path"], "_flinkish_staging")
+        name = base.replace(":", "~")
+        dirs = [str(p) + "/" for p in staging.glob(name + "*")
+                if p.name == name or p.name.startswith(name + "~")]
+
+        def matches(link: str) -> bool:
+            return any(link.startswith(d) for d in dirs)
+    session = os.getsid(0)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if os.getsid(int(entry.name)) != session:
+                continue
+            for fd in (entry / "fd").iterdir():
+                with contextlib.suppress(OSError):
+                    if matches(os.readlink(fd)):
+                        return int(entry.name)
+    return None
+
+
+def _fail_first_attempt(df: Any, job: dict[str, Any]) -> Any:
+    """``df`` with ``offset`` through an identity Python UDF (row-at-a-time: pandas is not
+    needed) that fails the first attempt of the chosen task at its first row past the first
+    UDF batch, once the sink's transaction of that attempt holds rows: by raising, or with
+    ``EPOCH:TASK:kill`` by SIGKILLing the sink's write process (whose ``write`` then cannot
+    clean up after itself)."""
+    from pyspark.sql.functions import col, udf
+
+    epoch_s, task_s, *mode = job["fail_first_attempt"].split(":")
+    fail_epoch, fail_task = int(epoch_s), int(task_s)
+    kill = mode == ["kill"]
+    prefix = job.get("prefix") or "flinkish"
+    checkpoint, evidence = job["checkpoint"], job["evidence"]
+    first_batch = int(job.get("udf_batch_rows") or 10)
+    passed: dict[tuple[int, int, int], int] = {}
+
+    def identity(offset: Any) -> Any:
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        assert context is not None
+        epoch = int(context.getLocalProperty("streaming.sql.batchId") or -1)
+        key = (epoch, context.partitionId(), context.attemptNumber())
+        seen_rows = passed.get(key, 0)
+        passed[key] = seen_rows + 1
+        if key != (fail_epoch, fail_task, 0) or seen_rows != first_batch:
+            return offset
+        from flinkish_sink.options import query_id
+
+        base = f"{prefix}:{query_id(checkpoint)}:{epoch}:{fail_task}:0"
+        deadline = time.monotonic() + 60
+        seen = _sink_attempt_has_rows(job, base)
+        while seen is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+            seen = _sink_attempt_has_rows(job, base)
+        found: dict[str, Any] = {"attempt": base, "seen": seen, "rows_passed": seen_rows}
+        if kill:
+            import signal
+
+            pid = _writer_pid(job, base) if seen else None
+            if pid is not None:
+                found["killed"] = {"pid": pid, "cmdline": Path(f"/proc/{pid}/cmdline")
+                                   .read_bytes().replace(b"\0", b" ").decode(errors="replace")}
+            Path(evidence).write_text(json.dumps(found))
+            if pid is not None:
+                os.kill(pid, signal.SIGKILL)
+                return offset  # the task fails when Spark next talks to the dead writer
+        Path(evidence).write_text(json.dumps(found))
+        raise RuntimeError(f"injected failure of {base} (sink transaction: {seen})")
+
+    return df.withColumn("offset", udf(identity, "long", useArrow=False)(col("offset")))
+
+
+# -- queries -------------------------------------------------------------------------------
+
+def _start(spark: Any, job: dict[str, Any]) -> Any:
+    reader = (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", job["bootstrap"])
+        .option("subscribe", job["topic"])
+        .option("startingOffsets", "earliest")
+        .option("checkpointing.location", job["source_state"])
+        .option("kafkaConsumer.pollTimeoutMs", "20000")
+        .option("watermark.maxOutOfOrderness", job["out_of_orderness"])
+    )
+    if job.get("max_offsets"):
+        reader = reader.option("maxOffsetsPerTrigger", str(job["max_offsets"]))
+    df = reader.load()
+    if job.get("fail_first_attempt"):
+        df = _fail_first_attempt(df, job)
+    writer = (
+        df.writeStream.format("flinkish")
+        .option("checkpointLocation", job["checkpoint"])
+        .option("target", job["target"])
+    )
+    for key, option in (("dsn", "dsn"), ("table", "table"), ("path", "path"),
+                        ("prefix", "transactionalIdPrefix")):
+        if job.get(key):
+            writer = writer.option(option, job[key])
+    if job.get("query_name"):
+        writer = writer.queryName(job["query_name"])
+    if job["trigger"] == "available-now":
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime="0 seconds")
+    return writer.start()
+
+
+def _reached(query: Any, until: dict[str, dict[str, int]]) -> bool:
+    """Whether the query's last finished batch read every listed partition up to its offset."""
+    progress = query.lastProgress
+    if not progress or not progress.get("sources"):
+        return False
+    end = progress["sources"][0].get("endOffset")
+    if isinstance(end, str):
+        end = json.loads(end)
+    topics = (end or {}).get("topics", {})
+    return all(
+        int(topics.get(topic, {}).get(str(part), {}).get("offset", -1)) >= int(offset)
+        for topic, parts in until.items() for part, offset in parts.items()
+    )
+
+
+def _settled(query: Any, job: dict[str, Any]) -> bool:
+    """Past start-up: a batch finished, the query ended, or it stopped at its failpoint."""
+    marker = (job.get("failpoint") or {}).get("marker")
+    return bool(not query.isActive or query.recentProgress
+                or (marker and os.path.exists(marker)))
+
+
+def _wait(query: Any, job: dict[str, Any], deadline: float) -> None:
+    if job["trigger"] == "available-now":
+        query.awaitTermination(max(1.0, deadline - time.monotonic()))
+    else:
+        until = job["until_offsets"]
+        until = json.loads(until) if isinstance(until, str) else until
+        while query.isActive and not _reached(query, until) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        if query.isActive and _reached(query, until):
+            query.stop()
+    if query.isActive:
+        query.stop()
+        raise TimeoutError(f"query {job['name']} did not finish in time")
+    failure = query.exception()
+    if failure is not None:
+        raise RuntimeError(str(failure))
+
+
+def _error(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc))[-4000:]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    jobs = _jobs(args)
+    match = re.fullmatch(r"local\[([0-9*]+(?:,[0-9]+)?)\]", args.master)
+    if match is None:
+        raise SystemExit(f"--master {args.master!r}: expected local[N] or local[N,F]")
+    _install_failpoints(jobs)
+
+    from flinkish.spark_session import local_session
+
+    # Python workers must connect back within this; 15 s (the default) was too short with many
+    # queries starting on 2 busy cores
+    conf = {"spark.python.authenticate.socketTimeout": "120s"}
+    if args.batch_rows:
+        # the sink's batches half as big as the UDF's: the writer's input side completes a
+        # batch only when it has seen the row after it, so it must not wait on a UDF batch
+        conf["spark.sql.execution.arrow.maxRecordsPerBatch"] = str(max(1, args.batch_rows // 2))
+        conf["spark.sql.execution.python.udf.maxRecordsPerBatch"] = str(args.batch_rows)
+        # and no 64 KiB socket buffers holding a batch back until the next one fills them
+        conf["spark.sql.execution.python.udf.buffer.size"] = "16"
+        conf["spark.sql.execution.pandas.udf.buffer.size"] = "16"
+        for job in jobs:
+            job["udf_batch_rows"] = args.batch_rows
+    for setting in args.conf:
+        key, sep, value = setting.partition("=")
+        if not sep:
+            raise SystemExit(f"--conf {setting!r}: expected KEY=VALUE")
+        conf[key.strip()] = value.strip()
+    spark = local_session("flinkish-sink-query", cores=match[1], **conf)
+    deadline = time.monotonic() + args.timeout
+    started: list[tuple[dict[str, Any], Any, BaseException | None]] = []
+    results = []
+    try:
+        for job in jobs:
+            while time.monotonic() < deadline and sum(
+                    1 for j, q, _ in started if q is not None and not _settled(q, j)
+            ) >= max(1, args.start_window):
+                time.sleep(0.1)
+            try:
+                started.append((job, _start(spark, job), None))
+            except Exception as exc:  # a bad job must not hide the others' outcomes
+                started.append((job, None, exc))
+        for job, query, error in started:
+            if query is not None and error is None:
+                try:
+                    _wait(query, job, deadline)
+                except Exception as exc:
+                    error = exc
+            progress = None if query is None else query.lastProgress
+            results.append({
+                "name": job["name"], "ok": error is None,
+                "last_batch": progress["batchId"] if progress else None,
+                "error": None if error is None else _error(error),
+            })
+    finally:
+        for query in spark.streams.active:
+            query.stop()
+        spark.stop()
+    for result in results:
+        print(json.dumps(result), flush=True)
+    return 0 if all(r["ok"] for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
