@@ -1,5 +1,10 @@
-"""Killing a query's whole process tree, as a crash does (see FACTS: pyspark's worker daemon
-sets its own process group, so killing the driver's group alone leaves workers running)."""
+"""Killing a query's whole process tree, as a crash does.
+
+pyspark's worker daemon leaves the driver's process group (see FACTS), so killing the driver's
+group alone leaves workers running (the process that runs the sink's ``commit`` among them).
+The root is started with ``start_new_session=True``; everything it started stays in its
+session, so the session is what gets killed.
+"""
 
 from __future__ import annotations
 
@@ -8,54 +13,95 @@ import os
 import signal
 import time
 
-
-def _children() -> dict[int, list[int]]:
-    tree: dict[int, list[int]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        tree.setdefault(int(fields[1]), []).append(int(name))
-    return tree
+Stat = tuple[int, int, int, str]  # ppid, pgid, session, state
 
 
-def descendants(pid: int) -> list[int]:
-    tree, found, todo = _children(), [], [pid]
-    while todo:
-        for child in tree.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
+class ProcessError(RuntimeError):
+    """Processes survived SIGKILL for longer than allowed."""
 
 
-def _alive(pid: int) -> bool:
+def _stat(pid: int) -> Stat | None:
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
+            text = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    fields = text[text.rindex(")") + 2:].split()
+    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
 
 
-def kill_tree(pid: int, timeout: float = 30) -> None:
-    """SIGKILL ``pid``, every descendant and every process group among them; wait until gone."""
-    victims = [pid, *descendants(pid)]
-    groups = set()
-    for p in victims:
-        with contextlib.suppress(OSError):
-            groups.add(os.getpgid(p))
-    groups.discard(os.getpgid(0))
+def _processes() -> dict[int, Stat]:
+    table = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            stat = _stat(int(name))
+            if stat is not None:
+                table[int(name)] = stat
+    return table
+
+
+def tree(root: int) -> dict[int, Stat]:
+    """``root``, its descendants, and every process in its session; zombies left out."""
+    table = _processes()
+    found = {pid for pid, (_, _, sid, _) in table.items() if sid == root}
+    if root in table:
+        found.add(root)
+    frontier = list(found)
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _, _, _) in table.items():
+            if ppid == parent and pid not in found:
+                found.add(pid)
+                frontier.append(pid)
+    return {pid: table[pid] for pid in found if table[pid][3] != "Z"}
+
+
+def _signal(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, sig)
+
+
+def _kill_groups(groups: set[int]) -> None:
     for group in groups:
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(group, signal.SIGKILL)
-    for p in victims:
-        with contextlib.suppress(OSError):
-            os.kill(p, signal.SIGKILL)
+
+
+def kill_tree(root: int, timeout: float = 30.0) -> None:
+    """SIGKILL ``root`` and everything it started, then wait until all of it is gone.
+
+    The tree is frozen first (SIGSTOP) so that nothing forks between listing and killing; then
+    every process group in it gets SIGKILL, and every listed process too."""
+    own_group = os.getpgrp()
+    seen: dict[int, Stat] = {}
+    for _ in range(10):
+        found = tree(root)
+        new = set(found) - set(seen)
+        seen.update(found)
+        for pid in new:
+            _signal(pid, signal.SIGSTOP)
+        if not new:
+            break
+    groups = {pgid for _, pgid, _, _ in seen.values()} - {own_group}
+    _kill_groups(groups)
+    for pid in seen:
+        _signal(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(root, 0)  # reap it if it is our child
+    wait_gone(set(seen), groups, timeout)
+
+
+def wait_gone(pids: set[int], groups: set[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while any(_alive(p) for p in victims):
+    while True:
+        alive = sorted(
+            pid for pid, (_, pgid, _, state) in _processes().items()
+            if state != "Z" and (pid in pids or pgid in groups)
+        )
+        if not alive:
+            return
         if time.monotonic() > deadline:
-            raise AssertionError(f"processes {[p for p in victims if _alive(p)]} survived SIGKILL")
-        time.sleep(0.05)
+            raise ProcessError(f"processes {alive} still alive {timeout:g} s after SIGKILL")
+        for pid in alive:  # stragglers forked into a killed group after the sweep
+            _signal(pid, signal.SIGKILL)
+        time.sleep(0.1)

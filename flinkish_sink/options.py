@@ -28,6 +28,7 @@ _KNOWN = {
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
     "checkpointlocation", "deliveryguarantee", "latedata", "latedata.table", "latedata.path",
     "eventtimecolumn", "transactionalidprefix", "epochstable",
+    "queryname",  # Spark passes writeStream.queryName(...) to the sink's options
 }
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 

@@ -22,10 +22,7 @@ bug cannot hide it.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -43,10 +40,10 @@ from psycopg import sql
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish.embedded_kafka import create_topic
+from flinkish.processes import kill_tree
 from flinkish_sink.options import query_id
 from flinkish_sink.target import TransactionId
 from integration.kafka_helpers import produce
-from integration.postgres_fixtures import postgres_dsn  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -78,111 +75,11 @@ class HarnessError(Exception):
 
 # -- processes -----------------------------------------------------------------------------
 
-def _stat(pid: int) -> tuple[int, int, int, str] | None:
-    """(ppid, pgid, session, state) of ``pid``, or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            text = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return None
-    fields = text[text.rindex(")") + 2:].split()
-    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0]
-
-
-def _processes() -> dict[int, tuple[int, int, int, str]]:
-    table = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = _stat(int(name))
-            if stat is not None:
-                table[int(name)] = stat
-    return table
-
-
-def _tree(root: int) -> dict[int, tuple[int, int, int, str]]:
-    """``root``, its descendants, and every process in its session (start_new_session makes
-    the root a session leader; pyspark's daemon leaves its process group, not the session).
-    Zombies are left out: they are gone, only not reaped yet."""
-    table = _processes()
-    found = {pid for pid, (_, _, sid, _) in table.items() if sid == root}
-    if root in table:
-        found.add(root)
-    frontier = list(found)
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _, _, _) in table.items():
-            if ppid == parent and pid not in found:
-                found.add(pid)
-                frontier.append(pid)
-    return {pid: table[pid] for pid in found if table[pid][3] != "Z"}
-
-
-def _signal(pid: int, sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, sig)
-
-
-def _kill_groups(groups: set[int]) -> None:
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGKILL)
-
-
-def kill_tree(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
-    """SIGKILL ``proc`` and everything it started, then wait until all of it is gone.
-
-    The tree is frozen first (SIGSTOP) so that nothing forks between listing and killing;
-    then every process group in it gets SIGKILL, and every listed process too."""
-    own_group = os.getpgrp()
-    seen: dict[int, tuple[int, int, int, str]] = {}
-    for _ in range(10):
-        tree = _tree(proc.pid)
-        new = set(tree) - set(seen)
-        seen.update(tree)
-        for pid in new:
-            _signal(pid, signal.SIGSTOP)
-        if not new:
-            break
-    groups = {pgid for _, pgid, _, _ in seen.values()} - {own_group}
-    _kill_groups(groups)
-    for pid in seen:
-        _signal(pid, signal.SIGKILL)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired as exc:
-        raise HarnessError(f"driver {proc.pid} survived SIGKILL for {timeout:g} s") from exc
-    wait_gone(set(seen), groups, timeout)
-
-
-def wait_gone(pids: set[int], groups: set[int], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        table = _processes()
-        alive = sorted(
-            pid for pid, (_, pgid, _, state) in table.items()
-            if state != "Z" and (pid in pids or pgid in groups)
-        )
-        if not alive:
-            return
-        if time.monotonic() > deadline:
-            raise HarnessError(f"processes {alive} still alive {timeout:g} s after SIGKILL")
-        for pid in alive:  # stragglers forked into a killed group after the sweep
-            _signal(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
 def stop_after_exit(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """After the driver exited by itself: its Python workers outlive it by a few seconds
     (until the JVM's pipes close); kill whatever is left of its session."""
-    if proc.poll() is None:
-        kill_tree(proc, timeout)
-        return
-    leftovers = _tree(proc.pid)
-    groups = {pgid for _, pgid, _, _ in leftovers.values()} - {os.getpgrp()}
-    _kill_groups(groups)
-    for pid in leftovers:
-        _signal(pid, signal.SIGKILL)
-    wait_gone(set(leftovers), groups, timeout)
+    kill_tree(proc.pid, timeout)
+    proc.wait()
 
 
 def launch(args: list[str], log: Path) -> subprocess.Popen[bytes]:
@@ -422,7 +319,8 @@ def crash_all(cases: list[Case], bootstrap: str, topic: str, root: Path) -> floa
                 case.crash["open_sessions"] = case.target.open_sessions(
                     query_id(str(case.checkpoint)))
     finally:
-        kill_tree(proc)
+        kill_tree(proc.pid)
+        proc.wait()
     for case in cases:
         if case.crash_error is None:
             try:
@@ -587,9 +485,6 @@ def test_restart_after_crash_is_exactly_once(suite: CrashSuite, point: str, kind
     assert marks and marks == sorted(marks), f"watermark went backwards: {published}"
 
 
-@pytest.mark.xfail(raises=AssertionError, strict=True, reason=(
-    "BUG: flinkish_sink/options.py parse_sink_options rejects 'queryname', which Spark puts "
-    "into the writer's options for writeStream.queryName(...)"))
 def test_named_query_runs(suite: CrashSuite) -> None:
     named = suite.extra["named"]
     if named is None:
