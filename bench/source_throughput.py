@@ -1,0 +1,365 @@
+"""Benchmark: the flinkish Kafka source in Spark against a plain confluent-kafka consumer.
+
+Run from the repository root: ``python bench/source_throughput.py [--records N]
+[--partitions P] [--repeat R]``. Progress goes to stderr; the last line on stdout is JSON.
+
+What is measured, and why:
+
+* The script starts the embedded Tansu broker (``flinkish.embedded_kafka``) and produces
+  ``--records`` records (``--value-bytes`` of value, a 10-byte key) round-robin over
+  ``--partitions`` partitions with a batching producer; CreateTime timestamps climb 1 ms per
+  record of a partition with a jitter of up to ±1 s, so they are slightly out of order. Producing
+  is not timed.
+* ``raw_consume_rps`` is the ceiling: one plain confluent-kafka consumer (librdkafka's default
+  settings) assigned all partitions from offset 0, calling ``consume(num_messages=…)`` in a loop
+  and touching each message's key, value, offset and timestamp (the fields the source reads),
+  timed from creating the consumer to the last record. It is what reading the topic costs in
+  Python without Spark. ``raw_consume_tuned_rps`` is the same consumer with only
+  ``fetch.queue.backoff.ms`` lowered (see ``TUNED_CONSUMER``): what the broker can deliver.
+* ``flinkish_rps`` is ``records / seconds`` of one ``Trigger.AvailableNow`` query of the
+  flinkish source (markers on, ``watermark.maxOutOfOrderness`` 2 seconds, a fresh
+  ``checkpointing.location`` and Spark checkpoint, ``startingOffsets`` earliest) into Spark's
+  ``noop`` sink, timed from ``writeStream.start()`` to the query's termination. SparkSession
+  start-up is not included, and a warm-up query (``--warmup-records``) on another topic runs
+  first, so JVM class loading and JIT compilation and Python worker start-up are not counted
+  either; the per-query and per-batch costs of Spark (query start, planning, offset probes,
+  checkpoint log writes) are, since a user pays them.
+* ``worker_peak_rss_mb`` is the largest VmHWM (peak resident set) of the Python processes Spark
+  starts (worker daemon, forked workers, the data source runner), sampled from ``/proc`` every
+  0.25 s while the query runs. Workers are reused between queries, so this is the peak over
+  the run so far (warm-up included).
+* ``ratio`` = ``flinkish_rps / raw_consume_rps``; the target is 0.8 on a 2-core machine.
+* ``flinkish_cpu_seconds`` splits the CPU used during the (median) query by process kind;
+  ``other_processes`` is everything else on the machine: when it is large, something else
+  competed for the two cores and the wall-clock figures are suspect. The progress lines on
+  stderr also give Spark's per-batch durations.
+
+With ``--repeat R`` both measurements run R times, alternating, against the same topic, and the
+medians are reported (each run's figures are in the ``*_runs`` lists). The broker, the Spark
+session and its JVM are stopped on every exit path, including errors and SIGTERM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from _common import CpuMeter, PeakMemorySampler, log, median, print_result  # noqa: E402
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+
+from flinkish.embedded_kafka import EmbeddedKafka, create_topic  # noqa: E402
+from flinkish.spark_session import local_session  # noqa: E402
+
+BASE_MS = 1_700_000_000_000
+JITTER_MS = (0, -800, 300, -1_000, 600, -200, 900, -500, 1_000, -100, 400)
+MAX_OUT_OF_ORDERNESS = "2 seconds"
+TARGET_RATIO = 0.8
+#: librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (configurable since
+#: librdkafka 2.2; 1 s by default) whenever its prefetch queue reaches queued.min.messages
+#: (100,000 by default), so a consumer with default settings stalls for up to a second every
+#: ~100k records of a partition. The "tuned" consumer only lowers that backoff.
+TUNED_CONSUMER = {"fetch.queue.backoff.ms": 10}
+
+
+def produce(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> float:
+    """Produce ``records`` records round-robin over the partitions; returns the rate (msg/s)."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "compression.type": "none",
+        }
+    )
+    filler = b"x" * max(0, value_bytes - 10)
+    started = time.monotonic()
+    for i in range(records):
+        partition, index = i % partitions, i // partitions
+        ts = BASE_MS + index + JITTER_MS[index % len(JITTER_MS)]
+        key = b"k%09d" % i
+        value = (b"%010d" % i + filler)[:value_bytes]
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, partition=partition, timestamp=ts)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(120)
+    if remaining:
+        raise RuntimeError(f"{remaining} records of {topic} not delivered within 120 s")
+    return records / (time.monotonic() - started)
+
+
+def raw_consume(
+    bootstrap: str,
+    topic: str,
+    records: int,
+    partitions: int,
+    batch: int,
+    timeout: float,
+    extra: dict[str, Any] | None = None,
+) -> float:
+    """One plain consumer reads every record; returns records per second."""
+    started = time.monotonic()
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"bench-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+            **(extra or {}),
+        }
+    )
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        seen = value_bytes = offsets = stamps = 0
+        deadline = started + timeout
+        while seen < records:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"raw consumer read {seen} of {records} in {timeout:g} s")
+            for msg in consumer.consume(num_messages=batch, timeout=1.0):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"raw consumer: {err.str()}")
+                key, value = msg.key(), msg.value()
+                value_bytes += len(value or b"") + len(key or b"")
+                offsets += msg.offset()
+                stamps += msg.timestamp()[1]
+                seen += 1
+        elapsed = time.monotonic() - started
+    finally:
+        consumer.close()
+    if seen != records:
+        raise RuntimeError(f"raw consumer read {seen} records, expected {records}")
+    return records / elapsed
+
+
+def start_spark(cores: int) -> Any:
+    return local_session("flinkish-bench", cores=str(cores))
+
+
+def stop_spark(spark: Any) -> None:
+    """Stop the queries, the session and the JVM (workers die when the JVM's pipes close)."""
+    from pyspark import SparkContext
+
+    with contextlib.suppress(Exception):  # the py4j link may be half-broken on SIGTERM
+        for query in spark.streams.active:
+            query.stop()
+    gateway = SparkContext._gateway
+    with contextlib.suppress(Exception):
+        spark.stop()
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except Exception:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+def run_flinkish(
+    spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float
+) -> tuple[float, int]:
+    """One AvailableNow query into the noop sink; (seconds, rows the source produced)."""
+    run = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
+    df = (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("includeMarkers", "true")
+        .option("watermark.maxOutOfOrderness", MAX_OUT_OF_ORDERNESS)
+        .option("checkpointing.location", str(run / "state"))
+        .load()
+    )
+    writer = (
+        df.writeStream.format("noop")
+        .trigger(availableNow=True)
+        .option("checkpointLocation", str(run / "checkpoint"))
+    )
+    started, started_wall = time.monotonic(), time.time()
+    query = writer.start()
+    try:
+        finished = query.awaitTermination(timeout)
+        elapsed = time.monotonic() - started
+        ended_wall = time.time()
+        if not finished:
+            raise RuntimeError(f"the flinkish query on {topic} did not finish in {timeout:g} s")
+        if query.exception() is not None:
+            raise RuntimeError(f"the flinkish query failed: {query.exception()}")
+        progress = query.recentProgress
+    finally:
+        if query.isActive:
+            query.stop()
+        shutil.rmtree(run, ignore_errors=True)
+    rows = sum(int(p["numInputRows"]) for p in progress)
+    for p in progress:
+        durations = ", ".join(f"{k} {v}" for k, v in sorted(p["durationMs"].items()))
+        log(f"  batch {p['batchId']}: {p['numInputRows']:,} rows; ms: {durations}")
+    if progress:
+        first = _epoch(progress[0]["timestamp"])
+        final = progress[-1]
+        last = _epoch(final["timestamp"]) + final["durationMs"]["triggerExecution"] / 1000
+        log(f"  start() to first trigger {first - started_wall:.2f} s, in triggers "
+            f"{last - first:.2f} s, after the last trigger {ended_wall - last:.2f} s")
+    return elapsed, rows
+
+
+def _epoch(iso: str) -> float:
+    """Seconds since the epoch of a progress timestamp such as 2024-01-01T00:00:00.123Z."""
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so the ``finally`` blocks stop the broker and Spark."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--repeat", type=int, default=1, help="median of N runs of each")
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--warmup-records", type=int, default=100_000)
+    parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
+    parser.add_argument("--consume-batch", type=int, default=10_000,
+                        help="num_messages of the raw consumer's consume()")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
+    args = parser.parse_args(argv)
+    if min(args.records, args.partitions, args.repeat, args.warmup_records) < 1:
+        parser.error("--records, --partitions, --repeat and --warmup-records must be positive")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    raw_runs: list[float] = []
+    tuned_runs: list[float] = []
+    cpu_runs: list[dict[str, float]] = []
+    flinkish_runs: list[float] = []
+    seconds_runs: list[float] = []
+    peak_mb = 0.0
+    rows = 0
+    with sigterm_raises(), contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flinkish-bench-")))
+        log("starting the embedded broker")
+        broker = stack.enter_context(EmbeddedKafka())
+        bootstrap = broker.bootstrap_servers
+        topic, warmup_topic = "bench-source", "bench-warmup"
+        create_topic(bootstrap, topic, args.partitions)
+        create_topic(bootstrap, warmup_topic, args.partitions)
+        log(f"producing {args.records:,} x {args.value_bytes} B over {args.partitions} partitions")
+        rate = produce(bootstrap, topic, args.records, args.partitions, args.value_bytes)
+        log(f"produced at {rate:,.0f} msg/s (not part of the result)")
+        produce(bootstrap, warmup_topic, args.warmup_records, args.partitions, args.value_bytes)
+
+        log(f"starting Spark local[{args.cores}] (not timed)")
+        started = time.monotonic()
+        spark = start_spark(args.cores)
+        stack.callback(log, "Spark stopped")
+        stack.callback(stop_spark, spark)
+        log(f"SparkSession up in {time.monotonic() - started:.1f} s; warm-up query "
+            f"({args.warmup_records:,} records on {warmup_topic}, not timed)")
+        seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
+        log(f"warm-up query took {seconds:.1f} s")
+
+        for run in range(1, args.repeat + 1):
+            rps = raw_consume(bootstrap, topic, args.records, args.partitions,
+                              args.consume_batch, args.timeout)
+            raw_runs.append(rps)
+            tuned = raw_consume(bootstrap, topic, args.records, args.partitions,
+                                args.consume_batch, args.timeout, TUNED_CONSUMER)
+            tuned_runs.append(tuned)
+            log(f"run {run}/{args.repeat}: raw consumer {rps:,.0f} records/s with librdkafka's "
+                f"defaults, {tuned:,.0f} records/s with {TUNED_CONSUMER}")
+            with PeakMemorySampler() as sampler, CpuMeter() as cpu:
+                seconds, rows = run_flinkish(spark, bootstrap, topic, workdir, args.timeout)
+            if rows < args.records:
+                raise RuntimeError(f"the flinkish query read {rows} rows, expected "
+                                   f">= {args.records} records (plus markers)")
+            flinkish_runs.append(args.records / seconds)
+            seconds_runs.append(seconds)
+            peak_mb = max(peak_mb, sampler.peak_mb)
+            log(f"run {run}/{args.repeat}: flinkish {args.records / seconds:,.0f} records/s "
+                f"({seconds:.2f} s, {rows:,} rows incl. markers); ratio "
+                f"{args.records / seconds / rps:.2f}; worker peak {sampler.peak_mb} MB: "
+                + "; ".join(sampler.top()))
+            log(f"run {run}/{args.repeat}: CPU seconds during the query: {cpu.seconds}")
+            cpu_runs.append(cpu.seconds)
+
+    raw, tuned, flinkish = median(raw_runs), median(tuned_runs), median(flinkish_runs)
+    middle = sorted(range(len(flinkish_runs)), key=flinkish_runs.__getitem__)[
+        (len(flinkish_runs) - 1) // 2
+    ]
+    print_result(
+        {
+            "bench": "source_throughput",
+            "records": args.records,
+            "partitions": args.partitions,
+            "value_bytes": args.value_bytes,
+            "repeat": args.repeat,
+            "spark_cores": args.cores,
+            "raw_consume_rps": round(raw),
+            "flinkish_rps": round(flinkish),
+            "ratio": round(flinkish / raw, 3),
+            "target_ratio": TARGET_RATIO,
+            "worker_peak_rss_mb": peak_mb,
+            "raw_consume_tuned_rps": round(tuned),
+            "ratio_vs_tuned": round(flinkish / tuned, 3),
+            "tuned_consumer_config": TUNED_CONSUMER,
+            "flinkish_seconds": round(median(seconds_runs), 3),
+            "flinkish_rows_incl_markers": rows,
+            "flinkish_cpu_seconds": cpu_runs[middle],
+            "raw_consume_rps_runs": [round(r) for r in raw_runs],
+            "raw_consume_tuned_rps_runs": [round(r) for r in tuned_runs],
+            "flinkish_rps_runs": [round(r) for r in flinkish_runs],
+            "excluded_from_flinkish_rps": (
+                "SparkSession start-up and JVM/Python-worker start-up (a "
+                f"{args.warmup_records}-record warm-up query on another topic ran first)"
+            ),
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
