@@ -20,6 +20,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -267,8 +268,15 @@ def _committed_rows(target: str, output: Path, dsn: str | None) -> list[tuple[in
                     strict=True))
 
 
-def run_demo(duration: float = 40.0, target: str = "parquet", bootstrap: str | None = None,
+def _exit_on(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through the clean-up below
+
+
+def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | None = None,
              live: bool = True, workdir: str | None = None) -> int:
+    # a closed terminal or a kill must still stop the broker, PostgreSQL and the query
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _exit_on)
     console = Console()
     work = Path(workdir or tempfile.mkdtemp(prefix="flinkish-demo-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -153,7 +153,9 @@ class KafkaMetadata:
         deadline = time.monotonic() + timeout
         try:
             while waiting and time.monotonic() < deadline:
-                for msg in consumer.consume(num_messages=1000, timeout=0.2):
+                # a short wait per call: consume() blocks until num_messages or the timeout,
+                # and the end-of-partition events come right after the first fetch
+                for msg in consumer.consume(num_messages=1000, timeout=0.01):
                     key = (msg.topic(), msg.partition())
                     err = msg.error()
                     if err is not None and err.code() == KafkaError._PARTITION_EOF:
@@ -181,12 +183,16 @@ def read_range(
     that vanished (retention, a recreated topic) raise :class:`DataLossError` unless
     ``failOnDataLoss`` is false, in which case reading resumes at the earliest offset left.
     """
-    consumer = Consumer(
-        consumer_config(
-            options,
-            **{"fetch.wait.max.ms": 50, "queued.min.messages": max(chunk, 10_000)},
-        )
-    )
+    prefetch = {
+        # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
+        # reaches queued.min.messages, librdkafka postpones the partition's next fetch by
+        # fetch.queue.backoff.ms (1 s by default), which stalls a reader that drains the queue
+        # a chunk at a time. A user's kafka.* setting of either still wins.
+        "queued.min.messages": max(4 * chunk, 100_000),
+        "fetch.queue.backoff.ms": 10,
+    }
+    overrides = {k: v for k, v in prefetch.items() if k not in options.kafka_config}
+    consumer = Consumer(consumer_config(options, **{"fetch.wait.max.ms": 50, **overrides}))
     tp = TopicPartition(topic, partition)
     timeout = options.poll_timeout_ms / 1000
     try:
@@ -195,7 +201,10 @@ def read_range(
         last_progress = time.monotonic()
         while position < end:
             out: list[Message] = []
-            for msg in consumer.consume(num_messages=chunk, timeout=0.5):
+            # never ask for more than the slice still needs: consume() waits for the full
+            # count (or the timeout) and the slice's tail is usually the partition's end
+            wanted = max(1, min(chunk, end - position))
+            for msg in consumer.consume(num_messages=wanted, timeout=0.5):
                 err = msg.error()
                 if err is None:
                     if msg.offset() >= end:
