@@ -243,3 +243,15 @@ def test_subscribe_pattern_discovers_new_topics_and_partitions_start_emitting(
         ("status", 0, "ACTIVE"), ("record", 0, None), ("watermark", 1, BASE + 49)
     ]
     assert all(r.topic == f"{stem}-b" for r in second if r.kind == "record")
+
+
+def test_explicit_registration_matches_automatic_discovery(spark: Any, kafka_bootstrap: str
+                                                           ) -> None:
+    import flinkish
+
+    flinkish.register(spark)  # idempotent beside the automatic pyspark_flinkish discovery
+    df = (spark.readStream.format("flinkish").option("kafka.bootstrap.servers", kafka_bootstrap)
+          .option("subscribe", "t").option("includeHeaders", "true")
+          .option("watermark.strategy", "none").load())
+    assert df.columns == ["key", "value", "topic", "partition", "offset", "timestamp",
+                          "timestampType", "headers", "eventTime", "kind", "watermark", "status"]
