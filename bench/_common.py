@@ -1,5 +1,8 @@
 """Helpers shared by the bench scripts: progress on stderr, the final JSON line on stdout,
-medians, and peak-memory sampling of PySpark's Python workers from ``/proc``.
+medians, the processes a run needs (``bench_environment``: the embedded broker, optionally
+PostgreSQL, the input topics, a local SparkSession; all stopped on every exit path, SIGTERM
+included), running an ``AvailableNow`` query to its end, and peak-memory and CPU sampling of
+PySpark's Python workers from ``/proc``.
 
 psutil is not installed on these machines, so processes are found and measured by reading
 ``/proc/<pid>/stat``, ``/proc/<pid>/cmdline`` and ``/proc/<pid>/status`` directly (Linux only).
@@ -7,19 +10,31 @@ psutil is not installed on these machines, so processes are found and measured b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
 from typing import Any
+
+from confluent_kafka import Producer
 
 #: Substrings of the command line of PySpark's Python processes: the worker daemon (which forks
 #: the workers, so they share its command line) and workers started without the daemon.
 PYSPARK_MARKERS = ("pyspark.daemon", "pyspark.worker")
+
+#: CreateTime of a partition's first record; each later record of the partition is 1 ms later
+#: plus the jitter below (cycled), so timestamps are slightly out of order (by up to 1 s).
+BASE_MS = 1_700_000_000_000
+JITTER_MS = (0, -800, 300, -1_000, 600, -200, 900, -500, 1_000, -100, 400)
 
 
 def log(message: str) -> None:
@@ -34,6 +49,185 @@ def print_result(result: dict[str, Any]) -> None:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def produce(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> float:
+    """Produce ``records`` records round-robin over the partitions with a batching producer;
+    returns the rate (msg/s). Record ``i`` has the 10-byte key ``k%09d`` and a ``value_bytes``
+    value starting with ``%010d``; its CreateTime is ``BASE_MS`` + its index in the partition
+    (ms) + jitter from ``JITTER_MS``."""
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "linger.ms": 20,
+            "batch.num.messages": 10_000,
+            "batch.size": 1_000_000,
+            "queue.buffering.max.messages": 500_000,
+            "queue.buffering.max.kbytes": 1_048_576,
+            "compression.type": "none",  # librdkafka's default, spelled out
+        }
+    )
+    filler = b"x" * max(0, value_bytes - 10)
+    started = time.monotonic()
+    for i in range(records):
+        partition, index = i % partitions, i // partitions
+        ts = BASE_MS + index + JITTER_MS[index % len(JITTER_MS)]
+        key = b"k%09d" % i
+        value = (b"%010d" % i + filler)[:value_bytes]
+        while True:
+            try:
+                producer.produce(topic, value=value, key=key, partition=partition, timestamp=ts)
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if i % 10_000 == 0:
+            producer.poll(0)
+    remaining = producer.flush(120)
+    if remaining:
+        raise RuntimeError(f"{remaining} records of {topic} not delivered within 120 s")
+    return records / (time.monotonic() - started)
+
+
+@dataclass
+class BenchEnvironment:
+    """What ``bench_environment`` started: ``stack`` stops it all when the ``with`` block ends
+    (further services entered into it are stopped before the broker), ``workdir`` is a scratch
+    directory removed then, ``dsn`` is PostgreSQL's (empty when it was not started)."""
+
+    stack: contextlib.ExitStack
+    workdir: Path
+    bootstrap: str
+    dsn: str = ""
+
+    def prepare_topics(
+        self,
+        partitions: int,
+        value_bytes: int,
+        topic: tuple[str, int],
+        warmup: tuple[str, int],
+        rate_note: str,
+    ) -> None:
+        """Create the measured topic and the warm-up topic, each ``(name, records)``, with
+        ``partitions`` partitions and fill them with ``produce``; the measured topic's producing
+        rate is logged, followed by ``rate_note``."""
+        from flinkish.embedded_kafka import create_topic
+
+        (name, records), (warmup_name, warmup_records) = topic, warmup
+        create_topic(self.bootstrap, name, partitions)
+        create_topic(self.bootstrap, warmup_name, partitions)
+        log(f"producing {records:,} x {value_bytes} B over {partitions} partitions")
+        rate = produce(self.bootstrap, name, records, partitions, value_bytes)
+        log(f"produced at {rate:,.0f} msg/s ({rate_note})")
+        produce(self.bootstrap, warmup_name, warmup_records, partitions, value_bytes)
+
+    def start_spark(self, app: str, cores: int) -> tuple[Any, float]:
+        """A ``local[cores]`` SparkSession, stopped (``stop_spark``) first when the environment
+        closes, and the seconds its start-up took."""
+        from flinkish.spark_session import local_session
+
+        log(f"starting Spark local[{cores}] (not timed)")
+        started = time.monotonic()
+        spark = local_session(app, cores=str(cores))
+        self.stack.callback(log, "Spark stopped")
+        self.stack.callback(stop_spark, spark)
+        return spark, time.monotonic() - started
+
+
+@contextlib.contextmanager
+def bench_environment(workdir_prefix: str, *, postgres: bool = False) -> Iterator[BenchEnvironment]:
+    """Start the embedded broker (``flinkish.embedded_kafka``) and, with ``postgres``, an
+    embedded PostgreSQL (``flinkish.embedded_postgres``), in a scratch directory named
+    ``workdir_prefix...``; everything started is stopped in reverse order on every exit path,
+    errors and SIGTERM (turned into SystemExit, ``sigterm_raises``) included."""
+    from flinkish.embedded_kafka import EmbeddedKafka
+
+    with sigterm_raises(), contextlib.ExitStack() as stack:
+        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=workdir_prefix)))
+        log("starting the embedded broker" + (" and PostgreSQL" if postgres else ""))
+        broker = stack.enter_context(EmbeddedKafka())
+        env = BenchEnvironment(stack, workdir, broker.bootstrap_servers)
+        if postgres:
+            from flinkish.embedded_postgres import EmbeddedPostgres
+
+            env.dsn = stack.enter_context(EmbeddedPostgres()).dsn
+        yield env
+
+
+def stop_spark(spark: Any) -> None:
+    """Stop the queries, the session and the JVM (workers die when the JVM's pipes close)."""
+    from pyspark import SparkContext
+
+    try:
+        active = list(spark.streams.active)
+    except Exception:  # the session is half torn down already (e.g. SIGTERM mid-query)
+        active = []
+    for query in active:
+        with contextlib.suppress(Exception):
+            query.stop()
+    gateway = SparkContext._gateway
+    with contextlib.suppress(Exception):
+        spark.stop()
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    with contextlib.suppress(Exception):
+        gateway.shutdown()
+    if proc is not None and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except Exception:
+            proc.kill()
+            proc.wait()
+    SparkContext._gateway = None
+    SparkContext._jvm = None
+
+
+@dataclass
+class QueryRun:
+    """A finished query: ``seconds`` from ``writeStream.start()`` to its termination, its
+    ``recentProgress``, and the wall-clock times (epoch seconds) just before ``start()`` and
+    just after the termination."""
+
+    seconds: float
+    progress: list[Any]
+    started_wall: float
+    ended_wall: float
+
+
+def run_to_end(writer: Any, name: str, timeout: float) -> QueryRun:
+    """Start ``writer``'s query (an ``AvailableNow`` trigger, so it ends by itself) and wait for
+    it; raises when it fails or does not end within ``timeout`` seconds (``name`` says which
+    query). The query is stopped on every path."""
+    started, started_wall = time.monotonic(), time.time()
+    query = writer.start()
+    try:
+        finished = query.awaitTermination(timeout)
+        seconds = time.monotonic() - started
+        ended_wall = time.time()
+        if not finished:
+            raise RuntimeError(f"the {name} did not finish within {timeout:g} s")
+        if query.exception() is not None:
+            raise RuntimeError(f"the {name} failed: {query.exception()}")
+        return QueryRun(seconds, query.recentProgress, started_wall, ended_wall)
+    finally:
+        if query.isActive:
+            query.stop()
+
+
+@contextlib.contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit so the ``finally`` blocks and exit stacks stop everything
+    (broker, PostgreSQL, Spark)."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _parents() -> dict[int, int]:

@@ -47,19 +47,13 @@ JVM are stopped on every exit path, including errors and SIGTERM.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import shutil
-import signal
-import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,92 +61,15 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-from confluent_kafka import Producer  # noqa: E402
+from _common import bench_environment, log, median, print_result, run_to_end  # noqa: E402
 
 from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
-from flinkish.embedded_kafka import EmbeddedKafka, create_topic  # noqa: E402
-from flinkish.embedded_postgres import EmbeddedPostgres  # noqa: E402
-from flinkish.spark_session import local_session  # noqa: E402
 
-BASE_MS = 1_700_000_000_000
-JITTER_MS = (0, -800, 300, -1_000, 600, -200, 900, -500, 1_000, -100, 400)
 MAX_OUT_OF_ORDERNESS = "2 seconds"
 EXACTLY_ONCE = "exactly-once"
 AT_LEAST_ONCE = "at-least-once"
 TARGET_RATIO = 0.8
 TARGET_COMMIT_MS = 25.0
-
-
-def log(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
-def produce(bootstrap: str, topic: str, rows: int, partitions: int, value_bytes: int) -> float:
-    """Produce ``rows`` records round-robin over the partitions; returns msg/s."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 10_000,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 500_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-        }
-    )
-    filler = b"x" * max(0, value_bytes - 10)
-    started = time.monotonic()
-    for i in range(rows):
-        partition, index = i % partitions, i // partitions
-        ts = BASE_MS + index + JITTER_MS[index % len(JITTER_MS)]
-        value = (b"%010d" % i + filler)[:value_bytes]
-        while True:
-            try:
-                producer.produce(
-                    topic, value=value, key=b"k%09d" % i, partition=partition, timestamp=ts
-                )
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    remaining = producer.flush(120)
-    if remaining:
-        raise RuntimeError(f"{remaining} records of {topic} not delivered within 120 s")
-    return rows / (time.monotonic() - started)
-
-
-def stop_spark(spark: Any) -> None:
-    """Stop the queries, the session and the JVM (workers die when the JVM's pipes close)."""
-    from pyspark import SparkContext
-
-    try:
-        active = list(spark.streams.active)
-    except Exception:  # the session is half torn down already (e.g. SIGTERM mid-query)
-        active = []
-    for query in active:
-        with contextlib.suppress(Exception):
-            query.stop()
-    gateway = SparkContext._gateway
-    with contextlib.suppress(Exception):
-        spark.stop()
-    if gateway is None:
-        return
-    proc = getattr(gateway, "proc", None)
-    with contextlib.suppress(Exception):
-        gateway.shutdown()
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except Exception:
-            proc.kill()
-            proc.wait()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
 
 
 @dataclass
@@ -231,19 +148,7 @@ def run_query(
         .option("checkpointLocation", str(checkpoint))
         .trigger(availableNow=True)
     )
-    started = time.monotonic()
-    query = writer.start()
-    try:
-        finished = query.awaitTermination(timeout)
-        seconds = time.monotonic() - started
-        if not finished:
-            raise RuntimeError(f"the {guarantee} query did not finish within {timeout:g} s")
-        if query.exception() is not None:
-            raise RuntimeError(f"the {guarantee} query failed: {query.exception()}")
-        progress = query.recentProgress
-    finally:
-        if query.isActive:
-            query.stop()
+    result = run_to_end(writer, f"{guarantee} query", timeout)
     spans, tasks = commit_records(checkpoint)
     shutil.rmtree(run, ignore_errors=True)
     rows, prepared = table_state(dsn, table)
@@ -251,9 +156,9 @@ def run_query(
         raise RuntimeError(f"{prepared} prepared transactions left after the {guarantee} query")
     batches = [
         {"batch": int(p["batchId"]), "rows": int(p["numInputRows"]), **p["durationMs"]}
-        for p in progress
+        for p in result.progress
     ]
-    return RunResult(guarantee, seconds, rows, len(spans), tasks, spans, batches)
+    return RunResult(guarantee, result.seconds, rows, len(spans), tasks, spans, batches)
 
 
 def describe(result: RunResult) -> None:
@@ -263,20 +168,6 @@ def describe(result: RunResult) -> None:
     for b in result.batch_ms:
         others = ", ".join(f"{k} {v}" for k, v in sorted(b.items()) if k not in ("batch", "rows"))
         log(f"    batch {b['batch']}: {b['rows']:,} source rows (incl. markers); ms: {others}")
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit so the ``finally`` blocks stop everything."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -300,26 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     max_offsets = math.ceil(args.rows / args.epochs)
     runs: dict[str, list[RunResult]] = {EXACTLY_ONCE: [], AT_LEAST_ONCE: []}
-    with sigterm_raises(), contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flinkish-sink-")))
-        log("starting the embedded broker and PostgreSQL")
-        broker = stack.enter_context(EmbeddedKafka())
-        postgres = stack.enter_context(EmbeddedPostgres())
-        bootstrap, dsn = broker.bootstrap_servers, postgres.dsn
+    with bench_environment("flinkish-sink-", postgres=True) as env:
+        bootstrap, dsn, workdir = env.bootstrap, env.dsn, env.workdir
         topic, warmup_topic = "bench-sink", "bench-sink-warmup"
-        create_topic(bootstrap, topic, args.partitions)
-        create_topic(bootstrap, warmup_topic, args.partitions)
-        log(f"producing {args.rows:,} x {args.value_bytes} B over {args.partitions} partitions")
-        rate = produce(bootstrap, topic, args.rows, args.partitions, args.value_bytes)
-        log(f"produced at {rate:,.0f} msg/s (not timed)")
-        produce(bootstrap, warmup_topic, args.warmup_rows, args.partitions, args.value_bytes)
+        env.prepare_topics(args.partitions, args.value_bytes, (topic, args.rows),
+                           (warmup_topic, args.warmup_rows), "not timed")
 
-        log(f"starting Spark local[{args.cores}] (not timed)")
-        started = time.monotonic()
-        spark = local_session("flinkish-sink-bench", cores=str(args.cores))
-        stack.callback(log, "Spark stopped")
-        stack.callback(stop_spark, spark)
-        log(f"SparkSession up in {time.monotonic() - started:.1f} s")
+        spark, startup = env.start_spark("flinkish-sink-bench", args.cores)
+        log(f"SparkSession up in {startup:.1f} s")
 
         def query(source: str, table: str, guarantee: str, limit: int) -> RunResult:
             drop_tables(dsn, table)
@@ -362,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log(f"warning: exactly-once epochs had {tasks} write tasks, not {args.partitions}")
     eo_commit = [ms for r in eo for ms in r.commit_ms]
     alo_commit = [ms for r in alo for ms in r.commit_ms]
-    print(json.dumps({
+    print_result({
         "bench": "sink_throughput",
         "rows": args.rows,
         "partitions": args.partitions,
@@ -393,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "excluded_from_rps": "SparkSession start-up; JVM and Python worker warm-up (warm-up "
                              f"queries of {args.warmup_rows} rows in each mode ran first, then "
                              "one untimed at-least-once run over the whole topic)",
-    }), flush=True)
+    })
     return 0
 
 

@@ -42,30 +42,30 @@ session and its JVM are stopped on every exit path, including errors and SIGTERM
 from __future__ import annotations
 
 import argparse
-import contextlib
 import shutil
-import signal
 import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from _common import CpuMeter, PeakMemorySampler, log, median, print_result  # noqa: E402
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition  # noqa: E402
+from _common import (  # noqa: E402
+    CpuMeter,
+    PeakMemorySampler,
+    bench_environment,
+    log,
+    median,
+    print_result,
+    run_to_end,
+)
+from confluent_kafka import Consumer, KafkaError, TopicPartition  # noqa: E402
 
-from flinkish.embedded_kafka import EmbeddedKafka, create_topic  # noqa: E402
-from flinkish.spark_session import local_session  # noqa: E402
-
-BASE_MS = 1_700_000_000_000
-JITTER_MS = (0, -800, 300, -1_000, 600, -200, 900, -500, 1_000, -100, 400)
 MAX_OUT_OF_ORDERNESS = "2 seconds"
 TARGET_RATIO = 0.8
 #: librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (configurable since
@@ -73,40 +73,6 @@ TARGET_RATIO = 0.8
 #: (100,000 by default), so a consumer with default settings stalls for up to a second every
 #: ~100k records of a partition. The "tuned" consumer only lowers that backoff.
 TUNED_CONSUMER = {"fetch.queue.backoff.ms": 10}
-
-
-def produce(bootstrap: str, topic: str, records: int, partitions: int, value_bytes: int) -> float:
-    """Produce ``records`` records round-robin over the partitions; returns the rate (msg/s)."""
-    producer = Producer(
-        {
-            "bootstrap.servers": bootstrap,
-            "linger.ms": 20,
-            "batch.num.messages": 10_000,
-            "batch.size": 1_000_000,
-            "queue.buffering.max.messages": 500_000,
-            "queue.buffering.max.kbytes": 1_048_576,
-            "compression.type": "none",
-        }
-    )
-    filler = b"x" * max(0, value_bytes - 10)
-    started = time.monotonic()
-    for i in range(records):
-        partition, index = i % partitions, i // partitions
-        ts = BASE_MS + index + JITTER_MS[index % len(JITTER_MS)]
-        key = b"k%09d" % i
-        value = (b"%010d" % i + filler)[:value_bytes]
-        while True:
-            try:
-                producer.produce(topic, value=value, key=key, partition=partition, timestamp=ts)
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if i % 10_000 == 0:
-            producer.poll(0)
-    remaining = producer.flush(120)
-    if remaining:
-        raise RuntimeError(f"{remaining} records of {topic} not delivered within 120 s")
-    return records / (time.monotonic() - started)
 
 
 def raw_consume(
@@ -156,36 +122,6 @@ def raw_consume(
     return records / elapsed
 
 
-def start_spark(cores: int) -> Any:
-    return local_session("flinkish-bench", cores=str(cores))
-
-
-def stop_spark(spark: Any) -> None:
-    """Stop the queries, the session and the JVM (workers die when the JVM's pipes close)."""
-    from pyspark import SparkContext
-
-    with contextlib.suppress(Exception):  # the py4j link may be half-broken on SIGTERM
-        for query in spark.streams.active:
-            query.stop()
-    gateway = SparkContext._gateway
-    with contextlib.suppress(Exception):
-        spark.stop()
-    if gateway is None:
-        return
-    proc = getattr(gateway, "proc", None)
-    with contextlib.suppress(Exception):
-        gateway.shutdown()
-    if proc is not None and proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except Exception:
-            proc.kill()
-            proc.wait()
-    SparkContext._gateway = None
-    SparkContext._jvm = None
-
-
 def run_flinkish(
     spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float
 ) -> tuple[float, int]:
@@ -206,21 +142,11 @@ def run_flinkish(
         .trigger(availableNow=True)
         .option("checkpointLocation", str(run / "checkpoint"))
     )
-    started, started_wall = time.monotonic(), time.time()
-    query = writer.start()
     try:
-        finished = query.awaitTermination(timeout)
-        elapsed = time.monotonic() - started
-        ended_wall = time.time()
-        if not finished:
-            raise RuntimeError(f"the flinkish query on {topic} did not finish in {timeout:g} s")
-        if query.exception() is not None:
-            raise RuntimeError(f"the flinkish query failed: {query.exception()}")
-        progress = query.recentProgress
+        result = run_to_end(writer, f"flinkish query on {topic}", timeout)
     finally:
-        if query.isActive:
-            query.stop()
         shutil.rmtree(run, ignore_errors=True)
+    progress = result.progress
     rows = sum(int(p["numInputRows"]) for p in progress)
     for p in progress:
         durations = ", ".join(f"{k} {v}" for k, v in sorted(p["durationMs"].items()))
@@ -229,28 +155,14 @@ def run_flinkish(
         first = _epoch(progress[0]["timestamp"])
         final = progress[-1]
         last = _epoch(final["timestamp"]) + final["durationMs"]["triggerExecution"] / 1000
-        log(f"  start() to first trigger {first - started_wall:.2f} s, in triggers "
-            f"{last - first:.2f} s, after the last trigger {ended_wall - last:.2f} s")
-    return elapsed, rows
+        log(f"  start() to first trigger {first - result.started_wall:.2f} s, in triggers "
+            f"{last - first:.2f} s, after the last trigger {result.ended_wall - last:.2f} s")
+    return result.seconds, rows
 
 
 def _epoch(iso: str) -> float:
     """Seconds since the epoch of a progress timestamp such as 2024-01-01T00:00:00.123Z."""
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
-
-
-@contextlib.contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """Turn SIGTERM into SystemExit so the ``finally`` blocks stop the broker and Spark."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -279,25 +191,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds_runs: list[float] = []
     peak_mb = 0.0
     rows = 0
-    with sigterm_raises(), contextlib.ExitStack() as stack:
-        workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="flinkish-bench-")))
-        log("starting the embedded broker")
-        broker = stack.enter_context(EmbeddedKafka())
-        bootstrap = broker.bootstrap_servers
+    with bench_environment("flinkish-bench-") as env:
+        bootstrap, workdir = env.bootstrap, env.workdir
         topic, warmup_topic = "bench-source", "bench-warmup"
-        create_topic(bootstrap, topic, args.partitions)
-        create_topic(bootstrap, warmup_topic, args.partitions)
-        log(f"producing {args.records:,} x {args.value_bytes} B over {args.partitions} partitions")
-        rate = produce(bootstrap, topic, args.records, args.partitions, args.value_bytes)
-        log(f"produced at {rate:,.0f} msg/s (not part of the result)")
-        produce(bootstrap, warmup_topic, args.warmup_records, args.partitions, args.value_bytes)
+        env.prepare_topics(args.partitions, args.value_bytes, (topic, args.records),
+                           (warmup_topic, args.warmup_records), "not part of the result")
 
-        log(f"starting Spark local[{args.cores}] (not timed)")
-        started = time.monotonic()
-        spark = start_spark(args.cores)
-        stack.callback(log, "Spark stopped")
-        stack.callback(stop_spark, spark)
-        log(f"SparkSession up in {time.monotonic() - started:.1f} s; warm-up query "
+        spark, startup = env.start_spark("flinkish-bench", args.cores)
+        log(f"SparkSession up in {startup:.1f} s; warm-up query "
             f"({args.warmup_records:,} records on {warmup_topic}, not timed)")
         seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
         log(f"warm-up query took {seconds:.1f} s")
