@@ -1,7 +1,8 @@
 """Benchmark: the flinkish sink into PostgreSQL, exactly-once against at-least-once.
 
 Run from the repository root: ``python bench/sink_throughput.py [--rows N] [--partitions P]
-[--epochs E] [--repeat R]``. Progress goes to stderr; the last line on stdout is JSON.
+[--epochs E] [--repeat R]``. Progress goes to stderr; the last line on
+stdout is one json object of named figures.
 
 What is measured, and how:
 

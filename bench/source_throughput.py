@@ -1,7 +1,8 @@
 """Benchmark: the flinkish Kafka source in Spark against a plain confluent-kafka consumer.
 
 Run from the repository root: ``python bench/source_throughput.py [--records N]
-[--partitions P] [--repeat R]``. Progress goes to stderr; the last line on stdout is JSON.
+[--partitions P] [--repeat R]``. Progress goes to stderr; the last line on
+stdout is one json object of named figures.
 
 What is measured, and why:
 
