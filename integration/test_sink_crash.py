@@ -75,6 +75,17 @@ class HarnessError(Exception):
 
 # -- processes -----------------------------------------------------------------------------
 
+def _input_topic(bootstrap: str, kind: str) -> str:
+    """A fresh topic holding the suite's known input: PER_PARTITION records per partition."""
+    topic = f"sink-{kind}-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, PARTITIONS)
+    produce(bootstrap, topic, [
+        (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(), BASE_TS + i * 1_000 + p)
+        for i in range(PER_PARTITION) for p in range(PARTITIONS)
+    ])
+    return topic
+
+
 def stop_after_exit(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
     """After the driver exited by itself: its Python workers outlive it by a few seconds
     (until the JVM's pipes close); kill whatever is left of its session."""
@@ -344,13 +355,8 @@ class CrashSuite:
 def suite(
     kafka_bootstrap: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
 ) -> Iterator[CrashSuite]:
-    token = uuid.uuid4().hex[:8]
-    topic = f"sink-crash-{token}"
-    create_topic(kafka_bootstrap, topic, PARTITIONS)
-    produce(kafka_bootstrap, topic, [
-        (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(), BASE_TS + i * 1_000 + p)
-        for i in range(PER_PARTITION) for p in range(PARTITIONS)
-    ])
+    topic = _input_topic(kafka_bootstrap, "crash")
+    token = topic.rsplit("-", 1)[1]
     root = tmp_path_factory.mktemp("sink-crash")
     cases = {}
     for point in POINTS:
@@ -518,13 +524,8 @@ def retried(
     upstream of the sink raises (mode ``raise``: the sink's ``write`` sees the failure and can
     clean up) or SIGKILLs the sink's write process (mode ``kill``: nothing on the task side
     cleans up). The second attempt succeeds."""
-    token = uuid.uuid4().hex[:8]
-    topic = f"sink-retry-{token}"
-    create_topic(kafka_bootstrap, topic, PARTITIONS)
-    produce(kafka_bootstrap, topic, [
-        (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(), BASE_TS + i * 1_000 + p)
-        for i in range(PER_PARTITION) for p in range(PARTITIONS)
-    ])
+    topic = _input_topic(kafka_bootstrap, "retry")
+    token = topic.rsplit("-", 1)[1]
     root = tmp_path_factory.mktemp("sink-retry")
     suite = RetrySuite({}, {}, {}, {}, {(p, o) for p in range(PARTITIONS)
                                          for o in range(PER_PARTITION)}, root / "run.log")
