@@ -382,6 +382,26 @@ def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | N
             shutil.rmtree(work, ignore_errors=True)
 
 
+def _lingering(target: str, output: Path, dsn: str | None, checkpoint: Path) -> list[Any]:
+    """Prepared transactions / staged files of the demo's query still in the target."""
+    from flinkish_sink.options import query_id
+    from flinkish_sink.target import Target
+
+    sink: Target
+    if target == "postgres":
+        from flinkish_sink.postgres_target import PostgresTarget
+
+        sink = PostgresTarget(dsn or "", "demo_events")
+    else:
+        from flinkish_sink.parquet_target import ParquetTarget
+
+        sink = ParquetTarget(str(output))
+    try:
+        return list(sink.pending("flinkish", query_id(str(checkpoint))))
+    finally:
+        sink.close()
+
+
 def _verdict(console: Console, produced: Produced, target: str, output: Path, dsn: str | None,
              checkpoint: Path, topic: str, crashes: int, started: float) -> int:
     times = produced.snapshot()
@@ -395,12 +415,15 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     monotone = all(a <= b for a, b in zip(watermarks, watermarks[1:], strict=False))
     spark = spark_comparison(_spark_batches(checkpoint, topic), times)
     lagging = sum(1 for (p, _) in times if p == LAGGING)
-    ok = duplicates == 0 and missing == 0 and unexpected == 0 and monotone and crashes == 1
+    lingering = _lingering(target, output, dsn, checkpoint)
+    ok = (duplicates == 0 and missing == 0 and unexpected == 0 and monotone and crashes == 1
+          and not lingering)
     verdict = Table(title="verdict", show_header=False)
     verdict.add_row("events produced", str(len(times)))
     verdict.add_row("rows committed", str(len(rows)))
     verdict.add_row("duplicates / missing", f"{duplicates} / {missing}")
     verdict.add_row("crashes survived", str(crashes))
+    verdict.add_row("pre-commits left in the target", str(len(lingering)))
     verdict.add_row("combined watermark never went back", "yes" if monotone else "NO")
     verdict.add_row("rows Spark's withWatermark would have dropped",
                     f"{spark.dropped} ({spark.dropped_lagging} of the lagging partition's "

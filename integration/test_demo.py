@@ -21,6 +21,7 @@ def test_demo_verdict_then_inspect_and_plot(kafka_bootstrap: str, tmp_path: Path
     assert status == 0, out[-3000:]
     assert "every produced event is in the output exactly once, through a crash" in out
     assert "crashes survived" in out and "duplicates / missing" in out
+    assert "pre-commits left in the target" in out
 
     checkpoint = work / "checkpoint"
     store = CheckpointStore.reader(CheckpointStorage.open(str(checkpoint / "flinkish")))
