@@ -316,9 +316,12 @@ class PostgresTarget:
     ``__getstate__``, so each process opens its own.
     """
 
-    def __init__(self, dsn: str, table: str, *, epochs_table: str | None = None) -> None:
+    def __init__(
+        self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True
+    ) -> None:
         self.dsn = dsn
         self.table = table
+        self.two_phase = two_phase  # at-least-once writes directly: no PREPARE needed
         self.epochs_table = epochs_table or f"{table}_flinkish_epochs"
         self._table = _identifier(table)
         self._epochs = _identifier(self.epochs_table)
@@ -338,12 +341,12 @@ class PostgresTarget:
         return self._conn
 
     def check(self, schema: pa.Schema) -> None:
-        """Fail unless the server can prepare transactions and the table fits ``schema``;
-        create the table (and the epochs table) if missing."""
+        """Fail unless the server can prepare transactions (when ``two_phase``) and the table
+        fits ``schema``; create the table (and the epochs table) if missing."""
         types = postgres_types(schema)
         conn = self._connection()
         setting = conn.execute("SHOW max_prepared_transactions").fetchone()
-        if setting is None or int(setting[0]) <= 0:
+        if self.two_phase and (setting is None or int(setting[0]) <= 0):
             raise RuntimeError(f"PostgreSQL at {conn.info.host}:{conn.info.port}: {_FIX_2PC}")
         found = conn.execute(
             "SELECT to_regclass(%s)::oid", [self._table.as_string(conn)]

@@ -62,7 +62,10 @@ def make_target(options: SinkOptions, late: bool = False) -> Target:
         assert options.dsn is not None and options.table is not None
         table = options.late_table if late else options.table
         assert table is not None
-        return PostgresTarget(options.dsn, table, epochs_table=options.epochs_table)
+        return PostgresTarget(
+            options.dsn, table, epochs_table=options.epochs_table,
+            two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
+        )
     from flinkish_sink.parquet_target import ParquetTarget
 
     path = options.late_path if late else options.path
