@@ -222,7 +222,7 @@ def _postgres(enabled: bool) -> Iterator[str | None]:
 def _view(phase: str, epochs: list[EpochRow], batches: list[dict[int, int]],
           spark: SparkComparison, produced: int, crashes: int) -> Group:
     latest = next((r for r in reversed(epochs) if r.state == "completed"), None)
-    table = Table(title="flinkish: per-partition watermarks through the valve", expand=False)
+    table = Table(title="flinkish: per-partition watermarks (UTC)", expand=False)
     for column in ("partition", "last offset", "watermark", "status"):
         table.add_column(column)
     ends = batches[-1] if batches else {}
@@ -231,20 +231,20 @@ def _view(phase: str, epochs: list[EpochRow], batches: list[dict[int, int]],
         note = " (lags 2 min)" if p == LAGGING else " (goes silent)" if p == SILENT else ""
         status = info.get("status", "-")
         table.add_row(f"{p}{note}", str(ends.get(p, "-")),
-                      format_watermark(info.get("watermark")) if info else "-",
+                      format_watermark(info.get("watermark"), False) if info else "-",
                       Text(status, style="yellow" if status == "IDLE" else "green"))
     committed = sum(r.rows or 0 for r in epochs if r.state == "completed")
     late = sum(r.late_rows or 0 for r in epochs if r.state == "completed")
     summary = Table.grid(padding=(0, 2))
     summary.add_row("flinkish combined watermark",
-                    format_watermark(latest.watermark if latest else None),
-                    "(min over active partitions; idle ones do not hold it back)")
-    summary.add_row("Spark's global watermark", format_watermark(spark.watermark),
-                    "(max event time - 2 s: set by the fastest partition)")
+                    format_watermark(latest.watermark if latest else None, False),
+                    "valve: min over active partitions")
+    summary.add_row("Spark's global watermark", format_watermark(spark.watermark, False),
+                    "fastest partition - 2 s")
     summary.add_row("rows Spark would drop as late", f"[red]{spark.dropped}[/]",
-                    f"({spark.dropped_lagging} of them from the lagging partition)")
+                    f"{spark.dropped_lagging} from the lagging partition")
     summary.add_row("rows flinkish committed", str(committed),
-                    f"(late by flinkish's watermark: {late}, kept and counted; dropped: 0)")
+                    f"late {late} (kept, counted); dropped 0")
     summary.add_row("produced / epochs / crashes", f"{produced} / {len(epochs)} / {crashes}", "")
     return Group(Text(phase, style="bold cyan"), table, summary)
 
