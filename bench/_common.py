@@ -110,7 +110,7 @@ class BenchEnvironment:
         """Create the measured topic and the warm-up topic, each ``(name, records)``, with
         ``partitions`` partitions and fill them with ``produce``; the measured topic's producing
         rate is logged, followed by ``rate_note``."""
-        from flinkish.embedded_kafka import create_topic
+        from flinkish.demo.embedded_kafka import create_topic
 
         (name, records), (warmup_name, warmup_records) = topic, warmup
         create_topic(self.bootstrap, name, partitions)
@@ -123,7 +123,7 @@ class BenchEnvironment:
     def start_spark(self, app: str, cores: int) -> tuple[Any, float]:
         """A ``local[cores]`` SparkSession, stopped (``stop_spark``) first when the environment
         closes, and the seconds its start-up took."""
-        from flinkish.spark_session import local_session
+        from flinkish.demo.spark_session import local_session
 
         log(f"starting Spark local[{cores}] (not timed)")
         started = time.monotonic()
@@ -135,11 +135,11 @@ class BenchEnvironment:
 
 @contextlib.contextmanager
 def bench_environment(workdir_prefix: str, *, postgres: bool = False) -> Iterator[BenchEnvironment]:
-    """Start the embedded broker (``flinkish.embedded_kafka``) and, with ``postgres``, an
-    embedded PostgreSQL (``flinkish.embedded_postgres``), in a scratch directory named
+    """Start the embedded broker (``flinkish.demo.embedded_kafka``) and, with ``postgres``, an
+    embedded PostgreSQL (``flinkish.demo.embedded_postgres``), in a scratch directory named
     ``workdir_prefix...``; everything started is stopped in reverse order on every exit path,
     errors and SIGTERM (turned into SystemExit, ``sigterm_raises``) included."""
-    from flinkish.embedded_kafka import EmbeddedKafka
+    from flinkish.demo.embedded_kafka import EmbeddedKafka
 
     with sigterm_raises(), contextlib.ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=workdir_prefix)))
@@ -147,7 +147,7 @@ def bench_environment(workdir_prefix: str, *, postgres: bool = False) -> Iterato
         broker = stack.enter_context(EmbeddedKafka())
         env = BenchEnvironment(stack, workdir, broker.bootstrap_servers)
         if postgres:
-            from flinkish.embedded_postgres import EmbeddedPostgres
+            from flinkish.demo.embedded_postgres import EmbeddedPostgres
 
             env.dsn = stack.enter_context(EmbeddedPostgres()).dsn
         yield env

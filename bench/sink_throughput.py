@@ -6,8 +6,9 @@ stdout is one json object of named figures.
 
 What is measured, and how:
 
-* The embedded Tansu broker (``flinkish.embedded_kafka``) and an embedded PostgreSQL
-  (``flinkish.embedded_postgres``, ``fsync=off``, ``max_prepared_transactions=64``) are started;
+* The embedded Tansu broker (``flinkish.demo.embedded_kafka``) and an embedded PostgreSQL
+  (``flinkish.demo.embedded_postgres``, ``fsync=off``, ``max_prepared_transactions=64``) are
+  started;
   ``--rows`` records (a 10-byte key, ``--value-bytes`` of value, CreateTime timestamps climbing
   1 ms per record of a partition with up to 1 s of jitter) are produced round-robin over
   ``--partitions`` partitions. Producing is not timed.

@@ -6,7 +6,7 @@ stdout is one json object of named figures.
 
 What is measured, and why:
 
-* The script starts the embedded Tansu broker (``flinkish.embedded_kafka``) and produces
+* The script starts the embedded Tansu broker (``flinkish.demo.embedded_kafka``) and produces
   ``--records`` records (``--value-bytes`` of value, a 10-byte key) round-robin over
   ``--partitions`` partitions with a batching producer; CreateTime timestamps climb 1 ms per
   record of a partition with a jitter of up to ±1 s, so they are slightly out of order. Producing

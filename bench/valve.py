@@ -26,7 +26,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 from valve_reference import LinearScanValve  # noqa: E402
 
-from flinkish_source.valve import (  # noqa: E402
+from flinkish_core.valve import (  # noqa: E402
     ChannelState,
     StatusWatermarkValve,
     WatermarkStatus,

@@ -183,7 +183,7 @@ class CheckpointStore:
             state,
         )
         self._storage.write_json(record_path(COMPLETED_DIR, checkpoint_id), completed.to_record())
-        failpoint("checkpoint_write")
+        failpoint("checkpoint_write", query=self.owner, epoch=checkpoint_id)
         self._settle(checkpoint_id, pointer, ids)
         return completed
 

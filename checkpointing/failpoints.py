@@ -1,25 +1,69 @@
 """Named crash points for crash-injection tests.
 
-``FLINKISH_FAILPOINT=<name>`` makes the process that reaches ``failpoint(<name>)`` write the
-file named by ``FLINKISH_FAILPOINT_FILE`` and then block, so a test can SIGKILL the query's
-whole process tree at exactly that point. Unset, a failpoint costs one dict lookup.
+The two-phase commit, the checkpoint store and ``ValveForEachBatch`` call
+``failpoint(name, query=…, epoch=…)`` where a crash matters. Armed, the process that reaches a
+matching point writes a marker file and blocks, so a test can SIGKILL the query's whole
+process tree at exactly that point. Unarmed (the environment variable unset), a failpoint costs
+one environment lookup.
+
+``FLINKISH_FAILPOINTS`` names a JSON file with a list of points to arm::
+
+    [{"point": "mid_commit", "marker": "/tmp/case/fired",
+      "checkpoint": "/tmp/case/checkpoint",   # or "query": "<query id>"; neither: any query
+      "from_epoch": 1}]                        # fire only in epochs >= 1 (default 0)
+
+so each of several queries in one driver can stop at its own point. The query is passed by
+the caller (no guessing from stack frames); ``checkpoint`` is resolved to the query id Spark
+wrote there.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from typing import Any
 
-ENV_NAME = "FLINKISH_FAILPOINT"
-ENV_FILE = "FLINKISH_FAILPOINT_FILE"
+from checkpointing.query import query_id
+
+ENV = "FLINKISH_FAILPOINTS"
+
+_specs: dict[str, list[dict[str, Any]]] = {}
 
 
-def failpoint(name: str) -> None:
-    if os.environ.get(ENV_NAME) != name:
+def _armed(path: str) -> list[dict[str, Any]]:
+    if path not in _specs:
+        with open(path, encoding="utf-8") as f:
+            specs = json.load(f)
+        if not isinstance(specs, list) or not all(
+            isinstance(s, dict) and "point" in s and "marker" in s for s in specs
+        ):
+            raise ValueError(f"{ENV}={path}: expected a list of {{point, marker, ...}} objects")
+        _specs[path] = specs
+    return _specs[path]
+
+
+def _matches(spec: dict[str, Any], query: str, epoch: int) -> bool:
+    if epoch < int(spec.get("from_epoch", 0)):
+        return False
+    if "query" in spec:
+        return bool(spec["query"] == query)
+    if "checkpoint" in spec:
+        try:
+            return query_id(spec["checkpoint"]) == query
+        except ValueError:  # the query has not written its metadata yet
+            return False
+    return True
+
+
+def failpoint(name: str, *, query: str, epoch: int) -> None:
+    """Block here if a test armed point ``name`` for this query and epoch."""
+    path = os.environ.get(ENV)
+    if not path:
         return
-    path = os.environ.get(ENV_FILE)
-    if path:
-        with open(path, "w") as marker:
-            marker.write(f"{name} {os.getpid()}\n")
-    while True:  # wait to be killed
-        time.sleep(1)
+    for spec in _armed(path):
+        if spec["point"] == name and _matches(spec, query, epoch):
+            with open(spec["marker"], "w", encoding="utf-8") as marker:
+                marker.write(f"{name} {os.getpid()}\n")
+            while True:  # wait to be killed
+                time.sleep(1)

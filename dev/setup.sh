@@ -10,7 +10,7 @@ python="${PYTHON:-python3}"
 if [ "$extra" = "test" ]; then
   .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored" || true
 else
-  .venv/bin/python -m pip install -q -e . 2>&1 | grep -v "is ignored" || true
+  .venv/bin/python -m pip install -q -e '.[demo]' 2>&1 | grep -v "is ignored" || true
 fi
 .venv/bin/python -c "import pyspark, confluent_kafka, pyarrow" \
   || { echo "installing the Python packages failed" >&2; exit 1; }

@@ -32,8 +32,7 @@ def _transactions(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from checkpointing import CheckpointStorage, CheckpointStore
-    from flinkish.inspect import store_location
-    from flinkish_sink.options import query_id
+    from checkpointing.query import query_id, resolve_store
     from flinkish_sink.target import Target
     from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
@@ -54,7 +53,7 @@ def _transactions(args: argparse.Namespace) -> int:
     console = Console()
     store = None
     if args.checkpoint:
-        store = CheckpointStore.reader(CheckpointStorage.open(store_location(args.checkpoint)))
+        store = CheckpointStore.reader(CheckpointStorage.open(resolve_store(args.checkpoint)))
     lingering = target.pending(args.prefix, query)
     for txn in lingering:
         console.print(f"lingering pre-commit {txn.gid} (epoch {txn.epoch}, task {txn.task}, "
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from flinkish.demo import run_demo
+        from flinkish.demo.main import run_demo
 
         return run_demo(duration=args.duration, target=args.target, bootstrap=args.bootstrap,
                         live=not args.plain, workdir=args.workdir)

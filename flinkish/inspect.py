@@ -5,13 +5,13 @@ Reads only (``CheckpointStore.reader``), so it is safe beside a running query.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
-from flinkish_source.valve import MAX_WATERMARK, MIN_WATERMARK
+from checkpointing.query import resolve_store
+from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
 
 
 @dataclass(frozen=True)
@@ -27,16 +27,8 @@ class EpochRow:
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def store_location(location: str) -> str:
-    """Accept the store itself or the query's checkpointLocation (store under ``flinkish/``)."""
-    nested = os.path.join(location, "flinkish")
-    if os.path.isfile(os.path.join(location, "metadata")) and os.path.isdir(nested):
-        return nested
-    return location
-
-
 def load_epochs(location: str) -> list[EpochRow]:
-    store = CheckpointStore.reader(CheckpointStorage.open(store_location(location)))
+    store = CheckpointStore.reader(CheckpointStorage.open(resolve_store(location)))
     rows = []
     for epoch in store.completed_ids():
         done = store.completed(epoch)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import difflib
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from flinkish_source.options import OptionError
+from flinkish_core.errors import OptionError
 
 
 class DeliveryGuarantee(Enum):
@@ -138,25 +137,3 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         prefix=prefix,
         epochs_table=options.get("epochstable") or None,
     )
-
-
-def query_id(checkpoint_location: str) -> str:
-    """The streaming query's id, which Spark writes to ``<checkpointLocation>/metadata`` before
-    the first batch and keeps across restarts: the identity transactions and fencing use."""
-    import pyarrow.fs as pafs
-
-    if "://" in checkpoint_location:
-        filesystem, base = pafs.FileSystem.from_uri(checkpoint_location)
-    elif checkpoint_location.startswith("file:"):
-        filesystem, base = pafs.LocalFileSystem(), checkpoint_location[len("file:"):]
-    else:
-        filesystem, base = pafs.LocalFileSystem(), checkpoint_location
-    try:
-        with filesystem.open_input_stream(f"{base.rstrip('/')}/metadata") as stream:
-            text = stream.read().decode("utf-8")
-        return str(json.loads(text.splitlines()[0])["id"])
-    except (OSError, ValueError, KeyError, IndexError) as exc:
-        raise OptionError(
-            f"cannot read the query id from {checkpoint_location}/metadata ({exc}); the "
-            "flinkish sink must run as a streaming query with a checkpointLocation"
-        ) from exc

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pyarrow as pa
@@ -20,29 +20,22 @@ from pyspark.sql.datasource import DataSourceStreamArrowWriter, WriterCommitMess
 from pyspark.sql.types import StructType
 
 from checkpointing import CheckpointStorage, CheckpointStore
+from checkpointing.epoch_watermarks import latest_watermark
 from checkpointing.failpoints import failpoint
-from flinkish_sink.options import (
-    DeliveryGuarantee,
-    LateData,
-    SinkOptions,
-    parse_sink_options,
-    query_id,
-)
+from checkpointing.query import query_id
+from checkpointing.query import store_location as _store_location
+from flinkish_core.epoch_valve import EpochWatermark
+from flinkish_core.errors import OptionError
+from flinkish_core.late_data import late_mask, late_threshold
+from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, Marker
+from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
 from flinkish_sink.target import PreCommit, Target, TaskTransaction, TransactionId
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
-from flinkish_source.epoch_valve import Marker
-from flinkish_source.options import OptionError
-from flinkish_source.valve import MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
 
-_LAST_MS = (2**63 - 1) // 1000  # the last millisecond a microsecond timestamp can hold
-
 #: (options, schema) pairs whose targets this process has checked (and created) already.
 _CHECKED: set[tuple[str, str]] = set()
-
-#: Source columns that describe markers; they are not written as data.
-MARKER_COLUMNS = ("kind", "watermark", "status")
 
 
 @dataclass
@@ -74,10 +67,8 @@ def make_target(options: SinkOptions, late: bool = False) -> Target:
 
 
 def store_location(options: SinkOptions) -> str:
-    if options.state_location:
-        return options.state_location
     assert options.checkpoint_location is not None
-    return options.checkpoint_location.rstrip("/") + "/flinkish"
+    return _store_location(options.checkpoint_location, options.state_location)
 
 
 def _data_schema(schema: StructType) -> pa.Schema:
@@ -121,9 +112,9 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             _CHECKED.add(checked)
         self._query = ""
         self._run = uuid.uuid4().hex[:8]  # see TransactionId.run
-        # (latest completed epoch, its combined watermark, the watermark before it): enough
-        # for a task of epoch N to know its late threshold without opening the store
-        self._thresholds: tuple[int, int, int] = (-1, MIN_WATERMARK, MIN_WATERMARK)
+        # the latest completed epoch's watermarks (valve state left out: tasks get a pickled
+        # copy): enough for a task of epoch N to know its late threshold without the store
+        self._latest: EpochWatermark | None = None
         if self._options.guarantee is not DeliveryGuarantee.NONE:
             if not self._options.checkpoint_location:
                 raise OptionError(
@@ -132,18 +123,11 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 )
             self._query = query_id(self._options.checkpoint_location)
             view = CheckpointStore.reader(CheckpointStorage.open(store_location(self._options)))
-            latest = view.latest_completed()
+            latest = latest_watermark(view)
             if latest is not None:
-                wm = latest.state["watermark"]
-                self._thresholds = (
-                    latest.checkpoint_id, int(wm["watermark"]), int(wm["previous_watermark"])
-                )
+                self._latest = replace(latest, channels=(), valve=None, partitions={})
 
     # -- task side -------------------------------------------------------------------------
-
-    def _threshold(self, epoch: int) -> int:
-        latest, watermark, previous = self._thresholds
-        return watermark if epoch > latest else previous
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> SinkCommitMessage:
         from pyspark import TaskContext
@@ -153,7 +137,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         epoch = int(context.getLocalProperty("streaming.sql.batchId") or 0)
         task, attempt = context.partitionId(), context.attemptNumber()
         exactly_once = self._options.guarantee is DeliveryGuarantee.EXACTLY_ONCE
-        threshold = self._threshold(epoch)
+        threshold = late_threshold(self._latest, epoch)
         late_mode = self._options.late_data
         message = SinkCommitMessage(task)
         open_txns: dict[str, TaskTransaction] = {}
@@ -182,7 +166,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         try:
             for batch in iterator:
                 if self._has_kind:
-                    is_record = pc.fill_null(pc.equal(batch.column("kind"), "record"), True)
+                    is_record = pc.fill_null(pc.equal(batch.column("kind"), KIND_RECORD), True)
                     markers = batch.filter(pc.invert(is_record))
                     if markers.num_rows:
                         message.markers.extend(_markers(markers))
@@ -192,10 +176,9 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 )
                 message.rows += data.num_rows
                 late = None
-                if self._event_time is not None and threshold != MIN_WATERMARK:
-                    event_us = batch.column(self._event_time).cast(pa.int64())
-                    late = pc.fill_null(pc.less_equal(event_us, min(threshold, _LAST_MS) * 1000),
-                                        False)
+                if self._event_time is not None:
+                    late = late_mask(batch.column(self._event_time), threshold)
+                if late is not None:
                     late_count = pc.sum(late).as_py() or 0
                     message.late_rows += late_count
                     if late_count == 0:
@@ -206,7 +189,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     emit("data", data.filter(pc.invert(late)))
                     if late_mode is LateData.SIDE:
                         emit("late", data.filter(late))
-                failpoint("task_write")
+                failpoint("task_write", query=self._query, epoch=epoch)
             message.pre_commits = [t.pre_commit().to_json() for t in open_txns.values()]
         except BaseException:
             for t in open_txns.values():
@@ -256,6 +239,5 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
 
 
 def _markers(rows: pa.RecordBatch) -> list[list[Any]]:
-    columns = [rows.column(name).to_pylist() for name in
-               ("topic", "partition", "offset", "kind", "watermark", "status")]
+    columns = [rows.column(name).to_pylist() for name in MARKER_FIELDS]
     return [list(values) for values in zip(*columns, strict=True)]

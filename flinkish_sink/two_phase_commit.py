@@ -24,10 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from checkpointing import CheckpointStore, CompletedCheckpoint
+from checkpointing.epoch_watermarks import STATE_KEY, advance_epoch
 from checkpointing.failpoints import failpoint
+from flinkish_core.epoch_valve import EpochWatermark
+from flinkish_core.markers import Marker
+from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_sink.target import PreCommit, Target, TransactionId
-from flinkish_source.epoch_valve import EpochWatermark, Marker, advance, initial
-from flinkish_source.valve import MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
 
@@ -43,18 +45,6 @@ class EpochOutcome:
     committed: tuple[str, ...]
     rolled_back: tuple[str, ...]
     replayed: bool
-
-
-def late_threshold(store: CheckpointStore, epoch: int) -> int:
-    """The combined watermark epoch ``epoch``'s records are judged late against: the one epoch
-    N-1 committed (for a replay of a completed epoch, the one recorded with it)."""
-    done = store.completed(epoch)
-    if done is not None:
-        return int(done.state["watermark"]["previous_watermark"])
-    latest = store.latest_completed()
-    if latest is None:
-        return MIN_WATERMARK
-    return int(latest.state["watermark"]["watermark"])
 
 
 class TwoPhaseCommitCoordinator:
@@ -99,14 +89,14 @@ class TwoPhaseCommitCoordinator:
             rolled = self._discard(pre_commits, set())
             recovered, recover_rolled = self.recover(epoch)
             return EpochOutcome(
-                done, EpochWatermark.from_json(done.state["watermark"]), tuple(recovered),
+                done, EpochWatermark.from_json(done.state[STATE_KEY]), tuple(recovered),
                 tuple(rolled + recover_rolled), True,
             )
 
         pending = self._store.pending(epoch)
         replayed = pending is not None
         if pending is None:
-            failpoint("before_decision")
+            failpoint("before_decision", query=self._query, epoch=epoch)
             pending = self._store.begin(
                 epoch,
                 {
@@ -116,33 +106,29 @@ class TwoPhaseCommitCoordinator:
                     "late_rows": late_rows,
                 },
             )
-            failpoint("after_decision")
+            failpoint("after_decision", query=self._query, epoch=epoch)
         decision = pending.state
         chosen = [PreCommit.from_json(d) for d in decision["decision"]]
         committed = []
         for pc in chosen:
             self._target_of(pc.txn).commit(pc)
             committed.append(pc.txn.gid)
-            failpoint("mid_commit")
+            failpoint("mid_commit", query=self._query, epoch=epoch)
         rolled = self._discard(pre_commits, {pc.txn.gid for pc in chosen})
         recovered, recover_rolled = self.recover(epoch)
         committed += recovered
         rolled += recover_rolled
 
-        previous = self._store.latest_completed()
-        result = advance(
-            initial() if previous is None
-            else EpochWatermark.from_json(previous.state["watermark"]),
-            epoch,
-            (Marker.from_json(m) for m in decision["markers"]),
+        result = advance_epoch(
+            self._store, epoch, (Marker.from_json(m) for m in decision["markers"])
         )
         published = None if result.watermark == MIN_WATERMARK else result.watermark
         self._target.publish_epoch(
             self._query, epoch, published, decision["rows"], decision["late_rows"]
         )
-        failpoint("before_checkpoint")
-        checkpoint = self._store.complete(epoch, {**decision, "watermark": result.to_json()})
-        failpoint("after_checkpoint")
+        failpoint("before_checkpoint", query=self._query, epoch=epoch)
+        checkpoint = self._store.complete(epoch, {**decision, STATE_KEY: result.to_json()})
+        failpoint("after_checkpoint", query=self._query, epoch=epoch)
         return EpochOutcome(checkpoint, result, tuple(committed), tuple(rolled), replayed)
 
     def abort_epoch(self, epoch: int, pre_commits: Iterable[PreCommit | None]) -> list[str]:

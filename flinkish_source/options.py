@@ -16,12 +16,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from flinkish_core.errors import OptionError
+
+__all__ = ["OptionError", "SourceOptions", "parse_options"]
+
 EARLIEST = -2
 LATEST = -1
-
-
-class OptionError(ValueError):
-    """A wrong, missing or conflicting option; the message names it and says what is accepted."""
 
 
 class WatermarkKind(Enum):

@@ -20,11 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flinkish_core.markers import KIND_RECORD, KIND_STATUS, KIND_WATERMARK
+from flinkish_core.watermark import WatermarkStatus
 from flinkish_source.event_time import EventTimeExtractor
 from flinkish_source.options import SourceOptions, WatermarkKind
-from flinkish_source.schema import KIND_RECORD, KIND_STATUS, KIND_WATERMARK, arrow_schema
+from flinkish_source.schema import arrow_schema
 from flinkish_source.source_state import SourceStateStore
-from flinkish_source.valve import WatermarkStatus
 from flinkish_source.watermark_strategy import GeneratorState, WatermarkStrategy
 
 logger = logging.getLogger(__name__)

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-KIND_RECORD = "record"
-KIND_WATERMARK = "watermark"
-KIND_STATUS = "status"
-
 _HEADERS = pa.list_(
     pa.field("element", pa.struct([("key", pa.string()), ("value", pa.binary())]))
 )

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
 from flinkish_source.options import SourceOptions, WatermarkKind
-from flinkish_source.valve import MAX_WATERMARK, MIN_WATERMARK
 
 
 @dataclass(frozen=True)

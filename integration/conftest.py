@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from flinkish.embedded_kafka import create_topic, kafka_for_tests
-from flinkish.spark_session import local_session
+from flinkish.demo.embedded_kafka import create_topic, kafka_for_tests
+from flinkish.demo.spark_session import local_session
 from integration.postgres_fixtures import postgres_dsn  # noqa: F401  (one server per session)
 
 _names = itertools.count()

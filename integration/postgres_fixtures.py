@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from flinkish.embedded_postgres import postgres_for_tests
+from flinkish.demo.embedded_postgres import postgres_for_tests
 
 
 @pytest.fixture(scope="session")

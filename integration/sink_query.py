@@ -24,12 +24,10 @@ printing one JSON line per query (``{"name": …, "ok": …, "error": …, "last
 
 Failure injection:
 
-* ``--failpoint NAME`` stops the query at ``checkpointing.failpoints.failpoint(NAME)``: the
+* ``--failpoint NAME`` stops the query at ``checkpointing.failpoints.failpoint(NAME, …)``: the
   process that reaches it writes ``--failpoint-file`` and blocks, for the caller to SIGKILL the
-  process tree. With ``--failpoint-from-epoch N`` it fires only once Spark has logged batch
-  N-1 as committed (``<checkpoint>/commits/N-1``), so the crash lands mid-stream. Spark's
-  Python processes get a ``sitecustomize`` module that replaces ``failpoint`` by a dispatcher
-  which also finds the query of the call (the sink keeps its query id in ``self._query``), so
+  process tree. With ``--failpoint-from-epoch N`` it fires only in batches N and later, so
+  the crash lands mid-stream. Each failpoint is armed for its own query's checkpoint, so
   each query of a ``--jobs`` run can stop at its own point.
 * ``--fail-first-attempt EPOCH:TASK`` runs ``offset`` through an identity Python UDF that
   fails the first attempt of task TASK of batch EPOCH past its first UDF batch, *after* the
@@ -60,77 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-SPEC_ENV = "FLINKISH_TEST_FAILPOINTS"
-
-# Imported by every Python process Spark starts (``site`` imports ``sitecustomize`` from the
-# path). Firing does what checkpointing.failpoints does: write the marker file, then block.
-_SITECUSTOMIZE = '''\
-import json as _json
-import os as _os
-import sys as _sys
-import time as _time
-
-
-def _flinkish_install_failpoints():
-    spec_file = _os.environ.get("@SPEC_ENV@")
-    if not spec_file:
-        return
-    with open(spec_file) as f:
-        specs = _json.load(f)
-    import checkpointing.failpoints as failpoints
-
-    ids = {}
-
-    def query_of_caller():
-        frame = _sys._getframe(2)
-        while frame is not None:
-            query = getattr(frame.f_locals.get("self"), "_query", None)
-            if isinstance(query, str) and query:
-                return query
-            frame = frame.f_back
-        return None
-
-    def query_id(checkpoint):
-        if checkpoint not in ids:
-            try:
-                with open(_os.path.join(checkpoint, "metadata")) as f:
-                    ids[checkpoint] = _json.loads(f.readline())["id"]
-            except (OSError, ValueError, KeyError):
-                return None
-        return ids[checkpoint]
-
-    def failpoint(name):
-        query = None
-        for spec in specs:
-            if spec["point"] != name:
-                continue
-            query = query or query_of_caller()
-            if query is None or query_id(spec["checkpoint"]) != query:
-                continue
-            before = int(spec.get("from_epoch", 0)) - 1
-            if before >= 0 and not _os.path.exists(
-                    _os.path.join(spec["checkpoint"], "commits", str(before))):
-                continue
-            with open(spec["marker"], "w") as marker:
-                marker.write(name + " " + str(_os.getpid()) + "\\n")
-            while True:  # wait to be killed
-                _time.sleep(1)
-
-    # checkpointing/__init__ imported checkpoint_store, which bound the original already
-    original = failpoints.failpoint
-    for module in list(_sys.modules.values()):
-        try:
-            if getattr(module, "failpoint", None) is original:
-                module.failpoint = failpoint
-        except Exception:
-            pass
-
-
-try:
-    _flinkish_install_failpoints()
-except Exception as _exc:  # never break interpreter start-up; say why no point will fire
-    print("sink_query sitecustomize: failpoints not installed: %r" % (_exc,), file=_sys.stderr)
-'''.replace("@SPEC_ENV@", SPEC_ENV)
+from checkpointing import failpoints  # noqa: E402
 
 _JOB_KEYS = {
     "name", "bootstrap", "topic", "checkpoint", "source_state", "target", "dsn", "table",
@@ -169,13 +97,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="a Spark configuration setting (repeatable)")
     p.add_argument("--start-window", dest="start_window", type=int, default=1,
                    help="queries that may be starting (no batch finished yet) at once")
+    p.add_argument("--together", action="store_true",
+                   help="start every query at the same moment, each from its own thread")
+    p.add_argument("--no-register", dest="register", action="store_false",
+                   help="skip flinkish.register(spark) (rely on automatic discovery alone)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="give up on the queries after this many seconds")
     p.add_argument("--failpoint", help="stop the query at this checkpointing failpoint")
     p.add_argument("--failpoint-file", dest="failpoint_file",
                    help="written when the failpoint is reached")
     p.add_argument("--failpoint-from-epoch", dest="failpoint_from_epoch", type=int, default=0,
-                   help="the failpoint fires only once batch N-1 is in Spark's commit log")
+                   help="the failpoint fires only in batch N and later")
     p.add_argument("--fail-first-attempt", dest="fail_first_attempt", metavar="EPOCH:TASK",
                    help="fail attempt 0 of this task after the sink wrote rows in it")
     p.add_argument("--evidence", help="with --fail-first-attempt: JSON written by the failure")
@@ -221,8 +153,8 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def _install_failpoints(jobs: list[dict[str, Any]]) -> None:
-    """Before Spark starts (its JVM and every Python worker inherit the environment): put the
-    failpoint dispatcher and the specs of the jobs' failpoints on the workers' path."""
+    """Before Spark starts (its JVM and every Python worker inherit the environment): arm the
+    jobs' failpoints (``checkpointing.failpoints``), each for its own query's checkpoint."""
     specs = [
         {**job["failpoint"], "checkpoint": job["checkpoint"],
          "marker": os.path.abspath(job["failpoint"]["marker"])}
@@ -232,12 +164,10 @@ def _install_failpoints(jobs: list[dict[str, Any]]) -> None:
         return
     parent = Path(jobs[0]["checkpoint"]).parent
     parent.mkdir(parents=True, exist_ok=True)
-    site = Path(tempfile.mkdtemp(prefix=".sink_query-", dir=parent))
-    (site / "sitecustomize.py").write_text(_SITECUSTOMIZE)
-    (site / "failpoints.json").write_text(json.dumps(specs, indent=1))
-    os.environ[SPEC_ENV] = str(site / "failpoints.json")
-    path = os.environ.get("PYTHONPATH", "")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(site), str(ROOT), path) if p)
+    handle, path = tempfile.mkstemp(prefix=".failpoints-", suffix=".json", dir=parent)
+    with os.fdopen(handle, "w") as f:
+        json.dump(specs, f, indent=1)
+    os.environ[failpoints.ENV] = path
 
 
 # -- the failing UDF (runs in the executors' Python workers) ------------------------------
@@ -338,7 +268,7 @@ def _fail_first_attempt(df: Any, job: dict[str, Any]) -> Any:
         passed[key] = seen_rows + 1
         if key != (fail_epoch, fail_task, 0) or seen_rows != first_batch:
             return offset
-        from flinkish_sink.options import query_id
+        from checkpointing.query import query_id
 
         base = f"{prefix}:{query_id(checkpoint)}:{epoch}:{fail_task}:0"
         deadline = time.monotonic() + 60
@@ -439,6 +369,39 @@ def _wait(query: Any, job: dict[str, Any], deadline: float) -> None:
         raise RuntimeError(str(failure))
 
 
+def _start_together(
+    spark: Any, jobs: list[dict[str, Any]]
+) -> list[tuple[dict[str, Any], Any, BaseException | None]]:
+    """Start every query at once, each from its own thread behind one barrier, the way a
+    driver that starts one query per topic from a thread pool does."""
+    import threading
+
+    barrier = threading.Barrier(len(jobs))
+    started: list[tuple[dict[str, Any], Any, BaseException | None]] = [
+        (job, None, None) for job in jobs]
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(60)
+            started[i] = (jobs[i], _start(spark, jobs[i]), None)
+        except Exception as exc:
+            started[i] = (jobs[i], None, exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return started
+
+
+def _shared_env_keys(spark: Any) -> list[str]:
+    """The keys of the environment map every flinkish query of this driver shares."""
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    env = manager.lookupDataSource("flinkish").dataSourceCls().envVars()
+    return sorted(env.keySet())
+
+
 def _error(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc))[-4000:]
 
@@ -451,7 +414,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"--master {args.master!r}: expected local[N] or local[N,F]")
     _install_failpoints(jobs)
 
-    from flinkish.spark_session import local_session
+    from flinkish.demo.spark_session import local_session
 
     # Python workers must connect back within this; 15 s (the default) was too short with many
     # queries starting on 2 busy cores
@@ -472,11 +435,18 @@ def main(argv: list[str] | None = None) -> int:
             raise SystemExit(f"--conf {setting!r}: expected KEY=VALUE")
         conf[key.strip()] = value.strip()
     spark = local_session("flinkish-sink-query", cores=match[1], **conf)
+    if args.register:
+        import flinkish
+
+        flinkish.register(spark)
+    env_before = _shared_env_keys(spark)
     deadline = time.monotonic() + args.timeout
     started: list[tuple[dict[str, Any], Any, BaseException | None]] = []
     results = []
     try:
-        for job in jobs:
+        if args.together:
+            started = _start_together(spark, jobs)
+        for job in [] if args.together else jobs:
             while time.monotonic() < deadline and sum(
                     1 for j, q, _ in started if q is not None and not _settled(q, j)
             ) >= max(1, args.start_window):
@@ -497,12 +467,14 @@ def main(argv: list[str] | None = None) -> int:
                 "last_batch": progress["batchId"] if progress else None,
                 "error": None if error is None else _error(error),
             })
+        env = {"env_keys_before": env_before, "env_keys_after": _shared_env_keys(spark)}
     finally:
         for query in spark.streams.active:
             query.stop()
         spark.stop()
     for result in results:
         print(json.dumps(result), flush=True)
+    print(json.dumps(env), flush=True)
     return 0 if all(r["ok"] for r in results) else 1
 
 

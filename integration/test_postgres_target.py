@@ -17,7 +17,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from flinkish.embedded_postgres import DSN_ENV, EmbeddedPostgres, postgres_for_tests
+from flinkish.demo.embedded_postgres import DSN_ENV, EmbeddedPostgres, postgres_for_tests
 from flinkish_sink.postgres_target import PostgresTarget
 from flinkish_sink.target import TransactionId
 

@@ -39,9 +39,9 @@ import pytest
 from psycopg import sql
 
 from checkpointing import CheckpointStorage, CheckpointStore
-from flinkish.embedded_kafka import create_topic
-from flinkish.processes import kill_tree
-from flinkish_sink.options import query_id
+from checkpointing.query import query_id
+from flinkish.demo.embedded_kafka import create_topic
+from flinkish.demo.processes import kill_tree
 from flinkish_sink.target import TransactionId
 from integration.kafka_helpers import produce
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from flinkish_source.valve import MAX_WATERMARK
+from flinkish_core.valve import MAX_WATERMARK
 from integration.kafka_helpers import (
     Collector,
     markers,
@@ -188,7 +188,7 @@ def test_bad_options_fail_at_load_naming_the_option(
 
 
 def test_unreachable_broker_fails_clearly_and_hides_secrets(spark: Any, tmp_path: Any) -> None:
-    from flinkish.embedded_kafka import free_port
+    from flinkish.demo.embedded_kafka import free_port
 
     secret = "s3cr3t-value-never-logged"
     df = (
@@ -217,7 +217,7 @@ def test_unreachable_broker_fails_clearly_and_hides_secrets(spark: Any, tmp_path
 def test_subscribe_pattern_discovers_new_topics_and_partitions_start_emitting(
     spark: Any, kafka_bootstrap: str, tmp_path: Any
 ) -> None:
-    from flinkish.embedded_kafka import create_topic
+    from flinkish.demo.embedded_kafka import create_topic
 
     stem = f"pattern-{os.getpid()}-{int(time.time())}"
     create_topic(kafka_bootstrap, f"{stem}-a", 2)

@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from checkpointing import CheckpointStorage, CheckpointStore
-from flinkish.processes import kill_tree
+from checkpointing import CheckpointStorage, CheckpointStore, failpoints
+from flinkish.demo.processes import kill_tree
 from integration.kafka_helpers import produce, wait_for
 
 B = 1_700_000_000_000
@@ -32,8 +32,10 @@ def test_combined_watermarks_per_epoch_survive_a_crash(
     command = [sys.executable, "-m", "integration.valve_query", kafka_bootstrap, name,
                str(checkpoint), str(out)]
     root = str(Path(__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": root, "FLINKISH_FAILPOINT": "foreach_batch_completed",
-           "FLINKISH_FAILPOINT_FILE": str(tmp_path / "crashed")}
+    armed = tmp_path / "failpoints.json"
+    armed.write_text(json.dumps([{"point": "foreach_batch_completed",
+                                  "marker": str(tmp_path / "crashed")}]))
+    env = {**os.environ, "PYTHONPATH": root, failpoints.ENV: str(armed)}
     first = subprocess.Popen(command, cwd=root, env=env, start_new_session=True,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -45,7 +47,7 @@ def test_combined_watermarks_per_epoch_survive_a_crash(
     delivered_before = [json.loads(line) for line in out.read_text().splitlines()]
     assert [d["epoch"] for d in delivered_before] == [0]
 
-    env.pop("FLINKISH_FAILPOINT")
+    env.pop(failpoints.ENV)
     second = subprocess.run(command, cwd=root, env=env, timeout=300, capture_output=True)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
 

@@ -7,8 +7,8 @@ import argparse
 import json
 from typing import Any
 
-from flinkish.spark_session import local_session
-from flinkish_source.foreach_batch import ValveForEachBatch, WatermarkedBatch
+from flinkish.demo.spark_session import local_session
+from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Tests for flinkish_source.epoch_valve: the StatusWatermarkValve carried across Spark epochs.
+"""Tests for flinkish_core.epoch_valve: the StatusWatermarkValve carried across Spark epochs.
 
 Every expected watermark below is computed by hand from the valve's rules (minimum over the
 aligned channels; idle channels do not hold it back; all idle flushes the maximum; a channel
@@ -17,16 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from valve_reference import LinearScanValve
 
-from flinkish_source.epoch_valve import (
-    EpochWatermark,
-    Marker,
-    advance,
-    channel_name,
-    feed_order,
-    initial,
-)
-from flinkish_source.schema import KIND_STATUS, KIND_WATERMARK
-from flinkish_source.valve import MAX_WATERMARK, MIN_WATERMARK, WatermarkStatus
+from flinkish_core.epoch_valve import EpochWatermark, advance, channel_name, feed_order, initial
+from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK, WatermarkStatus
 
 MIN = MIN_WATERMARK
 

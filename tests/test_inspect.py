@@ -9,8 +9,9 @@ from rich.console import Console
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish.inspect import format_watermark, load_epochs, plot, table
-from flinkish_source.epoch_valve import Marker, advance, initial
-from flinkish_source.valve import MAX_WATERMARK, MIN_WATERMARK
+from flinkish_core.epoch_valve import advance, initial
+from flinkish_core.markers import Marker
+from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
 
 T = 1_700_000_000_000
 

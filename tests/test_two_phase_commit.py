@@ -28,16 +28,14 @@ from hypothesis import strategies as st
 import checkpointing.checkpoint_store
 import flinkish_sink.two_phase_commit
 from checkpointing import CheckpointStorage, CheckpointStore
+from checkpointing.epoch_watermarks import completed_watermark, latest_watermark
+from flinkish_core.epoch_valve import EpochWatermark, advance, initial
+from flinkish_core.late_data import late_threshold
+from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_sink.parquet_target import EPOCHS_DIR, ParquetTarget
 from flinkish_sink.target import PreCommit, TransactionId
-from flinkish_sink.two_phase_commit import (
-    LATE_SUFFIX,
-    TwoPhaseCommitCoordinator,
-    late_threshold,
-)
-from flinkish_source.epoch_valve import EpochWatermark, Marker, advance, initial
-from flinkish_source.schema import KIND_STATUS, KIND_WATERMARK
-from flinkish_source.valve import MIN_WATERMARK
+from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
 PREFIX = "flinkish"
 LATE_PREFIX = PREFIX + LATE_SUFFIX
@@ -65,7 +63,7 @@ def crash_at(name: str, after: int = 0) -> Iterator[list[str]]:
     failpoints passed before the crash."""
     passed: list[str] = []
 
-    def failpoint(point: str) -> None:
+    def failpoint(point: str, **where: Any) -> None:
         if point == name and after == sum(1 for p in passed if p == name):
             raise Crash(point)
         passed.append(point)
@@ -446,17 +444,30 @@ def test_a_late_transaction_without_a_side_target_is_an_error(env: Env) -> None:
 
 
 def test_late_threshold_is_the_previous_epochs_combined_watermark(env: Env) -> None:
-    assert late_threshold(env.view(), 0) == MIN_WATERMARK
+    """What a write task of epoch N uses (``late_threshold`` over the latest completed epoch,
+    read by the stream writer on the driver), and what each completed epoch recorded."""
+
+    def threshold(epoch: int) -> int:
+        return late_threshold(latest_watermark(env.view()), epoch)
+
+    def recorded(epoch: int) -> int:
+        done = completed_watermark(env.view(), epoch)
+        assert done is not None
+        return done.previous_watermark
+
+    assert threshold(0) == MIN_WATERMARK
     env.coordinator().commit_epoch(0, [], markers(0, [300, 200]), 0, 0)
-    assert late_threshold(env.view(), 1) == 200
-    assert late_threshold(env.view(), 0) == MIN_WATERMARK  # a replay of 0: what 0 recorded
+    assert threshold(1) == 200
+    assert threshold(0) == MIN_WATERMARK  # a replay of 0: what 0 recorded
     env.coordinator().commit_epoch(1, [], markers(1, [900, 700]), 0, 0)
-    assert late_threshold(env.view(), 2) == 700
-    assert late_threshold(env.view(), 1) == 200
-    assert late_threshold(env.view(), 0) == MIN_WATERMARK
+    assert threshold(2) == 700
+    assert threshold(1) == 200
+    assert recorded(1) == 200 and recorded(0) == MIN_WATERMARK
+    with pytest.raises(ValueError, match="older than the latest completed epoch 1"):
+        threshold(0)  # Spark never replays a batch before the last one
     # a decided but unfinished epoch 2 is judged against epoch 1's watermark
     env.store().begin(2, decision_state([], markers(2, [5_000, 5_000])))
-    assert late_threshold(env.view(), 2) == 700
+    assert threshold(2) == 700
 
 
 # --------------------------------------------------------------- exactly once under crashes

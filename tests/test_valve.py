@@ -1,4 +1,4 @@
-"""Tests for flinkish_source.valve: Flink's StatusWatermarkValve plus the FLINK-40475 fixes."""
+"""Tests for flinkish_core.valve: Flink's StatusWatermarkValve plus the FLINK-40475 fixes."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from valve_reference import LinearScanValve
 
-from flinkish_source.valve import (
+from flinkish_core.valve import (
     MAX_WATERMARK,
     MIN_WATERMARK,
     ChannelState,

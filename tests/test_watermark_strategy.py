@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from flinkish_core.valve import MAX_WATERMARK, MIN_WATERMARK
 from flinkish_source.options import WatermarkKind, parse_options
-from flinkish_source.valve import MAX_WATERMARK, MIN_WATERMARK
 from flinkish_source.watermark_strategy import (
     GeneratorState,
     WatermarkGenerator,

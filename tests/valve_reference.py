@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flinkish_source.valve import MIN_WATERMARK, ChannelState, ValveOutput, WatermarkStatus
+from flinkish_core.valve import MIN_WATERMARK, ChannelState, ValveOutput, WatermarkStatus
 
 
 @dataclass

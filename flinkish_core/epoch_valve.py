@@ -19,40 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from flinkish_source.schema import KIND_STATUS, KIND_WATERMARK
-from flinkish_source.valve import MIN_WATERMARK, StatusWatermarkValve, WatermarkStatus
-
-_RANK = {("status", "ACTIVE"): 0, ("watermark", None): 1, ("status", "IDLE"): 2}
-
-
-@dataclass(frozen=True, order=True)
-class Marker:
-    """A watermark or status marker row of the flinkish source."""
-
-    topic: str
-    partition: int
-    offset: int
-    kind: str
-    watermark: int | None = None
-    status: str | None = None
-
-    def sort_key(self) -> tuple[Any, ...]:
-        """Emission order within an epoch (see ``partition_reader``): position, then ACTIVE
-        before watermarks (ascending: a partition's watermarks never go back) before IDLE."""
-        return (
-            self.topic, self.partition, self.offset,
-            _RANK[(self.kind, self.status if self.kind == KIND_STATUS else None)],
-            self.watermark if self.watermark is not None else 0,
-        )
-
-    def to_json(self) -> list[Any]:
-        return [self.topic, self.partition, self.offset, self.kind, self.watermark, self.status]
-
-    @classmethod
-    def from_json(cls, data: list[Any]) -> Marker:
-        topic, partition, offset, kind, watermark, status = data
-        return cls(str(topic), int(partition), int(offset), str(kind),
-                   None if watermark is None else int(watermark), status)
+from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_core.valve import StatusWatermarkValve, ValveOutput
+from flinkish_core.watermark import MIN_WATERMARK, WatermarkStatus
 
 
 def feed_order(markers: Iterable[Marker]) -> list[Marker]:
@@ -68,8 +37,9 @@ def channel_name(topic: str, partition: int) -> str:
     return f"{topic}/{partition}"
 
 
-class _Last:
-    """Valve output that only remembers; the epoch's result is the state after all inputs."""
+class _Discard:
+    """Valve output that keeps nothing: an epoch's result is the valve's state after all of
+    the epoch's inputs, read from the valve itself."""
 
     def emit_watermark(self, watermark: int) -> None:
         pass
@@ -134,7 +104,7 @@ def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> 
     channels = list(previous.channels)
     index = {name: i for i, name in enumerate(channels)}
     new = sorted({channel_name(m.topic, m.partition) for m in ordered} - set(index))
-    output = _Last()
+    output: ValveOutput = _Discard()
     if previous.valve is None:
         if not new:
             return EpochWatermark(epoch, previous.watermark, previous.status, previous.watermark)

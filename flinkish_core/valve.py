@@ -2,8 +2,9 @@
 
 A valve combines the watermarks and idleness statuses of many input channels (for us: Kafka
 partitions) into one watermark and one status. It follows Flink 1.11's ``StatusWatermarkValve``
-(``StreamStatus`` is called :class:`WatermarkStatus` here, as in later Flink versions) with two
-later Flink corrections, which this project calls FLINK-40475:
+(``StreamStatus`` is called :class:`WatermarkStatus` here, as in later Flink versions) with the
+two corrections of Flink's own fix FLINK-40475 (apache/flink PR #29024; consistent with
+FLINK-38454 for ``CombinedWatermarkStatus``):
 
 1. When the last active channel goes idle, the maximum watermark across all channels is flushed
    (emitted if it is above the last output watermark) *whatever* that channel's watermark was.
@@ -22,36 +23,21 @@ is counted, so "is everything idle?" is O(1). Only the rare all-idle flush scans
 
 from __future__ import annotations
 
-import enum
 import heapq
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-MIN_WATERMARK = -9223372036854775808
-"""Flink's ``Long.MIN_VALUE``: the watermark of a channel that has seen none yet."""
+from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK, WatermarkStatus
 
-MAX_WATERMARK = 9223372036854775807
-"""Flink's ``Watermark.MAX_WATERMARK``: end of event time (a source that finished for good)."""
+__all__ = [
+    "MAX_WATERMARK", "MIN_WATERMARK", "ChannelState", "StatusWatermarkValve", "ValveOutput",
+    "WatermarkStatus",
+]
 
 SNAPSHOT_FORMAT = 1
 """Version of the :meth:`StatusWatermarkValve.snapshot` layout, so old checkpoints stay readable."""
 
 _SNAPSHOT_KEYS = frozenset({"format", "last_output_watermark", "last_output_status", "channels"})
-
-
-class WatermarkStatus(enum.Enum):
-    """Whether a channel (or the whole valve) currently takes part in watermark progress."""
-
-    ACTIVE = "ACTIVE"
-    IDLE = "IDLE"
-
-    @property
-    def is_active(self) -> bool:
-        return self is WatermarkStatus.ACTIVE
-
-    @property
-    def is_idle(self) -> bool:
-        return self is WatermarkStatus.IDLE
 
 
 class ValveOutput(Protocol):

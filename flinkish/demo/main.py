@@ -36,8 +36,8 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from flinkish.demo.processes import kill_tree
 from flinkish.inspect import EpochRow, format_watermark, load_epochs
-from flinkish.processes import kill_tree
 
 PARTITIONS = 4
 LAGGING, SILENT = 3, 2
@@ -202,7 +202,7 @@ def _broker(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
         yield bootstrap
         return
-    from flinkish.embedded_kafka import EmbeddedKafka
+    from flinkish.demo.embedded_kafka import EmbeddedKafka
 
     with EmbeddedKafka() as broker:
         yield broker.bootstrap_servers
@@ -213,7 +213,7 @@ def _postgres(enabled: bool) -> Iterator[str | None]:
     if not enabled:
         yield None
         return
-    from flinkish.embedded_postgres import postgres_for_tests
+    from flinkish.demo.embedded_postgres import postgres_for_tests
 
     with postgres_for_tests() as dsn:
         yield dsn
@@ -286,7 +286,7 @@ def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | N
     crashes = 0
     try:
         with _broker(bootstrap) as servers, _postgres(target == "postgres") as dsn:
-            from flinkish.embedded_kafka import create_topic
+            from flinkish.demo.embedded_kafka import create_topic
 
             topic = f"flinkish-demo-{int(time.time())}"
             _TOPIC[0] = topic
@@ -294,7 +294,7 @@ def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | N
             console.print(f"broker {servers}, topic {topic}, target {target}, work dir {work}")
             produced = Produced()
             stream = EventStream(servers, topic, produced)
-            command = [sys.executable, "-m", "flinkish.demo_query", servers, topic,
+            command = [sys.executable, "-m", "flinkish.demo.query", servers, topic,
                        str(checkpoint), str(stop_file)]
             command += ["--postgres", dsn] if dsn else ["--parquet", str(output)]
             query = QueryProcess(command, work / "query.log")
@@ -384,7 +384,7 @@ def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | N
 
 def _lingering(target: str, output: Path, dsn: str | None, checkpoint: Path) -> list[Any]:
     """Prepared transactions / staged files of the demo's query still in the target."""
-    from flinkish_sink.options import query_id
+    from checkpointing.query import query_id
     from flinkish_sink.target import Target
 
     sink: Target

@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
+from checkpointing.epoch_watermarks import STATE_KEY, advance_epoch, completed_watermark
 from checkpointing.failpoints import failpoint
-from flinkish_source.epoch_valve import EpochWatermark, Marker, advance, initial
-from flinkish_source.valve import MIN_WATERMARK
-
-MARKER_COLUMNS = ("kind", "watermark", "status")
-_LAST_TIMESTAMP_MS = (2**63 - 1) // 1000
+from checkpointing.query import query_id, store_location
+from flinkish_core.epoch_valve import EpochWatermark
+from flinkish_core.late_data import late_cutoff_us
+from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, Marker
+from flinkish_core.watermark import MIN_WATERMARK
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,13 @@ class ValveForEachBatch:
     ) -> None:
         self._func = func
         self._checkpoint = checkpoint_location
-        self._location = state_location or checkpoint_location.rstrip("/") + "/flinkish"
+        self._location = store_location(checkpoint_location, state_location)
         self._event_time = event_time_column
         self._retain = retain
         self._store: CheckpointStore | None = None
 
     def _open(self) -> CheckpointStore:
         if self._store is None:
-            from flinkish_sink.options import query_id
-
             self._store = CheckpointStore(
                 CheckpointStorage.open(self._location),
                 owner=query_id(self._checkpoint), retain=self._retain,
@@ -88,31 +87,20 @@ class ValveForEachBatch:
             )
         df = df.persist()
         try:
-            done = store.completed(epoch)
+            done = completed_watermark(store, epoch)
+            result: EpochWatermark
             if done is not None:
-                result = EpochWatermark.from_json(done.state["watermark"])
+                result = done
             else:
-                rows = (
-                    df.filter(F.col("kind") != "record")
-                    .select("topic", "partition", "offset", "kind", "watermark", "status")
-                    .collect()
-                )
-                previous = store.latest_completed()
-                result = advance(
-                    initial() if previous is None
-                    else EpochWatermark.from_json(previous.state["watermark"]),
-                    epoch,
-                    (Marker(*row) for row in rows),
-                )
-            records = df.filter(F.col("kind") == "record").drop(*MARKER_COLUMNS)
-            threshold = result.previous_watermark
-            if threshold == MIN_WATERMARK or self._event_time not in records.columns:
+                rows = df.filter(F.col("kind") != KIND_RECORD).select(*MARKER_FIELDS).collect()
+                result = advance_epoch(store, epoch, (Marker(*row) for row in rows))
+            records = df.filter(F.col("kind") == KIND_RECORD).drop(*MARKER_COLUMNS)
+            cutoff = late_cutoff_us(result.previous_watermark)
+            if cutoff is None or self._event_time not in records.columns:
                 is_late = F.lit(False)
-            elif threshold >= _LAST_TIMESTAMP_MS:  # e.g. MAX_WATERMARK: every partition ended
-                is_late = F.col(self._event_time).isNotNull()
             else:
                 is_late = F.coalesce(
-                    F.col(self._event_time) <= F.timestamp_millis(F.lit(threshold)), F.lit(False)
+                    F.col(self._event_time) <= F.timestamp_micros(F.lit(cutoff)), F.lit(False)
                 )
             counts = records.agg(
                 F.count(F.lit(1)).alias("rows"),
@@ -128,8 +116,8 @@ class ValveForEachBatch:
             )
             if done is None:
                 store.complete(
-                    epoch, {"watermark": result.to_json(), "rows": total, "late_rows": late_rows}
+                    epoch, {STATE_KEY: result.to_json(), "rows": total, "late_rows": late_rows}
                 )
-                failpoint("foreach_batch_completed")
+                failpoint("foreach_batch_completed", query=store.owner, epoch=epoch)
         finally:
             df.unpersist()

@@ -7,7 +7,7 @@ import argparse
 import os
 import time
 
-from flinkish.spark_session import local_session
+from flinkish.demo.spark_session import local_session
 
 
 def main() -> None:

@@ -1,0 +1,59 @@
+"""Where a streaming query's flinkish state lives, and which query it belongs to."""
+
+from __future__ import annotations
+
+import json
+import posixpath
+from typing import Any
+
+import pyarrow.fs as pafs
+
+from flinkish_core.errors import OptionError
+
+#: The flinkish checkpoint store's directory inside a query's ``checkpointLocation``.
+STORE_DIR = "flinkish"
+
+
+def store_location(checkpoint_location: str, state_location: str | None = None) -> str:
+    """The query's checkpoint store: ``state_location`` when given (the ``checkpointing.location``
+    option), else ``<checkpointLocation>/flinkish``, on whatever filesystem that is."""
+    if state_location:
+        return state_location
+    return f"{checkpoint_location.rstrip('/')}/{STORE_DIR}"
+
+
+def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
+    if "://" in location:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+        return filesystem, path.rstrip("/")
+    if location.startswith("file:"):
+        location = location[len("file:"):]
+    return pafs.LocalFileSystem(), location.rstrip("/")
+
+
+def query_id(checkpoint_location: str) -> str:
+    """The streaming query's id, which Spark writes to ``<checkpointLocation>/metadata`` before
+    the first batch and keeps across restarts: the identity transactions and fencing use."""
+    try:
+        filesystem, base = _filesystem(checkpoint_location)
+        with filesystem.open_input_stream(posixpath.join(base, "metadata")) as stream:
+            text = stream.read().decode("utf-8")
+        return str(json.loads(text.splitlines()[0])["id"])
+    except (OSError, ValueError, KeyError, IndexError) as exc:
+        raise OptionError(
+            f"cannot read the query id from {checkpoint_location}/metadata ({exc}); the "
+            "flinkish sink must run as a streaming query with a checkpointLocation"
+        ) from exc
+
+
+def resolve_store(location: str) -> str:
+    """Accept either a query's ``checkpointLocation`` (the store is then nested under
+    ``flinkish/``) or the store itself, on any filesystem."""
+    filesystem, base = _filesystem(location)
+    nested = store_location(location)
+    infos: list[Any] = filesystem.get_file_info(
+        [posixpath.join(base, "metadata"), posixpath.join(base, STORE_DIR)]
+    )
+    if infos[0].type == pafs.FileType.File and infos[1].type == pafs.FileType.Directory:
+        return nested
+    return location

@@ -1,0 +1,63 @@
+"""Prepare a SparkSession for flinkish queries: ``format("flinkish")`` registered, and Spark's
+shared Python environment of the data source made safe for queries that start concurrently.
+
+Every streaming query of one Python data source shares the data source's ``envVars`` map
+(``UserDefinedPythonDataSource.dataSourceCls.envVars``; for a source found by Spark's automatic
+``pyspark_*`` discovery it is a Scala ``mutable.HashMap`` created with ``PYTHONPATH`` alone, see
+``PythonUtils.createPythonFunction``). ``PythonStreamingSourceRunner.init`` puts four more keys
+into that very map, unsynchronised, from each query's own thread, and write tasks serialise it.
+Two queries whose first batches plan at the same moment insert the same new keys at once; the
+map's size counter then disagrees with its contents for good, and every later task of the driver
+fails with ``Task not serializable: IllegalStateException: Illegal size 5 of collection,
+expected 7``. With the keys already present, the runners' puts only replace values: no resize,
+no count to corrupt.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flinkish.data_source import FlinkishDataSource
+
+#: The keys ``PythonStreamingSourceRunner.init`` (Spark 4.x) puts into the shared map.
+RUNNER_ENV_KEYS = (
+    "SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "SPARK_PYTHON_RUNTIME"
+)
+
+
+def register(spark: Any) -> None:
+    """Make ``format("flinkish")`` usable on ``spark`` and safe for many concurrent queries.
+
+    Call it once per driver before starting flinkish queries (idempotent). Spark's automatic
+    discovery of the installed ``pyspark_flinkish`` module registers the format by itself, but
+    only this call seeds the shared environment described in the module docstring.
+    """
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    if not manager.dataSourceExists(FlinkishDataSource.name()):
+        spark.dataSource.register(FlinkishDataSource)
+    seed_runner_environment(spark)
+
+
+def seed_runner_environment(spark: Any) -> dict[str, str]:
+    """Put the streaming source runner's keys into the data source's shared environment map
+    before any flinkish query starts, so the runners later only overwrite them. Returns the
+    keys it added (none when they were there already)."""
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    env = manager.lookupDataSource(FlinkishDataSource.name()).dataSourceCls().envVars()
+    conf = spark.sparkContext._jsc.sc().conf()
+    # The values are what the runner would put, as far as they can be known from here; the
+    # runner overwrites them with its own before it starts a worker (its local directories are
+    # the block manager's subdirectories of these), so only the keys matter.
+    local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)
+    values = {
+        "SPARK_LOCAL_DIRS": ",".join(local_dirs),
+        "SPARK_AUTH_SOCKET_TIMEOUT": str(
+            conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s")
+        ),
+        "SPARK_BUFFER_SIZE": str(conf.getInt("spark.buffer.size", 65536)),
+        "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER",
+    }
+    added = {key: value for key, value in values.items() if not env.containsKey(key)}
+    for key, value in added.items():
+        env.put(key, value)
+    return added

@@ -1,0 +1,29 @@
+"""Flink's watermark vocabulary: the bounds of event time and the ACTIVE/IDLE status."""
+
+from __future__ import annotations
+
+import enum
+
+MIN_WATERMARK = -9223372036854775808
+"""Flink's ``Long.MIN_VALUE``: the watermark of a channel that has seen none yet."""
+
+MAX_WATERMARK = 9223372036854775807
+"""Flink's ``Watermark.MAX_WATERMARK``: end of event time (a source that finished for good)."""
+
+LAST_TIMESTAMP_MS = (2**63 - 1) // 1000
+"""The last millisecond a Spark (microsecond) timestamp can hold: MAX_WATERMARK clamps to it."""
+
+
+class WatermarkStatus(enum.Enum):
+    """Whether a channel (or the whole valve) currently takes part in watermark progress."""
+
+    ACTIVE = "ACTIVE"
+    IDLE = "IDLE"
+
+    @property
+    def is_active(self) -> bool:
+        return self is WatermarkStatus.ACTIVE
+
+    @property
+    def is_idle(self) -> bool:
+        return self is WatermarkStatus.IDLE
