@@ -172,7 +172,7 @@ class QueryProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the project root, not flinkish/
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
         with open(self._log, "ab") as log:

@@ -25,7 +25,7 @@ def local_session(app: str = "flinkish", cores: str = "2", **conf: str) -> Any:
     """A ``local[cores]`` session with small shuffles and no console progress bars."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the project root, not flinkish/
     path = os.environ.get("PYTHONPATH", "")
     if root not in path.split(os.pathsep):
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, path) if p)
