@@ -3,9 +3,10 @@
 Two quirks shape it. librdkafka needs a ``group.id`` even for manually assigned consumers, so
 each consumer gets a throwaway one and never commits. And "latest offset" is taken from the high
 watermark carried in a *fetch* response, not from ListOffsets alone: some Kafka-protocol brokers
-(Tansu, see shared/FACTS.md) answer ListOffsets with the last record batch's base offset + 1,
-which would hide the tail of a multi-record batch. The fetch-based high watermark is what real
-Kafka returns too, so the probe is correct everywhere.
+(Tansu, the broker ``flinkish.demo`` embeds when there is no Docker, is one) answer ListOffsets
+with the last record batch's base offset + 1, which would hide the tail of a multi-record
+batch. The fetch-based high watermark is what real Kafka returns too, so the probe is correct
+everywhere.
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ class Recorder:
 
 
 class SeedValve(LinearScanValve):
-    """Flink 1.11's StatusWatermarkValve exactly as the seed quotes it.
+    """Flink 1.11's StatusWatermarkValve exactly as its ``StatusWatermarkValve.java`` has it
+    (apache/flink, branch release-1.11, ``flink-streaming-java/src/main/java/org/apache/flink/
+    streaming/runtime/streamstatus/StatusWatermarkValve.java``).
 
     Only ``inputStreamStatus`` differs from the corrected reference; it is transliterated here
     line by line, so the tests below can show where the corrections change the output.
@@ -99,7 +101,7 @@ def make(num_channels: int) -> tuple[StatusWatermarkValve, Recorder]:
     return StatusWatermarkValve(num_channels, out), out
 
 
-# ---------------------------------------------------------------- seed behaviour
+# ------------------------------------------------------- Flink 1.11 behaviour
 
 
 def test_single_channel_forwards_increasing_watermarks_only() -> None:
@@ -233,7 +235,7 @@ def test_resuming_ahead_is_aligned_immediately() -> None:
 
 
 def run_both(num_channels: int, steps: list[Step]) -> tuple[list[Event], ...]:
-    """Feed the same steps to the seed logic and to the heap valve; return both outputs."""
+    """Feed the same steps to Flink 1.11's logic and to the heap valve; return both outputs."""
     seed_out, fixed_out = Recorder(), Recorder()
     seed = SeedValve(num_channels, seed_out)
     fixed = StatusWatermarkValve(num_channels, fixed_out)
@@ -282,7 +284,7 @@ def test_correction_2_reactivated_channel_advances_the_minimum_at_once() -> None
 
 
 def test_correction_2_emits_status_active_before_the_new_watermark() -> None:
-    # The seed valve goes idle without flushing (see correction 1) and leaves channel A at 30
+    # Flink 1.11's valve goes idle without flushing (see correction 1) and leaves channel A at 30
     # above its last output 20; a valve restored from that state must, when A resumes, first
     # turn active and then emit A's watermark.
     seed_out = Recorder()

@@ -3,7 +3,9 @@
 The one reference implementation of those semantics: ``tests/test_valve.py`` checks the heap
 valve against it step by step, and ``bench/valve.py`` uses it as the baseline. It stays a close
 transliteration of Flink 1.11's Java (every decision scans all channels) so that the only
-differences from the seed are the two corrections, marked below.
+differences from Flink 1.11's ``StatusWatermarkValve.java`` (apache/flink, ``flink-streaming-java/
+src/main/java/org/apache/flink/streaming/runtime/streamstatus/``) are the two corrections,
+marked below.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Killing a query's whole process tree, as a crash does.
 
-pyspark's worker daemon leaves the driver's process group (see FACTS), so killing the driver's
-group alone leaves workers running (the process that runs the sink's ``commit`` among them).
-The root is started with ``start_new_session=True``; everything it started stays in its
+pyspark's worker daemon leaves the driver's process group (``manager()`` in
+``pyspark/daemon.py`` calls ``os.setpgid(0, 0)`` "to corral our children"), so killing the
+driver's group alone leaves workers running (the process that runs the sink's ``commit`` among
+them). The root is started with ``start_new_session=True``; everything it started stays in its
 session, so the session is what gets killed.
 """
 
