@@ -14,7 +14,23 @@ Layout under the target directory ``path``::
 Committed files sit flat under ``path`` (no ``epoch=N`` directories) so that Spark's partition
 discovery does not add a column the query never produced. Everything else lives under names
 starting with ``_``, which ``spark.read.parquet`` and ``pyarrow.dataset`` (``ignore_prefixes``
-``['.', '_']``) both skip, so readers only ever see committed epochs.
+``['.', '_']``) both skip, so readers never see staged (undecided) files, temp files or epoch
+records, and the files of a rolled-back transaction never appear.
+
+What a reader listing ``path`` can observe: every file appears whole (written and fsynced
+before it is renamed), but an epoch does *not* appear atomically. The driver commits the
+epoch's transactions one after another and renames each transaction's files one by one, so a
+reader listing the directory while an epoch commits -- or after the driver crashed mid-commit,
+until the restarted query's replay finishes that commit -- sees part of the epoch: the
+transactions committed so far and a prefix of the files of the one being committed. The
+epoch's record ``_flinkish_epochs/<query>/<epoch:09d>.json`` is written only after every file
+the epoch decided is in place. A reader that must never see a partial epoch should therefore
+read only the files whose ``<query>`` and ``<epoch:09d>`` (both in the file name) have an epoch
+record. A late-data side output (``lateData=side``) gets no epoch records of its own: its
+files of epoch N are all in place once the main target holds the record of epoch N, which is
+published after the side output's commits too. ``part-direct-*`` files
+(``deliveryGuarantee=at-least-once``) belong to no transaction: each appears as soon as its
+task writes it, before the epoch is decided, and a replayed epoch may write its rows again.
 
 Committed names follow from the transaction id (and a file number), so committing is a rename
 that can be repeated: a staged file that is gone while its committed name exists was moved
