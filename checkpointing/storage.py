@@ -35,6 +35,8 @@ from urllib.parse import urlsplit
 
 import pyarrow.fs as pafs
 
+from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
+
 MAGIC = b"FLINKISH-RECORD"
 VERSION = 1
 TEMP_PREFIX = ".tmp-"
@@ -177,7 +179,11 @@ class CheckpointStorage:
         try:
             filesystem, path = pafs.FileSystem.from_uri(location)
         except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError
-            raise ValueError(f"cannot open checkpoint location {location!r}: {e}") from e
+            # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
+            reason = scrub(str(e), dsn_secrets(location))
+            raise ValueError(
+                f"cannot open checkpoint location {mask_uri(location)!r}: {reason}"
+            ) from None
         if isinstance(filesystem, pafs.LocalFileSystem):
             return cls(filesystem, path, location=path)
         return cls(filesystem, path, location=_display_uri(location))

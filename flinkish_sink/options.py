@@ -5,10 +5,11 @@ from __future__ import annotations
 import difflib
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from enum import Enum
 
 from flinkish_core.errors import OptionError
+from flinkish_core.secrets import dsn_secrets, fingerprint, mask_dsn, mask_uri
 
 
 class DeliveryGuarantee(Enum):
@@ -32,8 +33,11 @@ _KNOWN = {
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class SinkOptions:
+    """The parsed options. ``dsn`` may hold a password: the repr masks it, and
+    :attr:`fingerprint` (not the repr) is what identifies a configuration in caches."""
+
     target: str
     dsn: str | None
     table: str | None
@@ -48,6 +52,27 @@ class SinkOptions:
     event_time_column: str
     prefix: str
     epochs_table: str | None
+
+    def __repr__(self) -> str:
+        masked = {
+            "dsn": mask_dsn(self.dsn), "path": mask_uri(self.path),
+            "checkpoint_location": mask_uri(self.checkpoint_location),
+            "state_location": mask_uri(self.state_location), "late_path": mask_uri(self.late_path),
+        }
+        shown = ", ".join(
+            f"{f.name}={masked.get(f.name, getattr(self, f.name))!r}" for f in fields(self)
+        )
+        return f"SinkOptions({shown})"
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of every option, secrets included: equal options, equal fingerprints."""
+        return fingerprint(*(getattr(self, f.name) for f in fields(self)))
+
+    @property
+    def secrets(self) -> list[str]:
+        """The secret values in the options (the DSN's password), to scrub from messages."""
+        return dsn_secrets(self.dsn)
 
 
 def _choice(options: Mapping[str, str], key: str, name: str, enum: type[Enum], default: Enum

@@ -57,6 +57,7 @@ import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
 from flinkish_sink.target import PreCommit, TransactionId
 
 STAGING_DIR = "_flinkish_staging"
@@ -86,8 +87,12 @@ class ParquetTarget:
             else:
                 filesystem, base = pafs.LocalFileSystem(), os.path.abspath(text)
         except (ValueError, OSError) as exc:
-            raise ValueError(f"cannot use {text!r} as a Parquet target path: {exc}") from exc
-        self._setup(filesystem, base, text, max_rows_per_file)
+            # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
+            reason = scrub(str(exc), dsn_secrets(text))
+            raise ValueError(
+                f"cannot use {mask_uri(text)!r} as a Parquet target path: {reason}"
+            ) from None
+        self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
 
     @classmethod
     def from_filesystem(

@@ -31,6 +31,7 @@ from psycopg import sql
 from psycopg.adapt import PyFormat
 from psycopg.rows import TupleRow
 
+from flinkish_core.secrets import dsn_secrets, mask_dsn, scrub
 from flinkish_sink.target import PreCommit, TransactionId
 
 Connection = psycopg.Connection[TupleRow]
@@ -244,9 +245,24 @@ def _identifier(name: str) -> sql.Identifier:
     return sql.Identifier(*parts)
 
 
+class PostgresConnectError(RuntimeError):
+    """PostgreSQL could not be reached or refused the login (the DSN's password masked)."""
+
+
 def _connect(dsn: str, **options: Any) -> Connection:
-    # UTF-8 because binary COPY of text is converted from the client encoding.
-    return psycopg.connect(dsn, autocommit=True, client_encoding="UTF8", **options)
+    """An autocommit connection; a failure is reported with the DSN's password masked, also in
+    the driver's own message (a malformed DSN is quoted back by libpq), and without chaining
+    the original exception, whose message could hold it."""
+    try:
+        # UTF-8 because binary COPY of text is converted from the client encoding.
+        return psycopg.connect(dsn, autocommit=True, client_encoding="UTF8", **options)
+    except psycopg.Error as exc:
+        reason = scrub(str(exc).strip(), dsn_secrets(dsn)) or type(exc).__name__
+        raise PostgresConnectError(
+            f"cannot connect to PostgreSQL with dsn {mask_dsn(dsn)!r}: {reason} (check the "
+            "sink's dsn option: host, port, user, password, dbname, and that the server runs "
+            "and accepts connections from here)"
+        ) from None
 
 
 class PostgresTransaction:
@@ -327,6 +343,9 @@ class PostgresTarget:
         self._epochs = _identifier(self.epochs_table)
         self._conn: Connection | None = None
         self._epochs_ready = False
+
+    def __repr__(self) -> str:
+        return f"PostgresTarget({mask_dsn(self.dsn)!r}, {self.table!r})"
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

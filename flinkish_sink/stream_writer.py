@@ -104,7 +104,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         self._target = make_target(self._options)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
-        checked = (repr(self._options), self._data_schema.to_string())
+        # a hash, not the options: the DSN may hold a password
+        checked = (self._options.fingerprint, self._data_schema.to_string())
         if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
             self._target.check(self._data_schema)
             if self._side is not None:

@@ -17,6 +17,7 @@ from enum import Enum
 from typing import Any
 
 from flinkish_core.errors import OptionError
+from flinkish_core.secrets import redact_config, secret_values
 
 __all__ = ["OptionError", "SourceOptions", "parse_options"]
 
@@ -53,7 +54,6 @@ _FORBIDDEN_KAFKA = {
     "enable.partition.eof": "the source sets it itself",
     "group.id": "the source assigns partitions itself; it does not join a consumer group",
 }
-_SECRET_KEY = re.compile(r"(sasl|ssl|password|secret|token|credential)", re.IGNORECASE)
 
 _KNOWN = {
     "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign", "startingoffsets",
@@ -96,8 +96,9 @@ def parse_duration_ms(name: str, text: str) -> int:
 
 
 def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
-    return {k: ("***" if _SECRET_KEY.search(k) else v) for k, v in config.items()}
+    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked (the
+    rule is :func:`flinkish_core.secrets.redact_config`, shared with the sink)."""
+    return redact_config(config)
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,11 @@ class SourceOptions:
     @property
     def safe_kafka_config(self) -> dict[str, Any]:
         return redact_kafka_config(self.kafka_config)
+
+    @property
+    def kafka_secrets(self) -> list[str]:
+        """The secret values among the client settings, to scrub from a client's messages."""
+        return secret_values(self.kafka_config)
 
 
 def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
