@@ -1,0 +1,119 @@
+"""An unreachable broker: the source's metadata and offset calls say in the log that they are
+waiting (for what, from which servers, how long so far and how long still), then fail with an
+error naming the servers and the option that bounds the wait. Against a real refused
+connection (a loopback port nobody listens on), no Spark, no broker."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+import pytest
+
+from flinkish_source.kafka_client import (
+    WAIT_OPTION,
+    BrokerWait,
+    KafkaMetadata,
+    KafkaUnavailableError,
+    read_range,
+)
+from flinkish_source.options import SourceOptions, parse_options
+
+SECRET = "sasl-S3cret-never-logged"
+BOUND_MS = 2000
+
+
+def _refused_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+    return port  # closed again: connecting to it is refused
+
+
+@pytest.fixture
+def servers() -> str:
+    return f"127.0.0.1:{_refused_port()}"
+
+
+def _options(servers: str, **extra: str) -> SourceOptions:
+    return parse_options({
+        "kafka.bootstrap.servers": servers, "subscribe": "t", "includeMarkers": "false",
+        "kafkaConsumer.pollTimeoutMs": str(BOUND_MS), "kafka.sasl.password": SECRET, **extra,
+    })
+
+
+def _check(caplog: pytest.LogCaptureFixture, failure: KafkaUnavailableError, servers: str,
+           what: str, took: float) -> None:
+    warnings = [r.getMessage() for r in caplog.records
+                if r.levelno == logging.WARNING and r.name == "flinkish_source.kafka_client"]
+    assert warnings, "no warning while waiting"
+    first = warnings[0]
+    assert what in first and repr(servers) in first
+    assert "still waiting" in first and "giving up in" in first and WAIT_OPTION in first
+    assert "Connection refused" in first  # the client's own reason, not just "timed out"
+    assert "'sasl.password': '***'" in first  # the client settings, masked
+    message = str(failure)
+    assert what in message and repr(servers) in message
+    assert f"option {WAIT_OPTION}={BOUND_MS} bounds this wait" in message
+    for text in [*warnings, message]:
+        assert SECRET not in text
+    assert BOUND_MS / 1000 - 0.1 <= took < BOUND_MS / 1000 + 3
+
+
+def test_listing_topics_warns_while_waiting_then_names_servers_and_option(
+    caplog: pytest.LogCaptureFixture, servers: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    metadata = KafkaMetadata(_options(servers))
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaUnavailableError) as failure:
+            metadata.partitions()
+    finally:
+        metadata.close()
+    _check(caplog, failure.value, servers, "could not list Kafka topics",
+           time.monotonic() - started)
+
+
+def test_reading_offsets_warns_while_waiting_then_names_servers_and_option(
+    caplog: pytest.LogCaptureFixture, servers: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    metadata = KafkaMetadata(_options(servers))
+    started = time.monotonic()
+    try:
+        with pytest.raises(KafkaUnavailableError) as failure:
+            metadata.offset_ranges([("t", 0), ("t", 1)])
+    finally:
+        metadata.close()
+    _check(caplog, failure.value, servers, "could not read the offsets of 2 partition(s)",
+           time.monotonic() - started)
+    # one bound for the whole call, not one per partition
+    assert time.monotonic() - started < 2 * BOUND_MS / 1000
+
+
+def test_a_read_task_warns_while_no_records_come(
+    caplog: pytest.LogCaptureFixture, servers: str
+) -> None:
+    caplog.set_level(logging.WARNING)
+    options = _options(servers)
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailableError) as failure:
+        for _ in read_range(options, "t", 0, 0, 10, 100):
+            pass
+    took = time.monotonic() - started
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("t/0: still waiting for records between offsets 0 and 10" in w
+               and repr(servers) in w and WAIT_OPTION in w for w in warnings)
+    assert WAIT_OPTION in str(failure.value) and repr(servers) in str(failure.value)
+    assert SECRET not in str(failure.value) and not any(SECRET in w for w in warnings)
+    assert took < BOUND_MS / 1000 + 3
+
+
+def test_the_bound_is_the_documented_option_and_warnings_are_paced() -> None:
+    options = _options("127.0.0.1:1", **{"kafkaConsumer.pollTimeoutMs": "120000"})
+    wait = BrokerWait(options, "x")
+    assert wait.bound == 120.0 and wait.step == 10.0  # about a dozen warnings before failing
+    small = BrokerWait(_options("127.0.0.1:1"), "x")
+    assert small.step == 0.5
