@@ -2,7 +2,8 @@
 
 - ``flinkish demo``: the main job, on an embedded broker (see ``flinkish.demo``);
 - ``flinkish inspect LOCATION [--plot FILE.png]``: a query's epochs and watermarks;
-- ``flinkish transactions``: list (and ``--resolve``) pre-commits a query left in its target.
+- ``flinkish transactions``: list, with their ages (and ``--resolve``), pre-commits a query
+  left in its target.
 """
 
 from __future__ import annotations
@@ -33,8 +34,15 @@ def _transactions(args: argparse.Namespace) -> int:
 
     from checkpointing import CheckpointStorage, CheckpointStore
     from checkpointing.query import query_id, resolve_store
+    from flinkish_core.durations import format_duration, parse_duration_ms
+    from flinkish_core.errors import OptionError
     from flinkish_sink.target import Target
     from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
+
+    try:
+        timeout_s = parse_duration_ms("--transaction-timeout", args.transaction_timeout) / 1000
+    except OptionError as exc:
+        raise SystemExit(str(exc)) from None
 
     target: Target
     if args.postgres:
@@ -50,14 +58,28 @@ def _transactions(args: argparse.Namespace) -> int:
     query = args.query or (query_id(args.checkpoint) if args.checkpoint else None)
     if query is None:
         raise SystemExit("name the query: --checkpoint (its checkpointLocation) or --query ID")
-    console = Console()
+    console = Console(soft_wrap=True)  # one line per pre-commit, for grep
     store = None
     if args.checkpoint:
         store = CheckpointStore.reader(CheckpointStorage.open(resolve_store(args.checkpoint)))
-    lingering = target.pending(args.prefix, query)
-    for txn in lingering:
-        console.print(f"lingering pre-commit {txn.gid} (epoch {txn.epoch}, task {txn.task}, "
-                      f"attempt {txn.attempt})")
+    ages = target.pending_ages(args.prefix, query)
+    lingering = sorted(ages)
+    for txn in sorted(lingering, key=lambda t: -(ages[t] or 0.0)):  # oldest first
+        age = ages[txn]
+        since = "age unknown" if age is None else f"prepared {format_duration(age)} ago"
+        old = age is not None and age > timeout_s
+        console.print(
+            f"lingering pre-commit {txn.gid} (epoch {txn.epoch}, task {txn.task}, attempt "
+            f"{txn.attempt}), {since}"
+            + (f" [bold red]older than {format_duration(timeout_s)}[/]" if old else ""),
+            highlight=False,
+        )
+    if any(age is not None and age > timeout_s for age in ages.values()):
+        console.print(
+            "pre-commits older than the transaction timeout hold locks (and, in PostgreSQL, "
+            "keep VACUUM from cleaning up): restart the query, or stop it and run this "
+            "command with --resolve"
+        )
     if not lingering:
         console.print(f"no lingering pre-commits for prefix {args.prefix!r}, query {query}")
     if args.resolve and lingering:
@@ -102,6 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     txns.add_argument("--checkpoint", help="the query's checkpointLocation")
     txns.add_argument("--resolve", action="store_true",
                       help="commit decided pre-commits, roll back the rest (stop the query first)")
+    txns.add_argument("--transaction-timeout", default="15 min", metavar="DURATION",
+                      help="flag pre-commits older than this (default: 15 min, the sink's "
+                      "transactionTimeout default)")
 
     args = parser.parse_args(argv)
     if args.command == "demo":

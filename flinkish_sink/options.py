@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
 
+from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import dsn_secrets, fingerprint, mask_dsn, mask_uri
 
@@ -27,10 +28,11 @@ class LateData(Enum):
 _KNOWN = {
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
     "checkpointlocation", "deliveryguarantee", "latedata", "latedata.table", "latedata.path",
-    "eventtimecolumn", "transactionalidprefix", "epochstable",
+    "eventtimecolumn", "transactionalidprefix", "epochstable", "transactiontimeout",
     "queryname",  # Spark passes writeStream.queryName(...) to the sink's options
 }
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
+DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
 
 
 @dataclass(frozen=True, repr=False)
@@ -52,6 +54,10 @@ class SinkOptions:
     event_time_column: str
     prefix: str
     epochs_table: str | None
+    #: how old one of the sink's own pre-commits may get before the sink warns about it
+    #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
+    #: PostgreSQL's VACUUM from cleaning up
+    transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
 
     def __repr__(self) -> str:
         masked = {
@@ -139,6 +145,15 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         raise OptionError(
             f"option transactionalIdPrefix: {prefix!r} may only hold letters, digits, '_' and '.'"
         )
+    timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
+    if "transactiontimeout" in options:
+        timeout_ms = parse_duration_ms("transactionTimeout", options["transactiontimeout"])
+        if timeout_ms <= 0:
+            raise OptionError(
+                f"option transactionTimeout: {options['transactiontimeout']!r} must be a "
+                "positive duration (how old a lingering pre-commit may get before the sink "
+                "warns), e.g. '15 min'"
+            )
     checkpoint = options.get("checkpointlocation") or None
     state = options.get("checkpointing.location") or None
     if guarantee is not DeliveryGuarantee.NONE and not (checkpoint or state):
@@ -161,4 +176,5 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         event_time_column=options.get("eventtimecolumn", "eventTime"),
         prefix=prefix,
         epochs_table=options.get("epochstable") or None,
+        transaction_timeout_ms=timeout_ms,
     )

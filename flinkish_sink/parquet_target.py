@@ -49,6 +49,7 @@ import contextlib
 import json
 import os
 import re
+import time
 import uuid
 from typing import Any
 
@@ -222,15 +223,24 @@ class ParquetTarget:
 
     def pending(self, prefix: str, query: str) -> list[TransactionId]:
         """Transactions of ``prefix``/``query`` that still have a staging directory."""
+        return sorted(self.pending_ages(prefix, query))
+
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """:meth:`pending` with each one's age in seconds: since its staging directory last
+        changed (the last staged file was written there, i.e. the pre-commit), oldest first;
+        None on object stores, whose directories have no modification time."""
         selector = pafs.FileSelector(self._path(STAGING_DIR), allow_not_found=True)
-        found = []
+        now = time.time()
+        found: list[tuple[float, TransactionId, float | None]] = []
         for info in self._fs.get_file_info(selector):
             if info.type != pafs.FileType.Directory:
                 continue
             txn = TransactionId.parse(info.base_name.replace(_GID_SEPARATOR, ":"))
             if txn is not None and txn.prefix == prefix and txn.query == query:
-                found.append(txn)
-        return sorted(found)
+                mtime_ns = info.mtime_ns
+                age = None if mtime_ns is None else max(0.0, now - mtime_ns / 1e9)
+                found.append((-1.0 if age is None else -age, txn, age))
+        return {txn: age for _, txn, age in sorted(found)}
 
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within one call."""

@@ -441,15 +441,25 @@ class PostgresTarget:
 
     def pending(self, prefix: str, query: str) -> list[TransactionId]:
         """Prepared transactions of ``prefix``/``query`` in this database, sorted."""
+        return sorted(self.pending_ages(prefix, query))
+
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """:meth:`pending` with how long each has been prepared, in seconds (the server's
+        clock: ``now() - pg_prepared_xacts.prepared``), oldest first."""
         rows = (
             self._connection()
-            .execute("SELECT gid FROM pg_prepared_xacts WHERE database = current_database()")
+            .execute(
+                "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts"
+                " WHERE database = current_database() ORDER BY prepared, gid"
+            )
             .fetchall()
         )
-        found = (TransactionId.parse(gid) for (gid,) in rows)
-        return sorted(
-            txn for txn in found if txn is not None and txn.prefix == prefix and txn.query == query
-        )
+        found: dict[TransactionId, float | None] = {}
+        for gid, age in rows:
+            txn = TransactionId.parse(gid)
+            if txn is not None and txn.prefix == prefix and txn.query == query:
+                found[txn] = None if age is None else max(0.0, float(age))
+        return found
 
     def _ensure_epochs_table(self) -> None:
         if self._epochs_ready:

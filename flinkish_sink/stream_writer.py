@@ -209,7 +209,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             owner=self._query, retain=self._options.retain,
         )
         return TwoPhaseCommitCoordinator(
-            store, self._target, self._options.prefix, self._query, side_target=self._side
+            store, self._target, self._options.prefix, self._query, side_target=self._side,
+            transaction_timeout_s=self._options.transaction_timeout_ms / 1000,
         )
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:

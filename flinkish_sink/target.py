@@ -134,6 +134,11 @@ class Target(Protocol):
         """Every pre-committed or half-written transaction of ``prefix``/``query`` still
         lingering in the target (prepared transactions, staged files)."""
 
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """:meth:`pending` with each transaction's age in seconds: since it was prepared
+        (PostgreSQL's ``pg_prepared_xacts.prepared``) or staged (the staging directory's
+        modification time); None where the target cannot tell."""
+
     def publish_epoch(
         self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
     ) -> None:

@@ -24,8 +24,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from checkpointing import CheckpointStore, CompletedCheckpoint
+from checkpointing.checkpoint import now_ms
 from checkpointing.epoch_watermarks import STATE_KEY, advance_epoch
 from checkpointing.failpoints import failpoint
+from flinkish_core.durations import format_duration
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.markers import Marker
 from flinkish_core.watermark import MIN_WATERMARK
@@ -49,7 +51,13 @@ class EpochOutcome:
 
 class TwoPhaseCommitCoordinator:
     """The driver side of the protocol for one query writing to ``target`` (and, for late
-    rows routed to a side output, ``side_target``)."""
+    rows routed to a side output, ``side_target``).
+
+    ``transaction_timeout_s`` (the sink's ``transactionTimeout``; None: never) is Flink's
+    transaction-timeout warning: a pre-commit of this query met at commit or recovery that has
+    been prepared longer than that is logged as a warning before it is resolved — a prepared
+    transaction holds its locks and keeps PostgreSQL's VACUUM from cleaning up.
+    """
 
     def __init__(
         self,
@@ -58,12 +66,14 @@ class TwoPhaseCommitCoordinator:
         prefix: str,
         query: str,
         side_target: Target | None = None,
+        transaction_timeout_s: float | None = None,
     ) -> None:
         self._store = store
         self._target = target
         self._side = side_target
         self._prefix = prefix
         self._query = query
+        self._timeout = transaction_timeout_s
 
     def _target_of(self, txn: TransactionId) -> Target:
         if txn.prefix == self._prefix + LATE_SUFFIX:
@@ -109,6 +119,13 @@ class TwoPhaseCommitCoordinator:
             failpoint("after_decision", query=self._query, epoch=epoch)
         decision = pending.state
         chosen = [PreCommit.from_json(d) for d in decision["decision"]]
+        if replayed and chosen:
+            # decided by an earlier attempt: its pre-commits are at least as old as the decision
+            self._warn_if_old(
+                f"epoch {epoch}'s {len(chosen)} decided pre-commit(s) "
+                f"({', '.join(pc.txn.gid for pc in chosen[:3])}{', …' if len(chosen) > 3 else ''})",
+                (now_ms() - pending.created_ms) / 1000, "committing them now",
+            )
         committed = []
         for pc in chosen:
             self._target_of(pc.txn).commit(pc)
@@ -150,10 +167,24 @@ class TwoPhaseCommitCoordinator:
 
     def lingering(self) -> list[TransactionId]:
         """Every transaction of this query still pre-committed in the targets."""
-        found = self._target.pending(self._prefix, self._query)
+        return sorted(self.lingering_ages())
+
+    def lingering_ages(self) -> dict[TransactionId, float | None]:
+        """:meth:`lingering` with each one's age in seconds (None: the target cannot tell)."""
+        found = dict(self._target.pending_ages(self._prefix, self._query))
         if self._side is not None:
-            found += self._side.pending(self._prefix + LATE_SUFFIX, self._query)
-        return sorted(found)
+            found.update(self._side.pending_ages(self._prefix + LATE_SUFFIX, self._query))
+        return found
+
+    def _warn_if_old(self, what: str, age: float | None, action: str) -> None:
+        if self._timeout is None or age is None or age <= self._timeout:
+            return
+        logger.warning(
+            "%s of query %s prepared %s ago, longer than transactionTimeout (%s): a prepared "
+            "transaction holds its locks and keeps PostgreSQL's VACUUM from cleaning up "
+            "(the query was down, or its commits fail); %s",
+            what, self._query, format_duration(age), format_duration(self._timeout), action,
+        )
 
     def recover(self, up_to_epoch: int | None = None) -> tuple[list[str], list[str]]:
         """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None):
@@ -163,7 +194,8 @@ class TwoPhaseCommitCoordinator:
         committed: list[str] = []
         rolled: list[str] = []
         decisions: dict[int, dict[str, Any]] = {}
-        for txn in self.lingering():
+        ages = self.lingering_ages()
+        for txn in sorted(ages):
             if up_to_epoch is not None and txn.epoch > up_to_epoch:
                 continue
             if txn.epoch not in decisions:
@@ -176,6 +208,11 @@ class TwoPhaseCommitCoordinator:
                 }
             target = self._target_of(txn)
             found = decisions[txn.epoch].get(txn.gid)
+            self._warn_if_old(
+                f"pre-commit {txn.gid}", ages[txn],
+                "committing it now (its epoch decided on it)" if found is not None
+                else "rolling it back now (no decision names it)",
+            )
             if found is not None:
                 logger.info("recovering %s: committing (its epoch decided on it)", txn.gid)
                 target.commit(PreCommit.from_json(found))

@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import redact_config, secret_values
 
-__all__ = ["OptionError", "SourceOptions", "parse_options"]
+__all__ = ["OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
 
 EARLIEST = -2
 LATEST = -1
@@ -37,14 +38,6 @@ class OnError(Enum):
     SKIP = "skip"
 
 
-_UNITS_MS = {
-    "ms": 1, "milli": 1, "millis": 1, "millisecond": 1, "milliseconds": 1,
-    "s": 1000, "sec": 1000, "secs": 1000, "second": 1000, "seconds": 1000,
-    "m": 60_000, "min": 60_000, "mins": 60_000, "minute": 60_000, "minutes": 60_000,
-    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-    "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
-}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
 _EVENT_TIME_UNITS = {"milliseconds": 1, "seconds": 1000, "microseconds": 0.001}
 
 #: Consumer settings the source owns; users setting them would break offset tracking.
@@ -81,18 +74,6 @@ _DISPLAY = {
 def display(key: str) -> str:
     """The option's name as the documentation spells it."""
     return _DISPLAY.get(key, key)
-
-
-def parse_duration_ms(name: str, text: str) -> int:
-    """``"2 seconds"``, ``"500 ms"``, ``"1.5s"``, ``"1 minute"`` -> milliseconds."""
-    match = _DURATION.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS_MS:
-        raise OptionError(
-            f"option {name}: {text!r} is not a duration; write a number and a unit, "
-            "e.g. '2 seconds', '500 ms', '1 minute' (units: ms, s, min, h, d)"
-        )
-    return int(round(float(match.group(1)) * _UNITS_MS[unit]))
 
 
 def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -626,6 +626,9 @@ class PreparedTransactionTarget:
         found = (TransactionId.parse(gid) for gid in self.server.prepared)
         return sorted(t for t in found if t and t.prefix == prefix and t.query == query)
 
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        return dict.fromkeys(self.pending(prefix, query))
+
     def publish_epoch(
         self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
     ) -> None:
