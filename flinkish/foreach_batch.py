@@ -19,7 +19,7 @@ from checkpointing.failpoints import failpoint
 from checkpointing.query import query_id, store_location
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.late_data import late_cutoff_us
-from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, Marker
+from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, MARKER_KINDS, Marker
 from flinkish_core.watermark import MIN_WATERMARK
 
 
@@ -92,7 +92,7 @@ class ValveForEachBatch:
             if done is not None:
                 result = done
             else:
-                rows = df.filter(F.col("kind") != KIND_RECORD).select(*MARKER_FIELDS).collect()
+                rows = df.filter(F.col("kind").isin(*MARKER_KINDS)).select(*MARKER_FIELDS).collect()
                 result = advance_epoch(store, epoch, (Marker(*row) for row in rows))
             records = df.filter(F.col("kind") == KIND_RECORD).drop(*MARKER_COLUMNS)
             cutoff = late_cutoff_us(result.previous_watermark)

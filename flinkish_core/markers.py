@@ -14,6 +14,12 @@ from typing import Any
 KIND_RECORD = "record"
 KIND_WATERMARK = "watermark"
 KIND_STATUS = "status"
+KIND_CARRIER = "carrier"
+"""One row per micro-batch whose event time carries the combined watermark into Spark's own
+watermark (see ``flinkish.with_watermark``); neither data nor a valve input."""
+
+#: The kinds the valve reads.
+MARKER_KINDS = (KIND_WATERMARK, KIND_STATUS)
 
 #: Columns that only describe markers; a sink does not write them as data.
 MARKER_COLUMNS = ("kind", "watermark", "status")

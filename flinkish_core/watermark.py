@@ -13,6 +13,11 @@ MAX_WATERMARK = 9223372036854775807
 LAST_TIMESTAMP_MS = (2**63 - 1) // 1000
 """The last millisecond a Spark (microsecond) timestamp can hold: MAX_WATERMARK clamps to it."""
 
+DEFAULT_HORIZON_MS = 86_400_000
+"""How far (one day) the source's carrier row runs ahead of the combined watermark, and the
+delay ``with_watermark`` declares to Spark: it must exceed the largest skew between partitions
+(see ``flinkish_source.combined_watermark``)."""
+
 
 class WatermarkStatus(enum.Enum):
     """Whether a channel (or the whole valve) currently takes part in watermark progress."""

@@ -27,12 +27,20 @@ from checkpointing.query import store_location as _store_location
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.errors import OptionError
 from flinkish_core.late_data import late_mask, late_threshold
-from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, Marker
+from flinkish_core.markers import (
+    KIND_RECORD,
+    MARKER_COLUMNS,
+    MARKER_FIELDS,
+    MARKER_KINDS,
+    Marker,
+)
 from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
 from flinkish_sink.target import PreCommit, Target, TaskTransaction, TransactionId
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
 logger = logging.getLogger(__name__)
+
+_MARKER_KINDS = pa.array(MARKER_KINDS)
 
 #: (options, schema) pairs whose targets this process has checked (and created) already.
 _CHECKED: set[tuple[str, str]] = set()
@@ -166,12 +174,12 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
 
         try:
             for batch in iterator:
-                if self._has_kind:
-                    is_record = pc.fill_null(pc.equal(batch.column("kind"), KIND_RECORD), True)
-                    markers = batch.filter(pc.invert(is_record))
+                if self._has_kind:  # records are data, markers feed the valve, carriers go
+                    kind = batch.column("kind")
+                    markers = batch.filter(pc.is_in(kind, _MARKER_KINDS))
                     if markers.num_rows:
                         message.markers.extend(_markers(markers))
-                    batch = batch.filter(is_record)
+                    batch = batch.filter(pc.fill_null(pc.equal(kind, KIND_RECORD), True))
                 data = pa.RecordBatch.from_arrays(
                     [batch.column(f.name) for f in self._data_schema], schema=self._data_schema
                 )

@@ -19,6 +19,7 @@ from typing import Any
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import redact_config, secret_values
+from flinkish_core.watermark import DEFAULT_HORIZON_MS
 
 __all__ = ["OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
 
@@ -54,7 +55,7 @@ _KNOWN = {
     "includemarkers", "eventtime.field", "eventtime.header", "eventtime.unit",
     "eventtime.onerror", "watermark.strategy", "watermark.maxoutoforderness",
     "watermark.punctuation.field", "watermark.punctuation.header", "idletimeout",
-    "checkpointing.location", "kafkaconsumer.polltimeoutms",
+    "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
 }
 _DISPLAY = {
     "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
@@ -68,6 +69,7 @@ _DISPLAY = {
     "watermark.punctuation.header": "watermark.punctuation.header",
     "idletimeout": "idleTimeout", "checkpointing.location": "checkpointing.location",
     "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
+    "watermark.horizon": "watermark.horizon",
 }
 
 
@@ -119,6 +121,7 @@ class SourceOptions:
     idle_timeout_ms: int | None = None
     state_location: str | None = None
     poll_timeout_ms: int = 120_000
+    horizon_ms: int = DEFAULT_HORIZON_MS
 
     @property
     def needs_state(self) -> bool:
@@ -322,6 +325,12 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "options watermark.punctuation.* only apply to watermark.strategy punctuated"
         )
 
+    horizon = DEFAULT_HORIZON_MS
+    if "watermark.horizon" in options:
+        horizon = parse_duration_ms("watermark.horizon", options["watermark.horizon"])
+        if horizon <= 0:
+            raise OptionError("option watermark.horizon must be a positive duration")
+
     idle = None
     if "idletimeout" in options:
         idle = parse_duration_ms("idleTimeout", options["idletimeout"])
@@ -354,6 +363,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         idle_timeout_ms=idle,
         state_location=options.get("checkpointing.location") or None,
         poll_timeout_ms=int(poll_text),
+        horizon_ms=horizon,
     )
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(

@@ -20,12 +20,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flinkish_core.markers import KIND_RECORD, KIND_STATUS, KIND_WATERMARK
+from flinkish_core.markers import KIND_RECORD, KIND_STATUS, KIND_WATERMARK, Marker
 from flinkish_core.watermark import WatermarkStatus
 from flinkish_source.event_time import EventTimeExtractor
 from flinkish_source.options import SourceOptions, WatermarkKind
 from flinkish_source.schema import arrow_schema
-from flinkish_source.source_state import SourceStateStore
+from flinkish_source.source_state import SliceOutcome, SourceStateStore
 from flinkish_source.watermark_strategy import GeneratorState, WatermarkStrategy
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,9 @@ class SlicePlan:
     end_status: str
     base: GeneratorState | None
     stop: int | None  # ending offset of a bounded partition
+    # event times (ms) above this would push Spark's watermark past the combined one (the
+    # carrier's event time, see flinkish_source.combined_watermark); None: no carrier yet
+    horizon: int | None = None
 
 
 class _Batches:
@@ -55,9 +58,13 @@ class _Batches:
         self.plan = plan
         self.headers = include_headers
         self.schema = arrow_schema(include_headers)
+        self.emitted: list[Marker] = []  # the slice's markers so far, in emission order
 
     def marker(self, position: int, kind: str, watermark: int | None = None,
                status: str | None = None) -> pa.RecordBatch:
+        self.emitted.append(
+            Marker(self.plan.topic, self.plan.partition, position, kind, watermark, status)
+        )
         row: dict[str, list[Any]] = {name: [None] for name in self.schema.names}
         row["topic"] = [self.plan.topic]
         row["partition"] = [self.plan.partition]
@@ -150,6 +157,7 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
         status = WatermarkStatus.ACTIVE.value
         yield out.marker(plan.start, KIND_STATUS, status=status)
 
+    ahead = 0  # records beyond the horizon (see SlicePlan.horizon)
     for msgs in read_range(options, plan.topic, plan.partition, plan.start, plan.end, CHUNK):
         if markers and status != WatermarkStatus.ACTIVE.value:
             status = WatermarkStatus.ACTIVE.value
@@ -158,6 +166,8 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
             extractor, generator, plan, msgs
         )
         batch = out.records(msgs, event_ms)
+        if plan.horizon is not None:
+            ahead += _beyond(batch.column("eventTime"), plan.horizon)
         if generator is None:
             yield batch
         elif punctuated:
@@ -183,10 +193,28 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
     if markers and plan.end_status != status:
         yield out.marker(plan.end, KIND_STATUS, status=plan.end_status)
 
+    if ahead:
+        logger.warning(
+            "%s/%s offsets %s..%s: %s records have event times more than the horizon "
+            "(watermark.horizon) ahead of the combined watermark; they push Spark's own "
+            "watermark past it, so stateful operators may drop lagging partitions' rows as "
+            "late. Raise watermark.horizon above the largest skew between partitions.",
+            plan.topic, plan.partition, plan.start, plan.end - 1, ahead,
+        )
     if generator is not None and options.state_location and plan.end > plan.start:
         SourceStateStore(options.state_location).save(
-            plan.topic, plan.partition, generator.state(plan.end)
+            plan.topic, plan.partition, generator.state(plan.end),
+            SliceOutcome(plan.start, plan.start_status, plan.end_status, tuple(out.emitted)),
         )
+
+
+def _beyond(event_time: pa.Array, horizon_ms: int) -> int:
+    """How many event times lie after ``horizon_ms``."""
+    micros = event_time.cast(pa.int64())
+    top = pc.max(micros).as_py()
+    if top is None or top <= horizon_ms * 1000:
+        return 0
+    return int(pc.sum(pc.greater(micros, horizon_ms * 1000)).as_py() or 0)
 
 
 def _event_times(

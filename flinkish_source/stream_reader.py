@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from typing import Any
 
 import pyarrow as pa
@@ -21,6 +22,15 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from flinkish_core.watermark import MIN_WATERMARK
+from flinkish_source.combined_watermark import (
+    OFFSET_KEY,
+    PlanningValve,
+    carrier,
+    combined_after,
+    horizon_limit,
+    journal,
+)
 from flinkish_source.kafka_client import KafkaMetadata, TopicPartitionKey
 from flinkish_source.offset_planner import OffsetPlanner, Positions, from_json, to_json
 from flinkish_source.options import SourceOptions
@@ -35,6 +45,14 @@ class SliceInputPartition(InputPartition):
     def __init__(self, plan: SlicePlan) -> None:
         super().__init__(plan)
         self.plan = plan
+
+
+class CarrierInputPartition(InputPartition):
+    """The batch's carrier row (see :mod:`flinkish_source.combined_watermark`)."""
+
+    def __init__(self, watermark: int) -> None:
+        super().__init__(watermark)
+        self.watermark = watermark
 
 
 def _now_ms() -> int:
@@ -87,11 +105,27 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         partitions, ranges = self._cluster()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        positions = from_json(start)
         end = self._planner.latest(
-            from_json(start), partitions, ranges, _now_ms(), max_rows, self._target,
-            self._load_state,
+            positions, partitions, ranges, _now_ms(), max_rows, self._target, self._load_state,
         )
-        return to_json(end)
+        offset = to_json(end)
+        if self._options.needs_state:
+            offset[OFFSET_KEY] = self._planning_valve(start, positions, end)
+        return offset
+
+    def _planning_valve(self, start: dict, positions: Positions, end: Positions) -> dict:
+        """The planning-time valve entry of the end offset: the combined watermark after the
+        batch ``start`` ends, with this batch's slices; or, when this batch reads nothing and
+        the combined watermark did not move, ``start``'s own entry, so a quiet topic plans no
+        batch (the valve state it would have journaled is derived again next time)."""
+        combined = combined_after(self._options, start, positions)
+        slices = OffsetPlanner.slices(positions, end)
+        journaled = PlanningValve.from_offset(start)
+        if not slices and OFFSET_KEY in start and (
+                journaled.before.watermark == combined.watermark):
+            return dict(start[OFFSET_KEY])
+        return journal(combined, slices)
 
     def reportLatestOffset(self) -> dict | None:
         return None
@@ -118,12 +152,21 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        return [
-            SliceInputPartition(plan)
-            for plan in OffsetPlanner.slices(from_json(start), from_json(end))
+        plans = OffsetPlanner.slices(from_json(start), from_json(end))
+        if OFFSET_KEY not in end:
+            return [SliceInputPartition(plan) for plan in plans]
+        watermark = PlanningValve.from_offset(end).before.watermark
+        if watermark == MIN_WATERMARK:
+            return [SliceInputPartition(plan) for plan in plans]
+        horizon = horizon_limit(watermark, self._options.horizon_ms)
+        return [SliceInputPartition(replace(plan, horizon=horizon)) for plan in plans] + [
+            CarrierInputPartition(watermark)
         ]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, CarrierInputPartition):
+            return iter([carrier(self._options.include_headers, partition.watermark,
+                                 self._options.horizon_ms)])
         assert isinstance(partition, SliceInputPartition)
         return read_slice(self._options, partition.plan)
 

@@ -44,11 +44,12 @@ _ORDER = {("status", "ACTIVE"): 0, ("record", None): 1, ("watermark", None): 2}
 
 def ordered(batches: list[tuple[int, Any]]) -> list[Any]:
     """Rows of (batch id, row) pairs in partition order, each marker where its partition emitted
-    it: within a batch, a marker's offset and kind place it (see partition_reader)."""
+    it: within a batch, a marker's offset and kind place it (see partition_reader). Carrier
+    rows (one per batch, of no partition) are left out."""
     return [
         row
         for _, row in sorted(
-            batches,
+            [(batch, row) for batch, row in batches if row.kind != "carrier"],
             key=lambda br: (
                 br[1].partition, br[0], br[1].offset, _ORDER.get((br[1].kind, br[1].status), 3),
                 br[1].watermark or 0,

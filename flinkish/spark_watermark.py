@@ -1,0 +1,92 @@
+"""``flinkish.with_watermark``: Spark's own event-time operators on the valve's combined watermark.
+
+Spark's watermark is max(event time seen) - delay. The flinkish source adds one *carrier* row to
+every micro-batch whose event time is the combined watermark W plus the horizon H (see
+``flinkish_source.combined_watermark``). Declaring ``withWatermark(eventTime, H)`` makes Spark's
+watermark max(W, newest record - H), which is W while no record is more than H ahead of W. So
+windows, session windows, ``dropDuplicatesWithinWatermark``, stream-stream joins and event-time
+timers run with Flink's semantics: per-partition watermarks, idleness, the valve, and
+``MAX_WATERMARK`` when bounded input ends.
+
+The carrier and the marker rows must reach Spark's ``EventTimeWatermark`` node and must not
+reach any stateful operator, so they are filtered out right above it. Spark's optimizer pushes a
+filter below ``EventTimeWatermark`` unless the filter references the event-time column
+(``PushPredicateThroughNonJoin``), so the predicate does, in a way that keeps exactly the
+records: for the other rows it is ``isnull(t) AND isnotnull(t)``, false for every value.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flinkish_core.durations import parse_duration_ms
+from flinkish_core.errors import OptionError
+from flinkish_core.markers import KIND_CARRIER, KIND_RECORD, MARKER_COLUMNS
+from flinkish_core.watermark import DEFAULT_HORIZON_MS, LAST_TIMESTAMP_MS
+
+#: Where Spark keeps a column's watermark delay (``EventTimeWatermark.delayKey``).
+_SPARK_DELAY_KEY = "spark.watermarkDelayMs"
+_SOURCE_COLUMNS = ("kind", "watermark", "eventTime")
+
+
+def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None = None) -> Any:
+    """The record rows of a flinkish source DataFrame, with Spark's event-time watermark on
+    ``event_time`` equal to the valve's combined watermark (one micro-batch behind it).
+
+    ``event_time`` is the source's ``eventTime`` or a timestamp column derived from the record
+    (the carrier's event time is put into it). ``horizon`` must equal the source's
+    ``watermark.horizon`` (default one day); it is the delay Spark sees, so it must exceed the
+    largest skew between partitions, and it is also the window of
+    ``dropDuplicatesWithinWatermark``. A mismatch fails the query at its first carrier row.
+    """
+    from pyspark.sql import functions as F
+
+    from flinkish.session import seed_runner_environment
+
+    missing = [c for c in _SOURCE_COLUMNS if c not in df.columns]
+    if missing:
+        raise OptionError(
+            f"with_watermark needs the flinkish source's columns {list(_SOURCE_COLUMNS)}; "
+            f"{missing} are missing: apply it to the source's DataFrame before selecting, "
+            "dropping or filtering its marker rows"
+        )
+    if event_time not in df.columns:
+        raise OptionError(f"with_watermark: no column {event_time!r} (event_time)")
+    field = df.schema[event_time]
+    if field.dataType.typeName() not in ("timestamp", "timestamp_ntz"):
+        raise OptionError(
+            f"with_watermark: column {event_time!r} is {field.dataType.simpleString()}, not a "
+            "timestamp; derive a timestamp column first (e.g. F.timestamp_millis(...))"
+        )
+    if _SPARK_DELAY_KEY in (field.metadata or {}):
+        raise OptionError(
+            f"with_watermark: column {event_time!r} already has a watermark (withWatermark was "
+            "called on this DataFrame); use with_watermark instead of withWatermark, not both"
+        )
+    horizon_ms = DEFAULT_HORIZON_MS if horizon is None else parse_duration_ms("horizon", horizon)
+    if horizon_ms <= 0:
+        raise OptionError("with_watermark: horizon must be a positive duration")
+
+    seed_runner_environment(df.sparkSession)  # before the query starts, see flinkish.session
+    kind, t = F.col("kind"), F.col(event_time)
+    if event_time != "eventTime":
+        df = df.withColumn(event_time, F.when(kind == KIND_CARRIER, F.col("eventTime"))
+                           .otherwise(t))
+    expected = F.timestamp_millis(
+        F.least(F.col("watermark"), F.lit(LAST_TIMESTAMP_MS - horizon_ms)) + F.lit(horizon_ms)
+    )
+    mismatch = (
+        f"flinkish.with_watermark declares horizon={horizon_ms} ms but the source's carrier "
+        "row says otherwise: set the source option watermark.horizon and with_watermark's "
+        "horizon to the same duration"
+    )
+    keep_records = (
+        F.when(kind == KIND_RECORD, F.lit(True))
+        .when((kind == KIND_CARRIER) & (t != expected), F.raise_error(F.lit(mismatch)))
+        .otherwise(F.isnull(t) & F.isnotnull(t))
+    )
+    return (
+        df.withWatermark(event_time, f"{horizon_ms} milliseconds")
+        .filter(keep_records)
+        .drop(*MARKER_COLUMNS)
+    )

@@ -1,0 +1,147 @@
+"""The combined watermark at planning time, and the carrier row that hands it to Spark.
+
+When the driver plans batch N+1 it needs W_N, the valve's combined watermark after epoch N. It
+gets it the way the sink does (the same :func:`flinkish_core.epoch_valve.advance`): the valve as
+it was before epoch N, fed with epoch N's markers. Both come from the offset that ends epoch N,
+which Spark journals, so a replay carries the identical watermark:
+
+* ``valve``: the valve before the last batch that read anything (watermark, status, channels
+  and the valve's snapshot), and
+* ``slices``: that batch's slices, whose markers the read tasks recorded beside their
+  generator state (:class:`~flinkish_source.source_state.SliceOutcome`); a slice nobody
+  recorded (a status change only, or a task whose rows were not all consumed) is re-read here.
+
+Each batch carries one *carrier* row (``kind = 'carrier'``) whose event time is the combined
+watermark W plus the horizon H (``watermark.horizon``). ``flinkish.with_watermark`` declares
+``withWatermark(eventTime, H)``, so Spark's own watermark, max(event time) - H, becomes W for
+the next batch as long as no record is more than H ahead of W (the read tasks warn about any
+that is). The carrier of batch N+1 holds W_N: Spark's watermark trails the combined watermark by
+one micro-batch, which only makes Spark more lenient than Flink's valve, never stricter.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flinkish_core.epoch_valve import EpochWatermark, advance, initial
+from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
+from flinkish_core.watermark import LAST_TIMESTAMP_MS, MIN_WATERMARK
+from flinkish_source.offset_planner import Positions
+from flinkish_source.options import SourceOptions
+from flinkish_source.partition_reader import SlicePlan, read_slice
+from flinkish_source.schema import arrow_schema
+from flinkish_source.source_state import SourceStateStore
+
+logger = logging.getLogger(__name__)
+
+#: The journaled offset's key for the planning-time valve.
+OFFSET_KEY = "valve"
+
+
+@dataclass(frozen=True)
+class PlanningValve:
+    """What an end offset journals for the next planning: the combined watermark state before
+    the last batch that read anything, and that batch's slices."""
+
+    before: EpochWatermark
+    slices: tuple[tuple[str, int, int, int, str | None, str], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "watermark": self.before.watermark,
+            "status": self.before.status,
+            "channels": list(self.before.channels),
+            "snapshot": self.before.valve,
+            "slices": [list(s) for s in self.slices],
+        }
+
+    @classmethod
+    def from_offset(cls, offset: Mapping[str, Any]) -> PlanningValve:
+        data = offset.get(OFFSET_KEY)
+        if data is None:  # the initial offset: no partition known yet
+            return cls(initial())
+        watermark = int(data["watermark"])
+        before = EpochWatermark(0, watermark, str(data["status"]), watermark,
+                                tuple(data["channels"]), data["snapshot"])
+        slices = tuple(
+            (str(t), int(p), int(start), int(end), start_status, str(end_status))
+            for t, p, start, end, start_status, end_status in data["slices"]
+        )
+        return cls(before, slices)
+
+
+
+def combined_after(options: SourceOptions, offset: Mapping[str, Any],
+                   positions: Positions) -> EpochWatermark:
+    """The combined watermark after the batch that ``offset`` ends (with ``positions``, the
+    offset's partition positions)."""
+    journaled = PlanningValve.from_offset(offset)
+    plans = []
+    for topic, partition, start, end, start_status, end_status in journaled.slices:
+        pos = positions[(topic, partition)]
+        plans.append(SlicePlan(topic, partition, start, end, start_status, end_status,
+                               pos.base, pos.stop))
+    return advance(journaled.before, 0, _markers(options, plans))
+
+
+def journal(before: EpochWatermark, slices: Iterable[SlicePlan]) -> dict[str, Any]:
+    """The offset entry for a batch with these slices, planned with ``before`` in force."""
+    return PlanningValve(before, tuple(
+        (s.topic, s.partition, s.start, s.end, s.start_status, s.end_status) for s in slices
+    )).to_json()
+
+
+def _markers(options: SourceOptions, plans: list[SlicePlan]) -> list[Marker]:
+    assert options.state_location is not None  # parse_options requires it with markers
+    store = SourceStateStore(options.state_location)
+    markers: list[Marker] = []
+    for plan in plans:
+        outcome = store.load_outcome(plan.topic, plan.partition, plan.end) if (
+            plan.end > plan.start) else None
+        if outcome is not None and (outcome.start, outcome.start_status, outcome.end_status) == (
+                plan.start, plan.start_status, plan.end_status):
+            markers.extend(outcome.markers)
+            continue
+        if plan.end > plan.start:
+            logger.warning(
+                "no recorded markers for %s/%s offsets %s..%s in %s: its read task did not "
+                "finish the slice; re-reading it on the driver", plan.topic, plan.partition,
+                plan.start, plan.end - 1, options.state_location,
+            )
+        for batch in read_slice(options, plan):
+            markers.extend(_marker_rows(batch))
+    return markers
+
+
+def _marker_rows(batch: pa.RecordBatch) -> list[Marker]:
+    rows = batch.filter(pc.is_in(batch.column("kind"), pa.array(MARKER_KINDS)))
+    if rows.num_rows == 0:
+        return []
+    columns = [rows.column(name).to_pylist() for name in MARKER_FIELDS]
+    return [Marker.from_json(list(values)) for values in zip(*columns, strict=True)]
+
+
+def horizon_limit(watermark: int, horizon_ms: int) -> int | None:
+    """Event times (ms) above this would move Spark's watermark past ``watermark``."""
+    if watermark == MIN_WATERMARK:
+        return None
+    return min(watermark, LAST_TIMESTAMP_MS - horizon_ms) + horizon_ms
+
+
+def carrier(include_headers: bool, watermark: int, horizon_ms: int) -> pa.RecordBatch:
+    """The batch's carrier row: event time W + H (clamped to Spark's last timestamp, so
+    MAX_WATERMARK closes every window), ``watermark`` W; every other column null."""
+    schema = arrow_schema(include_headers)
+    row: dict[str, list[Any]] = {name: [None] for name in schema.names}
+    row["kind"] = [KIND_CARRIER]
+    row["watermark"] = [watermark]
+    limit = horizon_limit(watermark, horizon_ms)
+    assert limit is not None
+    row["eventTime"] = [limit * 1000]
+    return pa.RecordBatch.from_pydict(row, schema=schema)

@@ -1,0 +1,131 @@
+"""``flinkish.with_watermark``: Spark's own windowed aggregation on the combined watermark, against
+a real broker and real Spark, beside Spark's own ``withWatermark`` on the same data."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+import flinkish
+from flinkish import OptionError
+from integration.kafka_helpers import Collector, produce, source, wait_for
+
+pytestmark = pytest.mark.integration
+
+BASE = 1_700_000_000_000  # a multiple of the 10 s window
+WINDOW_MS = 10_000
+LAG_MS = {0: 0, 1: 60_000, 2: 10_000}  # partition 1 lags a minute behind partition 0
+
+
+def wave(first: int, last: int, partitions: tuple[int, ...]) -> list[tuple[int, bytes, bytes, int]]:
+    return [
+        (p, f"k{p}-{i}".encode(), b"{}", BASE - LAG_MS[p] + i * 1_000)
+        for i in range(first, last) for p in partitions
+    ]
+
+
+def truth(records: list[tuple[int, bytes, bytes, int]]) -> Counter[tuple[int, int]]:
+    """(window start ms, partition) -> records."""
+    return Counter((ts - ts % WINDOW_MS, p) for p, _, _, ts in records)
+
+
+def windows(collector: Collector) -> list[tuple[int, int, int]]:
+    """(window start ms, partition, count) of every emitted window row, in emission order."""
+    with collector.lock:
+        rows = [row for _, row in collector.rows]
+    return [(int(r.window.start.timestamp() * 1000), r.partition, r["count"]) for r in rows]
+
+
+def dropped(query: Any) -> int:
+    return sum(op.get("numRowsDroppedByWatermark", 0)
+               for p in query.recentProgress for op in p.get("stateOperators", []))
+
+
+def counting(df: Any) -> Any:
+    from pyspark.sql import functions as F
+
+    return df.groupBy(F.window("eventTime", "10 seconds"), "partition").count()
+
+
+def test_windows_count_every_row_of_a_lagging_partition_and_close_while_running(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Any
+) -> None:
+    name = topic(3)
+    first = wave(0, 40, (0, 1)) + wave(0, 10, (2,))  # partition 2 then falls silent
+    produce(kafka_bootstrap, name, first)
+    flinkish.register(spark)
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"watermark.maxOutOfOrderness": "1 second", "idleTimeout": "3 seconds",
+                       "maxOffsetsPerTrigger": "30"})
+    collector = Collector()
+    query = (counting(flinkish.with_watermark(events)).writeStream.foreachBatch(collector)
+             .outputMode("append").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(processingTime="500 milliseconds").start())
+    try:
+        # partition 1 holds the combined watermark back: its own early windows close
+        wait_for(lambda: (BASE - 60_000, 1) in {(w, p) for w, p, _ in windows(collector)}, 180,
+                 "the lagging partition's first window to close while the query runs")
+        second = wave(40, 80, (0, 1))
+        produce(kafka_bootstrap, name, second)
+        expected = truth(first + second)
+        # partition 2 went idle and released the watermark: windows after its last record
+        # close, up to the lagging partition's watermark (its newest record ~BASE + 19 s)
+        must_close = {key for key in expected if key[0] + WINDOW_MS <= BASE + 10_000}
+        wait_for(lambda: must_close <= {(w, p) for w, p, _ in windows(collector)}, 180,
+                 f"windows {sorted(must_close)} to close")
+        assert query.isActive and query.exception() is None
+        plan = query._jsq.streamingQuery().lastExecution().optimizedPlan().toString()
+    finally:
+        query.stop()
+    emitted = windows(collector)
+    assert len({(w, p) for w, p, _ in emitted}) == len(emitted), "a window was emitted twice"
+    wrong = [(w, p, c, expected[(w, p)]) for w, p, c in emitted if c != expected[(w, p)]]
+    assert not wrong, "(window, partition, counted, produced)"
+    assert dropped(query) == 0
+    # the filter that removes the carrier and the markers stays above the watermark node
+    filters = [i for i, line in enumerate(plan.splitlines()) if "Filter" in line]
+    node = [i for i, line in enumerate(plan.splitlines()) if "EventTimeWatermark" in line]
+    assert node and filters and min(filters) < node[0] and max(filters) < node[0], plan
+
+    # the same data through Spark's own watermark: the lagging partition's rows are dropped
+    spark_collector = Collector()
+    own = (events.filter("kind = 'record'").withWatermark("eventTime", "10 seconds"))
+    query = (counting(own).writeStream.foreachBatch(spark_collector).outputMode("append")
+             .option("checkpointLocation", str(tmp_path / "ck-spark"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert not query.isActive and query.exception() is None
+    lost = sum(expected[(w, p)] - c for w, p, c in windows(spark_collector))
+    assert dropped(query) > 0 and lost > 0
+
+
+def test_horizon_mismatch_fails_the_query_with_a_clear_error(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Any
+) -> None:
+    name = topic(1)
+    produce(kafka_bootstrap, name, wave(0, 20, (0,)))
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"watermark.horizon": "1 hour", "maxOffsetsPerTrigger": "5"})
+    query = (counting(flinkish.with_watermark(events)).writeStream.format("noop")
+             .outputMode("append").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    deadline = time.monotonic() + 240
+    while query.isActive and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert query.exception() is not None
+    assert "watermark.horizon" in str(query.exception())
+
+
+def test_plan_time_guards(spark: Any, kafka_bootstrap: str, tmp_path: Any) -> None:
+    events = source(spark, kafka_bootstrap, "guards", str(tmp_path / "state"))
+    with pytest.raises(OptionError, match="needs the flinkish source's columns"):
+        flinkish.with_watermark(events.select("key", "eventTime"))
+    with pytest.raises(OptionError, match="already has a watermark"):
+        flinkish.with_watermark(events.withWatermark("eventTime", "1 minute"))
+    with pytest.raises(OptionError, match="not a timestamp"):
+        flinkish.with_watermark(events, event_time="offset")
+    with pytest.raises(OptionError, match="not a duration"):
+        flinkish.with_watermark(events, horizon="soon")

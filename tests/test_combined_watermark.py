@@ -1,0 +1,252 @@
+"""The combined watermark at planning time (``flinkish_source.combined_watermark``) against a
+fake Kafka, driven the way Spark drives the source: plan (latestOffset), run the read tasks
+(partitions + read), repeat. What the driver journals must agree with what a sink computes from
+the same batches' marker rows with the valve over epochs."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+import flinkish_source.kafka_client as kafka_client
+from flinkish_core.epoch_valve import EpochWatermark, advance, initial
+from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
+from flinkish_core.watermark import LAST_TIMESTAMP_MS, MAX_WATERMARK, MIN_WATERMARK
+from flinkish_source import stream_reader
+from flinkish_source.combined_watermark import OFFSET_KEY
+from flinkish_source.kafka_client import OffsetRange
+from flinkish_source.options import parse_options
+from flinkish_source.stream_reader import FlinkishStreamReader
+
+TOPIC = "t"
+HORIZON = 3_600_000
+
+
+@dataclass
+class Message:
+    _partition: int
+    _offset: int
+    _ts: int
+
+    def key(self) -> bytes:
+        return b"k"
+
+    def value(self) -> bytes:
+        return b"{}"
+
+    def offset(self) -> int:
+        return self._offset
+
+    def timestamp(self) -> tuple[int, int]:
+        return (1, self._ts)
+
+    def headers(self) -> None:
+        return None
+
+
+@dataclass
+class Cluster:
+    """Partitions of one topic as lists of timestamps, and a clock."""
+
+    partitions: int
+    logs: dict[int, list[int]] = field(default_factory=dict)
+    now: int = 0
+
+    def add(self, partition: int, *timestamps: int) -> None:
+        self.logs.setdefault(partition, []).extend(timestamps)
+
+    def read_range(self, options: Any, topic: str, partition: int, start: int, end: int,
+                   chunk: int) -> Iterator[list[Message]]:
+        log = self.logs.get(partition, [])
+        wanted = [Message(partition, o, log[o]) for o in range(start, min(end, len(log)))]
+        if wanted:
+            yield wanted
+
+    def ranges(self) -> tuple[list[tuple[str, int]], dict[tuple[str, int], OffsetRange]]:
+        tps = [(TOPIC, p) for p in range(self.partitions)]
+        return tps, {tp: OffsetRange(0, len(self.logs.get(tp[1], []))) for tp in tps}
+
+
+@dataclass
+class Run:
+    """Spark's loop over the source, with a sink that runs the valve over each epoch."""
+
+    reader: FlinkishStreamReader
+    cluster: Cluster
+    offset: dict[str, Any]
+    sink: EpochWatermark = field(default_factory=initial)
+    sink_history: list[EpochWatermark] = field(default_factory=list)
+    carriers: list[tuple[int, int]] = field(default_factory=list)  # (epoch, carrier watermark)
+    batches: list[tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=list)
+
+    def step(self, advance_ms: int = 0) -> bool:
+        """Plan one batch and run it; False if Spark would plan none."""
+        self.cluster.now += advance_ms
+        end = self.reader.latestOffset(self.offset, ReadAllAvailable())
+        if end == self.offset:
+            return False
+        end = json.loads(json.dumps(end))  # journaled as JSON by Spark
+        rows = self.read(self.offset, end)
+        epoch = len(self.batches)
+        carriers = [r for r in rows if r["kind"] == KIND_CARRIER]
+        assert len(carriers) <= 1
+        if carriers:
+            self.carriers.append((epoch, carriers[0]["watermark"]))
+        markers = [Marker.from_json([r[f] for f in MARKER_FIELDS])
+                   for r in rows if r["kind"] in MARKER_KINDS]
+        self.sink = advance(self.sink, epoch, markers)
+        self.sink_history.append(self.sink)
+        self.batches.append((self.offset, end))
+        self.offset = end
+        return True
+
+    def read(self, start: dict[str, Any], end: dict[str, Any]) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = []
+        for partition in self.reader.partitions(start, end):
+            for batch in self.reader.read(partition):
+                table = pa.Table.from_batches([batch])
+                for name in ("timestamp", "eventTime"):  # as microseconds: the carrier's
+                    at = table.schema.get_field_index(name)  # is past Python's datetime
+                    table = table.set_column(at, name, table.column(name).cast(pa.int64()))
+                rows.extend(table.to_pylist())
+        return rows
+
+    def settle(self, advance_ms: int = 0, limit: int = 10) -> int:
+        """Plan until Spark would plan nothing more; the number of batches that ran."""
+        ran = 0
+        while self.step(advance_ms if ran == 0 else 0):
+            ran += 1
+            assert ran < limit, "the source keeps planning batches on a quiet topic"
+        return ran
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
+    fake = Cluster(3)
+    monkeypatch.setattr(kafka_client, "read_range", fake.read_range)
+    monkeypatch.setattr(stream_reader, "_now_ms", lambda: fake.now)
+    monkeypatch.setattr(FlinkishStreamReader, "_cluster", lambda self: fake.ranges())
+    return fake
+
+
+def start_run(cluster: Cluster, tmp_path: Path, **extra: str) -> Run:
+    options = parse_options({
+        "kafka.bootstrap.servers": "b:1", "subscribe": TOPIC, "startingOffsets": "earliest",
+        "checkpointing.location": str(tmp_path / "state"), "idleTimeout": "10 s",
+        "watermark.maxOutOfOrderness": "1 s", "watermark.horizon": "1 hour", **extra,
+    })
+    reader = FlinkishStreamReader(options)
+    return Run(reader, cluster, json.loads(json.dumps(reader.initialOffset())))
+
+
+def journaled_watermark(offset: dict[str, Any]) -> int:
+    return int(offset[OFFSET_KEY]["watermark"])
+
+
+def test_carrier_of_each_batch_is_the_sinks_combined_watermark_of_the_one_before(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    run = start_run(cluster, tmp_path)
+    cluster.add(0, 10_000, 12_000)
+    cluster.add(1, 5_000)
+    cluster.add(2, 20_000, 21_000)
+    assert run.step()
+    assert run.carriers == []  # nothing combined before the first batch
+    cluster.add(0, 15_000)
+    cluster.add(1, 9_000, 8_000)
+    assert run.step(1_000)
+    cluster.add(2, 30_000)
+    assert run.step(1_000)
+    assert run.settle(1_000) <= 1
+    # batch N carries the combined watermark the sink recorded after epoch N-1
+    assert run.carriers == [(n, run.sink_history[n - 1].watermark)
+                            for n in range(1, len(run.batches))
+                            if run.sink_history[n - 1].watermark != MIN_WATERMARK]
+    assert run.sink.watermark == 7_999  # partition 1 holds it back
+    assert journaled_watermark(run.offset) == run.sink.watermark
+
+
+def test_a_partition_going_idle_releases_the_watermark_in_a_batch_of_its_own(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    run = start_run(cluster, tmp_path)
+    for p, ts in ((0, 50_000), (1, 50_000), (2, 5_000)):
+        cluster.add(p, ts)
+    run.settle()
+    assert run.sink.watermark == 3_999  # partition 2 lags
+    before = len(run.batches)
+    cluster.add(0, 60_000)
+    cluster.add(1, 61_000)
+    run.settle(1_000)
+    assert run.sink.watermark == 3_999
+    # 10 s without news from partition 2: IDLE in the next batch, then a batch whose only row
+    # is the carrier of the released watermark, then nothing more
+    cluster.add(0, 70_000)
+    cluster.add(1, 71_000)
+    assert run.settle(10_000) == 2
+    assert run.sink.watermark == 68_999
+    assert [row["kind"] for row in run.read(*run.batches[-1])] == [KIND_CARRIER]
+    assert run.carriers[-1] == (len(run.batches) - 1, 68_999)
+    assert len(run.batches) == before + 3
+    # everything idle: the valve flushes the maximum, which a last batch carries
+    assert run.settle(10_000) == 2
+    assert run.sink.watermark == run.carriers[-1][1] == 69_999
+    assert run.settle(60_000) == 0  # a quiet topic plans no batch
+
+
+def test_replayed_batches_read_identically_and_plan_the_same(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    run = start_run(cluster, tmp_path)
+    cluster.add(0, 1_000, 2_000)
+    cluster.add(1, 3_000)
+    cluster.add(2, 4_000)
+    run.settle()
+    cluster.add(0, 9_000)
+    cluster.add(1, 8_000)
+    run.settle(1_000)
+    for start, end in run.batches:
+        assert run.read(start, end) == run.read(start, end)
+    # re-planning from a journaled offset gives the journaled watermark again
+    start, end = run.batches[-1]
+    again = run.reader.latestOffset(start, ReadAllAvailable())
+    assert again[OFFSET_KEY] == end[OFFSET_KEY]
+
+
+def test_markers_a_task_did_not_record_are_re_read_on_the_driver(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    run = start_run(cluster, tmp_path)
+    cluster.add(0, 10_000)
+    cluster.add(1, 11_000)
+    cluster.add(2, 12_000)
+    run.settle()
+    for record in (tmp_path / "state" / "source").rglob("*"):
+        if record.is_file():
+            record.unlink()  # as if the tasks' rows had not all been consumed
+    cluster.add(0, 20_000)
+    assert run.settle(1_000) == 2  # the records, then the carrier of the watermark they moved
+    assert run.carriers[-2] == (len(run.batches) - 2, 8_999)
+    assert run.carriers == [(n, run.sink_history[n - 1].watermark)
+                            for n in range(1, len(run.batches))]
+
+
+def test_bounded_input_ends_at_max_watermark_clamped_to_sparks_last_timestamp(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    cluster.add(0, 1_000)
+    cluster.add(1, 2_000)
+    cluster.add(2, 3_000)
+    run = start_run(cluster, tmp_path, endingOffsets="latest")
+    run.settle()
+    assert run.sink.watermark == MAX_WATERMARK
+    assert run.carriers[-1][1] == MAX_WATERMARK
+    carrier_row = next(r for r in run.read(*run.batches[-1]) if r["kind"] == KIND_CARRIER)
+    assert carrier_row["eventTime"] == LAST_TIMESTAMP_MS * 1000
