@@ -382,6 +382,12 @@ def _start_together(
 
     def run(i: int) -> None:
         try:
+            # Spark looks Python data sources up in the JVM thread's active session, which a
+            # new Python thread's JVM thread does not have (DATA_SOURCE_NOT_FOUND otherwise)
+            from pyspark.sql import SparkSession
+
+            SparkSession._get_j_spark_session_class(spark._jvm).setActiveSession(
+                spark._jsparkSession)
             barrier.wait(60)
             started[i] = (jobs[i], _start(spark, jobs[i]), None)
         except Exception as exc:
