@@ -88,9 +88,14 @@ class CheckpointStore:
     Opening claims the location for ``owner`` with a new generation (FencedError if another
     query owns it; earlier instances of this query are fenced from then on) and removes temp
     files crashed writes left behind. ``retain`` (>= 1) completed checkpoints are kept.
+    ``run`` names the run of the query this instance belongs to: an instance of the run that
+    holds the claim adopts it instead of claiming anew, and a superseded run may not claim
+    again (see :mod:`checkpointing.fencing`).
     """
 
-    def __init__(self, storage: CheckpointStorage, *, owner: str, retain: int = 10) -> None:
+    def __init__(
+        self, storage: CheckpointStorage, *, owner: str, retain: int = 10, run: str | None = None
+    ) -> None:
         if isinstance(retain, bool) or not isinstance(retain, int) or retain < 1:
             raise ValueError(f"retain must be an int >= 1, got {retain!r}")
         if not isinstance(owner, str) or not owner:
@@ -98,7 +103,7 @@ class CheckpointStore:
         self._storage = storage
         self.owner = owner
         self.retain = retain
-        self._fence: OwnerFence | None = OwnerFence.acquire(storage, owner)
+        self._fence: OwnerFence | None = OwnerFence.acquire(storage, owner, run)
         # Safe only now: any writer that could own a temp file is fenced.
         removed = storage.cleanup_temp()
         if removed:
@@ -127,8 +132,14 @@ class CheckpointStore:
 
     @property
     def generation(self) -> int:
-        """This instance's generation: how many instances of the query opened the location."""
+        """This instance's generation: how many claims the location has seen (runs of the
+        query, or instances opened without a run)."""
         return 0 if self._fence is None else self._fence.claim.generation
+
+    @property
+    def run(self) -> str | None:
+        """The run this instance's claim names (None: opened without one, or read-only)."""
+        return None if self._fence is None else self._fence.claim.run
 
     # -- writes --------------------------------------------------------------------------
 

@@ -18,18 +18,37 @@ two runs opening at the very same moment can both write; the token (not the gene
 number, which both may have chosen) makes the loser fail at its read-back or its first write.
 A zombie that passed its check just before a new run claimed the location can still finish
 that one write: fencing narrows the window to one operation, it cannot close it.
+
+**Runs.** A writer that may open the store from more than one process during one run of the
+query (the Spark sink: its commits run in a Python worker that Spark may replace) names the run
+(Spark's ``runId``). Opening with the run that holds the claim *adopts* the claim — same
+generation, same token — instead of fencing the run's own earlier process; opening with a new
+run claims the next generation and records the superseded run, which may then never claim the
+location again: a zombie, however often its processes are replaced, cannot fence the live run
+back. The newest run wins, as in Flink and Kafka: a driver cannot tell a crashed predecessor
+from a live one, and a restart must not wait for one. Two live drivers of one query therefore
+end with the older one failing at its next write, with a message that says so. Without a run
+(``run=None``) every opening claims anew, as before.
 """
 
 from __future__ import annotations
 
+import logging
+import socket
 import uuid
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from checkpointing.checkpoint import now_ms
 from checkpointing.storage import CheckpointStorage, CorruptRecordError
 
+logger = logging.getLogger(__name__)
+
 OWNER_RECORD = "_owner"
+#: How many superseded runs the owner record remembers (a zombie older than that many
+#: restarts is fenced only by its stale token again, which still stops its writes).
+SUPERSEDED_KEPT = 64
 
 
 class FencedError(Exception):
@@ -39,24 +58,48 @@ class FencedError(Exception):
 
 @dataclass(frozen=True)
 class Claim:
-    """Who holds a location: the query, the run's generation and the run's random token."""
+    """Who holds a location: the query, the run's generation and the run's random token, and
+    (when the writer names it) the run itself, where it was claimed from and when."""
 
     owner: str
     generation: int
     token: str
+    run: str | None = None
+    host: str | None = None
+    claimed_ms: int | None = None
+    superseded: tuple[str, ...] = ()  # runs that held the location before, oldest first
 
     @classmethod
     def from_record(cls, record: Any, path: str) -> Claim:
         fields = record if isinstance(record, dict) else {}
         owner, generation, token = (fields.get(k) for k in ("owner", "generation", "token"))
+        run, host, claimed = (fields.get(k) for k in ("run", "host", "claimed_ms"))
+        superseded = fields.get("superseded_runs", [])
         if not (
             isinstance(owner, str)
             and isinstance(generation, int)
             and not isinstance(generation, bool)
             and isinstance(token, str)
+            and isinstance(run, str | None)
+            and isinstance(host, str | None)
+            and (claimed is None or (isinstance(claimed, int) and not isinstance(claimed, bool)))
+            and isinstance(superseded, list)
+            and all(isinstance(r, str) for r in superseded)
         ):
             raise CorruptRecordError(path, "not an owner record")
-        return cls(owner, generation, token)
+        return cls(owner, generation, token, run, host, claimed, tuple(superseded))
+
+    def describe(self) -> str:
+        """``generation 3 (run 1f2e…, claimed from host h at 2026-…Z)`` for messages."""
+        where = []
+        if self.run:
+            where.append(f"run {self.run}")
+        if self.host:
+            where.append(f"claimed from host {self.host}")
+        if self.claimed_ms is not None:
+            when = datetime.fromtimestamp(self.claimed_ms / 1000, timezone.utc)
+            where.append(f"at {when:%Y-%m-%d %H:%M:%S}Z")
+        return f"generation {self.generation}" + (f" ({', '.join(where)})" if where else "")
 
 
 class OwnerFence:
@@ -68,26 +111,50 @@ class OwnerFence:
         self.claim = claim
 
     @classmethod
-    def acquire(cls, storage: CheckpointStorage, owner: str) -> OwnerFence:
-        """Claim ``storage`` for ``owner`` with the next generation, fencing earlier runs.
+    def acquire(cls, storage: CheckpointStorage, owner: str, run: str | None = None) -> OwnerFence:
+        """Claim ``storage`` for ``owner`` with the next generation, fencing earlier runs; or,
+        when ``run`` already holds the claim, adopt it (see the module docstring).
 
-        Raises FencedError if another query owns the location."""
+        Raises FencedError if another query owns the location, or if ``run`` was superseded
+        by a newer run of the query (a zombie, or the older of two live drivers)."""
         current = _read_claim(storage)
         if current is not None and current.owner != owner:
             raise FencedError(_foreign(storage, owner, current.owner))
+        if run is not None and current is not None:
+            if current.run == run:
+                fence = cls(storage, current)
+                fence.check()
+                return fence
+            if run in current.superseded:
+                raise FencedError(_superseded_run(storage, owner, run, current))
         generation = 1 if current is None else current.generation + 1
-        claim = Claim(owner, generation, uuid.uuid4().hex)
-        storage.write_json(
-            OWNER_RECORD,
-            {
-                "owner": owner,
-                "generation": generation,
-                "token": claim.token,
-                "claimed_ms": now_ms(),
-            },
+        superseded = list(current.superseded) if current is not None else []
+        if current is not None and current.run is not None and current.run not in superseded:
+            superseded.append(current.run)
+        claim = Claim(
+            owner, generation, uuid.uuid4().hex, run, _host(), now_ms(),
+            tuple(superseded[-SUPERSEDED_KEPT:]),
         )
+        record: dict[str, Any] = {
+            "owner": owner,
+            "generation": generation,
+            "token": claim.token,
+            "claimed_ms": claim.claimed_ms,
+            "host": claim.host,
+        }
+        if run is not None:
+            record["run"] = run
+        if claim.superseded:
+            record["superseded_runs"] = list(claim.superseded)
+        storage.write_json(OWNER_RECORD, record)
         fence = cls(storage, claim)
         fence.check()  # read back: did a run opening at the same moment overwrite us?
+        if current is not None and run is not None and current.run is not None:
+            logger.info(
+                "query %s claimed checkpoint location %s: %s; the previous holder, %s, is "
+                "fenced from now on (if it still runs, it fails at its next write)",
+                owner, storage.location, claim.describe(), current.describe(),
+            )
         return fence
 
     def check(self) -> None:
@@ -104,10 +171,12 @@ class OwnerFence:
         if current.owner != mine.owner:
             raise FencedError(_foreign(self._storage, mine.owner, current.owner))
         if (current.generation, current.token) != (mine.generation, mine.token):
+            if mine.run is not None and current.run is not None and current.run != mine.run:
+                raise FencedError(_superseded_run(self._storage, mine.owner, mine.run, current))
             raise FencedError(
                 f"checkpoint location {where!r}: this instance of query {mine.owner!r} "
-                f"(generation {mine.generation}) was superseded by generation "
-                f"{current.generation}, a newer run of the same query; this instance is a "
+                f"(generation {mine.generation}) was superseded by "
+                f"{current.describe()}, a newer run of the same query; this instance is a "
                 "zombie and must stop writing"
             )
 
@@ -118,6 +187,24 @@ def _read_claim(storage: CheckpointStorage) -> Claim | None:
     except FileNotFoundError:
         return None
     return Claim.from_record(record, storage.full_path(OWNER_RECORD))
+
+
+def _host() -> str | None:
+    try:
+        return socket.gethostname() or None
+    except OSError:
+        return None
+
+
+def _superseded_run(storage: CheckpointStorage, owner: str, run: str, current: Claim) -> str:
+    return (
+        f"checkpoint location {storage.location!r}: run {run} of query {owner!r} was "
+        f"superseded by a newer run of the same query, now holding {current.describe()}; "
+        "two drivers were running this query (or this one is a zombie of a restarted one), and "
+        "the newer one wins. This run stops writing here and may not claim the location again. "
+        "If the newer run is the one you want, stop this driver; if not, stop the newer one "
+        "first, then start this query again (a new run claims the location anew)."
+    )
 
 
 def _foreign(storage: CheckpointStorage, owner: str, other: str) -> str:

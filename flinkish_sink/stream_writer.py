@@ -4,6 +4,16 @@ Write tasks (executors) run beginTransaction / write / preCommit; the driver's
 ``commit(messages, batchId)`` runs :class:`TwoPhaseCommitCoordinator` for the epoch. Only the
 commit messages travel from tasks to the driver, so each carries the task's pre-commits and the
 source's marker rows it saw (markers are not data: they feed the valve at the epoch commit).
+
+Fencing across epochs: Spark runs ``commit`` on a fresh writer every batch, but in one
+long-lived Python worker of the driver (seen: the same process for every batch of a query, and
+for the next run of it in the same driver). The checkpoint store claimed at a run's first
+commit is kept in that process (``_STORES``) for its later epochs, so the run keeps one
+generation instead of claiming a new one every epoch. Each commit message names the Spark run
+that wrote it (``runId``, the job group of the write tasks), so a replaced worker of the same
+run adopts the run's claim, a restart (a new run) claims anew, and a superseded run — a zombie
+or the older of two live drivers — fails with FencedError and never claims the location back
+(see :mod:`checkpointing.fencing`).
 """
 
 from __future__ import annotations
@@ -45,6 +55,21 @@ _MARKER_KINDS = pa.array(MARKER_KINDS)
 #: (options, schema) pairs whose targets this process has checked (and created) already.
 _CHECKED: set[tuple[str, str]] = set()
 
+#: The checkpoint stores this process holds a claim on, by (store location, query id), with
+#: the run that claimed it (see the module docstring).
+_STORES: dict[tuple[str, str], tuple[str | None, CheckpointStore]] = {}
+
+
+def spark_run_id() -> str | None:
+    """In a write task, the run of the streaming query that runs it (Spark's ``runId``: the
+    micro-batch's job group); None outside a task."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    if context is None:
+        return None
+    return context.getLocalProperty("spark.jobGroup.id") or None
+
 
 @dataclass
 class SinkCommitMessage(WriterCommitMessage):
@@ -53,6 +78,8 @@ class SinkCommitMessage(WriterCommitMessage):
     markers: list[list[Any]] = field(default_factory=list)
     rows: int = 0
     late_rows: int = 0
+    #: the query run whose task built the message (set where it is built: in the task)
+    run: str | None = field(default_factory=spark_run_id)
 
 
 def make_target(options: SinkOptions, late: bool = False) -> Target:
@@ -211,11 +238,30 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
 
     # -- driver side -----------------------------------------------------------------------
 
-    def _coordinator(self) -> TwoPhaseCommitCoordinator:
+    def _store(self, run: str | None) -> CheckpointStore:
+        """This process's claim on the query's store: kept across epochs of a run, claimed
+        anew by a new run (``run`` None: a batch without tasks; keep whatever is held)."""
+        location = store_location(self._options)
+        key = (location, self._query)
+        held = _STORES.get(key)
+        if held is not None and (run is None or held[0] == run):
+            return held[1]
         store = CheckpointStore(
-            CheckpointStorage.open(store_location(self._options)),
-            owner=self._query, retain=self._options.retain,
+            CheckpointStorage.open(location), owner=self._query, retain=self._options.retain,
+            run=run,
         )
+        _STORES[key] = (run, store)
+        return store
+
+    def _coordinator(self, run: str | None = None, *, claim: bool = True
+                     ) -> TwoPhaseCommitCoordinator:
+        if claim:
+            store = self._store(run)
+        else:  # reads only: this process's claim if it holds one, else a view claiming nothing
+            held = _STORES.get((store_location(self._options), self._query))
+            store = held[1] if held is not None else CheckpointStore.reader(
+                CheckpointStorage.open(store_location(self._options))
+            )
         return TwoPhaseCommitCoordinator(
             store, self._target, self._options.prefix, self._query, side_target=self._side,
             transaction_timeout_s=self._options.transaction_timeout_ms / 1000,
@@ -225,7 +271,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         if self._options.guarantee is DeliveryGuarantee.NONE:
             return
         received = [m for m in messages if isinstance(m, SinkCommitMessage)]
-        outcome = self._coordinator().commit_epoch(
+        run = next((m.run for m in received if m.run), None)
+        outcome = self._coordinator(run).commit_epoch(
             batchId,
             [PreCommit.from_json(p) for m in received for p in m.pre_commits],
             [Marker.from_json(mk) for m in received for mk in m.markers],
@@ -245,7 +292,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             PreCommit.from_json(p)
             for m in messages if isinstance(m, SinkCommitMessage) for p in m.pre_commits
         ]
-        self._coordinator().abort_epoch(batchId, pre_commits)
+        # abort only reads the store (was the epoch decided?): it claims nothing
+        self._coordinator(claim=False).abort_epoch(batchId, pre_commits)
 
 
 def _markers(rows: pa.RecordBatch) -> list[list[Any]]:

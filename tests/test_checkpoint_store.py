@@ -465,6 +465,81 @@ def test_removed_location_fences_the_writer(kind: str, tmp_path: Path) -> None:
         store.complete(0, {})
 
 
+def run_store(kind: str, root: Path, run: str | None) -> CheckpointStore:
+    """An instance of ``run`` of query q1 (a driver's process opening the store)."""
+    return CheckpointStore(make_storage(kind, root), owner="q1", run=run)
+
+
+def test_an_instance_of_the_run_holding_the_claim_adopts_it(kind: str, tmp_path: Path) -> None:
+    first = run_store(kind, tmp_path, "run-a")
+    first.complete(0, {})
+    again = run_store(kind, tmp_path, "run-a")  # the run's worker was replaced
+    assert (again.generation, again.run) == (first.generation, "run-a") == (1, "run-a")
+    again.complete(1, {})
+    first.complete(2, {})  # same claim: neither fenced the other
+    assert make_storage(kind, tmp_path).read_json(OWNER_RECORD)["generation"] == 1
+
+
+def test_a_new_run_claims_anew_and_the_old_run_can_never_claim_back(
+    kind: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    old = run_store(kind, tmp_path, "run-a")
+    old.complete(0, {})
+    caplog.set_level(logging.INFO, logger="checkpointing.fencing")
+    new = run_store(kind, tmp_path, "run-b")  # a restart, or a second driver
+    assert new.generation == 2
+    assert any("run run-a" in r.getMessage() and "fenced from now on" in r.getMessage()
+               for r in caplog.records)
+    with pytest.raises(FencedError) as fenced:
+        old.complete(1, {})
+    message = str(fenced.value)
+    assert "run run-a of query 'q1' was superseded" in message and "run run-b" in message
+    assert "stop this driver" in message and "stop the newer one first" in message
+    # the zombie's worker is replaced: it must not fence the live run back
+    with pytest.raises(FencedError, match="may not claim the location again"):
+        run_store(kind, tmp_path, "run-a")
+    new.complete(1, {"by": "run-b"})
+    record = make_storage(kind, tmp_path).read_json(OWNER_RECORD)
+    assert (record["generation"], record["run"], record["superseded_runs"]) == (
+        2, "run-b", ["run-a"])
+    # a third run supersedes both
+    third = run_store(kind, tmp_path, "run-c")
+    assert third.generation == 3
+    for zombie in ("run-a", "run-b"):
+        with pytest.raises(FencedError):
+            run_store(kind, tmp_path, zombie)
+    third.complete(2, {})
+
+
+def test_superseded_runs_are_bounded(kind: str, tmp_path: Path) -> None:
+    from checkpointing.fencing import SUPERSEDED_KEPT
+
+    for i in range(SUPERSEDED_KEPT + 3):
+        run_store(kind, tmp_path, f"run-{i}")
+    record = make_storage(kind, tmp_path).read_json(OWNER_RECORD)
+    assert len(record["superseded_runs"]) == SUPERSEDED_KEPT
+    assert record["superseded_runs"][-1] == f"run-{SUPERSEDED_KEPT + 1}"
+
+
+def test_without_a_run_every_opening_claims_anew(kind: str, tmp_path: Path) -> None:
+    a = run_store(kind, tmp_path, "run-a")
+    plain = run_store(kind, tmp_path, None)
+    assert plain.generation == 2
+    assert run_store(kind, tmp_path, None).generation == 3
+    with pytest.raises(FencedError):
+        a.complete(0, {})
+    assert run_store(kind, tmp_path, "run-b").generation == 4  # after a run-less claim
+
+
+def test_an_owner_record_of_an_earlier_version_is_read(kind: str, tmp_path: Path) -> None:
+    storage = make_storage(kind, tmp_path)
+    storage.write_json(OWNER_RECORD, {"owner": "q1", "generation": 7, "token": "t",
+                                      "claimed_ms": 1})
+    store = run_store(kind, tmp_path, "run-a")
+    assert store.generation == 8
+    store.complete(0, {})
+
+
 # -- random operation sequences ---------------------------------------------------------------
 
 IDS = st.integers(0, 12)
