@@ -79,7 +79,8 @@ def test_queries_started_together_are_each_exactly_once(
          "--timeout", "400"],
         tmp_path / "driver.log", 520)
     failed = [r for r in results if not r["ok"]]
-    assert code == 0 and len(results) == QUERIES and not failed, failed or results
+    assert code == 0 and len(results) == QUERIES and not failed, "\n\n".join(
+        f"{r['name']}: {r['error'][-2500:]}" for r in failed) or results
     env = _env(tmp_path / "driver.log")
     assert set(RUNNER_ENV_KEYS) <= set(env["env_keys_before"])
     assert env["env_keys_after"] == env["env_keys_before"]  # the runners only overwrote
