@@ -8,6 +8,8 @@ One query::
         [--max-offsets N] [--master 'local[2,2]'] [--conf KEY=VALUE ...] [--query-name NAME]
         [--failpoint NAME --failpoint-file FILE [--failpoint-from-epoch N]]
         [--fail-first-attempt EPOCH:TASK[:kill] --evidence FILE [--batch-rows N]]
+        [--windowed [DURATION]] [--ending-offsets JSON] [--idle-timeout DURATION]
+        [--progress FILE]
 
 Several queries in one driver (each with its own checkpoint and table / path)::
 
@@ -38,6 +40,14 @@ Failure injection:
   (``--master 'local[2,2]'``) for the query to succeed.
   ``--batch-rows N`` (rows per UDF batch; the sink's Arrow batches get N/2) must be well below
   the rows of one task, so that rows reach the sink before the failure.
+
+Windows: ``--windowed`` (job key ``"windowed": true`` or a duration) puts
+``flinkish.with_watermark`` and ``groupBy(window(eventTime, DURATION), "partition").count()``
+(default 10 seconds) between source and sink, in append mode, so the sink gets one row per
+closed window: ``window_start``, ``window_end``, ``partition``, ``count``. ``--ending-offsets``
+and ``--idle-timeout`` set the source's ``endingOffsets`` and ``idleTimeout``; ``--progress``
+appends the query's progress reports (one JSON object a line, as Spark reports them; a batch
+may appear twice) to a file while it runs, so a killed run leaves them too.
 """
 
 from __future__ import annotations
@@ -64,7 +74,9 @@ _JOB_KEYS = {
     "name", "bootstrap", "topic", "checkpoint", "source_state", "target", "dsn", "table",
     "path", "prefix", "trigger", "until_offsets", "max_offsets", "fail_first_attempt",
     "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows",
+    "windowed", "ending_offsets", "idle_timeout", "progress",
 }
+DEFAULT_WINDOW = "10 seconds"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -111,6 +123,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-first-attempt", dest="fail_first_attempt", metavar="EPOCH:TASK",
                    help="fail attempt 0 of this task after the sink wrote rows in it")
     p.add_argument("--evidence", help="with --fail-first-attempt: JSON written by the failure")
+    p.add_argument("--windowed", nargs="?", const=DEFAULT_WINDOW, metavar="DURATION",
+                   help="write with_watermark -> groupBy(window(eventTime, DURATION), "
+                        f"partition).count() in append mode (default {DEFAULT_WINDOW})")
+    p.add_argument("--ending-offsets", dest="ending_offsets",
+                   help="endingOffsets of the source (latest or JSON): a bounded query")
+    p.add_argument("--idle-timeout", dest="idle_timeout", help="idleTimeout of the source")
+    p.add_argument("--progress", help="append the query's progress reports to this file")
     return p
 
 
@@ -145,6 +164,14 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"job {i}: trigger processing needs until_offsets")
         if job.get("fail_first_attempt") and not job.get("evidence"):
             raise SystemExit(f"job {i}: fail_first_attempt needs evidence")
+        if job.get("windowed") is True:
+            job["windowed"] = DEFAULT_WINDOW
+        elif job.get("windowed") is False:
+            del job["windowed"]
+        elif "windowed" in job and not isinstance(job["windowed"], str):
+            raise SystemExit(f"job {i}: windowed must be true, false or a duration")
+        if isinstance(job.get("ending_offsets"), dict):
+            job["ending_offsets"] = json.dumps(job["ending_offsets"])
         job["checkpoint"] = os.path.abspath(job["checkpoint"])
         job.setdefault("name", Path(job["checkpoint"]).name)
         job.setdefault("source_state", job["checkpoint"].rstrip("/") + "-source")
@@ -308,14 +335,21 @@ def _start(spark: Any, job: dict[str, Any]) -> Any:
     )
     if job.get("max_offsets"):
         reader = reader.option("maxOffsetsPerTrigger", str(job["max_offsets"]))
+    for key, option in (("ending_offsets", "endingOffsets"), ("idle_timeout", "idleTimeout")):
+        if job.get(key):
+            reader = reader.option(option, job[key])
     df = reader.load()
     if job.get("fail_first_attempt"):
         df = _fail_first_attempt(df, job)
+    if job.get("windowed"):
+        df = _windowed_count(df, job["windowed"])
     writer = (
         df.writeStream.format("flinkish")
         .option("checkpointLocation", job["checkpoint"])
         .option("target", job["target"])
     )
+    if job.get("windowed"):
+        writer = writer.outputMode("append")
     for key, option in (("dsn", "dsn"), ("table", "table"), ("path", "path"),
                         ("prefix", "transactionalIdPrefix")):
         if job.get(key):
@@ -326,7 +360,88 @@ def _start(spark: Any, job: dict[str, Any]) -> Any:
         writer = writer.trigger(availableNow=True)
     else:
         writer = writer.trigger(processingTime="0 seconds")
-    return writer.start()
+    query = writer.start()
+    if job.get("progress"):
+        _ProgressFiles.get(spark).follow(query, job["progress"])
+    return query
+
+
+def _windowed_count(df: Any, duration: str) -> Any:
+    """Spark's own windowed count on the combined watermark: one row per closed window."""
+    from pyspark.sql import functions as F
+
+    import flinkish
+
+    counts = flinkish.with_watermark(df).groupBy(
+        F.window("eventTime", duration), "partition").count()
+    return counts.select(F.col("window.start").alias("window_start"),
+                         F.col("window.end").alias("window_end"), "partition", "count")
+
+
+class _ProgressFiles:
+    """Appends each followed query's progress reports to its file as Spark reports them (a
+    listener, so a run that gets killed leaves the reports of the batches it finished)."""
+
+    _instance: _ProgressFiles | None = None
+
+    def __init__(self, spark: Any) -> None:
+        import threading
+
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        self._lock = threading.Lock()
+        self._files: dict[str, str] = {}
+        self._early: dict[str, list[str]] = {}  # reports of queries not followed yet
+        files = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                files.write(str(event.progress.id), event.progress.json)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        spark.streams.addListener(Listener())
+
+    @classmethod
+    def get(cls, spark: Any) -> _ProgressFiles:
+        if cls._instance is None:
+            cls._instance = cls(spark)
+        return cls._instance
+
+    def write(self, query_id: str, report: str) -> None:
+        line = json.dumps(json.loads(report)) + "\n"
+        with self._lock:
+            path = self._files.get(query_id)
+            if path is None:
+                self._early.setdefault(query_id, []).append(line)
+                return
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line)
+
+    def follow(self, query: Any, path: str) -> None:
+        with self._lock:
+            self._files[str(query.id)] = path
+            lines = self._early.pop(str(query.id), [])
+            with open(path, "a", encoding="utf-8") as f:
+                f.writelines(lines)
+
+    def finish(self, query: Any) -> None:
+        """At the end of a run: Spark's reports of it once more (the listener gets them
+        asynchronously, so the last may still be on its way when the driver stops)."""
+        with self._lock:
+            path = self._files.get(str(query.id))
+            if path is None:
+                return
+            with open(path, "a", encoding="utf-8") as f:
+                for report in query.recentProgress:
+                    f.write(json.dumps(json.loads(report.json)) + "\n")
 
 
 def _reached(query: Any, until: dict[str, dict[str, int]]) -> bool:
@@ -445,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
         import flinkish
 
         flinkish.register(spark)
+    if any(job.get("progress") for job in jobs):
+        _ProgressFiles.get(spark)  # listening before any query starts
     env_before = _shared_env_keys(spark)
     deadline = time.monotonic() + args.timeout
     started: list[tuple[dict[str, Any], Any, BaseException | None]] = []
@@ -467,6 +584,8 @@ def main(argv: list[str] | None = None) -> int:
                     _wait(query, job, deadline)
                 except Exception as exc:
                     error = exc
+            if query is not None and job.get("progress"):
+                _ProgressFiles.get(spark).finish(query)
             progress = None if query is None else query.lastProgress
             results.append({
                 "name": job["name"], "ok": error is None,
