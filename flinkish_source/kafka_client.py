@@ -7,25 +7,39 @@ watermark carried in a *fetch* response, not from ListOffsets alone: some Kafka-
 with the last record batch's base offset + 1, which would hide the tail of a multi-record
 batch. The fetch-based high watermark is what real Kafka returns too, so the probe is correct
 everywhere.
+
+Read tasks read through :func:`read_range`. A task that reads several partitions announces its
+ranges first (:func:`reading`); :func:`read_range` then serves them, in the announced order, from
+one consumer that fetches the next ranges while the current one is read (a fetch round trip per
+partition otherwise: ~50 ms each on a loopback broker). Consumers come from a per-process
+:class:`ConsumerPool`, so the tasks a reused Python worker runs share them (as Spark's Kafka
+consumer cache does), never two tasks at once.
 """
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
+import os
+import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_END,
     Consumer,
+    IsolationLevel,
     KafkaError,
     KafkaException,
     Message,
     TopicPartition,
 )
+from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from flinkish_core.secrets import scrub
 from flinkish_source.options import SourceOptions
@@ -178,6 +192,7 @@ class KafkaMetadata:
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
         self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
         self._complaint: str | None = None
 
     def _client(self) -> Consumer:
@@ -189,15 +204,30 @@ class KafkaMetadata:
             )
         return self._consumer
 
+    def _admin_client(self) -> AdminClient:
+        """For ListOffsets: one request per broker for all partitions (a consumer's
+        ``get_watermark_offsets`` costs a round trip per partition, ~1.5 ms each)."""
+        if self._admin is None:
+            config: dict[str, Any] = dict(self._options.kafka_config)
+            config.update({
+                "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
+                "log_level": 3,  # consumer settings among kafka.* only draw warnings here
+                "error_cb": self._noticed,
+            })
+            self._admin = AdminClient(config)
+        return self._admin
+
     def _noticed(self, error: KafkaError) -> None:
         self._complaint = error.str()
 
     def _complaints(self) -> str | None:
-        """The client's latest own error report since the last call (served by a poll: this
+        """The clients' latest own error report since the last call (served by a poll: the
         consumer has no assignment outside :meth:`_probe_high_watermarks`, so a poll takes no
         records)."""
         if self._consumer is not None:
             self._consumer.poll(0)
+        if self._admin is not None:
+            self._admin.poll(0)
         complaint, self._complaint = self._complaint, None
         return complaint
 
@@ -208,6 +238,7 @@ class KafkaMetadata:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+        self._admin = None  # an AdminClient has no close(); dropping it destroys the handle
 
     def partitions(self) -> list[TopicPartitionKey]:
         """Every partition the topic selection names right now, sorted."""
@@ -231,17 +262,11 @@ class KafkaMetadata:
         """Earliest and true latest offset of each partition (see the module docstring)."""
         if not partitions:
             return {}
-        consumer = self._client()
-        reported: dict[TopicPartitionKey, OffsetRange] = {}
         wait = self._wait(f"could not read the offsets of {len(partitions)} partition(s)")
-        for topic, part in partitions:
-            tp = TopicPartition(topic, part)
-            low, high = wait.call(
-                lambda timeout, tp=tp: consumer.get_watermark_offsets(  # type: ignore[misc]
-                    tp, timeout=timeout, cached=False
-                )
-            )
-            reported[(topic, part)] = OffsetRange(low, high)
+        earliest = wait.call(lambda timeout: self._list_offsets(partitions, "earliest", timeout))
+        latest = wait.call(lambda timeout: self._list_offsets(partitions, "latest", timeout))
+        reported = {tp: OffsetRange(earliest[tp], latest[tp]) for tp in partitions}
+        consumer = self._client()
         to_probe = {tp: r for tp, r in reported.items() if r.latest > r.earliest}
         if not to_probe:
             return reported
@@ -250,6 +275,22 @@ class KafkaMetadata:
             tp: OffsetRange(r.earliest, max(r.latest, true_high.get(tp, r.latest)))
             for tp, r in reported.items()
         }
+
+    def _list_offsets(
+        self, partitions: list[TopicPartitionKey], which: str, timeout: float
+    ) -> dict[TopicPartitionKey, int]:
+        """ListOffsets for every partition at once, at the consumers' isolation level (a
+        read_committed consumer cannot read past the last stable offset)."""
+        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+        committed = self._options.kafka_config.get("isolation.level") != "read_uncommitted"
+        futures = self._admin_client().list_offsets(
+            {TopicPartition(t, p): spec for t, p in partitions},
+            isolation_level=(
+                IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+            ),
+            request_timeout=timeout,
+        )
+        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
 
     def _probe_high_watermarks(
         self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
@@ -286,6 +327,459 @@ class KafkaMetadata:
         return found
 
 
+#: Idle consumers a process keeps per client configuration, and for how long: Spark's Kafka
+#: consumer cache closes consumers idle for ``spark.kafka.consumer.cache.timeout`` (5 min).
+POOL_CAPACITY = 4
+POOL_IDLE_TIMEOUT_S = 300.0
+#: How often the pool's daemon thread closes expired idle consumers (Spark: 1 min).
+POOL_EVICT_INTERVAL_S = 60.0
+
+PoolKey = tuple[tuple[str, str], ...]
+
+
+def pool_key(config: dict[str, Any]) -> PoolKey:
+    """Consumers are interchangeable when their settings are; ``group.id`` is a throwaway."""
+    return tuple(sorted((k, repr(v)) for k, v in config.items() if k != "group.id"))
+
+
+@dataclass
+class ConsumerPool:
+    """Idle consumers of this process, keyed by client configuration (:func:`pool_key`).
+
+    :meth:`borrow` hands out an idle consumer of the same configuration or a new one, and takes
+    it back when the borrower is done, with its assignment cleared; one that saw an error is
+    closed instead. A borrowed consumer is in no idle list, so no two borrowers ever share
+    one. Idle consumers are closed after ``idle_timeout`` seconds, and beyond ``capacity`` per
+    configuration. A forked child starts with an empty pool (a client's threads do not
+    survive a fork, so the parent's consumers are left alone, never closed in the child).
+    """
+
+    capacity: int = POOL_CAPACITY
+    idle_timeout: float = POOL_IDLE_TIMEOUT_S
+    evict_interval: float = POOL_EVICT_INTERVAL_S
+    factory: Callable[[dict[str, Any]], Any] = Consumer
+    clock: Callable[[], float] = time.monotonic
+    created: int = 0
+    _idle: dict[PoolKey, list[tuple[Any, float]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _pid: int = field(default_factory=os.getpid)
+    _evictor: threading.Thread | None = None
+    _forked: list[Any] = field(default_factory=list)
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._forked.extend(c for idle in self._idle.values() for c, _ in idle)
+            self._idle, self._pid, self._evictor = {}, os.getpid(), None
+            self._lock = threading.Lock()
+
+    def acquire(self, config: dict[str, Any]) -> Any:
+        """An idle consumer of this configuration, or a new one; hand it back with
+        :meth:`release`."""
+        consumer = self._take(pool_key(config))
+        if consumer is None:
+            consumer = self.factory(config)
+            self.created += 1
+        return consumer
+
+    def release(self, config: dict[str, Any], consumer: Any, clean: bool = True) -> None:
+        """Take a consumer back: kept for the next borrower with its assignment cleared, or
+        closed if the borrower failed (``clean`` false) or the reset fails."""
+        if clean and _reset(consumer):
+            self._give_back(pool_key(config), consumer)
+        else:
+            _close(consumer)
+
+    @contextlib.contextmanager
+    def borrow(self, config: dict[str, Any]) -> Iterator[Any]:
+        """:meth:`acquire` and :meth:`release` around a block (closed if the block fails)."""
+        consumer = self.acquire(config)
+        clean = False
+        try:
+            yield consumer
+            clean = True
+        except GeneratorExit:  # the borrower stopped early; the consumer itself is fine
+            clean = True
+            raise
+        finally:
+            self.release(config, consumer, clean)
+
+    def _take(self, key: PoolKey) -> Any | None:
+        expired: list[Any] = []
+        with self._lock:
+            self._check_fork()
+            expired = self._expire_locked()
+            idle = self._idle.get(key)
+            consumer = idle.pop()[0] if idle else None
+        for c in expired:
+            _close(c)
+        return consumer
+
+    def _give_back(self, key: PoolKey, consumer: Any) -> None:
+        with self._lock:
+            self._check_fork()
+            idle = self._idle.setdefault(key, [])
+            idle.append((consumer, self.clock()))
+            surplus = [c for c, _ in idle[: max(0, len(idle) - self.capacity)]]
+            del idle[: len(surplus)]
+            expired = self._expire_locked() + surplus
+            if self._evictor is None and self.evict_interval > 0:
+                self._evictor = threading.Thread(
+                    target=self._evict_forever, name="flinkish-consumer-pool", daemon=True
+                )
+                self._evictor.start()
+        for c in expired:
+            _close(c)
+
+    def _expire_locked(self) -> list[Any]:
+        now = self.clock()
+        expired: list[Any] = []
+        for key in list(self._idle):
+            keep = [(c, t) for c, t in self._idle[key] if now - t < self.idle_timeout]
+            expired.extend(c for c, t in self._idle[key] if now - t >= self.idle_timeout)
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        return expired
+
+    def evict(self) -> int:
+        """Close the consumers idle for longer than ``idle_timeout``; how many."""
+        with self._lock:
+            self._check_fork()
+            expired = self._expire_locked()
+        for c in expired:
+            _close(c)
+        return len(expired)
+
+    def _evict_forever(self) -> None:
+        me = threading.current_thread()
+        while self._evictor is me and self._pid == os.getpid():
+            time.sleep(self.evict_interval)
+            self.evict()
+
+    def idle(self) -> int:
+        with self._lock:
+            self._check_fork()
+            return sum(len(v) for v in self._idle.values())
+
+    def clear(self) -> None:
+        """Close every idle consumer."""
+        with self._lock:
+            self._check_fork()
+            idle = [c for v in self._idle.values() for c, _ in v]
+            self._idle = {}
+        for c in idle:
+            _close(c)
+
+
+def _reset(consumer: Any) -> bool:
+    """Clear a consumer's assignment so the next borrower starts clean; False if it failed."""
+    try:
+        consumer.unassign()
+        return True
+    except Exception:
+        return False
+
+
+def _close(consumer: Any) -> None:
+    with contextlib.suppress(Exception):
+        consumer.close()
+
+
+#: This process's consumers (a Python worker runs one task at a time, and Spark reuses it).
+POOL = ConsumerPool()
+atexit.register(POOL.clear)
+
+
+def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
+    """Settings of the consumers that read records (every read of one query shares them)."""
+    prefetch = {
+        # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
+        # reaches queued.min.messages, librdkafka postpones the partition's next fetch by
+        # fetch.queue.backoff.ms (1 s by default), which stalls a reader that drains the queue
+        # a chunk at a time. A user's kafka.* setting of either still wins.
+        "queued.min.messages": 100_000,
+        "fetch.queue.backoff.ms": 10,
+    }
+    overrides = {k: v for k, v in prefetch.items() if k not in options.kafka_config}
+    return consumer_config(options, **{"fetch.wait.max.ms": 50, **overrides})
+
+
+RangeKey = tuple[str, int, int, int]  # topic, partition, start, end
+
+
+@dataclass
+class _Range:
+    topic: str
+    partition: int
+    start: int
+    end: int
+    position: int  # the next offset this range expects from the consumer
+    chunks: deque[list[Message]] = field(default_factory=deque)  # read, not yet served
+    buffered: int = 0
+    assigned: bool = False
+    done: bool = False
+    opened: bool = False  # read() was called
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+    def unserved(self) -> int:
+        """Offsets of this range not yet handed to the reader."""
+        return self.buffered + (0 if self.done else self.end - self.position)
+
+
+class RangeReader:
+    """Reads offset ranges of several partitions with one pooled consumer.
+
+    :meth:`read` serves one range; it may be called for the ranges in any order, but the
+    consumer fetches ahead in the announced order: while a range is read, the next ones are
+    assigned as long as the offsets still to serve before them stay within ``lookahead``, so
+    a task of many small ranges fetches them all in one round trip, and a large range does not
+    pile up in memory. A finished range's partition is unassigned at once, so nothing is
+    fetched past its end. Ranges of one partition are read one after the other.
+    """
+
+    def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
+                 pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
+        self._options = options
+        self._chunk = chunk
+        self._pool = pool or POOL
+        self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
+        self._ranges = [_Range(t, p, s, e, s) for t, p, s, e in ranges if e > s]
+        self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
+        self._assigned: dict[tuple[str, int], _Range] = {}
+        self._config: dict[str, Any] | None = None
+        self._consumer: Any = None
+        self._current: _Range | None = None
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
+
+    def close(self, failed: bool = False) -> None:
+        """Hand the consumer back to the pool (closed instead if reading ``failed``)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            assert self._config is not None
+            self._pool.release(self._config, consumer, clean=not failed)
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            self._config = read_consumer_config(self._options)
+            self._consumer = self._pool.acquire(self._config)
+        return self._consumer
+
+    def _assign(self, r: _Range) -> None:
+        if r.assigned or r.done or (r.topic, r.partition) in self._assigned:
+            return
+        self._client().incremental_assign([TopicPartition(r.topic, r.partition, r.position)])
+        r.assigned = True
+        self._assigned[(r.topic, r.partition)] = r
+
+    def _unassign(self, r: _Range) -> None:
+        if r.assigned:
+            r.assigned = False
+            del self._assigned[(r.topic, r.partition)]
+            self._client().incremental_unassign([r.tp])
+
+    def _finish(self, r: _Range) -> None:
+        r.done = True
+        self._unassign(r)
+
+    def _fetch_ahead(self) -> None:
+        """Assign the ranges after the current one while what comes before them is small."""
+        current = self._current
+        ahead = 0 if current is None else current.unserved()
+        if current is not None:
+            self._assign(current)
+        started = current is None
+        for r in self._ranges:
+            if not started:
+                started = r is current
+                continue
+            if ahead >= self._lookahead:
+                break
+            if not r.done:
+                self._assign(r)
+            ahead += r.unserved()
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[list[Message]]:
+        """Records of one announced range, ``start <= offset < end``, in chunks (see
+        :func:`read_range` for how the end, lost offsets and silence are handled)."""
+        r = self._by_key.get((topic, partition, start, end))
+        if r is None:
+            if end > start:
+                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
+            return
+        if r.opened:
+            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
+        r.opened = True
+        options = self._options
+        timeout = options.poll_timeout_ms / 1000
+        step = _retry_step(timeout)
+        self._current = r
+        last_progress = time.monotonic()
+        next_warning = last_progress + step
+        while True:
+            if r.chunks:
+                yield self._serve(r)
+                last_progress = time.monotonic()
+                next_warning = last_progress + step
+                continue
+            if r.done:
+                break
+            if (r.topic, r.partition) in self._assigned and self._assigned[
+                    (r.topic, r.partition)] is not r:
+                self._finish_other(self._assigned[(r.topic, r.partition)])
+            self._fetch_ahead()
+            self._poll()
+            if r.chunks or r.done:
+                continue
+            fetch_pos = self._client().position([r.tp])[0].offset
+            waited = time.monotonic() - last_progress
+            if fetch_pos != OFFSET_END and fetch_pos >= r.end:
+                self._finish(r)  # only transaction markers were left
+            elif waited > timeout:
+                raise KafkaUnavailableError(
+                    f"{topic}/{partition}: no records between offsets {r.position} and "
+                    f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
+                    + _error_hint(options)
+                )
+            elif time.monotonic() >= next_warning:
+                logger.warning(
+                    "%s/%d: still waiting for records between offsets %d and %d from "
+                    "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
+                    "bounds the wait)", topic, partition, r.position, end, _servers(options),
+                    waited, timeout - waited, WAIT_OPTION, options.poll_timeout_ms,
+                )
+                next_warning = time.monotonic() + step
+        self._current = None
+        self._fetch_ahead()
+
+    def _finish_other(self, other: _Range) -> None:
+        """Another range of the same partition holds the assignment: it keeps what it has
+        read so far and is fetched again when its turn comes."""
+        self._unassign(other)
+
+    def _serve(self, r: _Range) -> list[Message]:
+        """The range's next chunk: its buffered chunks merged up to ``chunk`` messages."""
+        out = r.chunks.popleft()
+        while r.chunks and len(out) + len(r.chunks[0]) <= self._chunk:
+            out = out + r.chunks.popleft()
+        r.buffered -= len(out)
+        return out
+
+    def _poll(self) -> None:
+        """One consume call; its messages go to their ranges."""
+        consumer = self._client()
+        pending = sum(r.end - r.position for r in self._assigned.values())
+        msgs = consumer.consume(num_messages=max(1, min(self._chunk, pending)), timeout=0.1)
+        if not msgs:
+            return
+        if len(self._assigned) == 1:
+            (r,) = self._assigned.values()
+            first, last = msgs[0], msgs[-1]
+            if (first.partition() == last.partition() == r.partition
+                    and first.topic() == last.topic() == r.topic):
+                self._take(r, msgs)
+                return
+        by_partition: dict[tuple[str, int], list[Message]] = {}
+        for msg in msgs:
+            by_partition.setdefault((msg.topic(), msg.partition()), []).append(msg)
+        for key, part in by_partition.items():
+            owner = self._assigned.get(key)
+            if owner is not None:
+                self._take(owner, part)
+
+    def _earliest(self, r: _Range) -> int:
+        consumer, tp = self._client(), r.tp
+        low, _ = BrokerWait(
+            self._options, f"could not read the offsets of {r.topic}/{r.partition}"
+        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
+        return int(low)
+
+    def _take(self, r: _Range, msgs: list[Message]) -> None:
+        """Messages of one partition, in order: records of the range, end and error events."""
+        options = self._options
+        out: list[Message] = []
+        end = r.end
+        for msg in msgs:
+            if r.done:
+                break
+            err = msg.error()
+            if err is None:
+                offset = msg.offset()
+                if offset < r.position:
+                    continue  # already read (a fetch from before a re-positioning)
+                if offset >= end:
+                    r.position = end
+                    self._finish(r)
+                    break
+                out.append(msg)
+                r.position = offset + 1
+                if r.position >= end:
+                    self._finish(r)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                if msg.offset() >= end:
+                    r.position = end
+                    self._finish(r)
+                else:
+                    r.position = _lost(options, r.topic, r.partition, msg.offset(), end,
+                                       "the partition now ends there")
+                    self._finish(r)
+            elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                low = self._earliest(r)
+                r.position = _lost(options, r.topic, r.partition, r.position, min(low, end),
+                                   "deleted by retention or the topic was recreated")
+                self._unassign(r)
+                if r.position < end:
+                    self._assign(r)
+                else:
+                    r.done = True
+                break
+            else:
+                raise KafkaUnavailableError(f"{r.topic}/{r.partition}: {err.str()}")
+        if out:
+            r.chunks.append(out)
+            r.buffered += len(out)
+
+
+_announced = threading.local()
+
+
+def _registry() -> dict[RangeKey, RangeReader]:
+    registry: dict[RangeKey, RangeReader] | None = getattr(_announced, "ranges", None)
+    if registry is None:
+        registry = _announced.ranges = {}
+    return registry
+
+
+@contextlib.contextmanager
+def reading(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int) -> Iterator[None]:
+    """Announce the ranges a read task is about to read, in order: inside the block,
+    :func:`read_range` serves them from one pooled consumer that fetches ahead (see
+    :class:`RangeReader`). Nothing connects until the first read."""
+    reader = RangeReader(options, ranges, chunk)
+    registry = _registry()
+    mine = [key for key in dict.fromkeys(ranges) if key not in registry]
+    for key in mine:
+        registry[key] = reader
+    failed = False
+    try:
+        yield
+    except BaseException as exc:
+        failed = not isinstance(exc, GeneratorExit)
+        raise
+    finally:
+        for key in mine:
+            registry.pop(key, None)
+        reader.close(failed=failed)
+
+
 def read_range(
     options: SourceOptions, topic: str, partition: int, start: int, end: int, chunk: int
 ) -> Iterator[list[Message]]:
@@ -295,79 +789,17 @@ def read_range(
     consumer's position and the end-of-partition event tell us when ``end`` is passed. Records
     that vanished (retention, a recreated topic) raise :class:`DataLossError` unless
     ``failOnDataLoss`` is false, in which case reading resumes at the earliest offset left.
+    A range announced with :func:`reading` is served by that task's consumer; any other by a
+    consumer of the pool, for this range alone.
     """
-    prefetch = {
-        # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
-        # reaches queued.min.messages, librdkafka postpones the partition's next fetch by
-        # fetch.queue.backoff.ms (1 s by default), which stalls a reader that drains the queue
-        # a chunk at a time. A user's kafka.* setting of either still wins.
-        "queued.min.messages": max(4 * chunk, 100_000),
-        "fetch.queue.backoff.ms": 10,
-    }
-    overrides = {k: v for k, v in prefetch.items() if k not in options.kafka_config}
-    consumer = Consumer(consumer_config(options, **{"fetch.wait.max.ms": 50, **overrides}))
-    tp = TopicPartition(topic, partition)
-    timeout = options.poll_timeout_ms / 1000
-    step = _retry_step(timeout)
-    try:
-        consumer.assign([TopicPartition(topic, partition, start)])
-        position = start
-        last_progress = next_warning = time.monotonic()
-        next_warning += step
-        while position < end:
-            out: list[Message] = []
-            # never ask for more than the slice still needs: consume() waits for the full
-            # count (or the timeout) and the slice's tail is usually the partition's end
-            wanted = max(1, min(chunk, end - position))
-            for msg in consumer.consume(num_messages=wanted, timeout=0.5):
-                err = msg.error()
-                if err is None:
-                    if msg.offset() >= end:
-                        position = end
-                        break
-                    out.append(msg)
-                    position = msg.offset() + 1
-                elif err.code() == KafkaError._PARTITION_EOF:
-                    if msg.offset() >= end:
-                        position = end
-                    else:
-                        position = _lost(options, topic, partition, msg.offset(), end,
-                                         "the partition now ends there")
-                elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                    low, _ = BrokerWait(
-                        options, f"could not read the offsets of {topic}/{partition}"
-                    ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
-                    position = _lost(options, topic, partition, position, min(low, end),
-                                     "deleted by retention or the topic was recreated")
-                    if position < end:
-                        consumer.assign([TopicPartition(topic, partition, position)])
-                else:
-                    raise KafkaUnavailableError(f"{topic}/{partition}: {err.str()}")
-            if out:
-                last_progress = time.monotonic()
-                next_warning = last_progress + step
-                yield out
-            elif position < end:
-                fetch_pos = consumer.position([tp])[0].offset
-                waited = time.monotonic() - last_progress
-                if fetch_pos != OFFSET_END and fetch_pos >= end:
-                    position = end  # only transaction markers were left
-                elif waited > timeout:
-                    raise KafkaUnavailableError(
-                        f"{topic}/{partition}: no records between offsets {position} and "
-                        f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
-                        + _error_hint(options)
-                    )
-                elif time.monotonic() >= next_warning:
-                    logger.warning(
-                        "%s/%d: still waiting for records between offsets %d and %d from "
-                        "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
-                        "bounds the wait)", topic, partition, position, end, _servers(options),
-                        waited, timeout - waited, WAIT_OPTION, options.poll_timeout_ms,
-                    )
-                    next_warning = time.monotonic() + step
-    finally:
-        consumer.close()
+    announced = _registry().get((topic, partition, start, end))
+    if announced is not None:
+        yield from announced.read(topic, partition, start, end)
+        return
+    if end <= start:
+        return
+    with RangeReader(options, [(topic, partition, start, end)], chunk) as own:
+        yield from own.read(topic, partition, start, end)
 
 
 def _lost(
