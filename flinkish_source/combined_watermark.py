@@ -78,16 +78,17 @@ class PlanningValve:
 
 
 def combined_after(options: SourceOptions, offset: Mapping[str, Any],
-                   positions: Positions) -> EpochWatermark:
+                   positions: Positions, store: SourceStateStore | None = None
+                   ) -> EpochWatermark:
     """The combined watermark after the batch that ``offset`` ends (with ``positions``, the
-    offset's partition positions)."""
+    offset's partition positions); ``store`` is the driver's view of the recorded markers."""
     journaled = PlanningValve.from_offset(offset)
     plans = []
     for topic, partition, start, end, start_status, end_status in journaled.slices:
         pos = positions[(topic, partition)]
         plans.append(SlicePlan(topic, partition, start, end, start_status, end_status,
                                pos.base, pos.stop))
-    return advance(journaled.before, 0, _markers(options, plans))
+    return advance(journaled.before, 0, _markers(options, plans, store))
 
 
 def journal(before: EpochWatermark, slices: Iterable[SlicePlan]) -> dict[str, Any]:
@@ -97,15 +98,19 @@ def journal(before: EpochWatermark, slices: Iterable[SlicePlan]) -> dict[str, An
     )).to_json()
 
 
-def _markers(options: SourceOptions, plans: list[SlicePlan]) -> list[Marker]:
-    assert options.state_location is not None  # parse_options requires it with markers
-    store = SourceStateStore(options.state_location)
+def _markers(options: SourceOptions, plans: list[SlicePlan],
+             store: SourceStateStore | None = None) -> list[Marker]:
+    if store is None:
+        assert options.state_location is not None  # parse_options requires it with markers
+        store = SourceStateStore(options.state_location)
     markers: list[Marker] = []
     for plan in plans:
-        outcome = store.load_outcome(plan.topic, plan.partition, plan.end) if (
-            plan.end > plan.start) else None
-        if outcome is not None and (outcome.start, outcome.start_status, outcome.end_status) == (
-                plan.start, plan.start_status, plan.end_status):
+        outcomes = store.find_outcomes(plan.topic, plan.partition, plan.end) if (
+            plan.end > plan.start) else []
+        identity = (plan.start, plan.start_status, plan.end_status)
+        outcome = next((o for o in outcomes
+                        if (o.start, o.start_status, o.end_status) == identity), None)
+        if outcome is not None:
             markers.extend(outcome.markers)
             continue
         if plan.end > plan.start:
@@ -116,6 +121,8 @@ def _markers(options: SourceOptions, plans: list[SlicePlan]) -> list[Marker]:
             )
         for batch in read_slice(options, plan):
             markers.extend(_marker_rows(batch))
+        if plan.end > plan.start:
+            store.partition_file_written(plan.topic, plan.partition)
     return markers
 
 

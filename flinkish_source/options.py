@@ -56,6 +56,7 @@ _KNOWN = {
     "eventtime.onerror", "watermark.strategy", "watermark.maxoutoforderness",
     "watermark.punctuation.field", "watermark.punctuation.header", "idletimeout",
     "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
+    "maxreadtasks", "minpartitions",
 }
 _DISPLAY = {
     "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
@@ -70,6 +71,7 @@ _DISPLAY = {
     "idletimeout": "idleTimeout", "checkpointing.location": "checkpointing.location",
     "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
     "watermark.horizon": "watermark.horizon",
+    "maxreadtasks": "maxReadTasks", "minpartitions": "minPartitions",
 }
 
 
@@ -122,6 +124,9 @@ class SourceOptions:
     state_location: str | None = None
     poll_timeout_ms: int = 120_000
     horizon_ms: int = DEFAULT_HORIZON_MS
+    # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
+    max_read_tasks: int | None = None
+    min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
 
     @property
     def needs_state(self) -> bool:
@@ -343,6 +348,19 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             f"option kafkaConsumer.pollTimeoutMs: {poll_text!r} is not a positive number of ms"
         )
 
+    counts: dict[str, int | None] = {}
+    for key in ("maxreadtasks", "minpartitions"):
+        given = options[key].strip() if key in options else None
+        if given is not None and (not given.isdigit() or int(given) <= 0):
+            raise OptionError(f"option {display(key)}: {given!r} is not a positive whole number")
+        counts[key] = None if given is None else int(given)
+    max_tasks, min_partitions = counts["maxreadtasks"], counts["minpartitions"]
+    if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
+        raise OptionError(
+            f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
+            "conflict: minPartitions asks for more read tasks than maxReadTasks allows"
+        )
+
     parsed = SourceOptions(
         kafka_config=kafka,
         topics=topics,
@@ -364,6 +382,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         state_location=options.get("checkpointing.location") or None,
         poll_timeout_ms=int(poll_text),
         horizon_ms=horizon,
+        max_read_tasks=max_tasks,
+        min_partitions=min_partitions,
     )
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(

@@ -140,38 +140,142 @@ def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
     return bool(flag)
 
 
-def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBatch]:
-    """Stream the slice: [ACTIVE] records/[punctuated watermarks] [watermark] [MAX] [IDLE]."""
-    from flinkish_source.kafka_client import read_range
+@dataclass(frozen=True)
+class SlicePiece:
+    """Offsets ``start..end-1`` of a slice, read by one task: the whole slice, or one of the
+    pieces ``minPartitions`` split a large slice into (see :mod:`flinkish_source.read_plan`).
 
-    out = _Batches(plan, options.include_headers)
-    markers = options.include_markers
-    strategy = WatermarkStrategy.from_options(options)
-    generator = (
-        strategy.create_generator(plan.base) if markers and plan.base is not None else None
-    )
-    extractor = EventTimeExtractor(options)
-    punctuated = generator is not None and options.watermark is WatermarkKind.PUNCTUATED
-    status = plan.start_status
-    if markers and status is None:
-        status = WatermarkStatus.ACTIVE.value
-        yield out.marker(plan.start, KIND_STATUS, status=status)
+    Pieces emit between them exactly what the whole slice emits: the first piece announces a
+    new partition; a resuming partition's ACTIVE comes before the slice's first record,
+    whichever piece holds it; only the last piece emits the slice's end markers and records
+    the generator state and the slice's markers, after folding in the event times of the
+    pieces before it (it reads them again, without building rows)."""
 
-    ahead = 0  # records beyond the horizon (see SlicePlan.horizon)
-    for msgs in read_range(options, plan.topic, plan.partition, plan.start, plan.end, CHUNK):
-        if markers and status != WatermarkStatus.ACTIVE.value:
-            status = WatermarkStatus.ACTIVE.value
-            yield out.marker(msgs[0].offset(), KIND_STATUS, status=status)
+    plan: SlicePlan
+    start: int
+    end: int
+
+    @property
+    def first(self) -> bool:
+        return self.start == self.plan.start
+
+    @property
+    def last(self) -> bool:
+        return self.end == self.plan.end
+
+    @classmethod
+    def whole(cls, plan: SlicePlan) -> SlicePiece:
+        return cls(plan, plan.start, plan.end)
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """What one Spark read task does: its pieces, one after the other, with one consumer."""
+
+    index: int
+    pieces: tuple[SlicePiece, ...]
+
+
+@dataclass(frozen=True)
+class SliceRecord:
+    """What the last piece of a slice hands to the next batch's planning."""
+
+    state: GeneratorState
+    outcome: SliceOutcome
+    topic: str
+    partition: int
+
+
+class _PieceReader:
+    """Turns one piece's chunks of Kafka messages into record and marker batches."""
+
+    def __init__(self, options: SourceOptions, piece: SlicePiece) -> None:
+        plan = piece.plan
+        self.options = options
+        self.piece = piece
+        self.plan = plan
+        self.out = _Batches(plan, options.include_headers)
+        self.markers = options.include_markers
+        strategy = WatermarkStrategy.from_options(options)
+        self.generator = (
+            strategy.create_generator(plan.base)
+            if self.markers and plan.base is not None else None
+        )
+        self.extractor = EventTimeExtractor(options)
+        self.punctuated = (self.generator is not None
+                           and options.watermark is WatermarkKind.PUNCTUATED)
+        self.status = plan.start_status
+        self.before: list[Marker] = []  # markers earlier pieces emitted for the slice
+        self.ahead = 0  # records beyond the horizon (see SlicePlan.horizon)
+
+    def begin(self) -> Iterator[pa.RecordBatch]:
+        """[ACTIVE] at the slice's start; for a later piece, what the earlier ones left."""
+        plan, piece = self.plan, self.piece
+        if not self.markers:
+            return
+        if self.status is None:
+            self.status = WatermarkStatus.ACTIVE.value
+            if piece.first:
+                yield self.out.marker(plan.start, KIND_STATUS, status=self.status)
+            else:
+                self.before.append(Marker(plan.topic, plan.partition, plan.start, KIND_STATUS,
+                                          None, self.status))
+        if piece.first:
+            return
+        if self.status != WatermarkStatus.ACTIVE.value or (
+                piece.last and self.generator is not None):
+            first = self._earlier(with_event_times=piece.last and self.generator is not None)
+            if first is not None and self.status != WatermarkStatus.ACTIVE.value:
+                self.status = WatermarkStatus.ACTIVE.value
+                self.before.append(Marker(plan.topic, plan.partition, first, KIND_STATUS, None,
+                                          self.status))
+
+    def _earlier(self, with_event_times: bool) -> int | None:
+        """The offset of the slice's first record before this piece (None: none); with
+        ``with_event_times``, fold the event times of all of them into the generator."""
+        from flinkish_source import kafka_client
+
+        plan, generator = self.plan, self.generator
+        first: int | None = None
+        chunk = CHUNK if with_event_times else 1
+        for msgs in kafka_client.read_range(self.options, plan.topic, plan.partition,
+                                            plan.start, self.piece.start, chunk):
+            if first is None:
+                first = msgs[0].offset()
+            if not with_event_times:
+                break
+            assert generator is not None
+            if self.extractor.from_kafka_timestamp:
+                top: int | None = None
+                for m in msgs:
+                    kind, ms = m.timestamp()
+                    if not kind:
+                        self.extractor.failed(plan.topic, plan.partition, m.offset(), None)
+                        generator.on_event_time_error()
+                    elif top is None or ms > top:
+                        top = ms
+            else:
+                times = [t for t in _event_times(self.extractor, generator, plan, msgs)
+                         if t is not None]
+                top = max(times) if times else None
+            generator.on_max_event_time(top)
+        return first
+
+    def chunk(self, msgs: list[Any]) -> Iterator[pa.RecordBatch]:
+        plan, generator, extractor, out = self.plan, self.generator, self.extractor, self.out
+        if self.markers and self.status != WatermarkStatus.ACTIVE.value:
+            self.status = WatermarkStatus.ACTIVE.value
+            yield out.marker(msgs[0].offset(), KIND_STATUS, status=self.status)
         event_ms = None if extractor.from_kafka_timestamp else _event_times(
             extractor, generator, plan, msgs
         )
         batch = out.records(msgs, event_ms)
         if plan.horizon is not None:
-            ahead += _beyond(batch.column("eventTime"), plan.horizon)
+            self.ahead += _beyond(batch.column("eventTime"), plan.horizon)
         if generator is None:
             yield batch
-        elif punctuated:
-            yield from _punctuate(options, out, generator, batch, msgs)
+        elif self.punctuated:
+            yield from _punctuate(self.options, out, generator, batch, msgs)
         else:
             column = batch.column("eventTime")
             if extractor.from_kafka_timestamp and column.null_count:
@@ -182,29 +286,119 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
             generator.on_max_event_time(None if top is None else top // 1000)
             yield batch
 
-    if generator is not None:
-        watermark = generator.on_periodic_emit()
-        if watermark is not None:
-            yield out.marker(plan.end, KIND_WATERMARK, watermark=watermark)
-        if plan.stop is not None and plan.end >= plan.stop:
-            final = generator.on_end_of_input()
-            if final is not None:
-                yield out.marker(plan.end, KIND_WATERMARK, watermark=final)
-    if markers and plan.end_status != status:
-        yield out.marker(plan.end, KIND_STATUS, status=plan.end_status)
+    def finish(self) -> Iterator[pa.RecordBatch]:
+        """The slice's end markers, from its last piece: [watermark] [MAX] [IDLE]."""
+        plan, generator, out = self.plan, self.generator, self.out
+        if self.piece.last:
+            if generator is not None:
+                watermark = generator.on_periodic_emit()
+                if watermark is not None:
+                    yield out.marker(plan.end, KIND_WATERMARK, watermark=watermark)
+                if plan.stop is not None and plan.end >= plan.stop:
+                    final = generator.on_end_of_input()
+                    if final is not None:
+                        yield out.marker(plan.end, KIND_WATERMARK, watermark=final)
+            if self.markers and plan.end_status != self.status:
+                yield out.marker(plan.end, KIND_STATUS, status=plan.end_status)
+        if self.ahead:
+            logger.warning(
+                "%s/%s offsets %s..%s: %s records have event times more than the horizon "
+                "(watermark.horizon) ahead of the combined watermark; they push Spark's own "
+                "watermark past it, so stateful operators may drop lagging partitions' rows "
+                "as late. Raise watermark.horizon above the largest skew between partitions.",
+                plan.topic, plan.partition, self.piece.start, self.piece.end - 1, self.ahead,
+            )
 
-    if ahead:
-        logger.warning(
-            "%s/%s offsets %s..%s: %s records have event times more than the horizon "
-            "(watermark.horizon) ahead of the combined watermark; they push Spark's own "
-            "watermark past it, so stateful operators may drop lagging partitions' rows as "
-            "late. Raise watermark.horizon above the largest skew between partitions.",
-            plan.topic, plan.partition, plan.start, plan.end - 1, ahead,
-        )
-    if generator is not None and options.state_location and plan.end > plan.start:
+    def record(self) -> SliceRecord | None:
+        """What the last piece of a slice that read offsets hands over (None otherwise)."""
+        plan = self.plan
+        if (self.generator is None or not self.options.state_location or not self.piece.last
+                or plan.end <= plan.start):
+            return None
+        outcome = SliceOutcome(plan.start, plan.start_status, plan.end_status,
+                               tuple(self.before) + tuple(self.out.emitted))
+        return SliceRecord(self.generator.state(plan.end), outcome, plan.topic, plan.partition)
+
+
+def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBatch]:
+    """Stream the slice: [ACTIVE] records/[punctuated watermarks] [watermark] [MAX] [IDLE];
+    then record the generator state and the slice's markers at
+    ``source/<topic>/<partition>/<end>``."""
+    from flinkish_source import kafka_client
+
+    reader = _PieceReader(options, SlicePiece.whole(plan))
+    yield from reader.begin()
+    for msgs in kafka_client.read_range(options, plan.topic, plan.partition, plan.start,
+                                        plan.end, CHUNK):
+        yield from reader.chunk(msgs)
+    yield from reader.finish()
+    record = reader.record()
+    if record is not None:
+        assert options.state_location is not None
         SourceStateStore(options.state_location).save(
-            plan.topic, plan.partition, generator.state(plan.end),
-            SliceOutcome(plan.start, plan.start_status, plan.end_status, tuple(out.emitted)),
+            plan.topic, plan.partition, record.state, record.outcome
+        )
+
+
+#: Output batches with fewer rows than this are merged with their neighbours (in order) before
+#: they go to Spark: many small partitions would otherwise make many one-row marker batches.
+COALESCE_ROWS = 4096
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The same rows in the same order, small batches merged."""
+    pending: list[pa.RecordBatch] = []
+    rows = 0
+    for batch in batches:
+        if batch.num_rows >= COALESCE_ROWS:
+            if pending:
+                yield _concat(pending)
+                pending, rows = [], 0
+            yield batch
+            continue
+        pending.append(batch)
+        rows += batch.num_rows
+        if rows >= COALESCE_ROWS:
+            yield _concat(pending)
+            pending, rows = [], 0
+    if pending:
+        yield _concat(pending)
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """Stream a read task's pieces one after the other (each exactly as :func:`read_slice`
+    streams it, minus what the piece leaves to the other pieces of its slice), with one
+    consumer that fetches ahead; then record, in one record for the whole task, the
+    generator state and markers of each slice it finished (:meth:`SourceStateStore.save_task`).
+    """
+    yield from _coalesced(_read_task(options, task))
+
+
+def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    from flinkish_source import kafka_client
+
+    ranges = [(p.plan.topic, p.plan.partition, p.start, p.end) for p in task.pieces]
+    records: list[SliceRecord] = []
+    with kafka_client.reading(options, ranges, CHUNK):
+        for piece in task.pieces:
+            reader = _PieceReader(options, piece)
+            yield from reader.begin()
+            for msgs in kafka_client.read_range(options, piece.plan.topic,
+                                                piece.plan.partition, piece.start, piece.end,
+                                                CHUNK):
+                yield from reader.chunk(msgs)
+            yield from reader.finish()
+            record = reader.record()
+            if record is not None:
+                records.append(record)
+    if records:
+        assert options.state_location is not None
+        SourceStateStore(options.state_location).save_task(
+            [(r.topic, r.partition, r.state, r.outcome) for r in records]
         )
 
 

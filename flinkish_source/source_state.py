@@ -8,16 +8,31 @@ shared filesystem); the driver puts it into the next batch's offsets, where it i
 Spark and replayed verbatim. With the state goes the slice's :class:`SliceOutcome`: the markers
 the task emitted, which the driver feeds into the valve to know the combined watermark when it
 plans the next batch.
+
+A read task reads the slices of many partitions, so it records them all in one record,
+``source/~tasks/<name>`` (:meth:`SourceStateStore.save_task`): a batch writes one record per
+read task, not one per partition, and the driver reads each record once. The driver keeps an
+index of the records it has read (:meth:`SourceStateStore.find_state`,
+:meth:`SourceStateStore.find_outcomes`), refreshed by listing the directory when it looks for
+something it has not seen, and falls back to the per-partition records
+``source/<topic>/<partition>/<offset>`` that :func:`~flinkish_source.partition_reader.read_slice`
+writes (a slice re-read on the driver, or a checkpoint from before task records).
+``~`` cannot appear in a Kafka topic name, so the directory never clashes with a topic's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from checkpointing.storage import CheckpointStorage
 from flinkish_core.markers import Marker
 from flinkish_source.watermark_strategy import GeneratorState
+
+TASKS_DIR = "source/~tasks"
 
 
 @dataclass(frozen=True)
@@ -42,13 +57,45 @@ class SliceOutcome:
                    tuple(Marker.from_json(m) for m in data["markers"]))
 
 
+#: One slice in a task record: topic, partition, generator state at the slice's end, outcome.
+TaskSlice = tuple[str, int, GeneratorState, SliceOutcome]
+
+
+@dataclass
+class _Index:
+    """The driver's view of the task records: what each holds, by (topic, partition, end)."""
+
+    records: dict[str, list[TaskSlice]] = field(default_factory=dict)
+    by_end: dict[tuple[str, int, int], list[TaskSlice]] = field(default_factory=dict)
+    fresh: bool = False  # listed since the last new_round()
+    reads: int = 0  # records read (for tests and logs)
+    listings: int = 0
+
+    def add(self, name: str, slices: list[TaskSlice]) -> None:
+        self.records[name] = slices
+        for entry in slices:
+            self.by_end.setdefault((entry[0], entry[1], entry[2].at), []).append(entry)
+
+    def drop(self, name: str) -> None:
+        for entry in self.records.pop(name, []):
+            key = (entry[0], entry[1], entry[2].at)
+            left = [e for e in self.by_end.get(key, []) if e is not entry]
+            if left:
+                self.by_end[key] = left
+            else:
+                self.by_end.pop(key, None)
+
+
 class SourceStateStore:
     def __init__(self, location: str) -> None:
         self._location = location
         self._storage: CheckpointStorage | None = None
+        self._index = _Index()
+        self._partition_files: set[tuple[str, int]] | None = None  # None: not pruned yet
 
     def __getstate__(self) -> dict[str, object]:
-        return {"_location": self._location, "_storage": None}
+        return {"_location": self._location, "_storage": None, "_index": _Index(),
+                "_partition_files": None}
 
     @property
     def storage(self) -> CheckpointStorage:
@@ -99,3 +146,88 @@ class SourceStateStore:
         for name in self.storage.list(directory):
             if name.isdigit() and int(name) < below:
                 self.storage.delete(f"{directory}/{name}")
+
+    # -- task records ----------------------------------------------------------------------
+
+    @staticmethod
+    def task_record_name(slices: Sequence[TaskSlice]) -> str:
+        """A name that is a function of the slices: a replayed task rewrites its own record."""
+        keys = [[t, p, o.start, st.at, o.start_status, o.end_status] for t, p, st, o in slices]
+        return hashlib.sha1(json.dumps(keys).encode()).hexdigest()[:24]
+
+    def save_task(self, slices: Sequence[TaskSlice]) -> str:
+        """One read task's slices in one record; its name."""
+        name = self.task_record_name(slices)
+        self.storage.write_json(f"{TASKS_DIR}/{name}", {"slices": [
+            {"topic": t, "partition": p, "state": st.to_json(), "slice": o.to_json()}
+            for t, p, st, o in slices
+        ]})
+        return name
+
+    def _load_task(self, name: str) -> list[TaskSlice] | None:
+        try:
+            data = self.storage.read_json(f"{TASKS_DIR}/{name}")
+        except FileNotFoundError:
+            return None  # pruned meanwhile
+        self._index.reads += 1
+        return [(str(e["topic"]), int(e["partition"]), GeneratorState.from_json(e["state"]),
+                 SliceOutcome.from_json(e["slice"])) for e in data["slices"]]
+
+    def new_round(self) -> None:
+        """A new planning: the next lookup that misses lists the task records again."""
+        self._index.fresh = False
+
+    def refresh(self) -> None:
+        """List the task records; read the ones not read before, forget the vanished ones."""
+        listed = set(self.storage.list(TASKS_DIR))
+        self._index.listings += 1
+        for name in [n for n in self._index.records if n not in listed]:
+            self._index.drop(name)
+        for name in sorted(listed - set(self._index.records)):
+            slices = self._load_task(name)
+            if slices is not None:
+                self._index.add(name, slices)
+        self._index.fresh = True
+
+    def _entries(self, topic: str, partition: int, at: int) -> list[TaskSlice]:
+        key = (topic, partition, at)
+        if key not in self._index.by_end and not self._index.fresh:
+            self.refresh()
+        return self._index.by_end.get(key, [])
+
+    def find_state(self, topic: str, partition: int, at: int) -> GeneratorState | None:
+        """The generator state at ``at``: from a task record, else a per-partition record."""
+        entries = self._entries(topic, partition, at)
+        if entries:
+            return entries[0][2]
+        return self.load(topic, partition, at)
+
+    def find_outcomes(self, topic: str, partition: int, at: int) -> list[SliceOutcome]:
+        """The recorded outcomes of slices that ended at ``at`` (task records first)."""
+        found = [e[3] for e in self._entries(topic, partition, at)]
+        legacy = self.load_outcome(topic, partition, at)
+        return found + ([legacy] if legacy is not None else [])
+
+    def partition_file_written(self, topic: str, partition: int) -> None:
+        """The driver wrote a per-partition record (a re-read): prune that partition too."""
+        if self._partition_files is not None:
+            self._partition_files.add((topic, partition))
+
+    def prune_all(self, below: Mapping[tuple[str, int], int]) -> int:
+        """Forget what Spark will never plan from again, given each partition's ``base.at``:
+        task records whose every slice ends before its partition's (or whose partitions left
+        the query), and per-partition records before it (all partitions the first time, then
+        the ones the driver re-read). Returns how many task records were deleted."""
+        self.refresh()
+        deleted = 0
+        for name, slices in list(self._index.records.items()):
+            if all(st.at < below.get((t, p), st.at + 1) for t, p, st, _ in slices):
+                self.storage.delete(f"{TASKS_DIR}/{name}")
+                self._index.drop(name)
+                deleted += 1
+        todo = set(below) if self._partition_files is None else self._partition_files
+        for tp in sorted(todo):
+            if tp in below:
+                self.prune(tp[0], tp[1], below[tp])
+        self._partition_files = set()
+        return deleted

@@ -3,6 +3,10 @@
 Driver-side calls (offsets, planning) run in one long-lived Python process per query; ``read``
 runs in executor workers on a separately pickled copy, so Kafka clients are created lazily and
 never pickled.
+
+A batch runs at most ``maxReadTasks`` read tasks (:mod:`flinkish_source.read_plan`), each
+reading the slices of several partitions with one consumer; the first one also yields the
+batch's carrier row.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from flinkish_source.combined_watermark import (
 from flinkish_source.kafka_client import KafkaMetadata, TopicPartitionKey
 from flinkish_source.offset_planner import OffsetPlanner, Positions, from_json, to_json
 from flinkish_source.options import SourceOptions
-from flinkish_source.partition_reader import SlicePlan, read_slice
+from flinkish_source.partition_reader import ReadTask, SlicePlan, read_slice, read_task
+from flinkish_source.read_plan import plan_read_tasks
 from flinkish_source.source_state import SourceStateStore
 from flinkish_source.watermark_strategy import GeneratorState
 
@@ -45,6 +50,16 @@ class SliceInputPartition(InputPartition):
     def __init__(self, plan: SlicePlan) -> None:
         super().__init__(plan)
         self.plan = plan
+
+
+class ReadTaskInputPartition(InputPartition):
+    """One read task: its pieces of slices, and the batch's carrier watermark if it yields
+    the carrier row."""
+
+    def __init__(self, task: ReadTask, carrier: int | None = None) -> None:
+        super().__init__(task.index)
+        self.task = task
+        self.carrier = carrier
 
 
 class CarrierInputPartition(InputPartition):
@@ -65,11 +80,22 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._planner = OffsetPlanner(options)
         self._metadata: KafkaMetadata | None = None
         self._target: dict[TopicPartitionKey, int] | None = None
+        self._state_store: SourceStateStore | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_metadata"] = None
+        state["_state_store"] = None
         return state
+
+    @property
+    def _store(self) -> SourceStateStore:
+        """The driver's view of the recorded generator states and markers (it keeps an index
+        of the read tasks' records across batches)."""
+        if self._state_store is None:
+            assert self._options.state_location is not None
+            self._state_store = SourceStateStore(self._options.state_location)
+        return self._state_store
 
     @property
     def metadata(self) -> KafkaMetadata:
@@ -106,6 +132,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions, ranges = self._cluster()
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         positions = from_json(start)
+        if self._options.state_location is not None:
+            self._store.new_round()
         end = self._planner.latest(
             positions, partitions, ranges, _now_ms(), max_rows, self._target, self._load_state,
         )
@@ -119,7 +147,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         batch ``start`` ends, with this batch's slices; or, when this batch reads nothing and
         the combined watermark did not move, ``start``'s own entry, so a quiet topic plans no
         batch (the valve state it would have journaled is derived again next time)."""
-        combined = combined_after(self._options, start, positions)
+        combined = combined_after(self._options, start, positions, self._store)
         slices = OffsetPlanner.slices(positions, end)
         journaled = PlanningValve.from_offset(start)
         if not slices and OFFSET_KEY in start and (
@@ -135,9 +163,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ) -> GeneratorState:
         """The generator state a read task recorded at ``at``; if it is missing (a sink that
         did not consume the whole slice), rebuild it by re-reading the slice here."""
-        assert self._options.state_location is not None
-        store = SourceStateStore(self._options.state_location)
-        state = store.load(tp[0], tp[1], at)
+        store = self._store
+        state = store.find_state(tp[0], tp[1], at)
         if state is None:
             logger.warning(
                 "no watermark state for %s/%s at offset %s in %s: the batch's read task did not "
@@ -147,38 +174,52 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             plan = SlicePlan(tp[0], tp[1], base.at, at, "ACTIVE", "ACTIVE", base, None)
             for _ in read_slice(self._options, plan):
                 pass
+            store.partition_file_written(tp[0], tp[1])
             state = store.load(tp[0], tp[1], at)
             assert state is not None
         return state
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        """The batch's read tasks (:func:`~flinkish_source.read_plan.plan_read_tasks`, a pure
+        function of the two journaled offsets and the options); the first also yields the
+        carrier row, or a partition of its own does when nothing is read."""
         plans = OffsetPlanner.slices(from_json(start), from_json(end))
-        if OFFSET_KEY not in end:
-            return [SliceInputPartition(plan) for plan in plans]
-        watermark = PlanningValve.from_offset(end).before.watermark
-        if watermark == MIN_WATERMARK:
-            return [SliceInputPartition(plan) for plan in plans]
-        horizon = horizon_limit(watermark, self._options.horizon_ms)
-        return [SliceInputPartition(replace(plan, horizon=horizon)) for plan in plans] + [
-            CarrierInputPartition(watermark)
-        ]
+        watermark = (PlanningValve.from_offset(end).before.watermark if OFFSET_KEY in end
+                     else MIN_WATERMARK)
+        if watermark != MIN_WATERMARK:
+            horizon = horizon_limit(watermark, self._options.horizon_ms)
+            plans = [replace(plan, horizon=horizon) for plan in plans]
+        tasks = plan_read_tasks(self._options, plans)
+        carried = None if watermark == MIN_WATERMARK else watermark
+        if not tasks:
+            return [] if carried is None else [CarrierInputPartition(carried)]
+        return [ReadTaskInputPartition(task, carried if task.index == 0 else None)
+                for task in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, CarrierInputPartition):
             return iter([carrier(self._options.include_headers, partition.watermark,
                                  self._options.horizon_ms)])
+        if isinstance(partition, ReadTaskInputPartition):
+            return self._read_task(partition)
         assert isinstance(partition, SliceInputPartition)
         return read_slice(self._options, partition.plan)
 
+    def _read_task(self, partition: ReadTaskInputPartition) -> Iterator[pa.RecordBatch]:
+        yield from read_task(self._options, partition.task)
+        if partition.carrier is not None:
+            yield carrier(self._options.include_headers, partition.carrier,
+                          self._options.horizon_ms)
+
     def commit(self, end: dict) -> None:
-        """Spark will never plan from before ``end`` again: forget older generator states."""
+        """Spark will never plan from before ``end`` again: forget older generator states
+        (the task records whose slices all end before their partitions' ``base``, and
+        per-partition records before it)."""
         if self._options.state_location is None:
             return
-        store = SourceStateStore(self._options.state_location)
         positions: Positions = from_json(end)
-        for (topic, part), pos in positions.items():
-            if pos.base is not None:
-                store.prune(topic, part, pos.base.at)
+        self._store.prune_all({tp: pos.base.at for tp, pos in positions.items()
+                               if pos.base is not None})
 
     def stop(self) -> None:
         if self._metadata is not None:
