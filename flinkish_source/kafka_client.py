@@ -194,6 +194,9 @@ class KafkaMetadata:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._complaint: str | None = None
+        # per partition: the latest offset ListOffsets reported, and the high watermark the
+        # fetch probe found for it (see offset_ranges)
+        self._probed: dict[TopicPartitionKey, tuple[int, int]] = {}
 
     def _client(self) -> Consumer:
         if self._consumer is None:
@@ -266,11 +269,17 @@ class KafkaMetadata:
         earliest = wait.call(lambda timeout: self._list_offsets(partitions, "earliest", timeout))
         latest = wait.call(lambda timeout: self._list_offsets(partitions, "latest", timeout))
         reported = {tp: OffsetRange(earliest[tp], latest[tp]) for tp in partitions}
-        consumer = self._client()
-        to_probe = {tp: r for tp, r in reported.items() if r.latest > r.earliest}
-        if not to_probe:
-            return reported
-        true_high = self._probe_high_watermarks(consumer, to_probe)
+        # A partition whose reported latest offset did not move since its last probe got no new
+        # record batch, so its high watermark did not move either: probe only the others.
+        true_high = {tp: self._probed[tp][1] for tp, r in reported.items()
+                     if tp in self._probed and self._probed[tp][0] == r.latest}
+        to_probe = {tp: r for tp, r in reported.items()
+                    if r.latest > r.earliest and tp not in true_high}
+        if to_probe:
+            found = self._probe_high_watermarks(self._client(), to_probe)
+            for tp, high in found.items():
+                self._probed[tp] = (reported[tp].latest, high)
+            true_high.update(found)
         return {
             tp: OffsetRange(r.earliest, max(r.latest, true_high.get(tp, r.latest)))
             for tp, r in reported.items()
@@ -525,10 +534,6 @@ class _Range:
     def tp(self) -> TopicPartition:
         return TopicPartition(self.topic, self.partition)
 
-    def unserved(self) -> int:
-        """Offsets of this range not yet handed to the reader."""
-        return self.buffered + (0 if self.done else self.end - self.position)
-
 
 class RangeReader:
     """Reads offset ranges of several partitions with one pooled consumer.
@@ -550,6 +555,8 @@ class RangeReader:
         self._ranges = [_Range(t, p, s, e, s) for t, p, s, e in ranges if e > s]
         self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
         self._assigned: dict[tuple[str, int], _Range] = {}
+        self._cursor = 0  # ranges before it were assigned once (or are being read)
+        self._buffered = 0  # messages read and not yet served, all ranges
         self._config: dict[str, Any] | None = None
         self._consumer: Any = None
         self._current: _Range | None = None
@@ -573,12 +580,16 @@ class RangeReader:
             self._consumer = self._pool.acquire(self._config)
         return self._consumer
 
-    def _assign(self, r: _Range) -> None:
-        if r.assigned or r.done or (r.topic, r.partition) in self._assigned:
-            return
-        self._client().incremental_assign([TopicPartition(r.topic, r.partition, r.position)])
-        r.assigned = True
-        self._assigned[(r.topic, r.partition)] = r
+    def _assign(self, ranges: list[_Range]) -> None:
+        """Assign ranges in one call (one call per range delays the later ones' first fetch)."""
+        todo = []
+        for r in ranges:
+            if not (r.assigned or r.done or (r.topic, r.partition) in self._assigned):
+                r.assigned = True
+                self._assigned[(r.topic, r.partition)] = r
+                todo.append(TopicPartition(r.topic, r.partition, r.position))
+        if todo:
+            self._client().incremental_assign(todo)
 
     def _unassign(self, r: _Range) -> None:
         if r.assigned:
@@ -591,21 +602,25 @@ class RangeReader:
         self._unassign(r)
 
     def _fetch_ahead(self) -> None:
-        """Assign the ranges after the current one while what comes before them is small."""
+        """Assign the current range, and the ranges after the ones already assigned while the
+        offsets still to serve (read or not) stay under ``lookahead``."""
         current = self._current
-        ahead = 0 if current is None else current.unserved()
-        if current is not None:
-            self._assign(current)
-        started = current is None
-        for r in self._ranges:
-            if not started:
-                started = r is current
+        todo = [] if current is None or current.done or current.assigned else [current]
+        ahead = self._buffered + sum(r.end - r.position for r in self._assigned.values())
+        if current is not None and not current.assigned and not current.done:
+            ahead += current.end - current.position
+        while self._cursor < len(self._ranges) and ahead < self._lookahead:
+            r = self._ranges[self._cursor]
+            if r.assigned or r.done or r is current or r.position != r.start:
+                self._cursor += 1  # assigned before, or read out of turn
                 continue
-            if ahead >= self._lookahead:
-                break
-            if not r.done:
-                self._assign(r)
-            ahead += r.unserved()
+            if (r.topic, r.partition) in self._assigned or any(
+                    (t.topic, t.partition) == (r.topic, r.partition) for t in todo):
+                break  # another range of its partition first
+            todo.append(r)
+            ahead += r.end - r.position
+            self._cursor += 1
+        self._assign(todo)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[list[Message]]:
         """Records of one announced range, ``start <= offset < end``, in chunks (see
@@ -671,6 +686,7 @@ class RangeReader:
         while r.chunks and len(out) + len(r.chunks[0]) <= self._chunk:
             out = out + r.chunks.popleft()
         r.buffered -= len(out)
+        self._buffered -= len(out)
         return out
 
     def _poll(self) -> None:
@@ -737,7 +753,7 @@ class RangeReader:
                                    "deleted by retention or the topic was recreated")
                 self._unassign(r)
                 if r.position < end:
-                    self._assign(r)
+                    self._assign([r])
                 else:
                     r.done = True
                 break
@@ -746,6 +762,7 @@ class RangeReader:
         if out:
             r.chunks.append(out)
             r.buffered += len(out)
+            self._buffered += len(out)
 
 
 _announced = threading.local()

@@ -11,6 +11,7 @@ on (offset, status ACTIVE < watermark < status IDLE, watermark value).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Iterator
@@ -51,6 +52,12 @@ class SlicePlan:
     horizon: int | None = None
 
 
+@functools.cache
+def _null_row(include_headers: bool) -> tuple[pa.Array, ...]:
+    """One null of each output column, to build marker rows from."""
+    return tuple(pa.nulls(1, f.type) for f in arrow_schema(include_headers))
+
+
 class _Batches:
     """Builds output batches (records and markers) against the exact declared schema."""
 
@@ -65,14 +72,16 @@ class _Batches:
         self.emitted.append(
             Marker(self.plan.topic, self.plan.partition, position, kind, watermark, status)
         )
-        row: dict[str, list[Any]] = {name: [None] for name in self.schema.names}
-        row["topic"] = [self.plan.topic]
-        row["partition"] = [self.plan.partition]
-        row["offset"] = [position]
-        row["kind"] = [kind]
-        row["watermark"] = [watermark]
-        row["status"] = [status]
-        return pa.RecordBatch.from_pydict(row, schema=self.schema)
+        columns = list(_null_row(self.headers))
+        names = self.schema.names
+        for name, value, type_ in (
+            ("topic", self.plan.topic, pa.string()), ("partition", self.plan.partition,
+                                                      pa.int32()),
+            ("offset", position, pa.int64()), ("kind", kind, pa.string()),
+            ("watermark", watermark, pa.int64()), ("status", status, pa.string()),
+        ):
+            columns[names.index(name)] = pa.array([value], type_)
+        return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def records(self, msgs: list[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
         n = len(msgs)

@@ -1,0 +1,45 @@
+"""KafkaMetadata.offset_ranges probes a partition's high watermark with a fetch only when the
+latest offset ListOffsets reports for it moved since its last probe (no new record batch, no
+new high watermark), so planning a batch of a quiet topic with many partitions costs no fetch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from flinkish_source.kafka_client import KafkaMetadata, OffsetRange
+from flinkish_source.options import parse_options
+
+
+def test_only_partitions_whose_reported_latest_moved_are_probed(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
+                             "includeMarkers": "false"})
+    metadata = KafkaMetadata(options)
+    # ListOffsets answers like Tansu: the last record batch's base offset + 1
+    reported = {("t", 0): (0, 5), ("t", 1): (0, 9), ("t", 2): (3, 3)}
+    true_high = {("t", 0): 8, ("t", 1): 12}
+    probed: list[list[tuple[str, int]]] = []
+
+    def list_offsets(partitions: Any, which: str, timeout: float) -> dict[Any, int]:
+        return {tp: reported[tp][0 if which == "earliest" else 1] for tp in partitions}
+
+    def probe(consumer: Any, ranges: dict[Any, OffsetRange]) -> dict[Any, int]:
+        probed.append(sorted(ranges))
+        return {tp: true_high[tp] for tp in ranges}
+
+    monkeypatch.setattr(metadata, "_list_offsets", list_offsets)
+    monkeypatch.setattr(metadata, "_probe_high_watermarks", probe)
+    monkeypatch.setattr(metadata, "_client", lambda: None)
+    partitions = sorted(reported)
+    expected = {("t", 0): OffsetRange(0, 8), ("t", 1): OffsetRange(0, 12),
+                ("t", 2): OffsetRange(3, 3)}
+    assert metadata.offset_ranges(partitions) == expected
+    assert metadata.offset_ranges(partitions) == expected
+    assert probed == [[("t", 0), ("t", 1)]]  # the empty partition never, the rest once
+    reported[("t", 1)] = (0, 13)  # a new batch on partition 1
+    true_high[("t", 1)] = 15
+    assert metadata.offset_ranges(partitions)[("t", 1)] == OffsetRange(0, 15)
+    assert probed[1:] == [[("t", 1)]]
