@@ -29,13 +29,23 @@ What is measured, and why:
   starts (worker daemon, forked workers, the data source runner), sampled from ``/proc`` every
   0.25 s while the query runs. Workers are reused between queries, so this is the peak over
   the run so far (warm-up included).
-* ``ratio`` = ``flinkish_rps / raw_consume_rps``; the target is 0.8 on a 2-core machine.
+* ``bare_source_rps`` is the ceiling of any Python source in Spark: ``records / seconds`` of
+  one ``Trigger.AvailableNow`` query of a bare Python streaming data source (``BareSource``
+  below) that yields prebuilt Arrow batches of the flinkish schema (built once per read task,
+  before its first batch; the same rows and columns as the flinkish source's record rows)
+  into the same ``noop`` sink, timed the same way, with as many read tasks as the flinkish
+  query runs (``maxReadTasks``' default, at most one per partition). It reads no Kafka and
+  computes nothing, so the gap to it is what flinkish adds to Spark's own cost of taking rows
+  from Python. ``ratio_vs_bare = flinkish_rps / bare_source_rps``; the target is 0.85.
+* ``ratio`` = ``flinkish_rps / raw_consume_tuned_rps``: against what the broker can deliver to
+  one consumer (the ceiling); ``ratio_vs_default_consumer`` is against the consumer with
+  librdkafka's default settings, which a 1 s fetch backoff throttles (a ceiling that flatters).
 * ``flinkish_cpu_seconds`` splits the CPU used during the (median) query by process kind;
   ``other_processes`` is everything else on the machine: when it is large, something else
   competed for the two cores and the wall-clock figures are suspect. The progress lines on
   stderr also give Spark's per-batch durations.
 
-With ``--repeat R`` both measurements run R times, alternating, against the same topic, and the
+With ``--repeat R`` the measurements run R times, alternating, against the same topic, and the
 medians are reported (each run's figures are in the ``*_runs`` lists). The broker, the Spark
 session and its JVM are stopped on every exit path, including errors and SIGTERM.
 """
@@ -48,7 +58,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -56,7 +66,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pyarrow as pa  # noqa: E402
 from _common import (  # noqa: E402
+    BASE_MS,
     CpuMeter,
     PeakMemorySampler,
     bench_environment,
@@ -66,9 +78,16 @@ from _common import (  # noqa: E402
     run_to_end,
 )
 from confluent_kafka import Consumer, KafkaError, TopicPartition  # noqa: E402
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow  # noqa: E402
 
 MAX_OUT_OF_ORDERNESS = "2 seconds"
-TARGET_RATIO = 0.8
+TARGET_RATIO_VS_BARE = 0.85
+BARE_CHUNK = 20_000  # rows per prebuilt batch, as the flinkish reader's chunks
 #: librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (configurable since
 #: librdkafka 2.2; 1 s by default) whenever its prefetch queue reaches queued.min.messages
 #: (100,000 by default), so a consumer with default settings stalls for up to a second every
@@ -121,6 +140,104 @@ def raw_consume(
     if seen != records:
         raise RuntimeError(f"raw consumer read {seen} records, expected {records}")
     return records / elapsed
+
+
+class BarePartition(InputPartition):
+    def __init__(self, index: int, rows: int) -> None:
+        super().__init__(index)
+        self.index = index
+        self.rows = rows
+
+
+class BareReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """All ``records`` rows in one batch, split over ``tasks`` read tasks, each yielding one
+    prebuilt Arrow batch (and a slice of it for the rest) of the flinkish schema."""
+
+    def __init__(self, records: int, tasks: int, value_bytes: int) -> None:
+        self.records, self.tasks, self.value_bytes = records, tasks, value_bytes
+
+    def initialOffset(self) -> dict:
+        return {"offset": 0}
+
+    def latestOffset(self, start: dict, limit: Any) -> dict:
+        return {"offset": self.records}
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        pass
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        total = int(end["offset"]) - int(start["offset"])
+        shares = [total // self.tasks + (1 if i < total % self.tasks else 0)
+                  for i in range(self.tasks)]
+        return [BarePartition(i, n) for i, n in enumerate(shares) if n]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, BarePartition)
+        batch = _prebuilt(partition.index, min(BARE_CHUNK, partition.rows), self.value_bytes)
+        left = partition.rows
+        while left > 0:
+            yield batch if left >= batch.num_rows else batch.slice(0, left)
+            left -= batch.num_rows
+
+    def commit(self, end: dict) -> None:
+        pass
+
+
+def _prebuilt(partition: int, rows: int, value_bytes: int) -> pa.RecordBatch:
+    """Record rows of the flinkish schema, as ``partition_reader`` builds them."""
+    from flinkish_source.schema import arrow_schema
+
+    filler = b"x" * max(0, value_bytes - 10)
+    stamps = pa.array([(BASE_MS + i) * 1000 for i in range(rows)], pa.timestamp("us", "UTC"))
+    columns = [
+        pa.array([b"k%09d" % i for i in range(rows)], pa.binary()),
+        pa.array([(b"%010d" % i + filler)[:value_bytes] for i in range(rows)], pa.binary()),
+        pa.repeat(pa.scalar("bench-source", pa.string()), rows),
+        pa.repeat(pa.scalar(partition, pa.int32()), rows),
+        pa.array(range(rows), pa.int64()),
+        stamps,
+        pa.repeat(pa.scalar(0, pa.int32()), rows),
+        stamps,
+        pa.repeat(pa.scalar("record", pa.string()), rows),
+        pa.nulls(rows, pa.int64()),
+        pa.nulls(rows, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
+
+
+class BareSource(DataSource):
+    """``format("flinkish_bare_bench")``: options ``records``, ``tasks``, ``valueBytes``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "flinkish_bare_bench"
+
+    def schema(self) -> str:
+        from flinkish_source.schema import spark_ddl
+
+        return spark_ddl(False)
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return BareReader(int(self.options["records"]), int(self.options["tasks"]),
+                          int(self.options["valueBytes"]))
+
+
+def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Path,
+             timeout: float) -> float:
+    """One AvailableNow query of the bare source into noop; seconds."""
+    run = Path(tempfile.mkdtemp(prefix="bare-", dir=workdir))
+    df = (spark.readStream.format(BareSource.name()).option("records", str(records))
+          .option("tasks", str(tasks)).option("valueBytes", str(value_bytes)).load())
+    writer = (df.writeStream.format("noop").trigger(availableNow=True)
+              .option("checkpointLocation", str(run / "checkpoint")))
+    try:
+        result = run_to_end(writer, "bare source query", timeout)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    rows = sum(int(p["numInputRows"]) for p in result.progress)
+    if rows != records:
+        raise RuntimeError(f"the bare source query read {rows} rows, expected {records}")
+    return result.seconds
 
 
 def run_flinkish(
@@ -190,6 +307,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     cpu_runs: list[dict[str, float]] = []
     flinkish_runs: list[float] = []
     seconds_runs: list[float] = []
+    bare_runs: list[float] = []
+    bare_seconds_runs: list[float] = []
     peak_mb = 0.0
     rows = 0
     with bench_environment("flinkish-bench-") as env:
@@ -203,6 +322,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({args.warmup_records:,} records on {warmup_topic}, not timed)")
         seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
         log(f"warm-up query took {seconds:.1f} s")
+        from flinkish_source.read_plan import default_read_tasks
+
+        tasks = min(args.partitions, default_read_tasks())
+        spark.dataSource.register(BareSource)
+        seconds = run_bare(spark, args.warmup_records, tasks, args.value_bytes, workdir,
+                           args.timeout)
+        log(f"warm-up of the bare source ({tasks} read tasks) took {seconds:.1f} s")
 
         for run in range(1, args.repeat + 1):
             rps = raw_consume(bootstrap, topic, args.records, args.partitions,
@@ -227,8 +353,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                 + "; ".join(sampler.top()))
             log(f"run {run}/{args.repeat}: CPU seconds during the query: {cpu.seconds}")
             cpu_runs.append(cpu.seconds)
+            with CpuMeter() as bare_cpu:
+                bare_seconds = run_bare(spark, args.records, tasks, args.value_bytes, workdir,
+                                        args.timeout)
+            bare_runs.append(args.records / bare_seconds)
+            bare_seconds_runs.append(bare_seconds)
+            log(f"run {run}/{args.repeat}: bare Python source {args.records / bare_seconds:,.0f}"
+                f" rows/s ({bare_seconds:.2f} s, {tasks} read tasks); flinkish / bare "
+                f"{bare_seconds / seconds:.2f}; CPU seconds: {bare_cpu.seconds}")
 
     raw, tuned, flinkish = median(raw_runs), median(tuned_runs), median(flinkish_runs)
+    bare = median(bare_runs)
     middle = sorted(range(len(flinkish_runs)), key=flinkish_runs.__getitem__)[
         (len(flinkish_runs) - 1) // 2
     ]
@@ -240,20 +375,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             "value_bytes": args.value_bytes,
             "repeat": args.repeat,
             "spark_cores": args.cores,
-            "raw_consume_rps": round(raw),
             "flinkish_rps": round(flinkish),
-            "ratio": round(flinkish / raw, 3),
-            "target_ratio": TARGET_RATIO,
-            "worker_peak_rss_mb": peak_mb,
+            "bare_source_rps": round(bare),
+            "ratio_vs_bare": round(flinkish / bare, 3),
+            "target_ratio_vs_bare": TARGET_RATIO_VS_BARE,
             "raw_consume_tuned_rps": round(tuned),
-            "ratio_vs_tuned": round(flinkish / tuned, 3),
+            "ratio": round(flinkish / tuned, 3),
+            "raw_consume_rps": round(raw),
+            "ratio_vs_default_consumer": round(flinkish / raw, 3),
+            "bare_vs_tuned": round(bare / tuned, 3),
             "tuned_consumer_config": TUNED_CONSUMER,
+            "read_tasks": tasks,
+            "worker_peak_rss_mb": peak_mb,
             "flinkish_seconds": round(median(seconds_runs), 3),
+            "bare_source_seconds": round(median(bare_seconds_runs), 3),
             "flinkish_rows_incl_markers": rows,
             "flinkish_cpu_seconds": cpu_runs[middle],
             "raw_consume_rps_runs": [round(r) for r in raw_runs],
             "raw_consume_tuned_rps_runs": [round(r) for r in tuned_runs],
             "flinkish_rps_runs": [round(r) for r in flinkish_runs],
+            "bare_source_rps_runs": [round(r) for r in bare_runs],
             "excluded_from_flinkish_rps": (
                 "SparkSession start-up and JVM/Python-worker start-up (a "
                 f"{args.warmup_records}-record warm-up query on another topic ran first)"

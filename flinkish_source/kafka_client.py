@@ -696,13 +696,21 @@ class RangeReader:
         msgs = consumer.consume(num_messages=max(1, min(self._chunk, pending)), timeout=0.1)
         if not msgs:
             return
-        if len(self._assigned) == 1:
-            (r,) = self._assigned.values()
-            first, last = msgs[0], msgs[-1]
-            if (first.partition() == last.partition() == r.partition
-                    and first.topic() == last.topic() == r.topic):
-                self._take(r, msgs)
-                return
+        topics = {r.topic for r in self._assigned.values()}
+        if len(topics) == 1:
+            # librdkafka hands out a partition's messages in runs: split at partition changes
+            (topic,) = topics
+            parts = [m.partition() for m in msgs]
+            if parts.count(parts[0]) == len(parts):
+                bounds = [0, len(msgs)]
+            else:
+                bounds = [0] + [i for i in range(1, len(parts)) if parts[i] != parts[i - 1]]
+                bounds.append(len(msgs))
+            for i, j in zip(bounds, bounds[1:], strict=False):
+                owner = self._assigned.get((topic, parts[i]))
+                if owner is not None and msgs[i].topic() == topic:
+                    self._take(owner, msgs if j - i == len(msgs) else msgs[i:j])
+            return
         by_partition: dict[tuple[str, int], list[Message]] = {}
         for msg in msgs:
             by_partition.setdefault((msg.topic(), msg.partition()), []).append(msg)
@@ -721,8 +729,19 @@ class RangeReader:
     def _take(self, r: _Range, msgs: list[Message]) -> None:
         """Messages of one partition, in order: records of the range, end and error events."""
         options = self._options
-        out: list[Message] = []
         end = r.end
+        first, last = msgs[0], msgs[-1]
+        if not r.done and first.error() is None and last.error() is None:
+            low, high = first.offset(), last.offset()
+            errors = [m.error() for m in msgs]
+            if low >= r.position and high < end and errors.count(None) == len(errors):
+                # the common case: records only, all within the range (offsets only grow)
+                self._keep(r, msgs)
+                r.position = high + 1
+                if r.position >= end:
+                    self._finish(r)
+                return
+        out: list[Message] = []
         for msg in msgs:
             if r.done:
                 break
@@ -760,9 +779,12 @@ class RangeReader:
             else:
                 raise KafkaUnavailableError(f"{r.topic}/{r.partition}: {err.str()}")
         if out:
-            r.chunks.append(out)
-            r.buffered += len(out)
-            self._buffered += len(out)
+            self._keep(r, out)
+
+    def _keep(self, r: _Range, msgs: list[Message]) -> None:
+        r.chunks.append(msgs)
+        r.buffered += len(msgs)
+        self._buffered += len(msgs)
 
 
 _announced = threading.local()
