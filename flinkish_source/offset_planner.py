@@ -24,6 +24,9 @@ ACTIVE = WatermarkStatus.ACTIVE.value
 IDLE = WatermarkStatus.IDLE.value
 
 StateLoader = Callable[[TopicPartitionKey, int, GeneratorState], GeneratorState]
+HoldDecider = Callable[
+    [Mapping[TopicPartitionKey, int], Mapping[TopicPartitionKey, int]], frozenset[TopicPartitionKey]
+]
 
 
 @dataclass(frozen=True)
@@ -37,6 +40,7 @@ class PartitionPosition:
     seen: int  # the latest offset seen then
     base: GeneratorState | None  # generator state at the start of the partition's last slice
     stop: int | None  # ending offset of a bounded partition
+    held: bool = False  # held back by watermark alignment in the batch this offset ends
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -51,6 +55,8 @@ class PartitionPosition:
             out["base"] = self.base.to_json()
         if self.stop is not None:
             out["stop"] = self.stop
+        if self.held:
+            out["held"] = True
         return out
 
     @classmethod
@@ -63,6 +69,7 @@ class PartitionPosition:
             seen=int(data["seen"]),
             base=GeneratorState.from_json(data["base"]) if "base" in data else None,
             stop=int(data["stop"]) if "stop" in data else None,
+            held=bool(data.get("held", False)),
         )
 
 
@@ -152,11 +159,14 @@ class OffsetPlanner:
         limit: int | None = None,
         target: Mapping[TopicPartitionKey, int] | None = None,
         load_state: StateLoader | None = None,
+        hold: HoldDecider | None = None,
     ) -> Positions:
         """The end offset of the next batch (equal to ``start`` when there is nothing to do).
 
         ``limit`` caps the records admitted (maxOffsetsPerTrigger), shared out in proportion to
-        each partition's backlog; ``target`` caps each partition for Trigger.AvailableNow.
+        each partition's backlog; ``target`` caps each partition for Trigger.AvailableNow;
+        ``hold`` (watermark alignment) names partitions that get nothing in this batch, given
+        each partition's position and how far it could read.
         """
         options = self._options
         current = set(partitions)
@@ -183,7 +193,12 @@ class OffsetPlanner:
             if pos.stop is not None:
                 cap = min(cap, pos.stop)
             available[tp] = max(cap, pos.offset)
-        admitted = _prorate({tp: available[tp] - positions[tp].offset for tp in positions}, limit)
+        held = hold({tp: pos.offset for tp, pos in positions.items()}, available) if (
+            hold is not None) else frozenset()
+        admitted = _prorate(
+            {tp: 0 if tp in held else available[tp] - positions[tp].offset for tp in positions},
+            limit,
+        )
 
         end: Positions = {}
         for tp, pos in positions.items():
@@ -210,7 +225,8 @@ class OffsetPlanner:
                     raise RuntimeError("generator state is needed but no loader was given")
                 base = load_state(tp, pos.offset, base)
             end[tp] = replace(
-                pos, offset=offset, status=status, progress_at=progress_at, seen=seen, base=base
+                pos, offset=offset, status=status, progress_at=progress_at, seen=seen, base=base,
+                held=tp in held,
             )
         return end
 

@@ -56,6 +56,7 @@ _KNOWN = {
     "eventtime.onerror", "watermark.strategy", "watermark.maxoutoforderness",
     "watermark.punctuation.field", "watermark.punctuation.header", "idletimeout",
     "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
+    "watermark.alignment.maxdrift",
     "maxreadtasks", "minpartitions",
 }
 _DISPLAY = {
@@ -71,6 +72,7 @@ _DISPLAY = {
     "idletimeout": "idleTimeout", "checkpointing.location": "checkpointing.location",
     "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
     "watermark.horizon": "watermark.horizon",
+    "watermark.alignment.maxdrift": "watermark.alignment.maxDrift",
     "maxreadtasks": "maxReadTasks", "minpartitions": "minPartitions",
 }
 
@@ -124,6 +126,7 @@ class SourceOptions:
     state_location: str | None = None
     poll_timeout_ms: int = 120_000
     horizon_ms: int = DEFAULT_HORIZON_MS
+    alignment_max_drift_ms: int | None = None  # watermark alignment (off: None)
     # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
     max_read_tasks: int | None = None
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
@@ -336,6 +339,18 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         if horizon <= 0:
             raise OptionError("option watermark.horizon must be a positive duration")
 
+    drift = None
+    if "watermark.alignment.maxdrift" in options:
+        drift = parse_duration_ms("watermark.alignment.maxDrift",
+                                  options["watermark.alignment.maxdrift"])
+        if drift < 0:
+            raise OptionError("option watermark.alignment.maxDrift must not be negative")
+        if strategy is WatermarkKind.NONE or not _bool(options, "includemarkers", True):
+            raise OptionError(
+                "option watermark.alignment.maxDrift needs per-partition watermarks: it does "
+                "not apply with watermark.strategy=none or includeMarkers=false"
+            )
+
     idle = None
     if "idletimeout" in options:
         idle = parse_duration_ms("idleTimeout", options["idletimeout"])
@@ -382,6 +397,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         state_location=options.get("checkpointing.location") or None,
         poll_timeout_ms=int(poll_text),
         horizon_ms=horizon,
+        alignment_max_drift_ms=drift,
         max_read_tasks=max_tasks,
         min_partitions=min_partitions,
     )

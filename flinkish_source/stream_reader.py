@@ -26,7 +26,9 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
+from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.watermark import MIN_WATERMARK
+from flinkish_source import watermark_alignment as alignment
 from flinkish_source.combined_watermark import (
     OFFSET_KEY,
     PlanningValve,
@@ -134,20 +136,29 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         positions = from_json(start)
         if self._options.state_location is not None:
             self._store.new_round()
+        combined = combined_after(self._options, start, positions, self._store) if (
+            self._options.needs_state) else None
+        hold = None
+        drift = self._options.alignment_max_drift_ms
+        if combined is not None and drift is not None:
+            def hold(offsets: Any, available: Any) -> frozenset[TopicPartitionKey]:
+                return alignment.decide(combined, offsets, available, drift).held
         end = self._planner.latest(
             positions, partitions, ranges, _now_ms(), max_rows, self._target, self._load_state,
+            hold,
         )
         offset = to_json(end)
-        if self._options.needs_state:
-            offset[OFFSET_KEY] = self._planning_valve(start, positions, end)
+        if combined is not None:
+            offset[OFFSET_KEY] = self._planning_valve(start, positions, end, combined)
         return offset
 
-    def _planning_valve(self, start: dict, positions: Positions, end: Positions) -> dict:
-        """The planning-time valve entry of the end offset: the combined watermark after the
-        batch ``start`` ends, with this batch's slices; or, when this batch reads nothing and
-        the combined watermark did not move, ``start``'s own entry, so a quiet topic plans no
-        batch (the valve state it would have journaled is derived again next time)."""
-        combined = combined_after(self._options, start, positions, self._store)
+    def _planning_valve(self, start: dict, positions: Positions, end: Positions,
+                        combined: EpochWatermark) -> dict:
+        """The planning-time valve entry of the end offset: ``combined``, the combined
+        watermark after the batch ``start`` ends, with this batch's slices; or, when this batch
+        reads nothing and the combined watermark did not move, ``start``'s own entry, so a quiet
+        topic plans no batch (the valve state it would have journaled is derived again next
+        time)."""
         slices = OffsetPlanner.slices(positions, end)
         journaled = PlanningValve.from_offset(start)
         if not slices and OFFSET_KEY in start and (

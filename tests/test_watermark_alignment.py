@@ -62,3 +62,33 @@ def test_partitions_not_yet_announced_are_neither_held_nor_a_reference() -> None
     state = valve((0, 1_000, "ACTIVE"))
     offsets = {(T, 0): 10, (T, 5): 0}
     assert decide(state, offsets, {(T, 0): 100, (T, 5): 100}, DRIFT).held == frozenset()
+
+
+def test_the_planner_gives_a_held_partition_nothing_and_its_budget_to_the_others() -> None:
+    from flinkish_source.kafka_client import OffsetRange
+    from flinkish_source.offset_planner import OffsetPlanner, from_json, to_json
+    from flinkish_source.options import parse_options
+
+    planner = OffsetPlanner(parse_options({
+        "kafka.bootstrap.servers": "b:1", "subscribe": T, "startingOffsets": "earliest",
+        "checkpointing.location": "/unused", "idleTimeout": "1 s",
+    }))
+    tps = [(T, 0), (T, 1)]
+    ranges = {tp: OffsetRange(0, 100) for tp in tps}
+    start = planner.initial(tps, ranges, 0)
+    seen: list[tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]] = []
+
+    def hold(offsets: object, available: object) -> frozenset[tuple[str, int]]:
+        seen.append((dict(offsets), dict(available)))  # type: ignore[call-overload]
+        return frozenset({(T, 1)})
+
+    end = planner.latest(start, tps, ranges, 10_000, limit=40, load_state=lambda tp, at, b: b,
+                         hold=hold)
+    assert seen == [({(T, 0): 0, (T, 1): 0}, {(T, 0): 100, (T, 1): 100})]
+    assert (end[(T, 0)].offset, end[(T, 1)].offset) == (40, 0)
+    assert end[(T, 1)].held and not end[(T, 0)].held
+    assert end[(T, 1)].status == "ACTIVE"  # held with a backlog: never idle
+    assert to_json(end)["topics"][T]["1"]["held"] is True
+    assert from_json(to_json(end)) == end
+    again = planner.latest(end, tps, ranges, 20_000, limit=40, load_state=lambda tp, at, b: b)
+    assert not again[(T, 1)].held and again[(T, 1)].offset > 0
