@@ -1,0 +1,115 @@
+"""Benchmark: watermark alignment against a backlog skewed in event time.
+
+Run from the repository root: ``python bench/alignment.py [--records N] [--batch B]``.
+
+One partition holds a 10-minute event-time backlog; the others hold as many records spread over
+``--span`` minutes, so every batch moves them further ahead in event time than the slow one.
+Once a partition has read everything it turns idle (``idleTimeout`` 1 s) and releases the
+combined watermark. The same windowed count
+(``with_watermark`` -> ``groupBy(window(eventTime, 10 s), partition).count()``, append mode,
+``maxOffsetsPerTrigger`` = B, ``Trigger.AvailableNow``) runs twice in one Spark session, without
+and with ``watermark.alignment.maxDrift``: the fast partitions' windows stay open while the slow
+one holds the combined watermark back, so without alignment Spark's state grows with the skew.
+Figures: the peak of the aggregation's state rows (``numRowsTotal``) and the total time of each
+run; targets ``peak_state_ratio <= 0.25`` and ``time_ratio <= 1.2``. The last line printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from _common import bench_environment, log, print_result, run_to_end  # noqa: E402
+
+BASE = 1_700_000_000_000
+WINDOW = "10 seconds"
+
+
+def _produce(bootstrap: str, topic: str, partitions: int, records: int, span_ms: int) -> None:
+    from confluent_kafka import Producer
+
+    producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+    for i in range(records):
+        for p in range(partitions):
+            ts = BASE + i * (span_ms if p else 600_000) // records
+            producer.produce(topic, key=f"k{i}".encode(), value=b"{}", partition=p, timestamp=ts)
+        if i % 1000 == 0:
+            producer.poll(0)
+    if producer.flush(120):
+        raise RuntimeError("records not delivered within 120 s")
+
+
+def _run(spark: Any, env: Any, topic: str, name: str, batch: int,
+         drift: str | None) -> dict[str, float]:
+    from pyspark.sql import functions as F
+
+    import flinkish
+
+    reader = (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", env.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("maxOffsetsPerTrigger", str(batch))
+        .option("watermark.maxOutOfOrderness", "1 second")
+        .option("idleTimeout", "1 second")
+        .option("checkpointing.location", str(env.workdir / f"{name}-state"))
+    )
+    if drift is not None:
+        reader = reader.option("watermark.alignment.maxDrift", drift)
+    counts = (flinkish.with_watermark(reader.load())
+              .groupBy(F.window("eventTime", WINDOW), "partition").count())
+    writer = (counts.writeStream.format("noop").outputMode("append")
+              .option("checkpointLocation", str(env.workdir / f"{name}-ck"))
+              .trigger(availableNow=True))
+    run = run_to_end(writer, f"{name} query", 1800)
+    peak = max((op.get("numRowsTotal", 0) for p in run.progress
+                for op in p.get("stateOperators", [])), default=0)
+    log(f"{name}: {run.seconds:.1f} s, {len(run.progress)} batches, peak state rows {peak}")
+    return {"seconds": run.seconds, "peak_state_rows": float(peak)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=6_000, help="records per partition")
+    parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--batch", type=int, default=2_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--span", type=float, default=60.0,
+                        help="minutes of event time the fast partitions' records span")
+    parser.add_argument("--drift", default="30 seconds", help="watermark.alignment.maxDrift")
+    args = parser.parse_args()
+
+    with bench_environment("flinkish-bench-alignment-") as env:
+        from flinkish.demo.embedded_kafka import create_topic
+
+        topics = {name: f"alignment-{name}" for name in ("warmup", "free", "aligned")}
+        for topic in topics.values():
+            create_topic(env.bootstrap, topic, args.partitions)
+            _produce(env.bootstrap, topic, args.partitions, args.records,
+                     int(args.span * 60_000))
+        spark, _ = env.start_spark("flinkish-bench-alignment", 2)
+        import flinkish
+
+        flinkish.register(spark)
+        _run(spark, env, topics["warmup"], "warmup", args.batch, None)  # JVM warm-up, untimed
+        free = _run(spark, env, topics["free"], "without", args.batch, None)
+        aligned = _run(spark, env, topics["aligned"], "with", args.batch, args.drift)
+    print_result({
+        "records_per_partition": args.records,
+        "partitions": args.partitions,
+        "peak_state_rows_without": free["peak_state_rows"],
+        "peak_state_rows_with": aligned["peak_state_rows"],
+        "peak_state_ratio": round(aligned["peak_state_rows"] / max(free["peak_state_rows"], 1), 3),
+        "seconds_without": round(free["seconds"], 2),
+        "seconds_with": round(aligned["seconds"], 2),
+        "time_ratio": round(aligned["seconds"] / free["seconds"], 3),
+    })
+
+
+if __name__ == "__main__":
+    main()
