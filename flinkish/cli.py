@@ -15,7 +15,7 @@ import sys
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flinkish.inspect import load_epochs, plot, table
+    from flinkish.inspect import held_partitions, load_epochs, plot, table
 
     rows = load_epochs(args.location)
     console = Console()
@@ -23,6 +23,8 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"no epochs recorded in {args.location}")
         return 1
     console.print(table(rows))
+    for batch, names in held_partitions(args.location).items():
+        console.print(f"batch {batch}: watermark alignment held back {', '.join(names)}")
     if args.plot:
         plot(rows, args.plot)
         console.print(f"plot written to {args.plot}")

@@ -50,6 +50,41 @@ def load_epochs(location: str) -> list[EpochRow]:
     return rows
 
 
+def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
+    """Batch id -> the partitions watermark alignment held back in it, read from Spark's offsets
+    log of the query (``<checkpointLocation>/offsets/N``: a version line, the batch metadata,
+    then one line per source). Empty when the location is not a query's checkpoint."""
+    import json
+    import posixpath
+
+    import pyarrow.fs as pafs
+
+    if "://" in checkpoint_location:
+        filesystem, base = pafs.FileSystem.from_uri(checkpoint_location)
+    else:
+        filesystem, base = pafs.LocalFileSystem(), checkpoint_location
+    directory = posixpath.join(base.rstrip("/"), "offsets")
+    found = filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    held: dict[int, list[str]] = {}
+    for info in found:
+        if not info.base_name.isdigit():
+            continue
+        with filesystem.open_input_stream(info.path) as stream:
+            lines = stream.read().decode("utf-8").splitlines()[2:]
+        names = []
+        for line in lines:
+            try:
+                offset = json.loads(line)
+            except ValueError:
+                continue
+            topics = offset.get("topics") if isinstance(offset, dict) else None
+            for topic, parts in (topics or {}).items():
+                names += [f"{topic}/{p}" for p, pos in parts.items() if pos.get("held")]
+        if names:
+            held[int(info.base_name)] = sorted(names)
+    return dict(sorted(held.items()))
+
+
 def _wm(value: Any) -> int | None:
     return None if value is None or int(value) == MIN_WATERMARK else int(value)
 

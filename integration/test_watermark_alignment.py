@@ -61,6 +61,10 @@ def test_the_partition_ahead_waits_for_the_one_with_a_backlog(
         before = positions[i - 1][1]["offset"]
         assert p1["offset"] == before, f"batch {i}: held partition 1 read records"
         assert p0["offset"] > positions[i - 1][0]["offset"], f"batch {i}: partition 0 idle"
+    from flinkish.inspect import held_partitions
+
+    assert list(held_partitions(str(tmp_path / "aligned-ck"))) == held
+    assert held_partitions(str(tmp_path / "aligned-ck"))[held[0]] == [f"{name}/1"]
     # while partition 0 had most of its backlog left, partition 1 did not move
     assert positions[len(positions) // 2][1]["offset"] < RECORDS
 

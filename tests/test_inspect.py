@@ -3,6 +3,7 @@ partitions, and the plot."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from rich.console import Console
@@ -62,3 +63,19 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     out = tmp_path / "wm.png"
     plot(load_epochs(str(_store(tmp_path))), str(out))
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_held_partitions_from_sparks_offsets_log(tmp_path: Path) -> None:
+    from flinkish.inspect import held_partitions
+
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    meta = '{"batchWatermarkMs":0,"batchTimestampMs":0,"conf":{}}'
+    pos = {"offset": 5, "first": 0, "progressAt": 0, "seen": 5}
+    (offsets / "0").write_text("v1\n" + meta + "\n" + json.dumps(
+        {"version": 1, "topics": {"t": {"0": pos, "1": pos}}}))
+    (offsets / "1").write_text("v1\n" + meta + "\n" + json.dumps(
+        {"version": 1, "topics": {"t": {"0": pos, "1": {**pos, "held": True}}}}))
+    (offsets / ".1.crc").write_text("x")
+    assert held_partitions(str(tmp_path)) == {1: ["t/1"]}
+    assert held_partitions(str(tmp_path / "missing")) == {}
