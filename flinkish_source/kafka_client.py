@@ -609,15 +609,17 @@ class RangeReader:
         ahead = self._buffered + sum(r.end - r.position for r in self._assigned.values())
         if current is not None and not current.assigned and not current.done:
             ahead += current.end - current.position
+        taken = {(r.topic, r.partition) for r in todo}
         while self._cursor < len(self._ranges) and ahead < self._lookahead:
             r = self._ranges[self._cursor]
             if r.assigned or r.done or r is current or r.position != r.start:
                 self._cursor += 1  # assigned before, or read out of turn
                 continue
-            if (r.topic, r.partition) in self._assigned or any(
-                    (t.topic, t.partition) == (r.topic, r.partition) for t in todo):
+            key = (r.topic, r.partition)
+            if key in self._assigned or key in taken:
                 break  # another range of its partition first
             todo.append(r)
+            taken.add(key)
             ahead += r.end - r.position
             self._cursor += 1
         self._assign(todo)

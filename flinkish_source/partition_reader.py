@@ -61,6 +61,14 @@ def _null_row(include_headers: bool) -> tuple[pa.Array, ...]:
     return tuple(pa.nulls(1, f.type) for f in arrow_schema(include_headers))
 
 
+@functools.cache
+def _kind_array(kind: str) -> pa.Array:
+    return pa.array([kind], pa.string())
+
+
+_OFFSET = arrow_schema(False).names.index("offset")  # the same with or without headers
+
+
 class _Batches:
     """Builds output batches (records and markers) against the exact declared schema."""
 
@@ -69,21 +77,26 @@ class _Batches:
         self.headers = include_headers
         self.schema = arrow_schema(include_headers)
         self.emitted: list[Marker] = []  # the slice's markers so far, in emission order
+        self._marker_columns: list[pa.Array] | None = None
 
     def marker(self, position: int, kind: str, watermark: int | None = None,
                status: str | None = None) -> pa.RecordBatch:
         self.emitted.append(
             Marker(self.plan.topic, self.plan.partition, position, kind, watermark, status)
         )
-        columns = list(_null_row(self.headers))
-        names = self.schema.names
-        for name, value, type_ in (
-            ("topic", self.plan.topic, pa.string()), ("partition", self.plan.partition,
-                                                      pa.int32()),
-            ("offset", position, pa.int64()), ("kind", kind, pa.string()),
-            ("watermark", watermark, pa.int64()), ("status", status, pa.string()),
-        ):
-            columns[names.index(name)] = pa.array([value], type_)
+        if self._marker_columns is None:
+            columns = list(_null_row(self.headers))
+            columns[self.schema.names.index("topic")] = pa.array([self.plan.topic], pa.string())
+            columns[self.schema.names.index("partition")] = pa.array([self.plan.partition],
+                                                                     pa.int32())
+            self._marker_columns = columns
+        columns = list(self._marker_columns)
+        columns[_OFFSET] = pa.array([position], pa.int64())
+        columns[-3] = _kind_array(kind)
+        if watermark is not None:
+            columns[-2] = pa.array([watermark], pa.int64())
+        if status is not None:
+            columns[-1] = pa.array([status], pa.string())
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
     def records(self, msgs: list[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
@@ -95,7 +108,7 @@ class _Batches:
         stamps = [m.timestamp() for m in msgs]
         kinds = [kind for kind, _ in stamps]
         first, last = msgs[0].offset(), msgs[-1].offset()
-        if last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
+        if n > 64 and last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
             offsets = pc.cumulative_sum(pa.repeat(_ONE, n), start=first - 1)
         else:
             offsets = pa.array([m.offset() for m in msgs], pa.int64())
@@ -296,7 +309,7 @@ class _PieceReader:
                 for i in (j for j, m in enumerate(msgs) if not m.timestamp()[0]):
                     extractor.failed(plan.topic, plan.partition, msgs[i].offset(), None)
                     generator.on_event_time_error()
-            top = pc.max(column.cast(pa.int64())).as_py()
+            top = pc.max(column).value  # microseconds (None: no event time)
             generator.on_max_event_time(None if top is None else top // 1000)
             yield batch
 
