@@ -1,16 +1,28 @@
-"""The main job: what flinkish does that Spark alone does not, shown live.
+"""The main job: what flinkish does that Spark alone does not, shown live and measured.
 
 A realistic event stream over four Kafka partitions: out-of-order event times, partition 3
-lagging two minutes behind in event time, partition 2 going silent for a while and resuming.
-The flinkish source feeds the valve and the two-phase-commit sink (in a separate process);
-midway the demo kills that process (SIGKILL, like a crash) and restarts it from its checkpoint,
-then checks that the output holds every produced event exactly once.
+lagging two minutes behind in event time, partition 2 going silent once the queries run (long
+enough to go IDLE in several epochs: the valve leaves it out of the combined watermark) and
+resuming. One child process runs three queries over that topic, each with its own flinkish
+source:
 
-Beside flinkish's combined watermark it shows the one global watermark Spark's
-``withWatermark`` would have used (max event time of the previous batches minus the same
-2-second delay) and how many rows Spark would have dropped as late. Both are computed exactly
-from the batches Spark actually planned (the query's ``offsets/`` log) and the event times the
-demo produced.
+* the flinkish source -> the two-phase-commit sink (every record);
+* a windowed count, ``groupBy(window(eventTime, 10 s), partition).count()`` in append mode, on
+  the valve's combined watermark (``flinkish.with_watermark``);
+* the same count on Spark's own ``withWatermark("eventTime", "2 seconds")``.
+
+The window rows go through the flinkish sink into Parquet, so they too survive the crash
+exactly once. Midway the demo kills the child's whole process tree (SIGKILL, like a crash) and
+restarts it from its checkpoints, then checks that the output holds every produced event
+exactly once, and compares, window by window, what each count emitted with the truth (the demo
+knows every event time it produced): rows Spark's own watermark dropped, measured from its
+output and from its ``numRowsDroppedByWatermark``, against none with flinkish.
+
+The lagging partition holds the combined watermark two minutes back, so the silent partition's
+idleness shows in its status (left out of the valve's minimum), not in the watermark's value;
+the lagging partition's own windows close while the stream runs. When production ends, every
+partition goes IDLE and the valve releases the largest watermark, which closes the other
+partitions' windows (all but the last of each, which the watermark has not passed).
 """
 
 from __future__ import annotations
@@ -37,6 +49,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flinkish.demo.processes import kill_tree
+from flinkish.demo.windows import Comparison, WindowCount, WindowQuery
 from flinkish.inspect import EpochRow, format_watermark, load_epochs
 
 PARTITIONS = 4
@@ -44,6 +57,10 @@ LAGGING, SILENT = 3, 2
 LAG_MS = 120_000
 DELAY_MS = 2_000  # the bound for both: flinkish's maxOutOfOrderness, Spark's withWatermark
 RATE = 40  # events per second per partition
+IDLE_TIMEOUT_MS = 2_000  # the source's idleTimeout
+IDLE_EPOCHS = 3  # partition 2 stays silent until it was IDLE in this many epochs...
+SILENCE_MAX_S = 120.0  # ...or this long
+WINDOWS_GRACE_S = 120.0  # after the events are all in, how long the last windows may take
 
 
 @dataclass
@@ -62,8 +79,17 @@ class Produced:
             return dict(self.times)
 
 
+def ends(times: dict[tuple[int, int], int]) -> dict[int, int]:
+    """The end offset (one past the last produced) of every partition."""
+    out = dict.fromkeys(range(PARTITIONS), 0)
+    for p, offset in times:
+        out[p] = max(out[p], offset + 1)
+    return out
+
+
 class EventStream:
-    """Produces the demo's events in runs; a run is a thread, ``running`` while it lasts."""
+    """Produces the demo's events in a thread, ``running`` while it lasts; partition 2 produces
+    nothing while ``silent`` is set."""
 
     def __init__(self, bootstrap: str, topic: str, produced: Produced) -> None:
         self._bootstrap, self._topic, self._produced = bootstrap, topic, produced
@@ -71,6 +97,7 @@ class EventStream:
         self._seq = 0
         self._thread: threading.Thread | None = None
         self.stop = threading.Event()
+        self.silent = threading.Event()
 
     def join(self) -> None:
         if self._thread is not None:
@@ -80,22 +107,19 @@ class EventStream:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def start(self, duration: float) -> None:
-        """Produce until ``stop`` is set; partition 2 is silent from 20% to 60% of
-        ``duration``."""
-        self._thread = threading.Thread(target=self._run, args=(duration,), daemon=True)
+    def start(self) -> None:
+        """Produce until ``stop`` is set."""
+        self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
-    def _run(self, duration: float) -> None:
+    def _run(self) -> None:
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self._bootstrap, "linger.ms": 20})
-        start = time.monotonic()
         while not self.stop.is_set():
-            elapsed = (time.monotonic() - start) / duration
             now = int(time.time() * 1000)
             for p in range(PARTITIONS):
-                if p == SILENT and 0.2 <= elapsed < 0.6:
+                if p == SILENT and self.silent.is_set():
                     continue  # partition 2 goes silent, then resumes
                 for _ in range(RATE // 10):
                     ts = now - (LAG_MS if p == LAGGING else 0) - self._rng.randint(0, 1500)
@@ -131,36 +155,29 @@ def _spark_batches(checkpoint: Path, topic: str) -> list[dict[int, int]]:
     return out
 
 
-@dataclass
-class SparkComparison:
-    watermark: int | None = None
-    dropped: int = 0
-    dropped_lagging: int = 0
+def _idle_alone(epochs: list[EpochRow], topic: str) -> list[int]:
+    """Completed epochs in which the silent partition was IDLE while the others were not (the
+    valve left it out of the combined watermark)."""
+    return [r.epoch for r in epochs if r.state == "completed"
+            and f"{topic}/{SILENT}" in r.idle_partitions
+            and len(r.idle_partitions) < PARTITIONS]
 
 
-def spark_comparison(batches: list[dict[int, int]], times: dict[tuple[int, int], int]
-                     ) -> SparkComparison:
-    """What Spark's withWatermark would have done on the same batches: its watermark for batch
-    N is max event time of batches < N minus the delay; rows below it are dropped as late."""
-    result = SparkComparison()
-    previous = {p: 0 for p in range(PARTITIONS)}
-    max_seen: int | None = None
-    for ends in batches:
-        watermark = None if max_seen is None else max_seen - DELAY_MS
-        batch_max = max_seen
-        for p, end in ends.items():
-            for offset in range(previous.get(p, 0), end):
-                ts = times.get((p, offset))
-                if ts is None:
-                    continue
-                if watermark is not None and ts < watermark:
-                    result.dropped += 1
-                    result.dropped_lagging += p == LAGGING
-                batch_max = ts if batch_max is None else max(batch_max, ts)
-            previous[p] = end
-        max_seen = batch_max
-        result.watermark = watermark
-    return result
+def _all_idle(epochs: list[EpochRow]) -> list[int]:
+    """Completed epochs with every partition IDLE (the valve released the maximum)."""
+    return [r.epoch for r in epochs if r.state == "completed"
+            and len(r.idle_partitions) == PARTITIONS]
+
+
+def _span(numbers: list[int]) -> str:
+    """``3, 4, 5, 9`` as ``3-5, 9``."""
+    parts: list[str] = []
+    for n in numbers:
+        if parts and n == int(parts[-1].rsplit("-", 1)[-1]) + 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
+        else:
+            parts.append(str(n))
+    return ", ".join(parts) or "none"
 
 
 class QueryProcess:
@@ -219,37 +236,73 @@ def _postgres(enabled: bool) -> Iterator[str | None]:
         yield dsn
 
 
-def _view(phase: str, epochs: list[EpochRow], batches: list[dict[int, int]],
-          spark: SparkComparison, produced: int, crashes: int) -> Group:
+def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -> Table:
+    table = Table(title="windowed counts (10 s, per partition, append mode) against the "
+                  "produced events", expand=False)
+    for column in ("count on", "watermark", "closed", "wrong", "rows lost",
+                   "numRowsDropped\nByWatermark"):
+        table.add_column(column, justify="left" if column in ("count on", "watermark")
+                         else "right")
+    for count, short in zip(counts, ("with_watermark", "Spark's own"), strict=True):
+        result = results[count.name]
+        wrong, dropped = len(result.wrong), result.dropped
+        table.add_row(
+            short, format_watermark(result.progress.watermark, False), str(len(result.closed)),
+            Text(str(wrong), style="bold red" if wrong else "green"),
+            Text(str(dropped), style="bold red" if dropped else "green"),
+            str(result.progress.dropped),
+        )
+    return table
+
+
+def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int, int]],
+          counts: list[WindowQuery], results: dict[str, Comparison], produced: int,
+          crashes: int) -> Group:
     latest = next((r for r in reversed(epochs) if r.state == "completed"), None)
     table = Table(title="flinkish: per-partition watermarks (UTC)", expand=False)
     for column in ("partition", "last offset", "watermark", "status"):
         table.add_column(column)
-    ends = batches[-1] if batches else {}
+    last = batches[-1] if batches else {}
     for p in range(PARTITIONS):
-        info = latest.partitions.get(f"{_TOPIC[0]}/{p}", {}) if latest else {}
+        info = latest.partitions.get(f"{topic}/{p}", {}) if latest else {}
         note = " (lags 2 min)" if p == LAGGING else " (goes silent)" if p == SILENT else ""
         status = info.get("status", "-")
-        table.add_row(f"{p}{note}", str(ends.get(p, "-")),
+        shown = "IDLE: left out of the min" if status == "IDLE" else status
+        table.add_row(f"{p}{note}", str(last.get(p, "-")),
                       format_watermark(info.get("watermark"), False) if info else "-",
-                      Text(status, style="yellow" if status == "IDLE" else "green"))
+                      Text(shown, style="bold yellow" if status == "IDLE" else "green"))
     committed = sum(r.rows or 0 for r in epochs if r.state == "completed")
     late = sum(r.late_rows or 0 for r in epochs if r.state == "completed")
+    idle = latest.idle_partitions if latest else ()
     summary = Table.grid(padding=(0, 2))
     summary.add_row("flinkish combined watermark",
                     format_watermark(latest.watermark if latest else None, False),
-                    "valve: min over active partitions")
-    summary.add_row("Spark's global watermark", format_watermark(spark.watermark, False),
-                    "fastest partition - 2 s")
-    summary.add_row("rows Spark would drop as late", f"[red]{spark.dropped}[/]",
-                    f"{spark.dropped_lagging} from the lagging partition")
+                    "valve: min over active partitions" + (
+                        f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle
+                        else ""))
+    summary.add_row(f"partition {SILENT} IDLE in epochs", _span(_idle_alone(epochs, topic)),
+                    f"idleTimeout {IDLE_TIMEOUT_MS / 1000:g} s")
     summary.add_row("rows flinkish committed", str(committed),
                     f"late {late} (kept, counted); dropped 0")
     summary.add_row("produced / epochs / crashes", f"{produced} / {len(epochs)} / {crashes}", "")
-    return Group(Text(phase, style="bold cyan"), table, summary)
+    return Group(Text(phase, style="bold cyan"), table, summary,
+                 _window_summary(counts, results))
 
 
-_TOPIC: list[str] = ["events"]
+def _plain_line(epochs: list[EpochRow], topic: str, counts: list[WindowQuery],
+                results: dict[str, Comparison], produced: int) -> str:
+    completed = [r for r in epochs if r.state == "completed"]
+    latest = completed[-1] if completed else None
+    idle = latest.idle_partitions if latest else ()
+    parts = [f"{len(completed)} epochs, {produced} produced, combined watermark "
+             f"{format_watermark(latest.watermark if latest else None, False)}"
+             + (f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle else "")]
+    for count in counts:
+        result = results[count.name]
+        if result.progress.started:
+            parts.append(f"{count.label}: {len(result.closed)} windows closed, "
+                         f"{len(result.wrong)} wrong, {result.dropped} rows dropped")
+    return "; ".join(parts)
 
 
 def _committed_rows(target: str, output: Path, dsn: str | None) -> list[tuple[int, int]]:
@@ -268,115 +321,193 @@ def _committed_rows(target: str, output: Path, dsn: str | None) -> list[tuple[in
                     strict=True))
 
 
+def _print_log_tail(console: Console, log: Path, lines: int = 40) -> None:
+    """The end of the queries' log without Java stack frames (the work directory may be
+    removed on the way out)."""
+    with contextlib.suppress(OSError):
+        text = log.read_text(errors="replace").splitlines()
+        tail = [line for line in text if not line.lstrip().startswith(("at ", "... "))
+                and "got no marker rows" not in line][-lines:]
+        console.print(f"--- {log}, last {len(tail)} lines without stack frames:",
+                      markup=False, highlight=False, soft_wrap=True)
+        for line in tail:
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
 def _exit_on(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the clean-up below
 
 
+@dataclass
+class _Run:
+    """Where the demo stands; :meth:`step` moves it on from what the queries have done."""
+
+    duration: float
+    topic: str
+    checkpoint: Path
+    stream: EventStream
+    produced: Produced
+    query: QueryProcess
+    counts: list[WindowQuery]
+    phase: str = "starting Spark and the queries…"
+    crashes: int = 0
+    epoch_at_crash: int = 0
+    silence_started: float | None = None
+    resume_epoch: int | None = None
+    settled_at: float | None = None  # every event read and committed by the sink query
+    done: bool = False
+    note: str = ""
+
+    def step(self, elapsed: float) -> None:
+        stream, query = self.stream, self.query
+        if query.failed():
+            raise RuntimeError("the query process failed; see its query.log")
+        if not stream.running and not stream.stop.is_set():
+            raise RuntimeError("the event producer stopped")
+        completed = [r for r in _epochs(self.checkpoint) if r.state == "completed"]
+        now = time.monotonic()
+        if self.crashes == 0:
+            if not completed:
+                return  # starting: Spark, then the sink query, then the two windowed counts
+            if self.silence_started is None:
+                stream.silent.set()
+                self.silence_started = now
+                self.phase = (f"partition {SILENT} falls silent: IDLE after idleTimeout "
+                              f"({IDLE_TIMEOUT_MS / 1000:g} s), the valve leaves it out")
+            elif self.resume_epoch is None:
+                if (len(_idle_alone(completed, self.topic)) >= IDLE_EPOCHS
+                        or now - self.silence_started > SILENCE_MAX_S):
+                    stream.silent.clear()
+                    self.resume_epoch = completed[-1].epoch
+                    self.phase = f"partition {SILENT} resumes; streaming"
+            elif not all(c.progress().started for c in self.counts):
+                self.phase = "waiting for the windowed counts to start (before the crash)…"
+            elif completed[-1].epoch > self.resume_epoch and elapsed > self.duration * 0.45:
+                self.epoch_at_crash = completed[-1].epoch
+                self.phase = "CRASH: SIGKILL of the queries' processes; restarting them…"
+                query.crash()
+                self.crashes += 1
+                query.start()
+            return
+        if stream.running:
+            self.phase = "restarted from the checkpoints; streaming"
+            if elapsed >= self.duration and completed[-1].epoch > self.epoch_at_crash + 1:
+                stream.stop.set()  # ran its time, and the restarted query is live
+                stream.join()
+            return
+        self.phase = ("production finished; catching up (every partition goes IDLE, the valve "
+                      "releases the maximum watermark, the last windows close)")
+        times = self.produced.snapshot()
+        last = ends(times)
+        batches = _spark_batches(self.checkpoint, self.topic)
+        settled = bool(batches) and all(batches[-1].get(p, 0) >= last[p] for p in last) and (
+            completed[-1].epoch > self.epoch_at_crash
+            and completed[-1].epoch >= len(batches) - 1)
+        if not settled:
+            return
+        if self.settled_at is None:
+            self.settled_at = now
+        if self._windows_final(completed[-1], times, last):
+            self.done = True
+        elif now - self.settled_at > WINDOWS_GRACE_S:
+            self.note = (f"the windowed counts had not closed their last windows "
+                         f"{WINDOWS_GRACE_S:g} s after the events were all in")
+            self.done = True
+
+    def _windows_final(self, latest: EpochRow, times: dict[tuple[int, int], int],
+                       last: dict[int, int]) -> bool:
+        """Both counts read everything and their watermarks reached where the events end: the
+        valve's maximum once every partition is IDLE, and Spark's newest event - 2 s."""
+        if len(latest.idle_partitions) < PARTITIONS or latest.watermark is None or not times:
+            return False
+        expected = {"flinkish": latest.watermark, "spark": max(times.values()) - DELAY_MS}
+        for count in self.counts:
+            progress = count.progress()
+            if progress.watermark is None or progress.watermark < expected[count.name] or any(
+                    progress.ends.get(p, 0) < end for p, end in last.items()):
+                return False
+        return True
+
+
 def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | None = None,
              live: bool = True, workdir: str | None = None) -> int:
-    # a closed terminal or a kill must still stop the broker, PostgreSQL and the query
+    # a closed terminal or a kill must still stop the broker, PostgreSQL and the queries
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _exit_on)
     console = Console()
     work = Path(workdir or tempfile.mkdtemp(prefix="flinkish-demo-"))
     work.mkdir(parents=True, exist_ok=True)
-    checkpoint, output = work / "checkpoint", work / "output"
+    checkpoint, output, windows = work / "checkpoint", work / "output", work / "windows"
     stop_file = work / "stop"
     started = time.monotonic()
-    crashes = 0
     try:
         with _broker(bootstrap) as servers, _postgres(target == "postgres") as dsn:
             from flinkish.demo.embedded_kafka import create_topic
 
             topic = f"flinkish-demo-{int(time.time())}"
-            _TOPIC[0] = topic
             create_topic(servers, topic, PARTITIONS)
             console.print(f"broker {servers}, topic {topic}, target {target}, work dir {work}")
             produced = Produced()
             stream = EventStream(servers, topic, produced)
             command = [sys.executable, "-m", "flinkish.demo.query", servers, topic,
-                       str(checkpoint), str(stop_file)]
+                       str(checkpoint), str(stop_file), "--windows", str(windows),
+                       "--idle-timeout", f"{IDLE_TIMEOUT_MS} milliseconds"]
             command += ["--postgres", dsn] if dsn else ["--parquet", str(output)]
             query = QueryProcess(command, work / "query.log")
+            counts = [
+                WindowQuery("flinkish", "flinkish.with_watermark", windows / "flinkish", topic),
+                WindowQuery("spark", "Spark's withWatermark", windows / "spark", topic),
+            ]
+            run = _Run(duration, topic, checkpoint, stream, produced, query, counts)
             # Produce from the start: a stream that paused longer than idleTimeout before the
             # first batch would mark every partition idle, and the lagging one, resuming behind
             # the others, would then stay unaligned (Flink's valve semantics).
             try:
-                stream.start(duration)
+                stream.start()
                 production_started = time.monotonic()
                 query.start()
-                phase = "starting Spark and the query…"
+
+                def measured() -> tuple[list[EpochRow], dict[str, Comparison], int]:
+                    times = produced.snapshot()
+                    return (_epochs(checkpoint), {c.name: c.measure(times) for c in counts},
+                            len(times))
 
                 def refresh() -> Group:
-                    times = produced.snapshot()
-                    batches = _spark_batches(checkpoint, topic)
-                    epochs = _epochs(checkpoint)
-                    return _view(f"[{time.monotonic() - started:5.1f}s] {phase}", epochs, batches,
-                                 spark_comparison(batches, times), len(times), crashes)
+                    epochs, results, n = measured()
+                    return _view(f"[{time.monotonic() - started:5.1f}s] {run.phase}", topic,
+                                 epochs, _spark_batches(checkpoint, topic), counts, results, n,
+                                 run.crashes)
 
                 display = Live(refresh(), console=console, refresh_per_second=4) if live else None
                 with display if display is not None else contextlib.nullcontext():
-                    last_log = 0.0
-                    epoch_at_crash = 0
-                    while True:
-                        if query.failed():
-                            raise RuntimeError("the query process failed; see " +
-                                               str(work / "query.log"))
-                        epochs = _epochs(checkpoint)
-                        completed = [r for r in epochs if r.state == "completed"]
-                        if not completed:
-                            time.sleep(0.25)
-                            if display is not None:
-                                display.update(refresh())
-                            elif time.monotonic() - last_log > 5:
-                                last_log = time.monotonic()
-                                console.print(f"[{time.monotonic() - started:5.1f}s] {phase}")
-                            continue
-                        elapsed = time.monotonic() - production_started
-                        if crashes == 0 and completed[-1].epoch >= 2 and (
-                                elapsed > duration * 0.45):
-                            epoch_at_crash = completed[-1].epoch
-                            phase = "CRASH: SIGKILL of the query's processes; restarting it…"
-                            query.crash()
-                            crashes += 1
-                            query.start()
-                        elif crashes:
-                            phase = "restarted from the checkpoint; streaming"
-                        else:
-                            phase = "streaming"
-                        times = produced.snapshot()
-                        if stream.running and elapsed >= duration and crashes and (
-                                completed[-1].epoch > epoch_at_crash + 1):
-                            stream.stop.set()  # ran its time, and the restarted query is live
-                            stream.join()
-                        if not stream.running:
-                            phase = "production finished; catching up"
-                            batches = _spark_batches(checkpoint, topic)
-                            caught_up = batches and all(
-                                batches[-1].get(p, 0) >= 1 + max(
-                                    (o for (q, o) in times if q == p), default=-1)
-                                for p in range(PARTITIONS))
-                            if (caught_up and crashes and completed[-1].epoch > epoch_at_crash
-                                    and completed[-1].epoch >= len(batches) - 1):
-                                break
+                    last_log, last_phase = 0.0, ""
+                    while not run.done:
+                        run.step(time.monotonic() - production_started)
                         if display is not None:
                             display.update(refresh())
-                        elif time.monotonic() - last_log > 5:
-                            last_log = time.monotonic()
-                            console.print(f"[{elapsed:5.1f}s] {phase}: {len(completed)} epochs, "
-                                          f"{len(times)} produced")
+                        elif run.phase != last_phase or time.monotonic() - last_log > 5:
+                            last_log, last_phase = time.monotonic(), run.phase
+                            epochs, results, n = measured()
+                            console.print(f"[{time.monotonic() - started:5.1f}s] {run.phase}",
+                                          soft_wrap=True)
+                            console.print("        " + _plain_line(epochs, topic, counts,
+                                                                   results, n), soft_wrap=True,
+                                          markup=False, highlight=False)
                         time.sleep(0.25)
-                        if time.monotonic() - started > duration + 300:
+                        if time.monotonic() - started > duration + 900:
                             raise RuntimeError("the demo did not finish in time")
-                    phase = "stopping the query and verifying the output…"
+                    run.phase = "stopping the queries and verifying the output…"
                     if display is not None:
                         display.update(refresh())
-                query.stop(stop_file)
+                query.stop(stop_file, timeout=120)
+            except RuntimeError:
+                _print_log_tail(console, work / "query.log")
+                raise
             finally:
                 stream.stop.set()
                 query.crash()  # whatever happened, stop every process the demo started
-            return _verdict(console, produced, target, output, dsn, checkpoint, topic, crashes,
-                            started)
+            return _verdict(console, produced, target, output, dsn, checkpoint, topic,
+                            run, started)
     finally:
         if workdir is None:
             shutil.rmtree(work, ignore_errors=True)
@@ -402,8 +533,96 @@ def _lingering(target: str, output: Path, dsn: str | None, checkpoint: Path) -> 
         sink.close()
 
 
+def _count_cell(window: WindowCount) -> Text:
+    if not window.closed:
+        return Text("open", style="dim")
+    if window.counted is None:
+        return Text("–", style="bold red")
+    times = f" (×{window.emitted})" if window.emitted > 1 else ""
+    return Text(f"{window.counted}{times}", style="green" if window.exact else "bold red")
+
+
+def _shape(window: WindowCount | None) -> str | None:
+    """How a window shows, for runs that can be summed (None: it must show on its own)."""
+    if window is None:
+        return None
+    if not window.closed:
+        return "open"
+    if window.exact:
+        return "exact"
+    return "never emitted" if window.counted is None and window.emitted == 0 else None
+
+
+def _window_rows(results: list[Comparison], collapse: bool
+                 ) -> list[tuple[str, int, int, list[WindowCount | None]]]:
+    """(window start, partition, produced, each query's window) per window, in partition and
+    time order; with ``collapse``, a run of three or more windows of a partition that show
+    alike for every query (exact, never emitted, open) becomes one row with their sums."""
+    keys = sorted({k for r in results for k in r.windows}, key=lambda k: (k[1], k[0]))
+    rows: list[tuple[str, int, int, list[WindowCount | None]]] = []
+    run: list[list[WindowCount]] = []  # windows of one partition that show alike
+
+    def flush() -> None:
+        if len(run) >= 3:
+            first, last = run[0][0], run[-1][0]
+            sums: list[WindowCount | None] = [
+                WindowCount(first.start, first.partition, sum(w[i].produced for w in run),
+                            None if run[0][i].counted is None
+                            else sum(w[i].counted or 0 for w in run),
+                            run[0][i].emitted, run[0][i].closed)
+                for i in range(len(results))
+            ]
+            rows.append((f"{_clock(first.start)}…{_clock(last.start)} ×{len(run)}",
+                         first.partition, sum(w[0].produced for w in run), sums))
+        else:
+            rows.extend((_clock(w[0].start), w[0].partition, w[0].produced, list(w))
+                        for w in run)
+        run.clear()
+
+    for start, partition in keys:
+        cells = [r.windows.get((start, partition)) for r in results]
+        shapes = [_shape(w) for w in cells]
+        alike = [w for w in cells if w is not None] if None not in shapes else []
+        if run and (not alike or run[-1][0].partition != partition
+                    or [_shape(w) for w in run[-1]] != shapes):
+            flush()
+        if collapse and alike:
+            run.append(alike)
+        else:
+            rows.append((_clock(start), partition,
+                         max(w.produced for w in cells if w is not None), cells))
+    flush()
+    return rows
+
+
+def _clock(ms: int) -> str:
+    return format_watermark(ms, False)[:8]
+
+
+def _window_table(results: list[Comparison], labels: list[str]) -> Table:
+    collapse = len({k for r in results for k in r.windows}) > 40
+    table = Table(title="10 s windows: rows produced, and counted by each query",
+                  caption="–: never emitted (every row dropped); open: the watermark has not "
+                  "passed the window's end, append mode holds it back" + (
+                      "; ×n: n windows alike, summed" if collapse
+                      else ""))
+    for column in ("window start (UTC)", "part.", "produced", *labels):
+        table.add_column(column, justify="left" if column.startswith("window") else "right")
+    for start, partition, produced, cells in _window_rows(results, collapse):
+        table.add_row(start, str(partition), str(produced),
+                      *(_count_cell(w) if w is not None else Text("-", style="dim")
+                        for w in cells))
+    return table
+
+
+def _window_line(label: str, result: Comparison, lagging: int) -> str:
+    return (f"{label}: {len(result.wrong)} of {len(result.closed)} closed windows wrong, "
+            f"{result.dropped} rows dropped ({result.dropped_of(LAGGING)} of the lagging "
+            f"partition's {lagging}; numRowsDroppedByWatermark {result.progress.dropped})")
+
+
 def _verdict(console: Console, produced: Produced, target: str, output: Path, dsn: str | None,
-             checkpoint: Path, topic: str, crashes: int, started: float) -> int:
+             checkpoint: Path, topic: str, run: _Run, started: float) -> int:
     times = produced.snapshot()
     rows = _committed_rows(target, output, dsn)
     unique = set(rows)
@@ -413,27 +632,63 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     epochs = [r for r in load_epochs(str(checkpoint)) if r.state == "completed"]
     watermarks = [r.watermark for r in epochs if r.watermark is not None]
     monotone = all(a <= b for a, b in zip(watermarks, watermarks[1:], strict=False))
-    spark = spark_comparison(_spark_batches(checkpoint, topic), times)
     lagging = sum(1 for (p, _) in times if p == LAGGING)
     lingering = _lingering(target, output, dsn, checkpoint)
-    ok = (duplicates == 0 and missing == 0 and unexpected == 0 and monotone and crashes == 1
-          and not lingering)
+    last = ends(times)
+    results = {c.name: c.measure(times, final=True) for c in run.counts}
+    flinkish, spark = results["flinkish"], results["spark"]
+    read_all = {name: all(r.progress.ends.get(p, 0) >= end for p, end in last.items())
+                for name, r in results.items()}
+    exactly_once = (duplicates == 0 and missing == 0 and unexpected == 0 and monotone
+                    and run.crashes == 1 and not lingering)
+    windows_exact = (read_all["flinkish"] and bool(flinkish.closed) and not flinkish.wrong
+                     and flinkish.dropped == 0 and flinkish.progress.dropped == 0)
+
+    console.print(_window_table([flinkish, spark], ["with_watermark", "Spark's own"]))
     verdict = Table(title="verdict", show_header=False)
     verdict.add_row("events produced", str(len(times)))
     verdict.add_row("rows committed", str(len(rows)))
     verdict.add_row("duplicates / missing", f"{duplicates} / {missing}")
-    verdict.add_row("crashes survived", str(crashes))
+    verdict.add_row("crashes survived", str(run.crashes))
     verdict.add_row("pre-commits left in the target", str(len(lingering)))
     verdict.add_row("combined watermark never went back", "yes" if monotone else "NO")
-    verdict.add_row("rows Spark's withWatermark would have dropped",
-                    f"{spark.dropped} ({spark.dropped_lagging} of the lagging partition's "
-                    f"{lagging})")
-    verdict.add_row("rows flinkish dropped", "0")
+    verdict.add_row(f"partition {SILENT} IDLE, the others not", "epochs " + _span(
+        _idle_alone(epochs, topic)))
+    verdict.add_row("every partition IDLE (max released)", "epochs " + _span(_all_idle(epochs)))
+    for count in run.counts:
+        result = results[count.name]
+        verdict.add_row(f"{count.label}: windows wrong",
+                        f"{len(result.wrong)} of {len(result.closed)} closed" + (
+                            "" if read_all[count.name] else " (did NOT read every event)"))
+        verdict.add_row(f"{count.label}: rows dropped",
+                        f"{result.dropped} (numRowsDroppedByWatermark {result.progress.dropped})")
     verdict.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
     console.print(verdict)
-    if ok:
+    for count in run.counts:
+        console.print(_window_line(count.label, results[count.name], lagging), soft_wrap=True,
+                      markup=False, highlight=False)
+    console.print(f"partition {SILENT} (silent) IDLE in epochs {_span(_idle_alone(epochs, topic))}"
+                  f"; every partition IDLE in epochs {_span(_all_idle(epochs))}",
+                  soft_wrap=True, markup=False, highlight=False)
+    if spark.progress.dropped < spark.dropped:
+        console.print("(numRowsDroppedByWatermark counts what reaches Spark's state store after "
+                      "partial aggregation, not input rows: the output shows the rows lost)",
+                      soft_wrap=True, markup=False, highlight=False)
+    if run.note:
+        console.print(f"note: {run.note}", soft_wrap=True, markup=False, highlight=False)
+    if exactly_once:
         console.print("[bold green]VERDICT: every produced event is in the output exactly once, "
-                      "through a crash.[/]")
+                      "through a crash.[/]", soft_wrap=True)
+    if windows_exact:
+        console.print(
+            f"[bold green]VERDICT: with flinkish.with_watermark every closed window counted "
+            f"exactly ({len(flinkish.closed)} windows, 0 rows dropped);[/] [bold red]Spark's own "
+            f"watermark got {len(spark.wrong)} windows wrong and dropped {spark.dropped} rows."
+            "[/]", soft_wrap=True)
+    if exactly_once and windows_exact:
         return 0
-    console.print("[bold red]VERDICT: FAILED[/] (see the table above)")
+    failed = [what for what, ok in (("exactly-once output", exactly_once),
+                                    ("flinkish windows exact", windows_exact)) if not ok]
+    console.print(f"[bold red]VERDICT: FAILED[/] ({', '.join(failed)}; see the tables above)",
+                  soft_wrap=True)
     return 1

@@ -1,13 +1,145 @@
-"""The demo's streaming query, run as its own process so the demo can kill it like a crash:
-flinkish source -> flinkish two-phase-commit sink. Stops gracefully when STOP_FILE appears."""
+"""The demo's streaming queries, run as their own process so the demo can kill them like a crash.
+Stops gracefully when STOP_FILE appears.
+
+Three queries in one driver, each reading the topic with its own flinkish source:
+
+* ``events``: flinkish source -> flinkish two-phase-commit sink (every record, exactly once);
+* with ``--windows DIR``, two windowed counts over the same partitions,
+  ``groupBy(window(eventTime, 10 s), partition).count()`` in append mode:
+
+  - ``flinkish``: on the valve's combined watermark (``flinkish.with_watermark``);
+  - ``spark``: on Spark's own ``withWatermark("eventTime", "2 seconds")``.
+
+  Each writes its window rows through the flinkish sink into Parquet (``DIR/<name>/output``),
+  so a window survives the crash exactly once, and appends Spark's progress reports, one JSON
+  object a line, to ``DIR/<name>/progress.jsonl`` (a listener writes each as Spark reports it,
+  so a killed run leaves the reports of the batches it finished).
+
+The queries start one after another, each once the one before has initialised its source
+(many queries starting at once on 2 busy cores can make Spark time out waiting for Python
+workers).
+A query that fails only because a new Python worker did not connect back within the 10 s Spark
+allows (``PythonWorkerFactory.createSimpleWorker``: the streaming source runner, which must import
+pyspark first; seen on 2 cores shared with other Spark jobs, where a new process gets a tenth of a
+core) is started again from its checkpoint, after a pause, up to 20 times: the same recovery as
+after the demo's crash.
+"""
 
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import os
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from flinkish.demo.spark_session import local_session
+
+#: The windowed counts' names (their directories under ``--windows``).
+WINDOW_QUERIES = ("flinkish", "spark")
+WINDOW = "10 seconds"
+SPARK_DELAY = "2 seconds"  # Spark's withWatermark delay: the source's maxOutOfOrderness
+TRIGGER = "1 second"
+TRANSIENT = "Python worker failed to connect back"
+RETRIES = 20
+
+
+def source(spark: Any, args: argparse.Namespace, state: str) -> Any:
+    return (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", args.bootstrap)
+        .option("subscribe", args.topic)
+        .option("startingOffsets", "earliest")
+        .option("watermark.maxOutOfOrderness", SPARK_DELAY)
+        .option("idleTimeout", args.idle_timeout)
+        .option("maxOffsetsPerTrigger", "5000")
+        .option("checkpointing.location", state)
+        .load()
+    )
+
+
+def windowed(events: Any, name: str) -> Any:
+    """The window rows of one of the two counts (window bounds flattened for Parquet)."""
+    from pyspark.sql import functions as F
+
+    import flinkish
+
+    if name == "flinkish":
+        timed = flinkish.with_watermark(events)
+    else:
+        timed = events.filter("kind = 'record'").withWatermark("eventTime", SPARK_DELAY)
+    counts = timed.groupBy(F.window("eventTime", WINDOW), "partition").count()
+    return counts.select(F.col("window.start").alias("window_start"),
+                         F.col("window.end").alias("window_end"), "partition", "count")
+
+
+class ProgressFiles:
+    """Appends each followed query's progress reports to its file as Spark reports them."""
+
+    def __init__(self, spark: Any) -> None:
+        from pyspark.sql.streaming import StreamingQueryListener
+
+        self._lock = threading.Lock()
+        self._files: dict[str, str] = {}
+        self._early: dict[str, list[str]] = {}  # reports of a query before it is followed
+        files = self
+
+        class Listener(StreamingQueryListener):
+            def onQueryStarted(self, event: Any) -> None:
+                pass
+
+            def onQueryProgress(self, event: Any) -> None:
+                files.write(str(event.progress.id), event.progress.json)
+
+            def onQueryIdle(self, event: Any) -> None:
+                pass
+
+            def onQueryTerminated(self, event: Any) -> None:
+                pass
+
+        spark.streams.addListener(Listener())
+
+    def write(self, query_id: str, report: str) -> None:
+        line = json.dumps(json.loads(report)) + "\n"
+        with self._lock:
+            path = self._files.get(query_id)
+            if path is None:
+                self._early.setdefault(query_id, []).append(line)
+                return
+            with open(path, "a", encoding="utf-8") as f:
+                f.write(line)
+
+    def follow(self, query: Any, path: str) -> None:
+        with self._lock:
+            self._files[str(query.id)] = path
+            with open(path, "a", encoding="utf-8") as f:
+                f.writelines(self._early.pop(str(query.id), []))
+
+    def finish(self, query: Any) -> None:
+        """Spark's reports once more at a graceful stop (the listener gets them
+        asynchronously, so the last may still be on its way); readers keep one per batch."""
+        with self._lock:
+            path = self._files.get(str(query.id))
+            if path is not None:
+                with open(path, "a", encoding="utf-8") as f:
+                    f.writelines(json.dumps(json.loads(r.json)) + "\n"
+                                 for r in query.recentProgress)
+
+
+def _transient(failure: Any) -> bool:
+    """A query that failed only because a Python worker was slow to start (Spark waits 10 s
+    for a new worker to connect back, too short on 2 busy cores)."""
+    return failure is not None and TRANSIENT in str(failure)
+
+
+def _started(query: Any) -> bool:
+    """Past its start-up: its source is initialised (the source runner, a Python worker of its
+    own, connected back), so it plans or runs batches."""
+    return bool(query.recentProgress) or query.status["message"].startswith(
+        ("Getting offsets", "Processing", "Waiting"))
 
 
 def main() -> None:
@@ -19,39 +151,82 @@ def main() -> None:
     parser.add_argument("--parquet")
     parser.add_argument("--postgres")
     parser.add_argument("--table", default="demo_events")
+    parser.add_argument("--windows", help="run the two windowed counts, writing under DIR")
+    parser.add_argument("--idle-timeout", dest="idle_timeout", default="2 seconds")
     args = parser.parse_args()
 
-    spark = local_session("flinkish-demo-query")
-    events = (
-        spark.readStream.format("flinkish")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("subscribe", args.topic)
-        .option("startingOffsets", "earliest")
-        .option("watermark.maxOutOfOrderness", "2 seconds")
-        .option("idleTimeout", "2 seconds")
-        .option("maxOffsetsPerTrigger", "5000")
-        .option("checkpointing.location", os.path.join(args.checkpoint, "source-state"))
-        .load()
-        .selectExpr("CAST(value AS STRING) AS event", "topic", "partition", "offset",
-                    "eventTime", "kind", "watermark", "status")
-    )
-    writer = (
-        events.writeStream.format("flinkish")
-        .option("checkpointLocation", args.checkpoint)
-        .trigger(processingTime="1 second")
-    )
-    if args.postgres:
-        writer = writer.option("target", "postgres").option("dsn", args.postgres).option(
-            "table", args.table)
-    else:
-        writer = writer.option("target", "parquet").option("path", args.parquet)
-    query = writer.start()
-    while query.isActive and not os.path.exists(args.stop_file):
+    # Python workers must connect back within this; 15 s (the default) can be too short with
+    # three queries on 2 busy cores
+    spark = local_session("flinkish-demo-query",
+                          **{"spark.python.authenticate.socketTimeout": "120s"})
+    import flinkish
+
+    flinkish.register(spark)
+    progress = ProgressFiles(spark) if args.windows else None
+
+    def events() -> Any:
+        rows = source(spark, args, os.path.join(args.checkpoint, "source-state")).selectExpr(
+            "CAST(value AS STRING) AS event", "topic", "partition", "offset", "eventTime",
+            "kind", "watermark", "status")
+        writer = (
+            rows.writeStream.format("flinkish").queryName("events")
+            .option("checkpointLocation", args.checkpoint)
+            .trigger(processingTime=TRIGGER)
+        )
+        if args.postgres:
+            writer = writer.option("target", "postgres").option("dsn", args.postgres).option(
+                "table", args.table)
+        else:
+            writer = writer.option("target", "parquet").option("path", args.parquet)
+        return writer.start()
+
+    def windows(name: str) -> Any:
+        home = os.path.join(args.windows, name)
+        os.makedirs(home, exist_ok=True)
+        query = (
+            windowed(source(spark, args, os.path.join(home, "source-state")), name)
+            .writeStream.format("flinkish").queryName(f"windows-{name}").outputMode("append")
+            .option("checkpointLocation", os.path.join(home, "checkpoint"))
+            .option("target", "parquet").option("path", os.path.join(home, "output"))
+            .trigger(processingTime=TRIGGER)
+            .start()
+        )
+        assert progress is not None
+        progress.follow(query, os.path.join(home, "progress.jsonl"))
+        return query
+
+    starts: dict[str, Callable[[], Any]] = {"events": events}
+    for name in WINDOW_QUERIES if args.windows else ():
+        starts[name] = functools.partial(windows, name)
+    queries: dict[str, Any] = {}
+    retries: dict[str, int] = {}
+    failures: list[str] = []
+    while not failures and not os.path.exists(args.stop_file):
+        for name, query in list(queries.items()):
+            if query.isActive:
+                continue
+            failure = query.exception()
+            if _transient(failure) and retries.get(name, 0) < RETRIES:
+                retries[name] = retries.get(name, 0) + 1
+                print(f"query {name}: a Python worker did not connect back in time; starting "
+                      f"it again from its checkpoint (retry {retries[name]})", flush=True)
+                time.sleep(min(10, 2 * retries[name]))  # let a burst of load pass
+                queries[name] = starts[name]()
+            else:
+                failures.append(f"{name}: {failure}")
+        waiting = [n for n in starts if n not in queries]
+        if waiting and not failures and all(_started(q) for q in queries.values()):
+            queries[waiting[0]] = starts[waiting[0]]()
         time.sleep(0.2)
-    query.stop()
-    if query.exception() is not None:
-        raise SystemExit(f"query failed: {query.exception()}")
-    spark.stop()
+    try:
+        for name, query in queries.items():
+            query.stop()
+            if progress is not None and name != "events":
+                progress.finish(query)
+    finally:
+        spark.stop()
+    if failures:
+        raise SystemExit("query failed: " + "; ".join(failures))
 
 
 if __name__ == "__main__":
