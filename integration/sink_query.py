@@ -22,7 +22,16 @@ Several queries in one driver (each with its own checkpoint and table / path)::
 ``--start-window`` of them before the earlier ones finished a batch (many queries starting at
 once on 2 cores made Spark time out waiting for Python workers to connect back), then run
 concurrently. The script exits when every query is done: 0 if all succeeded, 1 if any failed,
-printing one JSON line per query (``{"name": …, "ok": …, "error": …, "last_batch": …}``).
+printing one JSON line per query (``{"name": …, "ok": …, "error": …, "last_batch": …}``);
+with ``--report-early`` each line as soon as that query is done (in job order), and a query
+that stopped at its failpoint is reported then (``"stopped_at": NAME``) and left there, for a
+caller that SIGKILLs the driver once every query is reported.
+A job's ``sink_options`` (jobs only) is an object of further options for the sink, e.g.
+``{"lateData": "side", "lateData.path": DIR}``. With ``--retry-transient N`` a query that
+failed only because a new Python worker did not connect back within the 10 s Spark allows
+(``PythonWorkerFactory.createSimpleWorker``, not configurable: a busy machine) is started again
+from its checkpoint, up to N times (its result then says ``"restarts"``): the recovery a crash
+gets, so the sink's guarantees must hold across it.
 
 Failure injection:
 
@@ -54,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import re
@@ -61,6 +71,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +84,7 @@ from checkpointing import failpoints  # noqa: E402
 _JOB_KEYS = {
     "name", "bootstrap", "topic", "checkpoint", "source_state", "target", "dsn", "table",
     "path", "prefix", "trigger", "until_offsets", "max_offsets", "fail_first_attempt",
-    "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows",
+    "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows", "sink_options",
     "windowed", "ending_offsets", "idle_timeout", "progress",
 }
 DEFAULT_WINDOW = "10 seconds"
@@ -109,6 +120,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="a Spark configuration setting (repeatable)")
     p.add_argument("--start-window", dest="start_window", type=int, default=1,
                    help="queries that may be starting (no batch finished yet) at once")
+    p.add_argument("--report-early", dest="report_early", action="store_true",
+                   help="print each query's result line as soon as it is done")
+    p.add_argument("--retry-transient", dest="retry_transient", type=int, default=0,
+                   metavar="N", help="start a query that failed because a Python worker did "
+                   "not connect back in time again from its checkpoint, up to N times")
     p.add_argument("--together", action="store_true",
                    help="start every query at the same moment, each from its own thread")
     p.add_argument("--no-register", dest="register", action="store_false",
@@ -164,6 +180,8 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"job {i}: trigger processing needs until_offsets")
         if job.get("fail_first_attempt") and not job.get("evidence"):
             raise SystemExit(f"job {i}: fail_first_attempt needs evidence")
+        if not isinstance(job.get("sink_options", {}), dict):
+            raise SystemExit(f"job {i}: sink_options must be an object of sink options")
         if job.get("windowed") is True:
             job["windowed"] = DEFAULT_WINDOW
         elif job.get("windowed") is False:
@@ -354,6 +372,8 @@ def _start(spark: Any, job: dict[str, Any]) -> Any:
                         ("prefix", "transactionalIdPrefix")):
         if job.get(key):
             writer = writer.option(option, job[key])
+    for option, value in (job.get("sink_options") or {}).items():
+        writer = writer.option(option, str(value))
     if job.get("query_name"):
         writer = writer.queryName(job["query_name"])
     if job["trigger"] == "available-now":
@@ -466,14 +486,23 @@ def _settled(query: Any, job: dict[str, Any]) -> bool:
                 or (marker and os.path.exists(marker)))
 
 
-def _wait(query: Any, job: dict[str, Any], deadline: float) -> None:
-    if job["trigger"] == "available-now":
+def _wait(query: Any, job: dict[str, Any], deadline: float,
+          idle: Callable[[], bool] | None = None) -> None:
+    """Until the query is done; ``idle`` is called about every second meanwhile, and the
+    waiting ends (the query left as it is) once it returns True."""
+    if job["trigger"] == "available-now" and idle is not None:
+        while not query.awaitTermination(1.0) and time.monotonic() < deadline:
+            if idle():
+                return
+    elif job["trigger"] == "available-now":
         query.awaitTermination(max(1.0, deadline - time.monotonic()))
     else:
         until = job["until_offsets"]
         until = json.loads(until) if isinstance(until, str) else until
         while query.isActive and not _reached(query, until) and time.monotonic() < deadline:
             time.sleep(0.2)
+            if idle is not None and idle():
+                return
         if query.isActive and _reached(query, until):
             query.stop()
     if query.isActive:
@@ -482,6 +511,63 @@ def _wait(query: Any, job: dict[str, Any], deadline: float) -> None:
     failure = query.exception()
     if failure is not None:
         raise RuntimeError(str(failure))
+
+
+def _parked(job: dict[str, Any]) -> str | None:
+    """The failpoint the job's query stopped at (its marker is written), if it did."""
+    marker = (job.get("failpoint") or {}).get("marker")
+    with contextlib.suppress(OSError):
+        if marker and Path(marker).read_text().strip():
+            return str(job["failpoint"]["point"])
+    return None
+
+
+def _idle(args: argparse.Namespace, retries: _Retries,
+          started: list[tuple[dict[str, Any], Any, BaseException | None]], i: int) -> bool:
+    """While waiting on ``started[i]``: restart the later queries that failed only because a
+    Python worker did not connect back; with ``--report-early``, stop waiting on a query
+    parked at its failpoint."""
+    if args.retry_transient:
+        retries.sweep(started, i + 1)
+    return bool(args.report_early and _parked(started[i][0]))
+
+
+TRANSIENT = "Python worker failed to connect back"
+
+
+class _Retries:
+    """``--retry-transient``: restarts queries that failed only because a Python worker did not
+    connect back in time."""
+
+    def __init__(self, spark: Any, limit: int) -> None:
+        self._spark = spark
+        self.limit = limit
+        self.used: dict[str, int] = {}
+
+    def check(self, started: list[tuple[dict[str, Any], Any, BaseException | None]],
+              i: int) -> bool:
+        """Start ``started[i]`` again if it failed that way and may still; whether it did."""
+        job, query, _ = started[i]
+        name = job["name"]
+        if query is None or query.isActive or self.used.get(name, 0) >= self.limit:
+            return False
+        failure = query.exception()
+        if failure is None or TRANSIENT not in str(failure):
+            return False
+        self.used[name] = self.used.get(name, 0) + 1
+        print(f"query {name}: a Python worker did not connect back in time; starting it again "
+              f"from its checkpoint ({self.used[name]}/{self.limit})", file=sys.stderr,
+              flush=True)
+        try:
+            started[i] = (job, _start(self._spark, job), None)
+        except Exception as exc:
+            started[i] = (job, None, exc)
+        return True
+
+    def sweep(self, started: list[tuple[dict[str, Any], Any, BaseException | None]],
+              first: int = 0) -> None:
+        for i in range(first, len(started)):
+            self.check(started, i)
 
 
 def _start_together(
@@ -566,6 +652,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.timeout
     started: list[tuple[dict[str, Any], Any, BaseException | None]] = []
     results = []
+    retries = _Retries(spark, args.retry_transient)
     try:
         if args.together:
             started = _start_together(spark, jobs)
@@ -574,16 +661,24 @@ def main(argv: list[str] | None = None) -> int:
                     1 for j, q, _ in started if q is not None and not _settled(q, j)
             ) >= max(1, args.start_window):
                 time.sleep(0.1)
+                if args.retry_transient:
+                    retries.sweep(started)
             try:
                 started.append((job, _start(spark, job), None))
             except Exception as exc:  # a bad job must not hide the others' outcomes
                 started.append((job, None, exc))
-        for job, query, error in started:
-            if query is not None and error is None:
-                try:
-                    _wait(query, job, deadline)
-                except Exception as exc:
-                    error = exc
+        for i in range(len(started)):
+            while True:
+                job, query, error = started[i]
+                if query is not None and error is None:
+                    idle = functools.partial(_idle, args, retries, started, i) if (
+                        args.retry_transient or args.report_early) else None
+                    try:
+                        _wait(query, job, deadline, idle)
+                    except Exception as exc:
+                        error = exc
+                if error is None or not args.retry_transient or not retries.check(started, i):
+                    break
             if query is not None and job.get("progress"):
                 _ProgressFiles.get(spark).finish(query)
             progress = None if query is None else query.lastProgress
@@ -592,12 +687,19 @@ def main(argv: list[str] | None = None) -> int:
                 "last_batch": progress["batchId"] if progress else None,
                 "error": None if error is None else _error(error),
             })
+            if args.retry_transient:
+                results[-1]["restarts"] = retries.used.get(job["name"], 0)
+            if args.report_early and query is not None and query.isActive and _parked(job):
+                results[-1].update(ok=False, stopped_at=_parked(job),
+                                   error="stopped at its failpoint, left there")
+            if args.report_early:
+                print(json.dumps(results[-1]), flush=True)
         env = {"env_keys_before": env_before, "env_keys_after": _shared_env_keys(spark)}
     finally:
         for query in spark.streams.active:
             query.stop()
         spark.stop()
-    for result in results:
+    for result in [] if args.report_early else results:
         print(json.dumps(result), flush=True)
     print(json.dumps(env), flush=True)
     return 0 if all(r["ok"] for r in results) else 1

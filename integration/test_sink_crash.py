@@ -12,8 +12,18 @@ published). A query that reaches its point writes its marker file and blocks the
 every query has, the driver's whole process tree is SIGKILLed (every process group in its
 session: pyspark's worker daemon has a group of its own). One more driver restarts all cases
 from their checkpoints: each replays batch 1, whose commit runs recovery, and goes on to
-batches 2 and 3. The module fixture records what the crash left and what the restart made
-of it; the tests judge it.
+batches 2 and 3 (and a batch without records that carries the combined watermark on, which
+the source plans when it moved). The module fixture records what the crash left and what
+the restart made of it; the tests judge it.
+
+Crashes during recovery, with late rows routed to a side output: a few more cases read a topic
+whose records at a few offsets of every partition were produced far behind the combined
+watermark (late in the crashed batch and after it; ``lateData=side``). They crash in the first
+run like the others, and the restart run stops each again at a point of its replay of the
+crashed batch (``mid_commit``, ``before_checkpoint`` or ``checkpoint_write``), so the restart
+driver is SIGKILLed once the other cases have finished. A third run (the retry suite's driver
+below, which this module starts anyway) finishes them: every row once, in the main target or
+(late) in the side output, nothing of theirs left prepared or staged in either.
 
 Findings about the sink fail as AssertionError; a harness that did not get where it meant to
 (a crash that landed elsewhere, no result) raises HarnessError, so an xfail for a known sink
@@ -65,8 +75,29 @@ POINTS = (
     "checkpoint_write",   # checkpoint record written, latest pointer not
     "after_checkpoint",   # checkpoint completed, Spark's commit log not written
 )
-CRASH_TIMEOUT = 300.0  # every query of the crash run reaching its failpoint
-RESTART_TIMEOUT = 400.0  # all restarts together
+#: Crashes during recovery: (first crash point, where the restart's replay of the crashed
+#: batch is killed again). Their restart is the restart run above; a third run finishes them.
+SECOND_CRASHES = (
+    # run 1's undecided pre-commits still linger beside run 2's half-committed new decision
+    ("before_decision", "mid_commit"),
+    # run 2 finished run 1's decision and published; not completed (recovery is idempotent)
+    ("mid_commit", "before_checkpoint"),
+    # run 2 decided anew, committed and published; the checkpoint record is written, not the
+    # pointer, so the third run replays a batch completed as far as the records go
+    ("task_write", "checkpoint_write"),
+)
+#: Offsets, in every partition of the late-data topic, produced LATE_BEHIND_MS behind the
+#: others: late in batches 1, 1, 2 and 3 (each partition gives 25 records to a batch).
+LATE_OFFSETS = (30, 40, 60, 85)
+LATE_BEHIND_MS = 120_000
+# Time budgets per query of a run (its queries start one after another, so a run takes about
+# as many times longer as it has queries): the crash run's 14 queries had 300 s to reach their
+# failpoints and the restart run's 15 had 400 s to finish
+CRASH_TIMEOUT_PER_QUERY = 300.0 / 14
+RESTART_TIMEOUT_PER_QUERY = 400.0 / 15
+# Spark gives a new Python worker a fixed 10 s to connect back (createSimpleWorker); on 2 cores
+# busy with other Spark runs a query's start can miss it: start it again from its checkpoint
+RETRY_TRANSIENT = ["--retry-transient", "3"]
 
 
 class HarnessError(Exception):
@@ -75,12 +106,14 @@ class HarnessError(Exception):
 
 # -- processes -----------------------------------------------------------------------------
 
-def _input_topic(bootstrap: str, kind: str) -> str:
-    """A fresh topic holding the suite's known input: PER_PARTITION records per partition."""
+def _input_topic(bootstrap: str, kind: str, late: tuple[int, ...] = ()) -> str:
+    """A fresh topic holding the suite's known input: PER_PARTITION records per partition,
+    those at the ``late`` offsets LATE_BEHIND_MS behind the others."""
     topic = f"sink-{kind}-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, PARTITIONS)
     produce(bootstrap, topic, [
-        (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(), BASE_TS + i * 1_000 + p)
+        (p, f"k{p}-{i}".encode(), f"v{p}-{i}".encode(),
+         BASE_TS + i * 1_000 + p - (LATE_BEHIND_MS if i in late else 0))
         for i in range(PER_PARTITION) for p in range(PARTITIONS)
     ])
     return topic
@@ -138,11 +171,21 @@ def run_to_end(args: list[str], log: Path, timeout: float) -> tuple[int, list[di
             raise HarnessError(f"sink_query did not finish in {timeout:g} s\n{tail(log)}") from exc
     finally:
         stop_after_exit(proc)
-    results = []
-    for line in log.read_text(errors="replace").splitlines():
-        if line.startswith('{"name"'):
-            results.append(json.loads(line))
-    return proc.returncode, results
+    return proc.returncode, read_results(log)
+
+
+def restarts(log: Path) -> int:
+    """How many times the run started a query again (``--retry-transient``)."""
+    try:
+        return log.read_text(errors="replace").count("did not connect back in time; starting")
+    except FileNotFoundError:
+        return 0
+
+
+def read_results(log: Path) -> list[dict[str, Any]]:
+    """The per-query JSON results sink_query.py printed so far."""
+    return [json.loads(line) for line in log.read_text(errors="replace").splitlines()
+            if line.startswith('{"name"')]
 
 
 # -- what the target holds -----------------------------------------------------------------
@@ -154,36 +197,59 @@ def pg_rows(dsn: str, statement: sql.Composed | str, *params: Any) -> list[tuple
 
 @dataclass
 class TargetView:
-    """One case's target as a reader sees it."""
+    """One case's target as a reader sees it (with ``late``, its late-data side output too:
+    ``lateData=side`` into the table / directory ``late_table`` / ``late_path``)."""
 
     kind: str
     dsn: str  # PostgreSQL only
     table: str
     path: Path
+    late: bool = False
 
-    def rows(self) -> list[tuple[int, int]]:
-        """(partition, offset) of every row, duplicates included."""
+    @property
+    def late_table(self) -> str:
+        return f"{self.table}_late"
+
+    @property
+    def late_path(self) -> Path:
+        return self.path.with_name(self.path.name + "-late")
+
+    def sink_options(self) -> dict[str, str]:
+        if not self.late:
+            return {}
+        where = ({"lateData.table": self.late_table} if self.kind == "postgres"
+                 else {"lateData.path": str(self.late_path)})
+        return {"lateData": "side", **where}
+
+    def rows(self, side: bool = False) -> list[tuple[int, int]]:
+        """(partition, offset) of every row, duplicates included (``side``: of the side
+        output)."""
         if self.kind == "postgres":
             try:
                 found = pg_rows(self.dsn, sql.SQL('SELECT "partition", "offset" FROM {}').format(
-                    sql.Identifier(self.table)))
+                    sql.Identifier(self.late_table if side else self.table)))
             except psycopg.errors.UndefinedTable:
                 return []
             return [(int(p), int(o)) for p, o in found]
-        if not self.path.exists():
+        path = self.late_path if side else self.path
+        if not path.exists():
             return []
-        table = ds.dataset(str(self.path), format="parquet").to_table(
+        table = ds.dataset(str(path), format="parquet").to_table(
             columns=["partition", "offset"])
         return list(zip(table.column("partition").to_pylist(),
                         table.column("offset").to_pylist(), strict=True))
 
     def lingering(self, query: str) -> list[str]:
-        """Our transactions still prepared (PostgreSQL) or staged (Parquet)."""
+        """Our transactions still prepared (PostgreSQL) or staged (Parquet), side output's
+        included."""
         if self.kind == "postgres":
             gids = [g for (g,) in pg_rows(self.dsn, "SELECT gid FROM pg_prepared_xacts")]
             return sorted(g for g in gids if (t := TransactionId.parse(g)) and t.query == query)
-        staging = self.path / "_flinkish_staging"
-        return sorted(p.name for p in staging.iterdir()) if staging.is_dir() else []
+        found = []
+        for path in (self.path, self.late_path) if self.late else (self.path,):
+            staging = path / "_flinkish_staging"
+            found += [p.name for p in staging.iterdir()] if staging.is_dir() else []
+        return sorted(found)
 
     def open_sessions(self, query: str) -> list[str]:
         """PostgreSQL sessions of write tasks with rows in an open transaction."""
@@ -201,18 +267,24 @@ class TargetView:
 
     def published(self, query: str) -> dict[int, int | None]:
         """epoch -> watermark as published beside the data."""
+        return {epoch: r["watermark"] for epoch, r in self.epoch_records(query).items()}
+
+    def epoch_records(self, query: str) -> dict[int, dict[str, Any]]:
+        """epoch -> {watermark, rows, late_rows} as published beside the data."""
         if self.kind == "postgres":
             try:
                 found = pg_rows(self.dsn, sql.SQL(
-                    "SELECT epoch, watermark FROM {} WHERE query = %s ORDER BY epoch"
+                    "SELECT epoch, watermark, rows, late_rows FROM {} WHERE query = %s"
                 ).format(sql.Identifier(f"{self.table}_flinkish_epochs")), query)
             except psycopg.errors.UndefinedTable:
                 return {}
-            return {int(e): w for e, w in found}
+            return {int(e): {"watermark": w, "rows": int(n), "late_rows": int(late)}
+                    for e, w, n, late in found}
         records = {}
         for file in sorted((self.path / "_flinkish_epochs" / query).glob("*.json")):
             record = json.loads(file.read_text())
-            records[int(record["epoch"])] = record["watermark"]
+            records[int(record["epoch"])] = {
+                key: record[key] for key in ("watermark", "rows", "late_rows")}
         return records
 
 
@@ -226,25 +298,36 @@ def epoch_of(gid: str) -> int:
 
 @dataclass
 class Case:
+    """One query of the matrix: crashed at ``point`` in the crash run; with ``second``, its
+    restart is killed again at that point of its replay of the crashed batch, and a third
+    run finishes it."""
+
     point: str
     target: TargetView
     work: Path
+    topic: str
+    second: str | None = None
     crash: dict[str, Any] = field(default_factory=dict)
     crash_error: str | None = None
-    restart: dict[str, Any] | None = None
+    restart: dict[str, Any] | None = None  # the restart run's result (the third's: `final`)
+    second_crash: dict[str, Any] = field(default_factory=dict)
+    second_error: str | None = None
+    final: dict[str, Any] | None = None
     after: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
-        return f"{self.point}-{self.target.kind}"
+        if self.second is None:
+            return f"{self.point}-{self.target.kind}"
+        return f"{self.point}-then-{self.second}-{self.target.kind}"
 
     @property
     def checkpoint(self) -> Path:
         return self.work / "checkpoint"
 
-    def job(self, bootstrap: str, topic: str) -> dict[str, Any]:
+    def job(self, bootstrap: str) -> dict[str, Any]:
         job: dict[str, Any] = {
-            "name": self.name, "bootstrap": bootstrap, "topic": topic,
+            "name": self.name, "bootstrap": bootstrap, "topic": self.topic,
             "checkpoint": str(self.checkpoint), "target": self.target.kind,
             "max_offsets": MAX_OFFSETS,
         }
@@ -252,7 +335,21 @@ class Case:
             job.update(dsn=self.target.dsn, table=self.target.table)
         else:
             job.update(path=str(self.target.path))
+        if self.target.late:
+            job["sink_options"] = self.target.sink_options()
         return job
+
+    def record_after(self) -> None:
+        """What the target and the sink's store hold once the case's last run ended."""
+        query = self.crash["query"]
+        self.after = {
+            "rows": self.target.rows(),
+            "side_rows": self.target.rows(side=True) if self.target.late else [],
+            "lingering": self.target.lingering(query),
+            "published": self.target.published(query),
+            "epochs": self.target.epoch_records(query),
+            "sink": sink_state(self.checkpoint),
+        }
 
 
 def sink_state(checkpoint: Path) -> dict[str, Any]:
@@ -278,48 +375,56 @@ def _batches(directory: Path) -> list[int]:
         directory.is_dir()) else []
 
 
-def record_crash(case: Case) -> None:
-    """What the killed run left behind for ``case``."""
+def marker_written(marker: Path) -> bool:
+    """The failpoint's marker file exists and is written (not only created)."""
+    try:
+        return bool(marker.read_text().strip())
+    except FileNotFoundError:
+        return False
+
+
+def record_crash(case: Case, marker: str = "failpoint") -> dict[str, Any]:
+    """What a killed run left behind for ``case`` (``marker``: its failpoint's file)."""
     query = query_id(str(case.checkpoint))
-    case.crash.update(
-        failpoint=(case.work / "failpoint").read_text().split()[0],
-        query=query,
-        spark_offsets=_batches(case.checkpoint / "offsets"),
-        spark_commits=_batches(case.checkpoint / "commits"),
-        sink=sink_state(case.checkpoint),
-        lingering=case.target.lingering(query),
-        staged_files=case.target.staged_files() if case.target.kind == "parquet" else [],
-        published=case.target.published(query),
-        rows=len(case.target.rows()),
-    )
+    return {
+        "failpoint": (case.work / marker).read_text().split()[0],
+        "query": query,
+        "spark_offsets": _batches(case.checkpoint / "offsets"),
+        "spark_commits": _batches(case.checkpoint / "commits"),
+        "sink": sink_state(case.checkpoint),
+        "lingering": case.target.lingering(query),
+        "staged_files": case.target.staged_files() if case.target.kind == "parquet" else [],
+        "published": case.target.published(query),
+        "rows": len(case.target.rows()),
+    }
 
 
-def crash_all(cases: list[Case], bootstrap: str, topic: str, root: Path) -> float:
+def crash_all(cases: list[Case], bootstrap: str, root: Path) -> float:
     """Run every case's query in one driver, each stopping at its own failpoint in batch
     CRASH_EPOCH; once all have stopped (or time is up), SIGKILL the driver's whole process
     tree. Returns the seconds it took."""
     jobs = []
     for case in cases:
         case.work.mkdir(parents=True)
-        jobs.append({**case.job(bootstrap, topic), "failpoint": {
+        jobs.append({**case.job(bootstrap), "failpoint": {
             "point": case.point, "marker": str(case.work / "failpoint"),
             "from_epoch": CRASH_EPOCH}})
     jobs_file = root / "crash-jobs.json"
     jobs_file.write_text(json.dumps(jobs, indent=1))
     log = root / "crash.log"
+    timeout = CRASH_TIMEOUT_PER_QUERY * len(jobs)
     started = time.monotonic()
     # Every task that reaches task_write blocks, holding its slot: room for all of them.
     # The sink gets 5 rows per Arrow batch, so task_write stops a task with rows still unread.
     proc = launch(["--jobs", str(jobs_file), "--master", f"local[{4 * len(cases)}]",
-                   "--start-window", "2", "--timeout", str(CRASH_TIMEOUT),
+                   "--start-window", "2", "--timeout", str(timeout), *RETRY_TRANSIENT,
                    "--conf", "spark.sql.execution.arrow.maxRecordsPerBatch=5"], log)
     try:
-        def all_stopped() -> bool:  # marker written (not only created) by every query
-            return all((c.work / "failpoint").exists()
-                       and (c.work / "failpoint").read_text().strip() for c in cases)
+        def all_stopped() -> bool:
+            return all(marker_written(c.work / "failpoint") for c in cases)
 
         try:
-            poll(all_stopped, CRASH_TIMEOUT, "every query to reach its failpoint", proc, log)
+            poll(all_stopped, timeout, "every query to reach its failpoint", proc, log)
         except HarnessError as exc:
             for case in cases:
                 if not (case.work / "failpoint").exists():
@@ -335,10 +440,63 @@ def crash_all(cases: list[Case], bootstrap: str, topic: str, root: Path) -> floa
     for case in cases:
         if case.crash_error is None:
             try:
-                record_crash(case)
+                case.crash.update(record_crash(case))
             except Exception:
                 case.crash_error = traceback.format_exc()
     return time.monotonic() - started
+
+
+def restart_all(jobs: list[dict[str, Any]], stopping: list[Case], bootstrap: str, root: Path,
+                log: Path) -> tuple[int | None, list[dict[str, Any]]]:
+    """The restart run: ``jobs`` in one driver, each to its end, but the ``stopping`` cases
+    (their jobs last) each stopped at its second failpoint, in its replay of batch
+    CRASH_EPOCH. Once every query has reported (done, failed, or stopped there and left
+    waiting), SIGKILL the driver's process tree. Returns the driver's exit code (None: killed)
+    and the results it reported."""
+    for case in stopping:
+        jobs.append({**case.job(bootstrap), "failpoint": {
+            "point": case.second, "marker": str(case.work / "failpoint2"),
+            "from_epoch": CRASH_EPOCH}})
+    jobs_file = root / "restart-jobs.json"
+    jobs_file.write_text(json.dumps(jobs, indent=1))
+    names = {job["name"] for job in jobs}
+    timeout = RESTART_TIMEOUT_PER_QUERY * len(jobs)
+    proc = launch(["--jobs", str(jobs_file), "--master", "local[4]", "--start-window", "2",
+                   "--timeout", str(timeout), "--report-early", *RETRY_TRANSIENT], log)
+    code = None
+    try:
+        def settled() -> bool:
+            if proc.poll() is not None:
+                return True
+            return names <= {r["name"] for r in read_results(log)}
+
+        try:
+            poll(settled, timeout + 60, "the restarts to finish or stop", None, log)
+        except HarnessError as exc:
+            for case in stopping:
+                if not marker_written(case.work / "failpoint2"):
+                    case.second_error = str(exc)
+        code = proc.poll()
+    finally:
+        kill_tree(proc.pid)
+        proc.wait()
+    results = read_results(log)
+    by_name = {r["name"]: r for r in results}
+    for case in stopping:
+        if case.second_error is not None:
+            continue
+        outcome = by_name.get(case.name)
+        if not (outcome and outcome.get("stopped_at") and marker_written(
+                case.work / "failpoint2")):
+            case.second_error = (
+                f"the restart of {case.name} never reached {case.second} (exit {code}); its "
+                f"result: {json.dumps(outcome)}\n{tail(log)}")
+            continue
+        try:
+            case.second_crash.update(record_crash(case, "failpoint2"))
+        except Exception:
+            case.second_error = traceback.format_exc()
+    return code, results
 
 
 @dataclass
@@ -349,6 +507,12 @@ class CrashSuite:
     restart_code: int | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    late: set[tuple[int, int]] = field(default_factory=set)  # of the late-data topic
+
+    def stopped_twice(self) -> list[Case]:
+        """The cases a third run is to finish."""
+        return [c for c in self.cases.values() if c.second is not None
+                and c.crash_error is None and c.second_error is None]
 
 
 @pytest.fixture(scope="module")
@@ -356,6 +520,7 @@ def suite(
     kafka_bootstrap: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
 ) -> Iterator[CrashSuite]:
     topic = _input_topic(kafka_bootstrap, "crash")
+    late_topic = _input_topic(kafka_bootstrap, "crash-late", LATE_OFFSETS)
     token = topic.rsplit("-", 1)[1]
     root = tmp_path_factory.mktemp("sink-crash")
     cases = {}
@@ -363,43 +528,43 @@ def suite(
         for kind in TARGETS:
             work = root / f"{point}-{kind}"
             view = TargetView(kind, postgres_dsn, f"crash_{point}_{token}", work / "out")
-            case = Case(point, view, work)
+            case = Case(point, view, work, topic)
+            cases[case.name] = case
+    for first, second in SECOND_CRASHES:
+        for kind in TARGETS:
+            work = root / f"{first}-then-{second}-{kind}"
+            view = TargetView(kind, postgres_dsn, f"crash2_{first}_{second}_{token}",
+                              work / "out", late=True)
+            case = Case(first, view, work, late_topic, second)
             cases[case.name] = case
     result = CrashSuite(cases, {(p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION)},
-                        root / "restart.log")
-    result.seconds["crash"] = crash_all(list(cases.values()), kafka_bootstrap, topic, root)
+                        root / "restart.log",
+                        late={(p, o) for p in range(PARTITIONS) for o in LATE_OFFSETS})
+    result.seconds["crash"] = crash_all(list(cases.values()), kafka_bootstrap, root)
 
     # restart every case that crashed, all in one driver; beside them, a query named with
     # queryName (Spark hands the name to the sink's options)
-    jobs = [c.job(kafka_bootstrap, topic) for c in cases.values() if c.crash_error is None]
+    crashed = [c for c in cases.values() if c.crash_error is None]
+    jobs = [c.job(kafka_bootstrap) for c in crashed if c.second is None]
     jobs.append({"name": "named-query", "bootstrap": kafka_bootstrap, "topic": topic,
                  "checkpoint": str(root / "named" / "checkpoint"), "target": "parquet",
                  "path": str(root / "named" / "out"), "query_name": f"named_{token}",
                  "max_offsets": MAX_OFFSETS})
-    jobs_file = root / "restart-jobs.json"
-    jobs_file.write_text(json.dumps(jobs, indent=1))
     started = time.monotonic()
-    code, results = run_to_end(
-        ["--jobs", str(jobs_file), "--master", "local[4]", "--start-window", "2",
-         "--timeout", str(RESTART_TIMEOUT)],
-        result.restart_log, RESTART_TIMEOUT + 120)
+    code, results = restart_all(jobs, [c for c in crashed if c.second is not None],
+                                kafka_bootstrap, root, result.restart_log)
     result.seconds["restart"] = time.monotonic() - started
     result.restart_code = code
     by_name = {r["name"]: r for r in results}
     result.extra["named"] = by_name.get("named-query")
-    for case in cases.values():
-        if case.crash_error is not None:
-            continue
-        case.restart = by_name.get(case.name)
-        query = case.crash["query"]
-        case.after = {
-            "rows": case.target.rows(),
-            "lingering": case.target.lingering(query),
-            "published": case.target.published(query),
-            "sink": sink_state(case.checkpoint),
-        }
+    for case in crashed:
+        if case.second is None:
+            case.restart = by_name.get(case.name)
+            case.record_after()
     print(f"\ncrash run {result.seconds['crash']:.0f} s, restart run "
-          f"{result.seconds['restart']:.0f} s", file=sys.stderr)
+          f"{result.seconds['restart']:.0f} s; queries started again after a Python worker "
+          f"missed connecting back: {restarts(root / 'crash.log')} in the crash run, "
+          f"{restarts(result.restart_log)} in the restart run", file=sys.stderr)
     yield result
 
 
@@ -457,6 +622,95 @@ def _check_crash_landed(case: Case) -> None:
                            + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
 
 
+def _gid(name: str) -> str:
+    """A transaction id from a lingering name (Parquet's staging directories spell ':' '~')."""
+    return name.replace("~", ":")
+
+
+def _check_second_crash_landed(case: Case) -> None:
+    """The restart was killed where it was meant to be: in its replay of batch CRASH_EPOCH,
+    at ``case.second`` (HarnessError otherwise)."""
+    if case.second_error is not None:
+        raise HarnessError(f"restart run of {case.name} did not stop as intended:\n"
+                           f"{case.second_error}")
+    c = case.second_crash
+    problems = []
+    if c["failpoint"] != case.second:
+        problems.append(f"failpoint file names {c['failpoint']}")
+    if c["spark_commits"] != list(range(CRASH_EPOCH)) or CRASH_EPOCH not in c["spark_offsets"]:
+        problems.append(f"Spark's logs: offsets {c['spark_offsets']}, commits "
+                        f"{c['spark_commits']} (expected the replay of batch {CRASH_EPOCH})")
+    sink = c["sink"]
+    decided = sink["decided"] or []
+    lingering = {_gid(g) for g in c["lingering"] if epoch_of(g) <= CRASH_EPOCH}
+    if not decided:
+        problems.append(f"no decision recorded: {sink}")
+    if case.second in ("mid_commit", "before_checkpoint") and sink["completed_record"]:
+        problems.append(f"expected no completed checkpoint: {sink}")
+    if case.second == "checkpoint_write" and not (
+            sink["completed_record"] and sink["pointer"] == 0):
+        problems.append(f"expected the record of {CRASH_EPOCH} without the pointer: {sink}")
+    if case.second == "mid_commit":
+        if len(lingering & set(decided)) != len(decided) - 1:
+            problems.append(f"expected all but one of {decided} to linger: {sorted(lingering)}")
+        # recovery rolls back the crashed run's leftovers only after the decided commits
+        left = {_gid(g) for g in case.crash["lingering"]} - set(decided)
+        if not left <= lingering:
+            problems.append(f"expected the first run's undecided {sorted(left)} to linger")
+    elif lingering:
+        problems.append(f"expected everything of the batch resolved, found {sorted(lingering)}")
+    if (CRASH_EPOCH in c["published"]) != (case.second != "mid_commit"):
+        problems.append(f"published epochs at the second crash: {c['published']}")
+    if problems:
+        raise HarnessError(f"{case.name}: the second crash did not land as intended: "
+                           + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
+
+
+def _check_exactly_once(case: Case, produced: set[tuple[int, int]],
+                        late: set[tuple[int, int]]) -> None:
+    """After the case's last run: every row once (``late`` ones in the side output, the
+    others in the main target), nothing of ours prepared or staged, every recorded decision
+    kept, the crashed runs' undecided pre-commits never committed, the published watermark
+    never changed nor went back."""
+    for where, rows, expected in (("main target", case.after["rows"], produced - late),
+                                  ("side output", case.after["side_rows"], late)):
+        duplicates = sorted({r for r in rows if rows.count(r) > 1})
+        assert not duplicates, (f"{where}: {len(rows) - len(set(rows))} duplicate rows, "
+                                f"e.g. {duplicates[:8]}")
+        assert set(rows) == expected, (
+            f"{where}: missing {sorted(expected - set(rows))[:8]}, "
+            f"unexpected {sorted(set(rows) - expected)[:8]}"
+        )
+    assert case.after["lingering"] == [], "left prepared / staged after the last run"
+    # a recorded decision is final, whatever crashes; without one, what a crashed run
+    # pre-committed must not be what the epoch commits
+    decided = case.after["sink"]["decided"]
+    assert decided, f"batch {CRASH_EPOCH} has no completed checkpoint after the last run"
+    crashes = [case.crash] + ([case.second_crash] if case.second else [])
+    for crash in crashes:
+        if crash["sink"]["decided"] is not None:
+            assert decided == crash["sink"]["decided"], "the epoch's decision changed"
+        else:
+            left = {_gid(g) for g in crash["lingering"]}
+            assert not left & set(decided), "a crashed run's undecided pre-commits were committed"
+    # every batch published; past the last batch with records the source may plan one that
+    # only carries the combined watermark on (no rows)
+    published, epochs = case.after["published"], case.after["epochs"]
+    assert sorted(published) == list(range(max(LAST_EPOCH + 1, len(published)))), (
+        f"published epochs: {published}")
+    assert not {e: r for e, r in epochs.items() if e > LAST_EPOCH and r["rows"]}, (
+        f"rows published after batch {LAST_EPOCH}: {epochs}")
+    for crash in crashes:
+        for epoch, watermark in crash["published"].items():
+            assert published[epoch] == watermark, f"epoch {epoch} republished differently"
+    marks = [published[e] for e in sorted(published) if published[e] is not None]
+    assert marks and marks == sorted(marks), f"watermark went backwards: {published}"
+    assert sum(r["rows"] for r in epochs.values()) == len(produced), (
+        f"rows counted per epoch: {epochs}")
+    assert sum(r["late_rows"] for r in epochs.values()) == len(late), (
+        f"late rows counted per epoch: {epochs}")
+
+
 @pytest.mark.parametrize(("point", "kind"), CASES)
 def test_restart_after_crash_is_exactly_once(suite: CrashSuite, point: str, kind: str) -> None:
     case = suite.cases[f"{point}-{kind}"]
@@ -466,29 +720,7 @@ def test_restart_after_crash_is_exactly_once(suite: CrashSuite, point: str, kind
         raise HarnessError(f"no result for {case.name} from the restart run "
                            f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
     assert restart["ok"], f"the restarted query failed:\n{restart['error']}"
-    rows = case.after["rows"]
-    duplicates = sorted({r for r in rows if rows.count(r) > 1})
-    assert not duplicates, f"{len(rows) - len(set(rows))} duplicate rows, e.g. {duplicates[:8]}"
-    assert set(rows) == suite.produced, (
-        f"missing {sorted(suite.produced - set(rows))[:8]}, "
-        f"unexpected {sorted(set(rows) - suite.produced)[:8]}"
-    )
-    assert case.after["lingering"] == [], "left prepared / staged after the restart"
-    # a recorded decision is final, whatever crashes; without one, what the crashed run
-    # pre-committed must not be what the epoch commits
-    decided = case.after["sink"]["decided"]
-    assert decided, f"batch {CRASH_EPOCH} has no completed checkpoint after the restart"
-    if case.crash["sink"]["decided"] is not None:
-        assert decided == case.crash["sink"]["decided"], "the epoch's decision changed"
-    else:
-        left = {g.replace("~", ":") for g in case.crash["lingering"]}
-        assert not left & set(decided), "the crashed run's undecided pre-commits were committed"
-    published = case.after["published"]
-    assert sorted(published) == list(range(LAST_EPOCH + 1)), f"published epochs: {published}"
-    for epoch, watermark in case.crash["published"].items():
-        assert published[epoch] == watermark, f"epoch {epoch} republished differently"
-    marks = [published[e] for e in sorted(published) if published[e] is not None]
-    assert marks and marks == sorted(marks), f"watermark went backwards: {published}"
+    _check_exactly_once(case, suite.produced, set())
 
 
 def test_named_query_runs(suite: CrashSuite) -> None:
@@ -498,6 +730,26 @@ def test_named_query_runs(suite: CrashSuite) -> None:
     if not named["ok"] and "queryname" not in named["error"]:
         raise HarnessError(f"the named query failed otherwise:\n{named['error']}")
     assert named["ok"], named["error"]
+
+
+SECOND = [pytest.param(first, second, kind, id=f"{first}-then-{second}-{kind}")
+          for first, second in SECOND_CRASHES for kind in TARGETS]
+
+
+@pytest.mark.parametrize(("first", "second", "kind"), SECOND)
+def test_crash_during_recovery_with_late_rows_is_exactly_once(
+    suite: CrashSuite, retried: RetrySuite, first: str, second: str, kind: str
+) -> None:
+    """Killed at ``first`` in batch 1, then again at ``second`` in the restart's replay of it,
+    with late rows in that batch and after it going to the side output; a third run (the
+    retry suite's driver) finishes."""
+    case = suite.cases[f"{first}-then-{second}-{kind}"]
+    _check_crash_landed(case)
+    _check_second_crash_landed(case)
+    if case.final is None:
+        raise HarnessError(f"no result for {case.name} from the third run:\n{tail(retried.log)}")
+    assert case.final["ok"], f"the third run of the query failed:\n{case.final['error']}"
+    _check_exactly_once(case, suite.produced, suite.late)
 
 
 # -- a failed task attempt, retried ----------------------------------------------------------
@@ -517,44 +769,59 @@ class RetrySuite:
 
 @pytest.fixture(scope="module")
 def retried(
-    kafka_bootstrap: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory  # noqa: F811
+    kafka_bootstrap: str, postgres_dsn: str, tmp_path_factory: pytest.TempPathFactory,  # noqa: F811
+    suite: CrashSuite,
 ) -> RetrySuite:
     """Both targets in one driver with task retries (local[2,2]). The first attempt of task 0
     of batch 1 fails once the sink's transaction of that attempt has rows: an identity UDF
     upstream of the sink raises (mode ``raise``: the sink's ``write`` sees the failure and can
     clean up) or SIGKILLs the sink's write process (mode ``kill``: nothing on the task side
-    cleans up). The second attempt succeeds."""
+    cleans up). The second attempt succeeds.
+
+    The same driver is the third run of the crash suite's cases that were killed twice (a
+    driver's start-up costs more than their few batches): they run to their end beside."""
     topic = _input_topic(kafka_bootstrap, "retry")
     token = topic.rsplit("-", 1)[1]
     root = tmp_path_factory.mktemp("sink-retry")
-    suite = RetrySuite({}, {}, {}, {}, {(p, o) for p in range(PARTITIONS)
+    retry = RetrySuite({}, {}, {}, {}, {(p, o) for p in range(PARTITIONS)
                                          for o in range(PER_PARTITION)}, root / "run.log")
     jobs = []
     for kind in TARGETS:
         for mode in FAILURE_MODES:
             name = f"{kind}-{mode}"
             view = TargetView(kind, postgres_dsn, f"retry_{mode}_{token}", root / name / "out")
-            suite.views[name] = view
-            suite.checkpoints[name] = root / name / "checkpoint"
-            suite.evidence[name] = root / name / "evidence.json"
+            retry.views[name] = view
+            retry.checkpoints[name] = root / name / "checkpoint"
+            retry.evidence[name] = root / name / "evidence.json"
             job: dict[str, Any] = {
                 "name": name, "bootstrap": kafka_bootstrap, "topic": topic, "target": kind,
-                "checkpoint": str(suite.checkpoints[name]), "max_offsets": MAX_OFFSETS,
+                "checkpoint": str(retry.checkpoints[name]), "max_offsets": MAX_OFFSETS,
                 "fail_first_attempt": f"{CRASH_EPOCH}:0" + (":kill" if mode == "kill" else ""),
-                "evidence": str(suite.evidence[name]),
+                "evidence": str(retry.evidence[name]),
             }
             if kind == "postgres":
                 job.update(dsn=postgres_dsn, table=view.table)
             else:
                 job.update(path=str(view.path))
             jobs.append(job)
+    third = suite.stopped_twice()
+    jobs += [case.job(kafka_bootstrap) for case in third]
     (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
     # UDF batches of 10 rows (the sink's of 5): the sink has rows while the task still runs
+    timeout = 300.0 + RESTART_TIMEOUT_PER_QUERY * len(third)  # 300 s for the retry queries
+    started = time.monotonic()
     _, results = run_to_end(
         ["--jobs", str(root / "jobs.json"), "--master", "local[2,2]", "--batch-rows", "10",
-         "--start-window", "2", "--timeout", "300"], suite.log, 420)
-    suite.results = {r["name"]: r for r in results}
-    return suite
+         "--start-window", "2", "--timeout", str(timeout), *RETRY_TRANSIENT], retry.log,
+        timeout + 120)
+    retry.results = {r["name"]: r for r in results}
+    for case in third:
+        case.final = retry.results.get(case.name)
+        case.record_after()
+    print(f"\nretry (and third) run {time.monotonic() - started:.0f} s; queries started again "
+          f"after a Python worker missed connecting back: {restarts(retry.log)}",
+          file=sys.stderr)
+    return retry
 
 
 @pytest.mark.parametrize("mode", FAILURE_MODES)
