@@ -76,6 +76,31 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def _selection(options: SourceOptions) -> str:
+    topics = options.topics
+    if topics.subscribe:
+        return "subscribe=" + ",".join(topics.subscribe)
+    if topics.pattern is not None:
+        return f"subscribePattern={topics.pattern}"
+    return "assign=" + ",".join(f"{t}/{p}" for t, p in topics.assign)
+
+
+def warn_missing_topics(options: SourceOptions, partitions: list[TopicPartitionKey]) -> None:
+    """Say, at every planning, which subscribed topics Kafka does not have (yet): the source
+    waits for them and reads them from their start once they appear."""
+    if options.topics.subscribe:
+        present = {t for t, _ in partitions}
+        missing = [t for t in options.topics.subscribe if t not in present]
+        if missing:
+            logger.warning(
+                "subscribed topics %s do not exist in Kafka (yet): nothing is read from them; "
+                "they are read from their start once they appear", missing,
+            )
+    elif options.topics.pattern is not None and not partitions:
+        logger.warning("no topic in Kafka matches subscribePattern=%s (yet)",
+                       options.topics.pattern)
+
+
 class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
@@ -107,6 +132,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _cluster(self) -> tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]]:
         partitions = self.metadata.partitions()
+        warn_missing_topics(self._options, partitions)
         return partitions, self.metadata.offset_ranges(partitions)
 
     def initialOffset(self) -> dict:
@@ -129,6 +155,12 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def prepareForTriggerAvailableNow(self) -> None:
         _, ranges = self._cluster()
         self._target = {tp: r.latest for tp, r in ranges.items()}
+        if not any(r.latest > r.earliest for r in ranges.values()):
+            logger.warning(
+                "Trigger.AvailableNow: nothing to read in %s (%s partitions, all empty): the "
+                "query will end without reading a record", _selection(self._options),
+                len(ranges),
+            )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
         partitions, ranges = self._cluster()

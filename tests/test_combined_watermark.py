@@ -250,3 +250,21 @@ def test_bounded_input_ends_at_max_watermark_clamped_to_sparks_last_timestamp(
     assert run.carriers[-1][1] == MAX_WATERMARK
     carrier_row = next(r for r in run.read(*run.batches[-1]) if r["kind"] == KIND_CARRIER)
     assert carrier_row["eventTime"] == LAST_TIMESTAMP_MS * 1000
+
+
+def test_missing_subscribed_topics_and_available_now_on_nothing_are_logged(
+    cluster: Cluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from flinkish_source.stream_reader import warn_missing_topics
+
+    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t,later",
+                             "watermark.strategy": "none"})
+    with caplog.at_level("WARNING", logger="flinkish_source.stream_reader"):
+        warn_missing_topics(options, [(TOPIC, 0)])
+    assert "subscribed topics ['later'] do not exist in Kafka (yet)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="flinkish_source.stream_reader"):
+        warn_missing_topics(options, [(TOPIC, 0), ("later", 0)])
+        start_run(cluster, tmp_path).reader.prepareForTriggerAvailableNow()
+    assert "do not exist" not in caplog.text
+    assert "Trigger.AvailableNow: nothing to read in subscribe=t" in caplog.text
