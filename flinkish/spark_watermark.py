@@ -22,7 +22,7 @@ from typing import Any
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.markers import KIND_CARRIER, KIND_RECORD, MARKER_COLUMNS
-from flinkish_core.watermark import DEFAULT_HORIZON_MS, LAST_TIMESTAMP_MS
+from flinkish_core.watermark import DEFAULT_HORIZON_MS, LAST_CARRIER_MS
 
 #: Where Spark keeps a column's watermark delay (``EventTimeWatermark.delayKey``).
 _SPARK_DELAY_KEY = "spark.watermarkDelayMs"
@@ -73,7 +73,7 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
         df = df.withColumn(event_time, F.when(kind == KIND_CARRIER, F.col("eventTime"))
                            .otherwise(t))
     expected = F.timestamp_millis(
-        F.least(F.col("watermark"), F.lit(LAST_TIMESTAMP_MS - horizon_ms)) + F.lit(horizon_ms)
+        F.least(F.col("watermark"), F.lit(LAST_CARRIER_MS - horizon_ms)) + F.lit(horizon_ms)
     )
     mismatch = (
         f"flinkish.with_watermark declares horizon={horizon_ms} ms but the source's carrier "

@@ -13,6 +13,11 @@ MAX_WATERMARK = 9223372036854775807
 LAST_TIMESTAMP_MS = (2**63 - 1) // 1000
 """The last millisecond a Spark (microsecond) timestamp can hold: MAX_WATERMARK clamps to it."""
 
+LAST_CARRIER_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z, where the carrier row of MAX_WATERMARK clamps: the last instant
+Python's ``datetime`` represents, so ``collect()`` and ``toPandas()`` of the source's rows still
+work, while every window of real data still closes."""
+
 DEFAULT_HORIZON_MS = 86_400_000
 """How far (one day) the source's carrier row runs ahead of the combined watermark, and the
 delay ``with_watermark`` declares to Spark: it must exceed the largest skew between partitions

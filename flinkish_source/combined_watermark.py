@@ -31,7 +31,7 @@ import pyarrow.compute as pc
 
 from flinkish_core.epoch_valve import EpochWatermark, advance, initial
 from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
-from flinkish_core.watermark import LAST_TIMESTAMP_MS, MIN_WATERMARK
+from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
 from flinkish_source.offset_planner import Positions
 from flinkish_source.options import SourceOptions
 from flinkish_source.partition_reader import SlicePlan, read_slice
@@ -138,12 +138,12 @@ def horizon_limit(watermark: int, horizon_ms: int) -> int | None:
     """Event times (ms) above this would move Spark's watermark past ``watermark``."""
     if watermark == MIN_WATERMARK:
         return None
-    return min(watermark, LAST_TIMESTAMP_MS - horizon_ms) + horizon_ms
+    return min(watermark, LAST_CARRIER_MS - horizon_ms) + horizon_ms
 
 
 def carrier(include_headers: bool, watermark: int, horizon_ms: int) -> pa.RecordBatch:
-    """The batch's carrier row: event time W + H (clamped to Spark's last timestamp, so
-    MAX_WATERMARK closes every window), ``watermark`` W; every other column null."""
+    """The batch's carrier row: event time W + H (clamped to 9999-12-31, so MAX_WATERMARK
+    closes every window), ``watermark`` W; every other column null."""
     schema = arrow_schema(include_headers)
     row: dict[str, list[Any]] = {name: [None] for name in schema.names}
     row["kind"] = [KIND_CARRIER]

@@ -56,8 +56,11 @@ def test_combined_watermarks_per_epoch_survive_a_crash(
               "late_rows": 0, "late": [], "idle": [f"{name}/2"]}
     epoch1 = {"epoch": 1, "watermark": B + 37_999, "status": "IDLE", "rows": 40,
               "late_rows": 1, "late": ["k0-25"], "idle": [f"{name}/0", f"{name}/1", f"{name}/2"]}
-    # epoch 0 was replayed after the crash: delivered again, identically
-    assert delivered == [epoch0, epoch0, epoch1]
+    # epoch 0 was replayed after the crash: delivered again, identically; then the batch that
+    # carries the released watermark into Spark (no records) may follow
+    assert delivered[:3] == [epoch0, epoch0, epoch1]
+    assert all(d["rows"] == 0 and d["watermark"] == epoch1["watermark"] for d in delivered[3:])
+    assert len(delivered) <= 4
     store = CheckpointStore.reader(CheckpointStorage.open(str(checkpoint / "flinkish")))
     assert store.completed_ids() == [0, 1]
     assert [store.completed(i).state["watermark"]["watermark"] for i in (0, 1)] == [  # type: ignore[union-attr]

@@ -18,7 +18,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 import flinkish_source.kafka_client as kafka_client
 from flinkish_core.epoch_valve import EpochWatermark, advance, initial
 from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
-from flinkish_core.watermark import LAST_TIMESTAMP_MS, MAX_WATERMARK, MIN_WATERMARK
+from flinkish_core.watermark import LAST_CARRIER_MS, MAX_WATERMARK, MIN_WATERMARK
 from flinkish_source import stream_reader
 from flinkish_source.combined_watermark import OFFSET_KEY
 from flinkish_source.kafka_client import OffsetRange
@@ -249,7 +249,7 @@ def test_bounded_input_ends_at_max_watermark_clamped_to_sparks_last_timestamp(
     assert run.sink.watermark == MAX_WATERMARK
     assert run.carriers[-1][1] == MAX_WATERMARK
     carrier_row = next(r for r in run.read(*run.batches[-1]) if r["kind"] == KIND_CARRIER)
-    assert carrier_row["eventTime"] == LAST_TIMESTAMP_MS * 1000
+    assert carrier_row["eventTime"] == LAST_CARRIER_MS * 1000
 
 
 def test_missing_subscribed_topics_and_available_now_on_nothing_are_logged(
