@@ -234,7 +234,7 @@ def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Pa
         result = run_to_end(writer, "bare source query", timeout)
     finally:
         shutil.rmtree(run, ignore_errors=True)
-    rows = sum(int(p["numInputRows"]) for p in result.progress)
+    rows = _log_progress(result)
     if rows != records:
         raise RuntimeError(f"the bare source query read {rows} rows, expected {records}")
     return result.seconds
@@ -264,8 +264,12 @@ def run_flinkish(
         result = run_to_end(writer, f"flinkish query on {topic}", timeout)
     finally:
         shutil.rmtree(run, ignore_errors=True)
+    return result.seconds, _log_progress(result)
+
+
+def _log_progress(result: Any) -> int:
+    """Log each batch's durations and where the query's time went; the rows it read."""
     progress = result.progress
-    rows = sum(int(p["numInputRows"]) for p in progress)
     for p in progress:
         durations = ", ".join(f"{k} {v}" for k, v in sorted(p["durationMs"].items()))
         log(f"  batch {p['batchId']}: {p['numInputRows']:,} rows; ms: {durations}")
@@ -275,7 +279,7 @@ def run_flinkish(
         last = _epoch(final["timestamp"]) + final["durationMs"]["triggerExecution"] / 1000
         log(f"  start() to first trigger {first - result.started_wall:.2f} s, in triggers "
             f"{last - first:.2f} s, after the last trigger {result.ended_wall - last:.2f} s")
-    return result.seconds, rows
+    return sum(int(p["numInputRows"]) for p in progress)
 
 
 def _epoch(iso: str) -> float:

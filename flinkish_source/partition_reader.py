@@ -33,7 +33,6 @@ logger = logging.getLogger(__name__)
 
 CHUNK = 20_000
 _TS_TYPE = {0: -1, 1: 0, 2: 1}  # librdkafka timestamp type -> Spark's timestampType
-_ONE = pa.scalar(1, pa.int64())
 _MS = pa.timestamp("ms", "UTC")
 _US = pa.timestamp("us", "UTC")
 
@@ -59,6 +58,13 @@ class SlicePlan:
 def _null_row(include_headers: bool) -> tuple[pa.Array, ...]:
     """One null of each output column, to build marker rows from."""
     return tuple(pa.nulls(1, f.type) for f in arrow_schema(include_headers))
+
+
+@functools.cache
+def _one() -> pa.Scalar:
+    """Built on first use: converting a Python value makes pyarrow import pandas (0.3 s), which
+    the driver-side reader process never needs."""
+    return pa.scalar(1, pa.int64())
 
 
 @functools.cache
@@ -109,7 +115,7 @@ class _Batches:
         kinds = [kind for kind, _ in stamps]
         first, last = msgs[0].offset(), msgs[-1].offset()
         if n > 64 and last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
-            offsets = pc.cumulative_sum(pa.repeat(_ONE, n), start=first - 1)
+            offsets = pc.cumulative_sum(pa.repeat(_one(), n), start=first - 1)
         else:
             offsets = pa.array([m.offset() for m in msgs], pa.int64())
         if kinds.count(kinds[0]) == n:  # one timestamp type per partition, in practice
