@@ -387,7 +387,8 @@ class ConsumerPool:
         consumer = self._take(pool_key(config))
         if consumer is None:
             consumer = self.factory(config)
-            self.created += 1
+            with self._lock:
+                self.created += 1
         return consumer
 
     def release(self, config: dict[str, Any], consumer: Any, clean: bool = True) -> None:

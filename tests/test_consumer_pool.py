@@ -196,7 +196,9 @@ def test_a_failed_read_closes_its_consumer_instead_of_pooling_it(
 
 
 def test_a_consumer_is_never_lent_twice_at_once(logs: dict[tuple[str, int], list[int]]) -> None:
-    pool = ConsumerPool(factory=lambda config: FakeConsumer(logs, config), evict_interval=0)
+    # room for every thread's consumer: a new one is made only when all idle ones are lent out
+    pool = ConsumerPool(factory=lambda config: FakeConsumer(logs, config), capacity=6,
+                        evict_interval=0)
     config = {"bootstrap.servers": "b:1", "group.id": "a"}
     in_use: set[int] = set()
     clash = threading.Event()
