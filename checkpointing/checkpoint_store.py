@@ -3,7 +3,8 @@ bookkeeping of CheckpointCoordinator plus CompletedCheckpointStore).
 
 Layout under the storage base::
 
-    _owner                  who may write (see checkpointing.fencing)
+    _claims/<generation>    who may write (see checkpointing.fencing)
+    _owner                  the newest claim, repeated for people and tools
     pending/<id>.json       begun checkpoints and the state recorded with them
     completed/<id>.json     completed checkpoints, the last ``retain`` of them
     _latest                 pointer: the id of the latest completed checkpoint
@@ -44,7 +45,7 @@ from checkpointing.checkpoint import (
     now_ms,
 )
 from checkpointing.failpoints import failpoint
-from checkpointing.fencing import OwnerFence
+from checkpointing.fencing import FENCING_RECORDS, OwnerFence
 from checkpointing.storage import CheckpointStorage, CorruptRecordError
 
 logger = logging.getLogger(__name__)
@@ -104,8 +105,9 @@ class CheckpointStore:
         self.owner = owner
         self.retain = retain
         self._fence: OwnerFence | None = OwnerFence.acquire(storage, owner, run)
-        # Safe only now: any writer that could own a temp file is fenced.
-        removed = storage.cleanup_temp()
+        # Safe only now: any writer that could own a temp file is fenced -- except runs opening
+        # the store at this moment, which write only the fencing records.
+        removed = storage.cleanup_temp(keep=FENCING_RECORDS)
         if removed:
             logger.info("removed %d temp files of crashed writes in %s", removed, storage.location)
 

@@ -11,13 +11,19 @@ Two checks, because they catch different mistakes:
   over the ones the new run recovered. Both runs carry the same owner, so only a per-run
   generation tells them apart.
 
-Each writing instance claims the location when it opens: it writes the owner record with the
-next generation and a random token, then reads it back. Every later write first checks the
-record still names its generation and token. Plain filesystems have no compare-and-swap, so
-two runs opening at the very same moment can both write; the token (not the generation
-number, which both may have chosen) makes the loser fail at its read-back or its first write.
-A zombie that passed its check just before a new run claimed the location can still finish
-that one write: fencing narrows the window to one operation, it cannot close it.
+Each writing instance claims the location when it opens: it creates the claim record of the
+next generation, ``_claims/<generation>``, with its owner and a random token. A claim record is
+only ever created, never replaced, and every later write first checks that no claim of a newer
+generation exists and that its own claim is still there with its token. Where the storage
+creates records atomically (local disk; S3 with conditional writes -- see
+``CheckpointStorage.atomic_create``), two runs opening at the same moment cannot both create one
+generation: the loser looks again and claims the next one, so exactly one of them holds the
+location. Elsewhere (HDFS, GCS, S3 without boto3) creation is check-then-write: two runs opening
+at the very same moment can both write the same generation, and the token makes the one whose
+record was overwritten fail at its read-back or its first write. Either way, a zombie that
+passed its check just before a new run claimed the location can still finish that one write:
+fencing narrows the window to one operation, it cannot close it. ``_owner`` repeats the newest
+claim for people and tools (and is how earlier versions recorded it); the claims decide.
 
 **Runs.** A writer that may open the store from more than one process during one run of the
 query (the Spark sink: its commits run in a Python worker that Spark may replace) names the run
@@ -34,6 +40,7 @@ end with the older one failing at its next write, with a message that says so. W
 from __future__ import annotations
 
 import logging
+import re
 import socket
 import uuid
 from dataclasses import dataclass
@@ -46,9 +53,21 @@ from checkpointing.storage import CheckpointStorage, CorruptRecordError
 logger = logging.getLogger(__name__)
 
 OWNER_RECORD = "_owner"
-#: How many superseded runs the owner record remembers (a zombie older than that many
-#: restarts is fenced only by its stale token again, which still stops its writes).
+CLAIMS_DIR = "_claims"
+#: Written by runs opening the location, even while another run holds it.
+FENCING_RECORDS = (OWNER_RECORD, CLAIMS_DIR)
+#: How many superseded runs a claim remembers (a zombie older than that many restarts is
+#: fenced only by the newer claims again, which still stops its writes); as many claim
+#: records are kept.
 SUPERSEDED_KEPT = 64
+#: Claims lost to another run opening at the same moment before giving up.
+_CLAIM_ATTEMPTS = 16
+_CLAIM_NAME = re.compile(r"[0-9]{12}")
+
+
+def claim_path(generation: int) -> str:
+    """The record of the claim of ``generation`` (zero-padded: names sort as numbers)."""
+    return f"{CLAIMS_DIR}/{generation:012d}"
 
 
 class FencedError(Exception):
@@ -89,6 +108,20 @@ class Claim:
             raise CorruptRecordError(path, "not an owner record")
         return cls(owner, generation, token, run, host, claimed, tuple(superseded))
 
+    def to_record(self) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "owner": self.owner,
+            "generation": self.generation,
+            "token": self.token,
+            "claimed_ms": self.claimed_ms,
+            "host": self.host,
+        }
+        if self.run is not None:
+            record["run"] = self.run
+        if self.superseded:
+            record["superseded_runs"] = list(self.superseded)
+        return record
+
     def describe(self) -> str:
         """``generation 3 (run 1f2e…, claimed from host h at 2026-…Z)`` for messages."""
         where = []
@@ -117,36 +150,32 @@ class OwnerFence:
 
         Raises FencedError if another query owns the location, or if ``run`` was superseded
         by a newer run of the query (a zombie, or the older of two live drivers)."""
-        current = _read_claim(storage)
-        if current is not None and current.owner != owner:
-            raise FencedError(_foreign(storage, owner, current.owner))
-        if run is not None and current is not None:
-            if current.run == run:
-                fence = cls(storage, current)
-                fence.check()
-                return fence
-            if run in current.superseded:
-                raise FencedError(_superseded_run(storage, owner, run, current))
-        generation = 1 if current is None else current.generation + 1
-        superseded = list(current.superseded) if current is not None else []
-        if current is not None and current.run is not None and current.run not in superseded:
-            superseded.append(current.run)
-        claim = Claim(
-            owner, generation, uuid.uuid4().hex, run, _host(), now_ms(),
-            tuple(superseded[-SUPERSEDED_KEPT:]),
-        )
-        record: dict[str, Any] = {
-            "owner": owner,
-            "generation": generation,
-            "token": claim.token,
-            "claimed_ms": claim.claimed_ms,
-            "host": claim.host,
-        }
-        if run is not None:
-            record["run"] = run
-        if claim.superseded:
-            record["superseded_runs"] = list(claim.superseded)
+        for _ in range(_CLAIM_ATTEMPTS):
+            current = _read_claim(storage)
+            if current is not None and current.owner != owner:
+                raise FencedError(_foreign(storage, owner, current.owner))
+            if run is not None and current is not None:
+                if current.run == run:
+                    fence = cls(storage, current)
+                    fence.check()
+                    return fence
+                if run in current.superseded:
+                    raise FencedError(_superseded_run(storage, owner, run, current))
+            claim = _next_claim(owner, run, current)
+            record = claim.to_record()
+            try:
+                storage.create_json(claim_path(claim.generation), record)
+            except FileExistsError:
+                continue  # another run claimed this generation at the same moment: look again
+            break
+        else:
+            raise FencedError(
+                f"checkpoint location {storage.location!r}: query {owner!r} lost "
+                f"{_CLAIM_ATTEMPTS} claims in a row to other runs opening at the same moment; "
+                "more than one driver keeps starting this query -- run one"
+            )
         storage.write_json(OWNER_RECORD, record)
+        _prune_claims(storage, claim.generation)
         fence = cls(storage, claim)
         fence.check()  # read back: did a run opening at the same moment overwrite us?
         if current is not None and run is not None and current.run is not None:
@@ -159,34 +188,71 @@ class OwnerFence:
 
     def check(self) -> None:
         """Raise FencedError unless this instance's claim is still the current one."""
-        current = _read_claim(self._storage)
-        where = self._storage.location
-        mine = self.claim
-        if current is None:
+        storage, mine = self._storage, self.claim
+        newer = claim_path(mine.generation + 1)
+        if storage.exists(newer):
+            self._superseded(_load_claim(storage, newer))
+        try:
+            current = _load_claim(storage, claim_path(mine.generation))
+        except FileNotFoundError:
+            if storage.exists(newer):  # claimed between our two looks
+                self._superseded(_load_claim(storage, newer))
             raise FencedError(
-                f"checkpoint location {where!r} lost its owner record while query "
+                f"checkpoint location {storage.location!r} lost its owner record while query "
                 f"{mine.owner!r} (generation {mine.generation}) was using it: the directory "
                 "was removed or replaced; restart the query"
-            )
+            ) from None
+        if current.token != mine.token:  # a run that wrote the same generation after us
+            self._superseded(current)
+
+    def _superseded(self, current: Claim) -> None:
+        mine, where = self.claim, self._storage.location
         if current.owner != mine.owner:
             raise FencedError(_foreign(self._storage, mine.owner, current.owner))
-        if (current.generation, current.token) != (mine.generation, mine.token):
-            if mine.run is not None and current.run is not None and current.run != mine.run:
-                raise FencedError(_superseded_run(self._storage, mine.owner, mine.run, current))
-            raise FencedError(
-                f"checkpoint location {where!r}: this instance of query {mine.owner!r} "
-                f"(generation {mine.generation}) was superseded by "
-                f"{current.describe()}, a newer run of the same query; this instance is a "
-                "zombie and must stop writing"
-            )
+        if mine.run is not None and current.run is not None and current.run != mine.run:
+            raise FencedError(_superseded_run(self._storage, mine.owner, mine.run, current))
+        raise FencedError(
+            f"checkpoint location {where!r}: this instance of query {mine.owner!r} "
+            f"(generation {mine.generation}) was superseded by "
+            f"{current.describe()}, a newer run of the same query; this instance is a "
+            "zombie and must stop writing"
+        )
+
+
+def _next_claim(owner: str, run: str | None, current: Claim | None) -> Claim:
+    """The claim that supersedes ``current`` (the next generation, a new token)."""
+    generation = 1 if current is None else current.generation + 1
+    superseded = list(current.superseded) if current is not None else []
+    if current is not None and current.run is not None and current.run not in superseded:
+        superseded.append(current.run)
+    return Claim(
+        owner, generation, uuid.uuid4().hex, run, _host(), now_ms(),
+        tuple(superseded[-SUPERSEDED_KEPT:]),
+    )
+
+
+def _load_claim(storage: CheckpointStorage, relpath: str) -> Claim:
+    return Claim.from_record(storage.read_json(relpath), storage.full_path(relpath))
+
+
+def _claim_generations(storage: CheckpointStorage) -> list[int]:
+    return sorted(int(n) for n in storage.list(CLAIMS_DIR) if _CLAIM_NAME.fullmatch(n))
+
+
+def _prune_claims(storage: CheckpointStorage, generation: int) -> None:
+    for old in _claim_generations(storage):
+        if old <= generation - SUPERSEDED_KEPT:
+            storage.delete(claim_path(old))
 
 
 def _read_claim(storage: CheckpointStorage) -> Claim | None:
+    """The newest claim; before any, the owner record of an earlier version (or None)."""
+    generations = _claim_generations(storage)
+    relpath = claim_path(generations[-1]) if generations else OWNER_RECORD
     try:
-        record = storage.read_json(OWNER_RECORD)
+        return _load_claim(storage, relpath)
     except FileNotFoundError:
         return None
-    return Claim.from_record(record, storage.full_path(OWNER_RECORD))
 
 
 def _host() -> str | None:

@@ -14,6 +14,12 @@ How atomicity is reached depends on the filesystem:
   for an instant, never torn -- the checkpoint store tolerates that, see checkpoint_store);
 * object stores (S3, GCS, Azure): one PUT is atomic, so the object is written directly.
 
+Some records may only be created, never replaced (a claim on the location, see
+``checkpointing.fencing``): :meth:`CheckpointStorage.create_json` is atomic where the
+filesystem offers it -- local disk (a hard link fails if the name exists) and S3 (a conditional
+PUT, ``If-None-Match: *``, through boto3) -- and check-then-write elsewhere
+(:attr:`CheckpointStorage.atomic_create` says which).
+
 A crash between a temp write and its rename leaves a ``.tmp-*`` file behind: readers and
 :meth:`CheckpointStorage.list` ignore it and :meth:`CheckpointStorage.cleanup_temp` removes it.
 
@@ -31,7 +37,7 @@ import shutil
 import uuid
 import zlib
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow.fs as pafs
 
@@ -121,6 +127,34 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def _has_boto3() -> bool:
+    try:
+        import boto3  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _s3_client_options(location: str) -> dict[str, str]:
+    """boto3 client options for the S3 server and credentials a ``pyarrow.fs`` S3 URI names
+    (``s3://key:secret@bucket/...``, ``endpoint_override``, ``scheme``, ``region``); what the URI
+    leaves out comes from boto3's defaults, which read the same ``AWS_*`` variables as pyarrow."""
+    parts = urlsplit(location)
+    query = {k: v[-1] for k, v in parse_qs(parts.query).items()}
+    options: dict[str, str] = {}
+    if "endpoint_override" in query:
+        endpoint = query["endpoint_override"]
+        if "://" not in endpoint:
+            endpoint = f"{query.get('scheme', 'https')}://{endpoint}"
+        options["endpoint_url"] = endpoint
+    if "region" in query:
+        options["region_name"] = query["region"]
+    if parts.username:
+        options["aws_access_key_id"] = unquote(parts.username)
+        options["aws_secret_access_key"] = unquote(parts.password or "")
+    return options
+
+
 def _display_uri(location: str) -> str:
     """``location`` without credentials, query or fragment, for error messages and logs."""
     parts = urlsplit(location)
@@ -145,6 +179,7 @@ class CheckpointStorage:
         *,
         location: str | None = None,
         rename_writes: bool | None = None,
+        s3_client_options: dict[str, str] | None = None,
     ) -> None:
         self._fs = filesystem
         self._local = isinstance(filesystem, pafs.LocalFileSystem)
@@ -156,6 +191,9 @@ class CheckpointStorage:
         if rename_writes is None:
             rename_writes = filesystem.type_name == "hdfs"
         self._rename = rename_writes
+        # boto3 client options for conditional PUTs (S3 only; see create_json)
+        self._s3_options = s3_client_options if filesystem.type_name == "s3" else None
+        self._s3_client: Any = None
         if location is None:
             location = base_path if self._local else f"{filesystem.type_name}://{base_path}"
         self.location = location
@@ -186,7 +224,10 @@ class CheckpointStorage:
             ) from None
         if isinstance(filesystem, pafs.LocalFileSystem):
             return cls(filesystem, path, location=path)
-        return cls(filesystem, path, location=_display_uri(location))
+        return cls(
+            filesystem, path, location=_display_uri(location),
+            s3_client_options=_s3_client_options(location) if _has_boto3() else None,
+        )
 
     # -- paths ---------------------------------------------------------------------------
 
@@ -222,7 +263,34 @@ class CheckpointStorage:
         else:
             self._put(path, data)
 
-    def _write_local(self, path: str, data: bytes) -> None:
+    @property
+    def atomic_create(self) -> bool:
+        """Whether :meth:`create_json` is atomic here: of two creators of one record at the
+        same moment exactly one succeeds (local disk, and S3 when boto3 is installed)."""
+        return self._local or self._s3_options is not None
+
+    def create_json(self, relpath: str, value: Any) -> None:
+        """Write the record at ``relpath`` only if there is none: FileExistsError if there is.
+
+        Atomic where :attr:`atomic_create` says so; elsewhere an existence check then a write,
+        so two creators at the very same moment may both succeed."""
+        path = self._path(relpath)
+        try:
+            data = encode_record(value)
+        except ValueError as e:
+            raise ValueError(f"cannot write {self.full_path(relpath)}: {e}") from e
+        if self._local:
+            self._write_local(path, data, replace=False)
+        elif self._s3_options is not None:
+            self._put_if_absent(path, data)
+        elif self.exists(relpath):
+            raise FileExistsError(f"{self.full_path(relpath)} exists")
+        elif self._rename:
+            self._write_renamed(path, data)
+        else:
+            self._put(path, data)
+
+    def _write_local(self, path: str, data: bytes, replace: bool = True) -> None:
         directory, name = os.path.split(path)
         self._ensure_local_dir(directory)
         temp = os.path.join(directory, f"{TEMP_PREFIX}{name}-{uuid.uuid4().hex}")
@@ -235,12 +303,37 @@ class CheckpointStorage:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(temp, path)
+            if replace:
+                os.replace(temp, path)
+            else:
+                os.link(temp, path)  # FileExistsError if the name exists, atomically
+                os.unlink(temp)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise
         _fsync_dir(directory)
+
+    def _put_if_absent(self, path: str, data: bytes) -> None:
+        """One conditional PUT (``If-None-Match: *``): S3 answers 412 if the key exists."""
+        from botocore.exceptions import ClientError
+
+        if self._s3_client is None:
+            import boto3
+
+            self._s3_client = boto3.client("s3", **self._s3_options or {})
+        bucket, _, key = path.partition("/")
+        try:
+            self._s3_client.put_object(Bucket=bucket, Key=key, Body=data, IfNoneMatch="*")
+        except ClientError as e:
+            status = e.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            code = e.response.get("Error", {}).get("Code")
+            if status == 412 or code == "PreconditionFailed":
+                raise FileExistsError(f"s3://{path} exists") from None
+            raise OSError(f"conditional write of {path} failed: {code} ({status})") from None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_s3_client": None}  # a boto3 client does not pickle
 
     def _ensure_local_dir(self, directory: str) -> None:
         if os.path.isdir(directory):
@@ -334,35 +427,46 @@ class CheckpointStorage:
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_dir(path)
 
-    def cleanup_temp(self, reldir: str = "") -> int:
+    def cleanup_temp(self, reldir: str = "", *, keep: tuple[str, ...] = ()) -> int:
         """Remove the temp files crashed writes left in ``reldir`` and below; how many.
 
-        Only call it while no write is running under ``reldir``: it would remove that write's
-        temp file and make it fail."""
+        Only call it while no write is running under ``reldir``, except writes of the records
+        or directories in ``keep`` (relative to the base), whose temp files are left alone: it
+        would remove a running write's temp file and make it fail."""
         path = self._path(reldir, allow_root=True)
         if self._local:
-            temps = [
+            found = [
                 os.path.join(directory, name)
                 for directory, _, names in os.walk(path)
                 for name in names
                 if name.startswith(TEMP_PREFIX)
             ]
-            for temp in temps:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(temp)
-            for directory in {os.path.dirname(t) for t in temps}:
-                _fsync_dir(directory)
         else:
             selector = pafs.FileSelector(path, allow_not_found=True, recursive=True)
-            temps = [
+            found = [
                 i.path
                 for i in self._fs.get_file_info(selector)
                 if i.type == pafs.FileType.File and i.base_name.startswith(TEMP_PREFIX)
             ]
-            for temp in temps:
-                with contextlib.suppress(FileNotFoundError):
+        temps = [t for t in found if not self._kept(t, keep)]
+        for temp in temps:
+            with contextlib.suppress(FileNotFoundError):
+                if self._local:
+                    os.unlink(temp)
+                else:
                     self._fs.delete_file(temp)
+        if self._local:
+            for directory in {os.path.dirname(t) for t in temps}:
+                _fsync_dir(directory)
         return len(temps)
+
+    def _kept(self, temp: str, keep: tuple[str, ...]) -> bool:
+        """Whether ``temp`` (a full temp path) is the temp file of a record in or under
+        ``keep``: its name is ``<prefix><record name>-<random hex>``."""
+        directory, name = posixpath.split(temp)
+        record = posixpath.join(directory, name[len(TEMP_PREFIX):].rpartition("-")[0])
+        relpath = posixpath.relpath(record, self._base)
+        return any(relpath == k or relpath.startswith(k + "/") for k in keep)
 
     def __repr__(self) -> str:
         return f"CheckpointStorage({self.location!r})"

@@ -25,7 +25,7 @@ from checkpointing import (
     SubsumedError,
 )
 from checkpointing.checkpoint_store import LATEST_POINTER, record_path
-from checkpointing.fencing import OWNER_RECORD
+from checkpointing.fencing import OWNER_RECORD, claim_path
 from checkpointing.storage import TEMP_PREFIX
 
 
@@ -408,10 +408,10 @@ def test_record_that_is_not_a_checkpoint_is_corrupt(kind: str, tmp_path: Path) -
         store.latest_completed()
 
 
-def test_corrupt_owner_record_fails_open(kind: str, tmp_path: Path) -> None:
+def test_corrupt_claim_record_fails_open(kind: str, tmp_path: Path) -> None:
     reopen(kind, tmp_path)
-    flip_last_byte(raw(tmp_path, OWNER_RECORD))
-    with pytest.raises(CorruptRecordError, match=OWNER_RECORD):
+    flip_last_byte(raw(tmp_path, claim_path(1)))
+    with pytest.raises(CorruptRecordError, match=claim_path(1)):
         reopen(kind, tmp_path)
 
 
@@ -451,11 +451,35 @@ def test_zombie_generation_is_fenced(kind: str, tmp_path: Path) -> None:
 def test_same_generation_race_is_fenced_by_token(kind: str, tmp_path: Path) -> None:
     store = reopen(kind, tmp_path)
     storage = make_storage(kind, tmp_path)
-    record = storage.read_json(OWNER_RECORD)
-    # Another run that read the same old generation and wrote the same number after us.
-    storage.write_json(OWNER_RECORD, {**record, "token": "someone-else"})
+    record = storage.read_json(claim_path(1))
+    # Where creation is check-then-write, another run that read the same old generation can
+    # write the same claim after us.
+    storage.write_json(claim_path(1), {**record, "token": "someone-else"})
     with pytest.raises(FencedError, match="zombie"):
         store.complete(0, {})
+
+
+def test_a_claim_lost_at_the_same_moment_is_claimed_again_one_generation_up(
+    kind: str, tmp_path: Path
+) -> None:
+    storage = make_storage(kind, tmp_path)
+    first = run_store(kind, tmp_path, "run-a")
+    # run-b creates generation 2 between run-c's look and run-c's creation of generation 2
+    real_create = storage.create_json
+    raced: list[str] = []
+
+    def create(relpath: str, value: Any) -> None:
+        if not raced:
+            raced.append(relpath)
+            CheckpointStore(make_storage(kind, tmp_path), owner="q1", run="run-b")
+        real_create(relpath, value)
+
+    storage.create_json = create  # type: ignore[method-assign]
+    third = CheckpointStore(storage, owner="q1", run="run-c")
+    assert raced == [claim_path(2)] and third.generation == 3
+    with pytest.raises(FencedError, match="run run-a of query 'q1' was superseded"):
+        first.complete(0, {})
+    third.complete(0, {})
 
 
 def test_removed_location_fences_the_writer(kind: str, tmp_path: Path) -> None:

@@ -203,6 +203,21 @@ def test_leftover_temp_is_ignored_and_cleaned(storage: CheckpointStorage, tmp_pa
     assert storage.cleanup_temp() == 0
 
 
+def test_cleanup_leaves_the_temp_files_of_kept_records_alone(
+    storage: CheckpointStorage, tmp_path: Path
+) -> None:
+    """Runs opening a location at the same moment write their claims while the holder cleans."""
+    storage.write_json("_claims/1", 1)
+    storage.write_json("d/rec", 1)
+    (raw(tmp_path, "_claims") / f"{TEMP_PREFIX}2-0f0f").write_bytes(b"")
+    (raw(tmp_path, "") / f"{TEMP_PREFIX}_owner-0f0f").write_bytes(b"")
+    (raw(tmp_path, "") / f"{TEMP_PREFIX}_owner2-0f0f").write_bytes(b"")
+    (raw(tmp_path, "d") / f"{TEMP_PREFIX}rec-0f0f").write_bytes(b"")
+    assert storage.cleanup_temp(keep=("_owner", "_claims")) == 2
+    assert sorted(p.name for p in raw(tmp_path, "").rglob(f"{TEMP_PREFIX}*")) == [
+        f"{TEMP_PREFIX}2-0f0f", f"{TEMP_PREFIX}_owner-0f0f"]
+
+
 @pytest.mark.parametrize("step", ["fsync", "replace"])
 def test_local_crash_before_rename_keeps_old_value(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
