@@ -249,13 +249,17 @@ class CheckpointStorage:
 
     # -- records -------------------------------------------------------------------------
 
-    def write_json(self, relpath: str, value: Any) -> None:
-        """Atomically and durably replace the record at ``relpath`` with ``value``."""
+    def _encode(self, relpath: str, value: Any) -> tuple[str, bytes]:
+        """Where ``relpath`` is written, and the record bytes of ``value``."""
         path = self._path(relpath)
         try:
-            data = encode_record(value)
+            return path, encode_record(value)
         except ValueError as e:
             raise ValueError(f"cannot write {self.full_path(relpath)}: {e}") from e
+
+    def write_json(self, relpath: str, value: Any) -> None:
+        """Atomically and durably replace the record at ``relpath`` with ``value``."""
+        path, data = self._encode(relpath, value)
         if self._local:
             self._write_local(path, data)
         elif self._rename:
@@ -274,11 +278,7 @@ class CheckpointStorage:
 
         Atomic where :attr:`atomic_create` says so; elsewhere an existence check then a write,
         so two creators at the very same moment may both succeed."""
-        path = self._path(relpath)
-        try:
-            data = encode_record(value)
-        except ValueError as e:
-            raise ValueError(f"cannot write {self.full_path(relpath)}: {e}") from e
+        path, data = self._encode(relpath, value)
         if self._local:
             self._write_local(path, data, replace=False)
         elif self._s3_options is not None:

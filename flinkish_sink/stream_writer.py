@@ -131,17 +131,17 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     f"option eventTimeColumn: column {self._event_time!r} is {kind}, not a "
                     "timestamp; late data is judged on the source's eventTime column"
                 )
-        if not self._has_kind:
-            logger.warning(
-                "the flinkish sink got no marker rows (no 'kind' column): it commits exactly "
-                "once but cannot compute a combined watermark or judge late rows"
-            )
         self._target = make_target(self._options)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
         # a hash, not the options: the DSN may hold a password
         checked = (self._options.fingerprint, self._data_schema.to_string())
         if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
+            if not self._has_kind:  # said once, not at every batch
+                logger.warning(
+                    "the flinkish sink got no marker rows (no 'kind' column): it commits "
+                    "exactly once but cannot compute a combined watermark or judge late rows"
+                )
             self._target.check(self._data_schema)
             if self._side is not None:
                 self._side.check(self._data_schema)
