@@ -10,11 +10,14 @@ one environment lookup.
 
     [{"point": "mid_commit", "marker": "/tmp/case/fired",
       "checkpoint": "/tmp/case/checkpoint",   # or "query": "<query id>"; neither: any query
-      "from_epoch": 1}]                        # fire only in epochs >= 1 (default 0)
+      "from_epoch": 1,                         # fire only in epochs >= 1 (default 0)
+      "once": true}]                           # only the first process to get there stops
 
 so each of several queries in one driver can stop at its own point. The query is passed by
 the caller (no guessing from stack frames); ``checkpoint`` is resolved to the query id Spark
-wrote there.
+wrote there. With ``"once"`` the marker is created exclusively: the first process to reach the
+point (on any executor of the host) stops there and every later one passes, so the task Spark
+reruns after a test killed the stopped task's executor runs through.
 """
 
 from __future__ import annotations
@@ -63,7 +66,12 @@ def failpoint(name: str, *, query: str, epoch: int) -> None:
         return
     for spec in _armed(path):
         if spec["point"] == name and _matches(spec, query, epoch):
-            with open(spec["marker"], "w", encoding="utf-8") as marker:
+            try:
+                marker = open(spec["marker"], "x" if spec.get("once") else "w",  # noqa: SIM115
+                              encoding="utf-8")
+            except FileExistsError:  # "once", and another process got here first
+                continue
+            with marker:
                 marker.write(f"{name} {os.getpid()}\n")
             while True:  # wait to be killed
                 time.sleep(1)
