@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from flinkish.data_source import FlinkishDataSource
+from flinkish_source.options import MASTER_ENV
 
 #: The keys ``PythonStreamingSourceRunner.init`` (Spark 4.x) puts into the shared map.
 RUNNER_ENV_KEYS = (
@@ -30,7 +31,9 @@ def register(spark: Any) -> None:
 
     Call it once per driver before starting flinkish queries (idempotent). Spark's automatic
     discovery of the installed ``pyspark_flinkish`` module registers the format by itself, but
-    only this call seeds the shared environment described in the module docstring.
+    only this call seeds the shared environment described in the module docstring, and tells
+    the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
+    a cluster fails at query start instead of losing the executors' watermark state.
     """
     manager = spark._jsparkSession.sessionState().dataSourceManager()
     if not manager.dataSourceExists(FlinkishDataSource.name()):
@@ -60,4 +63,11 @@ def seed_runner_environment(spark: Any) -> dict[str, str]:
     added = {key: value for key, value in values.items() if not env.containsKey(key)}
     for key, value in added.items():
         env.put(key, value)
+    # not a runner key: the source's Python processes read it when they check their options;
+    # put only while it is absent or different (a running query's tasks may serialise the map)
+    master = spark.sparkContext.master
+    if env.get(MASTER_ENV) != master:
+        if not env.containsKey(MASTER_ENV):
+            added[MASTER_ENV] = master
+        env.put(MASTER_ENV, master)
     return added

@@ -10,6 +10,7 @@ import pytest
 from flinkish_source.options import (
     EARLIEST,
     LATEST,
+    MASTER_ENV,
     OnError,
     OptionError,
     SourceOptions,
@@ -626,3 +627,45 @@ def test_redact_kafka_config() -> None:
         "client.id": "me",
     }
     assert config["api.password"] == "p"  # a copy, the input is untouched
+
+
+# ---------------------------------------------------------------- local location on a cluster
+
+@pytest.mark.parametrize("master", ["local", "local[2]", "local[*]", "local[2,3]", None])
+@pytest.mark.parametrize("location", ["/tmp/state", "file:///tmp/state", "state"])
+def test_local_location_is_fine_on_a_local_master(
+    monkeypatch: pytest.MonkeyPatch, master: str | None, location: str
+) -> None:
+    if master is None:  # flinkish.register not called: the master is unknown
+        monkeypatch.delenv(MASTER_ENV, raising=False)
+    else:
+        monkeypatch.setenv(MASTER_ENV, master)
+    assert parse(**{"checkpointing.location": location}).state_location == location
+
+
+@pytest.mark.parametrize(
+    "master", ["local-cluster[2,1,1024]", "spark://head:7077", "yarn", "k8s://https://k:443"])
+@pytest.mark.parametrize("location", ["/tmp/state", "file:///tmp/state", "relative/state"])
+def test_local_location_is_refused_on_a_cluster(
+    monkeypatch: pytest.MonkeyPatch, master: str, location: str
+) -> None:
+    monkeypatch.setenv(MASTER_ENV, master)
+    message = error_with(**{"checkpointing.location": location})
+    assert "checkpointing.location" in message and repr(location) in message
+    assert repr(master) in message
+    assert "s3://" in message and "hdfs://" in message and "gs://" in message
+
+
+@pytest.mark.parametrize("location", [
+    "s3://bucket/state?endpoint_override=127.0.0.1:9000&scheme=http", "hdfs://nn:8020/state",
+    "gs://bucket/state", "abfs://container@account.dfs.core.windows.net/state"])
+def test_shared_location_is_fine_on_a_cluster(
+    monkeypatch: pytest.MonkeyPatch, location: str
+) -> None:
+    monkeypatch.setenv(MASTER_ENV, "spark://head:7077")
+    assert parse(**{"checkpointing.location": location}).state_location == location
+
+
+def test_no_location_needed_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(MASTER_ENV, "yarn")
+    assert parse(**{"checkpointing.location": None, "includeMarkers": "false"})
