@@ -5,7 +5,8 @@ One query::
     python integration/sink_query.py --bootstrap HOST:PORT --topic T --checkpoint DIR \\
         --target postgres --dsn DSN --table NAME          # or: --target parquet --path DIR
         [--trigger available-now | --trigger processing --until-offsets '{"T": {"0": 25}}']
-        [--max-offsets N] [--master 'local[2,2]'] [--conf KEY=VALUE ...] [--query-name NAME]
+        [--max-offsets N] [--master 'local[2,2]' | 'local-cluster[2,1,1024]']
+        [--conf KEY=VALUE ...] [--query-name NAME]
         [--failpoint NAME --failpoint-file FILE [--failpoint-from-epoch N]]
         [--fail-first-attempt EPOCH:TASK[:kill] --evidence FILE [--batch-rows N]]
         [--windowed [DURATION]] [--ending-offsets JSON] [--idle-timeout DURATION]
@@ -113,7 +114,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="maxOffsetsPerTrigger (records per micro-batch over all partitions)")
     p.add_argument("--out-of-orderness", dest="out_of_orderness",
                    help="watermark.maxOutOfOrderness of the source (default 1 second)")
-    p.add_argument("--master", default="local[2]", help="local[N] or local[N,maxFailures]")
+    p.add_argument("--master", default="local[2]",
+                   help="local[N], local[N,maxFailures] or local-cluster[N,cores,MB]")
     p.add_argument("--batch-rows", dest="batch_rows", type=int,
                    help="rows per batch to Python UDFs (and half as many to the sink)")
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
@@ -617,8 +619,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     jobs = _jobs(args)
     match = re.fullmatch(r"local\[([0-9*]+(?:,[0-9]+)?)\]", args.master)
-    if match is None:
-        raise SystemExit(f"--master {args.master!r}: expected local[N] or local[N,F]")
+    cluster = re.fullmatch(r"local-cluster\[[0-9]+,[0-9]+,([0-9]+)\]", args.master)
+    if match is None and cluster is None:
+        raise SystemExit(f"--master {args.master!r}: expected local[N], local[N,F] or "
+                         "local-cluster[N,C,M]")
     _install_failpoints(jobs)
 
     from flinkish.demo.spark_session import local_session
@@ -641,7 +645,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             raise SystemExit(f"--conf {setting!r}: expected KEY=VALUE")
         conf[key.strip()] = value.strip()
-    spark = local_session("flinkish-sink-query", cores=match[1], **conf)
+    if cluster is not None:
+        # separate executor JVMs (each with its own Python workers): one must fit in its
+        # worker's M MB
+        conf.setdefault("spark.executor.memory", f"{min(512, int(cluster[1]))}m")
+    spark = local_session("flinkish-sink-query", master=args.master, **conf)
     if args.register:
         import flinkish
 

@@ -68,11 +68,13 @@ def _kill_groups(groups: set[int]) -> None:
             os.killpg(group, signal.SIGKILL)
 
 
-def kill_tree(root: int, timeout: float = 30.0) -> None:
+def kill_tree(root: int, timeout: float = 30.0, *, led_groups_only: bool = False) -> None:
     """SIGKILL ``root`` and everything it started, then wait until all of it is gone.
 
     The tree is frozen first (SIGSTOP) so that nothing forks between listing and killing; then
-    every process group in it gets SIGKILL, and every listed process too."""
+    every process group in it gets SIGKILL, and every listed process too. With
+    ``led_groups_only``, only the groups whose leader is in the tree: a Spark executor JVM is in
+    its driver's group, which must live on when a test kills just the executor."""
     own_group = os.getpgrp()
     seen: dict[int, Stat] = {}
     for _ in range(10):
@@ -84,6 +86,8 @@ def kill_tree(root: int, timeout: float = 30.0) -> None:
         if not new:
             break
     groups = {pgid for _, pgid, _, _ in seen.values()} - {own_group}
+    if led_groups_only:
+        groups &= set(seen)
     _kill_groups(groups)
     for pid in seen:
         _signal(pid, signal.SIGKILL)

@@ -52,8 +52,11 @@ def worker_python() -> str:
     return str(path)
 
 
-def local_session(app: str = "flinkish", cores: str = "2", **conf: str) -> Any:
-    """A ``local[cores]`` session with small shuffles and no console progress bars."""
+def local_session(app: str = "flinkish", cores: str = "2", master: str | None = None,
+                  **conf: str) -> Any:
+    """A ``local[cores]`` session (or on ``master``, e.g. ``local-cluster[2,1,1024]``: separate
+    executor processes, which get the same worker interpreter and project path) with small
+    shuffles and no console progress bars."""
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     root = str(Path(__file__).resolve().parents[2])  # the project root, not flinkish/
@@ -65,13 +68,14 @@ def local_session(app: str = "flinkish", cores: str = "2", **conf: str) -> Any:
     from pyspark.sql import SparkSession
 
     builder = (
-        SparkSession.builder.master(f"local[{cores}]")
+        SparkSession.builder.master(master or f"local[{cores}]")
         .appName(app)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
+        .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
     )
     for key, value in conf.items():
