@@ -10,6 +10,7 @@ import pytest
 
 from flinkish.demo.embedded_kafka import create_topic, kafka_for_tests
 from flinkish.demo.spark_session import local_session
+from flinkish_source.kafka_client import POOL
 from integration.postgres_fixtures import postgres_dsn  # noqa: F401  (one server per session)
 from integration.s3_server import s3  # noqa: F401  (one S3 server per session)
 
@@ -20,6 +21,9 @@ _names = itertools.count()
 def kafka_bootstrap() -> Iterator[str]:
     with kafka_for_tests() as bootstrap:
         yield bootstrap
+        # reads in this process leave idle consumers in the pool; close them before the broker
+        # stops (they would log failed reconnects until the process exits)
+        POOL.clear()
 
 
 @pytest.fixture(scope="session")

@@ -27,16 +27,6 @@ def skewed(partitions: int, counts: list[int]) -> list[tuple[int, bytes, bytes, 
     return records
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _close_pooled_consumers() -> Any:
-    """Reads in this process leave idle consumers in the pool; close them before the
-    session's broker stops (they would log failed reconnects until the process exits)."""
-    yield
-    from flinkish_source.kafka_client import POOL
-
-    POOL.clear()
-
-
 def per_partition(batches: list[pa.RecordBatch]) -> dict[tuple[str, int], list[Any]]:
     out: dict[tuple[str, int], list[Any]] = {}
     for batch in batches:
