@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -56,9 +57,12 @@ def s3_server(timeout: float = 30.0) -> Iterator[S3Server]:
     os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                       AWS_DEFAULT_REGION=REGION, AWS_REGION=REGION)
     port = _free_port()
+    # the server logs every request to stderr: into a file, as a pipe nobody reads fills up
+    # after a few hundred requests and then blocks every request of the server for good
+    stderr = tempfile.TemporaryFile()  # noqa: SIM115  (closed with the server, below)
     proc = subprocess.Popen(
         [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True,
     )
     try:
         deadline = time.monotonic() + timeout
@@ -68,7 +72,8 @@ def s3_server(timeout: float = 30.0) -> Iterator[S3Server]:
                     break
             except OSError:
                 if proc.poll() is not None:
-                    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+                    stderr.seek(0)
+                    err = stderr.read().decode(errors="replace")[-4000:]
                     raise RuntimeError(
                         f"the S3 server exited with {proc.returncode}: {err}") from None
                 if time.monotonic() > deadline:
@@ -79,8 +84,7 @@ def s3_server(timeout: float = 30.0) -> Iterator[S3Server]:
     finally:
         kill_tree(proc.pid)
         proc.wait(timeout=10)
-        if proc.stderr:
-            proc.stderr.close()
+        stderr.close()
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)
