@@ -45,6 +45,7 @@ from typing import Any
 
 import psycopg
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pytest
 from psycopg import sql
 
@@ -195,15 +196,31 @@ def pg_rows(dsn: str, statement: sql.Composed | str, *params: Any) -> list[tuple
         return conn.execute(statement, params or None).fetchall()
 
 
+def parquet_location(path: Path | str) -> tuple[pafs.FileSystem, str]:
+    """A Parquet target's directory as (filesystem, path in it): a local directory, or a
+    ``pyarrow.fs`` URI such as ``s3://bucket/out?endpoint_override=…``."""
+    if isinstance(path, Path):
+        return pafs.LocalFileSystem(), str(path)
+    return pafs.FileSystem.from_uri(path)
+
+
+def _listing(path: Path | str, *parts: str, recursive: bool = False) -> list[pafs.FileInfo]:
+    """What lies under ``path``/``parts`` (nothing if it does not exist)."""
+    fs, base = parquet_location(path)
+    return fs.get_file_info(pafs.FileSelector(
+        "/".join((base.rstrip("/"), *parts)), allow_not_found=True, recursive=recursive))
+
+
 @dataclass
 class TargetView:
     """One case's target as a reader sees it (with ``late``, its late-data side output too:
-    ``lateData=side`` into the table / directory ``late_table`` / ``late_path``)."""
+    ``lateData=side`` into the table / directory ``late_table`` / ``late_path``). A Parquet
+    ``path`` is a local directory or (without ``late``) a ``pyarrow.fs`` URI."""
 
     kind: str
     dsn: str  # PostgreSQL only
     table: str
-    path: Path
+    path: Path | str
     late: bool = False
 
     @property
@@ -212,6 +229,7 @@ class TargetView:
 
     @property
     def late_path(self) -> Path:
+        assert isinstance(self.path, Path), "a side output only beside a local directory"
         return self.path.with_name(self.path.name + "-late")
 
     def sink_options(self) -> dict[str, str]:
@@ -231,10 +249,10 @@ class TargetView:
             except psycopg.errors.UndefinedTable:
                 return []
             return [(int(p), int(o)) for p, o in found]
-        path = self.late_path if side else self.path
-        if not path.exists():
+        fs, base = parquet_location(self.late_path if side else self.path)
+        if fs.get_file_info(base).type == pafs.FileType.NotFound:
             return []
-        table = ds.dataset(str(path), format="parquet").to_table(
+        table = ds.dataset(base, filesystem=fs, format="parquet").to_table(
             columns=["partition", "offset"])
         return list(zip(table.column("partition").to_pylist(),
                         table.column("offset").to_pylist(), strict=True))
@@ -247,8 +265,7 @@ class TargetView:
             return sorted(g for g in gids if (t := TransactionId.parse(g)) and t.query == query)
         found = []
         for path in (self.path, self.late_path) if self.late else (self.path,):
-            staging = path / "_flinkish_staging"
-            found += [p.name for p in staging.iterdir()] if staging.is_dir() else []
+            found += [info.base_name for info in _listing(path, "_flinkish_staging")]
         return sorted(found)
 
     def open_sessions(self, query: str) -> list[str]:
@@ -262,8 +279,10 @@ class TargetView:
         return sorted(name for (name,) in found)
 
     def staged_files(self) -> list[str]:
-        staging = self.path / "_flinkish_staging"
-        return sorted(str(p.relative_to(staging)) for p in staging.glob("*/*.parquet"))
+        """<transaction dir>/<file> of every staged Parquet file."""
+        found = [info.path.rsplit("/", 2)[-2:] for info in _listing(
+            self.path, "_flinkish_staging", recursive=True) if info.path.endswith(".parquet")]
+        return sorted(f"{txn}/{name}" for txn, name in found)
 
     def published(self, query: str) -> dict[int, int | None]:
         """epoch -> watermark as published beside the data."""
@@ -281,8 +300,12 @@ class TargetView:
             return {int(e): {"watermark": w, "rows": int(n), "late_rows": int(late)}
                     for e, w, n, late in found}
         records = {}
-        for file in sorted((self.path / "_flinkish_epochs" / query).glob("*.json")):
-            record = json.loads(file.read_text())
+        fs, _ = parquet_location(self.path)
+        for info in _listing(self.path, "_flinkish_epochs", query):
+            if not info.path.endswith(".json"):
+                continue
+            with fs.open_input_stream(info.path) as stream:
+                record = json.loads(stream.read())
             records[int(record["epoch"])] = {
                 key: record[key] for key in ("watermark", "rows", "late_rows")}
         return records
@@ -314,6 +337,10 @@ class Case:
     second_error: str | None = None
     final: dict[str, Any] | None = None
     after: dict[str, Any] = field(default_factory=dict)
+    # the source's checkpointing.location and the sink's store (default: local, beside the
+    # query's checkpoint), e.g. on S3
+    source_state: str | None = None
+    store: str | None = None
 
     @property
     def name(self) -> str:
@@ -337,6 +364,11 @@ class Case:
             job.update(path=str(self.target.path))
         if self.target.late:
             job["sink_options"] = self.target.sink_options()
+        if self.store:
+            job["sink_options"] = {**job.get("sink_options", {}),
+                                   "checkpointing.location": self.store}
+        if self.source_state:
+            job["source_state"] = self.source_state
         return job
 
     def record_after(self) -> None:
@@ -348,13 +380,14 @@ class Case:
             "lingering": self.target.lingering(query),
             "published": self.target.published(query),
             "epochs": self.target.epoch_records(query),
-            "sink": sink_state(self.checkpoint),
+            "sink": sink_state(self.checkpoint, self.store),
         }
 
 
-def sink_state(checkpoint: Path) -> dict[str, Any]:
-    """The sink's checkpoint store about the crash epoch, read without claiming it."""
-    storage = CheckpointStorage.open(str(checkpoint / "flinkish"))
+def sink_state(checkpoint: Path, store: str | None = None) -> dict[str, Any]:
+    """The sink's checkpoint store (``store``, else the default beside ``checkpoint``) about
+    the crash epoch, read without claiming it."""
+    storage = CheckpointStorage.open(store or str(checkpoint / "flinkish"))
     store = CheckpointStore.reader(storage)
     try:
         pointer = storage.read_json("_latest")["id"]
@@ -391,7 +424,7 @@ def record_crash(case: Case, marker: str = "failpoint") -> dict[str, Any]:
         "query": query,
         "spark_offsets": _batches(case.checkpoint / "offsets"),
         "spark_commits": _batches(case.checkpoint / "commits"),
-        "sink": sink_state(case.checkpoint),
+        "sink": sink_state(case.checkpoint, case.store),
         "lingering": case.target.lingering(query),
         "staged_files": case.target.staged_files() if case.target.kind == "parquet" else [],
         "published": case.target.published(query),
@@ -672,16 +705,6 @@ def _check_exactly_once(case: Case, produced: set[tuple[int, int]],
     others in the main target), nothing of ours prepared or staged, every recorded decision
     kept, the crashed runs' undecided pre-commits never committed, the published watermark
     never changed nor went back."""
-    for where, rows, expected in (("main target", case.after["rows"], produced - late),
-                                  ("side output", case.after["side_rows"], late)):
-        duplicates = sorted({r for r in rows if rows.count(r) > 1})
-        assert not duplicates, (f"{where}: {len(rows) - len(set(rows))} duplicate rows, "
-                                f"e.g. {duplicates[:8]}")
-        assert set(rows) == expected, (
-            f"{where}: missing {sorted(expected - set(rows))[:8]}, "
-            f"unexpected {sorted(set(rows) - expected)[:8]}"
-        )
-    assert case.after["lingering"] == [], "left prepared / staged after the last run"
     # a recorded decision is final, whatever crashes; without one, what a crashed run
     # pre-committed must not be what the epoch commits
     decided = case.after["sink"]["decided"]
@@ -693,15 +716,36 @@ def _check_exactly_once(case: Case, produced: set[tuple[int, int]],
         else:
             left = {_gid(g) for g in crash["lingering"]}
             assert not left & set(decided), "a crashed run's undecided pre-commits were committed"
+    check_delivered_once(case.after, produced, late, [c["published"] for c in crashes])
+
+
+def check_delivered_once(after: dict[str, Any], produced: set[tuple[int, int]],
+                         late: set[tuple[int, int]], earlier: list[dict[int, int | None]],
+                         last_epoch: int = LAST_EPOCH) -> None:
+    """What a target holds after a query's last run (``after``, as ``Case.record_after``
+    records it): every row once (``late`` ones in the side output), nothing of ours prepared
+    or staged, every batch up to ``last_epoch`` (the last with records) published with its rows
+    counted, no watermark published ``earlier`` (at a crash) changed, and the published
+    watermark never went back."""
+    for where, rows, expected in (("main target", after["rows"], produced - late),
+                                  ("side output", after["side_rows"], late)):
+        duplicates = sorted({r for r in rows if rows.count(r) > 1})
+        assert not duplicates, (f"{where}: {len(rows) - len(set(rows))} duplicate rows, "
+                                f"e.g. {duplicates[:8]}")
+        assert set(rows) == expected, (
+            f"{where}: missing {sorted(expected - set(rows))[:8]}, "
+            f"unexpected {sorted(set(rows) - expected)[:8]}"
+        )
+    assert after["lingering"] == [], "left prepared / staged after the last run"
     # every batch published; past the last batch with records the source may plan one that
     # only carries the combined watermark on (no rows)
-    published, epochs = case.after["published"], case.after["epochs"]
-    assert sorted(published) == list(range(max(LAST_EPOCH + 1, len(published)))), (
+    published, epochs = after["published"], after["epochs"]
+    assert sorted(published) == list(range(max(last_epoch + 1, len(published)))), (
         f"published epochs: {published}")
-    assert not {e: r for e, r in epochs.items() if e > LAST_EPOCH and r["rows"]}, (
-        f"rows published after batch {LAST_EPOCH}: {epochs}")
-    for crash in crashes:
-        for epoch, watermark in crash["published"].items():
+    assert not {e: r for e, r in epochs.items() if e > last_epoch and r["rows"]}, (
+        f"rows published after batch {last_epoch}: {epochs}")
+    for before in earlier:
+        for epoch, watermark in before.items():
             assert published[epoch] == watermark, f"epoch {epoch} republished differently"
     marks = [published[e] for e in sorted(published) if published[e] is not None]
     assert marks and marks == sorted(marks), f"watermark went backwards: {published}"
