@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from flinkish.data_source import FlinkishDataSource
-from flinkish_source.options import MASTER_ENV
+from flinkish_core.locations import MASTER_ENV
 
 #: The keys ``PythonStreamingSourceRunner.init`` (Spark 4.x) puts into the shared map.
 RUNNER_ENV_KEYS = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
@@ -10,6 +11,7 @@ from enum import Enum
 
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
+from flinkish_core.locations import MASTER_ENV, local_location_problem
 from flinkish_core.secrets import dsn_secrets, fingerprint, mask_dsn, mask_uri
 
 
@@ -154,6 +156,15 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                 "positive duration (how old a lingering pre-commit may get before the sink "
                 "warns), e.g. '15 min'"
             )
+    # Parquet files are staged by the write tasks and moved into place by the driver (the
+    # store, by contrast, is the driver's alone)
+    for key, given in (("path", options.get("path")), ("lateData.path", late_path)):
+        problem = given and local_location_problem(
+            key, given, os.environ.get(MASTER_ENV),
+            "write tasks on the executors stage Parquet files there and the driver moves them "
+            "into place")
+        if problem:
+            raise OptionError(problem)
     checkpoint = options.get("checkpointlocation") or None
     state = options.get("checkpointing.location") or None
     if guarantee is not DeliveryGuarantee.NONE and not (checkpoint or state):

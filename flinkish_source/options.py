@@ -19,15 +19,11 @@ from typing import Any
 
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
+from flinkish_core.locations import MASTER_ENV, local_location_problem
 from flinkish_core.secrets import redact_config, secret_values
 from flinkish_core.watermark import DEFAULT_HORIZON_MS
 
 __all__ = ["MASTER_ENV", "OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
-
-#: The Spark master, put into the data source's environment by ``flinkish.register`` (the
-#: Python data source is never told it otherwise): a local ``checkpointing.location`` is an
-#: error unless it is ``local`` or ``local[...]``.
-MASTER_ENV = "FLINKISH_SPARK_MASTER"
 
 EARLIEST = -2
 LATEST = -1
@@ -416,26 +412,10 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "includeMarkers=false or watermark.strategy=none.)"
         )
     if parsed.state_location:
-        problem = local_location_problem(parsed.state_location, os.environ.get(MASTER_ENV))
+        problem = local_location_problem(
+            "checkpointing.location", parsed.state_location, os.environ.get(MASTER_ENV),
+            "read tasks on the executors write the watermark state there and the driver reads "
+            "it back")
         if problem:
             raise OptionError(problem)
     return parsed
-
-
-def local_location_problem(location: str, master: str | None) -> str | None:
-    """Why ``location`` cannot hold the read tasks' watermark state under Spark ``master``, or
-    None: on anything but a local master (``local``, ``local[...]``) executors run on other
-    hosts (``local-cluster`` simulates that) and would not see a local path. An unknown
-    master (``flinkish.register`` not called) is not judged."""
-    if master is None or re.fullmatch(r"local(\[.*\])?", master.strip()):
-        return None
-    scheme = re.match(r"([A-Za-z][A-Za-z0-9+.-]*)://", location)
-    if scheme is not None and scheme[1].lower() != "file":
-        return None
-    return (
-        f"option checkpointing.location: {location!r} is on the local filesystem, but the "
-        f"Spark master is {master!r}: read tasks on the executors write the watermark state "
-        "there and the driver reads it back, so executors on other hosts would not see it. "
-        "Put it on storage every host reaches, e.g. s3://bucket/path, hdfs://namenode/path or "
-        "gs://bucket/path (local paths work only with master local or local[...])."
-    )
