@@ -39,7 +39,7 @@ import pytest
 
 from checkpointing.query import query_id
 from flinkish.demo.processes import kill_tree, tree
-from integration.s3_server import S3Server
+from integration.s3_server import SECRET_KEY, S3Server
 from integration.test_sink_crash import (
     BASE_TS,
     CRASH_EPOCH,
@@ -99,6 +99,7 @@ class ClusterRun:
     results: dict[str, dict[str, Any]]
     log: Path
     seconds: float
+    bucket: str
 
 
 def executor_of(pid: int, driver: int) -> int | None:
@@ -199,7 +200,7 @@ def cluster_run(kafka_bootstrap: str, postgres_dsn: str, s3: S3Server,
     print(f"\ncluster run ({len(jobs)} queries on {MASTER}, an executor killed): "
           f"{seconds:.0f} s", file=sys.stderr)
     return ClusterRun(cases, kill, windows, root / "windowed" / "checkpoint", results, log,
-                      seconds)
+                      seconds, bucket)
 
 
 def _result(run: ClusterRun, name: str) -> dict[str, Any]:
@@ -276,3 +277,22 @@ def test_local_source_location_is_refused_on_a_cluster(cluster_run: ClusterRun) 
     error = result["error"]
     assert GUARD in error and MASTER in error, error
     assert "s3://" in error and "hdfs://" in error, error
+
+
+def test_s3_credentials_never_leave(cluster_run: ClusterRun, s3: S3Server) -> None:
+    """The S3 credentials reach pyarrow, boto3 and the executors as ``AWS_*`` variables only:
+    the secret is in no log line, no file Spark or flinkish wrote locally, no object on S3."""
+    secret = SECRET_KEY.encode()
+    local = [p for p in cluster_run.log.parent.rglob("*") if p.is_file()]
+    assert cluster_run.log in local
+    assert [p for p in local if secret in p.read_bytes()] == []
+    fs, base = pafs.FileSystem.from_uri(s3.uri(cluster_run.bucket))
+    objects = [i.path for i in fs.get_file_info(pafs.FileSelector(base, recursive=True))
+               if i.type == pafs.FileType.File]
+    assert len(objects) > 10, objects
+    leaked = []
+    for path in objects:
+        with fs.open_input_stream(path) as f:
+            if secret in f.read():
+                leaked.append(path)
+    assert leaked == []
