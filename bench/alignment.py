@@ -100,14 +100,19 @@ def main() -> None:
         free = _run(spark, env, topics["free"], "without", args.batch, None)
         aligned = _run(spark, env, topics["aligned"], "with", args.batch, args.drift)
     print_result({
+        "bench": "alignment",
         "records_per_partition": args.records,
         "partitions": args.partitions,
+        "max_offsets_per_trigger": args.batch,
+        "max_drift": args.drift,
         "peak_state_rows_without": free["peak_state_rows"],
         "peak_state_rows_with": aligned["peak_state_rows"],
         "peak_state_ratio": round(aligned["peak_state_rows"] / max(free["peak_state_rows"], 1), 3),
         "seconds_without": round(free["seconds"], 2),
         "seconds_with": round(aligned["seconds"], 2),
         "time_ratio": round(aligned["seconds"] / free["seconds"], 3),
+        "target_peak_state_ratio": 0.25,
+        "target_time_ratio": 1.2,
     })
 
 
