@@ -81,6 +81,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from checkpointing import failpoints  # noqa: E402
+from flinkish.demo.spark_session import worker_start_timed_out  # noqa: E402
 
 _JOB_KEYS = {
     "name", "bootstrap", "topic", "checkpoint", "source_state", "target", "dsn", "table",
@@ -534,9 +535,6 @@ def _idle(args: argparse.Namespace, retries: _Retries,
     return bool(args.report_early and _parked(started[i][0]))
 
 
-TRANSIENT = "Python worker failed to connect back"
-
-
 class _Retries:
     """``--retry-transient``: restarts queries that failed only because a Python worker did not
     connect back in time."""
@@ -554,7 +552,7 @@ class _Retries:
         if query is None or query.isActive or self.used.get(name, 0) >= self.limit:
             return False
         failure = query.exception()
-        if failure is None or TRANSIENT not in str(failure):
+        if not worker_start_timed_out(failure):
             return False
         self.used[name] = self.used.get(name, 0) + 1
         print(f"query {name}: a Python worker did not connect back in time; starting it again "

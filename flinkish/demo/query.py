@@ -36,14 +36,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flinkish.demo.spark_session import local_session
+from flinkish.demo.spark_session import local_session, worker_start_timed_out
 
 #: The windowed counts' names (their directories under ``--windows``).
 WINDOW_QUERIES = ("flinkish", "spark")
 WINDOW = "10 seconds"
 SPARK_DELAY = "2 seconds"  # Spark's withWatermark delay: the source's maxOutOfOrderness
 TRIGGER = "1 second"
-TRANSIENT = "Python worker failed to connect back"
 RETRIES = 20
 
 
@@ -129,12 +128,6 @@ class ProgressFiles:
                                  for r in query.recentProgress)
 
 
-def _transient(failure: Any) -> bool:
-    """A query that failed only because a Python worker was slow to start (Spark waits 10 s
-    for a new worker to connect back, too short on 2 busy cores)."""
-    return failure is not None and TRANSIENT in str(failure)
-
-
 def _started(query: Any) -> bool:
     """Past its start-up: its source is initialised (the source runner, a Python worker of its
     own, connected back), so it plans or runs batches."""
@@ -206,7 +199,7 @@ def main() -> None:
             if query.isActive:
                 continue
             failure = query.exception()
-            if _transient(failure) and retries.get(name, 0) < RETRIES:
+            if worker_start_timed_out(failure) and retries.get(name, 0) < RETRIES:
                 retries[name] = retries.get(name, 0) + 1
                 print(f"query {name}: a Python worker did not connect back in time; starting "
                       f"it again from its checkpoint (retry {retries[name]})", flush=True)

@@ -35,6 +35,17 @@ exec {python} "$@"
 """
 
 
+WORKER_CONNECT_TIMEOUT = "Python worker failed to connect back"
+
+
+def worker_start_timed_out(failure: BaseException | None) -> bool:
+    """Whether a query failed only because a new Python worker did not connect back within the
+    fixed 10 s Spark allows (``PythonWorkerFactory``): too short when many start at once on 2
+    busy cores. Restarting such a query from its checkpoint is safe; any other failure is not
+    this."""
+    return failure is not None and WORKER_CONNECT_TIMEOUT in str(failure)
+
+
 def worker_python() -> str:
     """An interpreter for Spark's Python workers: this one, importing the installed pyspark
     rather than Spark's ``pyspark.zip`` (see ``_WORKER_PYTHON``)."""
