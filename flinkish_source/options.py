@@ -23,7 +23,7 @@ from flinkish_core.locations import MASTER_ENV, local_location_problem
 from flinkish_core.secrets import redact_config, secret_values
 from flinkish_core.watermark import DEFAULT_HORIZON_MS
 
-__all__ = ["MASTER_ENV", "OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
+__all__ = ["OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
 
 EARLIEST = -2
 LATEST = -1

@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
+from flinkish_core.locations import MASTER_ENV
 from flinkish_source.options import (
     EARLIEST,
     LATEST,
-    MASTER_ENV,
     OnError,
     OptionError,
     SourceOptions,
