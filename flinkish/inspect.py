@@ -12,6 +12,7 @@ from typing import Any
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import resolve_store
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
+from flinkish_source.offset_planner import from_json as offset_from_json
 
 
 @dataclass(frozen=True)
@@ -74,12 +75,10 @@ def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
         names = []
         for line in lines:
             try:
-                offset = json.loads(line)
-            except ValueError:
+                positions = offset_from_json(json.loads(line))
+            except (ValueError, AttributeError):  # another source's offset, or not JSON
                 continue
-            topics = offset.get("topics") if isinstance(offset, dict) else None
-            for topic, parts in (topics or {}).items():
-                names += [f"{topic}/{p}" for p, pos in parts.items() if pos.get("held")]
+            names += [f"{topic}/{p}" for (topic, p), pos in positions.items() if pos.held]
         if names:
             held[int(info.base_name)] = sorted(names)
     return dict(sorted(held.items()))
