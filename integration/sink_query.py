@@ -493,12 +493,10 @@ def _wait(query: Any, job: dict[str, Any], deadline: float,
           idle: Callable[[], bool] | None = None) -> None:
     """Until the query is done; ``idle`` is called about every second meanwhile, and the
     waiting ends (the query left as it is) once it returns True."""
-    if job["trigger"] == "available-now" and idle is not None:
+    if job["trigger"] == "available-now":
         while not query.awaitTermination(1.0) and time.monotonic() < deadline:
-            if idle():
+            if idle is not None and idle():
                 return
-    elif job["trigger"] == "available-now":
-        query.awaitTermination(max(1.0, deadline - time.monotonic()))
     else:
         until = job["until_offsets"]
         until = json.loads(until) if isinstance(until, str) else until
