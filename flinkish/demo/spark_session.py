@@ -69,7 +69,10 @@ def local_session(app: str = "flinkish", cores: str = "2", master: str | None = 
     executor processes, which get the same worker interpreter and project path) with small
     shuffles and no console progress bars."""
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # Spark starts the Python processes of a data source it discovers by itself (the installed
+    # pyspark_flinkish module) with PYSPARK_DRIVER_PYTHON (PythonUtils.defaultPythonExec) and
+    # pyspark.zip on their path: each query's source runner would pay the zip import too.
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", worker_python())
     root = str(Path(__file__).resolve().parents[2])  # the project root, not flinkish/
     path = os.environ.get("PYTHONPATH", "")
     if root not in path.split(os.pathsep):
