@@ -11,7 +11,9 @@ on (offset, status ACTIVE < watermark < status IDLE, watermark value).
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import json
 import logging
 from collections.abc import Iterator
@@ -408,7 +410,28 @@ def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch
     consumer that fetches ahead; then record, in one record for the whole task, the
     generator state and markers of each slice it finished (:meth:`SourceStateStore.save_task`).
     """
-    yield from _coalesced(_read_task(options, task))
+    with _young_collections_spaced():
+        yield from _coalesced(_read_task(options, task))
+
+
+#: Allocations of container objects between two young-generation collections while a read task
+#: runs (Python's default is 700).
+READ_GC_THRESHOLD = 50_000
+
+
+@contextlib.contextmanager
+def _young_collections_spaced() -> Iterator[None]:
+    """A read task allocates a few objects per record (the consumer's messages, their timestamp
+    tuples, lists of fields), almost none of which form cycles: reference counting frees them.
+    At Python's default threshold the cyclic collector runs every 700 allocations and its older
+    generations rescan every long-lived object of the worker (pyspark, pyarrow, pooled
+    consumers), which took ~40% of a task's CPU. The thresholds are restored afterwards."""
+    thresholds = gc.get_threshold()
+    gc.set_threshold(max(thresholds[0], READ_GC_THRESHOLD), *thresholds[1:])
+    try:
+        yield
+    finally:
+        gc.set_threshold(*thresholds)
 
 
 def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
