@@ -404,3 +404,32 @@ def test_small_batches_are_coalesced_in_order(kafka: Logs, tmp_path: Path) -> No
     assert len(batches) <= 100 * 5 // COALESCE_ROWS + 1
     assert by_partition(batches) == by_partition(per_partition_plan(
         opts(tmp_path / "whole"), plans))
+
+
+def test_a_read_task_spaces_young_collections_while_it_runs_and_restores_them(
+    kafka: Logs, tmp_path: Path
+) -> None:
+    import gc
+
+    from flinkish_source.partition_reader import READ_GC_THRESHOLD
+
+    plans = scenario(kafka)
+    options = opts(tmp_path / "state")
+    (task, *_) = plan_read_tasks(options, plans)
+    before = gc.get_threshold()
+    assert before[0] < READ_GC_THRESHOLD
+    batches = read_task(options, task)
+    next(batches)
+    assert gc.get_threshold() == (READ_GC_THRESHOLD, *before[1:])
+    list(batches)
+    assert gc.get_threshold() == before
+
+    failing = read_task(options, task)
+    next(failing)
+    with pytest.raises(RuntimeError):
+        failing.throw(RuntimeError("the task was killed"))
+    assert gc.get_threshold() == before
+    abandoned = read_task(options, task)
+    next(abandoned)
+    abandoned.close()
+    assert gc.get_threshold() == before
