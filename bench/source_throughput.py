@@ -37,6 +37,15 @@ What is measured, and why:
   query runs (``maxReadTasks``' default, at most one per partition). It reads no Kafka and
   computes nothing, so the gap to it is what flinkish adds to Spark's own cost of taking rows
   from Python. ``ratio_vs_bare = flinkish_rps / bare_source_rps``; the target is 0.85.
+* ``kafka_floor_rps`` is the ceiling of any Kafka source written on PySpark's Python data source
+  API with confluent-kafka: ``records / seconds`` of one ``Trigger.AvailableNow`` query of
+  ``KafkaFloorSource`` below, whose read tasks (as many as flinkish's, each given every
+  ``tasks``-th partition) read their partitions from offset 0 with one tuned consumer
+  (``TUNED_CONSUMER``, ``consume(num_messages=BARE_CHUNK)``) and turn each chunk into an Arrow
+  batch of the flinkish schema with the fewest steps (no markers, no watermark state, no
+  offset checks), with the cyclic collector spaced as flinkish's read tasks space it. The gap
+  from it to the bare source is what reading Kafka in Python costs on these cores;
+  ``ratio_vs_kafka_floor = flinkish_rps / kafka_floor_rps`` is what flinkish adds to that.
 * ``ratio`` = ``flinkish_rps / raw_consume_tuned_rps``: against what the broker can deliver to
   one consumer (the ceiling); ``ratio_vs_default_consumer`` is against the consumer with
   librdkafka's default settings, which a 1 s fetch backoff throttles (a ceiling that flatters).
@@ -53,6 +62,7 @@ session and its JVM are stopped on every exit path, including errors and SIGTERM
 from __future__ import annotations
 
 import argparse
+import gc
 import shutil
 import sys
 import tempfile
@@ -205,6 +215,114 @@ def _prebuilt(partition: int, rows: int, value_bytes: int) -> pa.RecordBatch:
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
 
 
+class FloorPartition(InputPartition):
+    def __init__(self, partitions: list[int]) -> None:
+        super().__init__(partitions)
+        self.partitions = partitions
+
+
+class KafkaFloorReader(BareReader):
+    """All ``records`` records of ``topic`` (written round-robin from an empty topic) in one
+    batch, each read task reading whole partitions with one tuned consumer."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(int(options["records"]), int(options["tasks"]), 0)
+        self.bootstrap, self.topic = options["bootstrap"], options["topic"]
+        self.partition_count = int(options["partitions"])
+
+    def partitions(self, start: dict, end: dict) -> list[InputPartition]:
+        return [FloorPartition(list(range(i, self.partition_count, self.tasks)))
+                for i in range(min(self.tasks, self.partition_count))]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        # imported here: pickled with the class, the names would be taken by value (their
+        # __module__, cimpl, cannot be imported by that name)
+        from confluent_kafka import Consumer, TopicPartition
+
+        from flinkish_source.partition_reader import READ_GC_THRESHOLD
+
+        assert isinstance(partition, FloorPartition)
+        ends = {p: self.records // self.partition_count
+                + (1 if p < self.records % self.partition_count else 0)
+                for p in partition.partitions}
+        left = sum(ends.values())
+        consumer = Consumer({
+            "bootstrap.servers": self.bootstrap, "group.id": f"floor-{uuid.uuid4().hex}",
+            "enable.auto.commit": False, "enable.partition.eof": False, **TUNED_CONSUMER,
+        })
+        thresholds = gc.get_threshold()
+        gc.set_threshold(READ_GC_THRESHOLD, *thresholds[1:])
+        try:
+            consumer.assign([TopicPartition(self.topic, p, 0) for p in partition.partitions])
+            while left > 0:
+                msgs = consumer.consume(num_messages=min(BARE_CHUNK, left), timeout=1.0)
+                if msgs:
+                    left -= len(msgs)
+                    yield _floor_batch(self.topic, msgs)
+        finally:
+            gc.set_threshold(*thresholds)
+            consumer.close()
+
+
+def _floor_batch(topic: str, msgs: list[Any]) -> pa.RecordBatch:
+    """The fewest steps from a chunk of messages to record rows of the flinkish schema."""
+    from flinkish_source.schema import arrow_schema
+
+    n = len(msgs)
+    stamps = pa.array([m.timestamp()[1] for m in msgs], pa.int64()).cast(
+        pa.timestamp("ms", "UTC")).cast(pa.timestamp("us", "UTC"))
+    columns = [
+        pa.array([m.key() for m in msgs], pa.binary()),
+        pa.array([m.value() for m in msgs], pa.binary()),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.array([m.partition() for m in msgs], pa.int32()),
+        pa.array([m.offset() for m in msgs], pa.int64()),
+        stamps,
+        pa.repeat(pa.scalar(0, pa.int32()), n),
+        stamps,
+        pa.repeat(pa.scalar("record", pa.string()), n),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, pa.string()),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
+
+
+class KafkaFloorSource(DataSource):
+    """``format("flinkish_kafka_floor_bench")``: options ``bootstrap``, ``topic``,
+    ``partitions``, ``records``, ``tasks``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "flinkish_kafka_floor_bench"
+
+    def schema(self) -> str:
+        from flinkish_source.schema import spark_ddl
+
+        return spark_ddl(False)
+
+    def streamReader(self, schema: Any) -> DataSourceStreamReader:
+        return KafkaFloorReader(dict(self.options))
+
+
+def run_floor(spark: Any, bootstrap: str, topic: str, records: int, partitions: int,
+              tasks: int, workdir: Path, timeout: float) -> float:
+    """One AvailableNow query of the Kafka floor source into noop; seconds."""
+    run = Path(tempfile.mkdtemp(prefix="floor-", dir=workdir))
+    df = (spark.readStream.format(KafkaFloorSource.name()).option("bootstrap", bootstrap)
+          .option("topic", topic).option("partitions", str(partitions))
+          .option("records", str(records)).option("tasks", str(tasks)).load())
+    writer = (df.writeStream.format("noop").trigger(availableNow=True)
+              .option("checkpointLocation", str(run / "checkpoint")))
+    try:
+        result = run_to_end(writer, "Kafka floor source query", timeout)
+    finally:
+        shutil.rmtree(run, ignore_errors=True)
+    rows = _log_progress(result)
+    if rows != records:
+        raise RuntimeError(f"the Kafka floor source query read {rows} rows, expected {records}")
+    return result.seconds
+
+
 class BareSource(DataSource):
     """``format("flinkish_bare_bench")``: options ``records``, ``tasks``, ``valueBytes``."""
 
@@ -313,6 +431,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds_runs: list[float] = []
     bare_runs: list[float] = []
     bare_seconds_runs: list[float] = []
+    floor_runs: list[float] = []
     peak_mb = 0.0
     rows = 0
     with bench_environment("flinkish-bench-") as env:
@@ -333,6 +452,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds = run_bare(spark, args.warmup_records, tasks, args.value_bytes, workdir,
                            args.timeout)
         log(f"warm-up of the bare source ({tasks} read tasks) took {seconds:.1f} s")
+        spark.dataSource.register(KafkaFloorSource)
+        seconds = run_floor(spark, bootstrap, warmup_topic, args.warmup_records,
+                            args.partitions, tasks, workdir, args.timeout)
+        log(f"warm-up of the Kafka floor source ({tasks} read tasks) took {seconds:.1f} s")
 
         for run in range(1, args.repeat + 1):
             rps = raw_consume(bootstrap, topic, args.records, args.partitions,
@@ -365,9 +488,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"run {run}/{args.repeat}: bare Python source {args.records / bare_seconds:,.0f}"
                 f" rows/s ({bare_seconds:.2f} s, {tasks} read tasks); flinkish / bare "
                 f"{bare_seconds / seconds:.2f}; CPU seconds: {bare_cpu.seconds}")
+            with CpuMeter() as floor_cpu:
+                floor_seconds = run_floor(spark, bootstrap, topic, args.records,
+                                          args.partitions, tasks, workdir, args.timeout)
+            floor_runs.append(args.records / floor_seconds)
+            log(f"run {run}/{args.repeat}: Kafka floor source "
+                f"{args.records / floor_seconds:,.0f} rows/s ({floor_seconds:.2f} s); flinkish / "
+                f"floor {floor_seconds / seconds:.2f}; CPU seconds: {floor_cpu.seconds}")
 
     raw, tuned, flinkish = median(raw_runs), median(tuned_runs), median(flinkish_runs)
-    bare = median(bare_runs)
+    bare, floor = median(bare_runs), median(floor_runs)
     middle = sorted(range(len(flinkish_runs)), key=flinkish_runs.__getitem__)[
         (len(flinkish_runs) - 1) // 2
     ]
@@ -383,6 +513,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bare_source_rps": round(bare),
             "ratio_vs_bare": round(flinkish / bare, 3),
             "target_ratio_vs_bare": TARGET_RATIO_VS_BARE,
+            "kafka_floor_rps": round(floor),
+            "ratio_vs_kafka_floor": round(flinkish / floor, 3),
+            "floor_vs_bare": round(floor / bare, 3),
             "raw_consume_tuned_rps": round(tuned),
             "ratio": round(flinkish / tuned, 3),
             "raw_consume_rps": round(raw),
@@ -399,6 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "raw_consume_tuned_rps_runs": [round(r) for r in tuned_runs],
             "flinkish_rps_runs": [round(r) for r in flinkish_runs],
             "bare_source_rps_runs": [round(r) for r in bare_runs],
+            "kafka_floor_rps_runs": [round(r) for r in floor_runs],
             "excluded_from_flinkish_rps": (
                 "SparkSession start-up and JVM/Python-worker start-up (a "
                 f"{args.warmup_records}-record warm-up query on another topic ran first)"
