@@ -15,7 +15,7 @@ import sys
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flinkish.inspect import held_partitions, load_epochs, plot, table
+    from flinkish.inspect import capped_partitions, held_partitions, load_epochs, plot, table
 
     rows = load_epochs(args.location)
     console = Console()
@@ -25,6 +25,9 @@ def _inspect(args: argparse.Namespace) -> int:
     console.print(table(rows))
     for batch, names in held_partitions(args.location).items():
         console.print(f"batch {batch}: watermark alignment held back {', '.join(names)}")
+    for batch, names in capped_partitions(args.location).items():
+        console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
+                      "(read less than their share to stay within the drift)")
     if args.plot:
         plot(rows, args.plot)
         console.print(f"plot written to {args.plot}")

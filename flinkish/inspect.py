@@ -52,9 +52,21 @@ def load_epochs(location: str) -> list[EpochRow]:
 
 
 def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
-    """Batch id -> the partitions watermark alignment held back in it, read from Spark's offsets
-    log of the query (``<checkpointLocation>/offsets/N``: a version line, the batch metadata,
-    then one line per source). Empty when the location is not a query's checkpoint."""
+    """Batch id -> the partitions watermark alignment held back in it (read nothing), from
+    Spark's offsets log of the query. Empty when the location is not a query's checkpoint."""
+    return _alignment(checkpoint_location, "held")
+
+
+def capped_partitions(checkpoint_location: str) -> dict[int, list[str]]:
+    """Batch id -> the partitions watermark alignment let read less than their share in it, to
+    stay within the drift, from Spark's offsets log of the query."""
+    return _alignment(checkpoint_location, "capped")
+
+
+def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
+    """Batch id -> the partitions whose journaled position has ``decision`` set, read from
+    ``<checkpointLocation>/offsets/N`` (a version line, the batch metadata, then one line per
+    source)."""
     import json
     import posixpath
 
@@ -66,7 +78,7 @@ def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
         filesystem, base = pafs.LocalFileSystem(), checkpoint_location
     directory = posixpath.join(base.rstrip("/"), "offsets")
     found = filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    held: dict[int, list[str]] = {}
+    batches: dict[int, list[str]] = {}
     for info in found:
         if not info.base_name.isdigit():
             continue
@@ -78,10 +90,11 @@ def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
                 positions = offset_from_json(json.loads(line))
             except (ValueError, AttributeError):  # another source's offset, or not JSON
                 continue
-            names += [f"{topic}/{p}" for (topic, p), pos in positions.items() if pos.held]
+            names += [f"{topic}/{p}" for (topic, p), pos in positions.items()
+                      if getattr(pos, decision)]
         if names:
-            held[int(info.base_name)] = sorted(names)
-    return dict(sorted(held.items()))
+            batches[int(info.base_name)] = sorted(names)
+    return dict(sorted(batches.items()))
 
 
 def _wm(value: Any) -> int | None:

@@ -24,8 +24,13 @@ ACTIVE = WatermarkStatus.ACTIVE.value
 IDLE = WatermarkStatus.IDLE.value
 
 StateLoader = Callable[[TopicPartitionKey, int, GeneratorState], GeneratorState]
+#: Watermark alignment's say in a batch: given each partition's position, how far each could
+#: read and how the batch's budget would be shared (records each could read -> records it
+#: reads), the most records some partitions may read (0: held back).
 HoldDecider = Callable[
-    [Mapping[TopicPartitionKey, int], Mapping[TopicPartitionKey, int]], frozenset[TopicPartitionKey]
+    [Mapping[TopicPartitionKey, int], Mapping[TopicPartitionKey, int],
+     Callable[[Mapping[TopicPartitionKey, int]], Mapping[TopicPartitionKey, int]]],
+    Mapping[TopicPartitionKey, int],
 ]
 
 
@@ -41,6 +46,7 @@ class PartitionPosition:
     base: GeneratorState | None  # generator state at the start of the partition's last slice
     stop: int | None  # ending offset of a bounded partition
     held: bool = False  # held back by watermark alignment in the batch this offset ends
+    capped: bool = False  # read less than its share then, to stay within the alignment drift
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -57,6 +63,8 @@ class PartitionPosition:
             out["stop"] = self.stop
         if self.held:
             out["held"] = True
+        if self.capped:
+            out["capped"] = True
         return out
 
     @classmethod
@@ -70,6 +78,7 @@ class PartitionPosition:
             base=GeneratorState.from_json(data["base"]) if "base" in data else None,
             stop=int(data["stop"]) if "stop" in data else None,
             held=bool(data.get("held", False)),
+            capped=bool(data.get("capped", False)),
         )
 
 
@@ -165,8 +174,7 @@ class OffsetPlanner:
 
         ``limit`` caps the records admitted (maxOffsetsPerTrigger), shared out in proportion to
         each partition's backlog; ``target`` caps each partition for Trigger.AvailableNow;
-        ``hold`` (watermark alignment) names partitions that get nothing in this batch, given
-        each partition's position and how far it could read.
+        ``hold`` (watermark alignment) limits partitions in this batch (see ``HoldDecider``).
         """
         options = self._options
         current = set(partitions)
@@ -193,12 +201,13 @@ class OffsetPlanner:
             if pos.stop is not None:
                 cap = min(cap, pos.stop)
             available[tp] = max(cap, pos.offset)
-        held = hold({tp: pos.offset for tp, pos in positions.items()}, available) if (
-            hold is not None) else frozenset()
-        admitted = _prorate(
-            {tp: 0 if tp in held else available[tp] - positions[tp].offset for tp in positions},
-            limit,
-        )
+        lags = {tp: available[tp] - pos.offset for tp, pos in positions.items()}
+        limits = hold({tp: pos.offset for tp, pos in positions.items()}, available,
+                      lambda wanted: _prorate(dict(wanted), limit)) if hold is not None else {}
+        admitted = _prorate({tp: min(lag, limits.get(tp, lag)) for tp, lag in lags.items()},
+                            limit)
+        held = {tp for tp, most in limits.items() if most == 0 and lags.get(tp, 0) > 0}
+        capped = {tp for tp, most in limits.items() if 0 < most < lags.get(tp, 0)}
 
         end: Positions = {}
         for tp, pos in positions.items():
@@ -226,7 +235,7 @@ class OffsetPlanner:
                 base = load_state(tp, pos.offset, base)
             end[tp] = replace(
                 pos, offset=offset, status=status, progress_at=progress_at, seen=seen, base=base,
-                held=tp in held,
+                held=tp in held, capped=tp in capped,
             )
         return end
 

@@ -242,6 +242,11 @@ class _PieceReader:
         self.status = plan.start_status
         self.before: list[Marker] = []  # markers earlier pieces emitted for the slice
         self.ahead = 0  # records beyond the horizon (see SlicePlan.horizon)
+        self.earliest: int | None = None  # the slice's earliest event time (ms) so far
+
+    def _saw(self, low: int | None) -> None:
+        if low is not None and (self.earliest is None or low < self.earliest):
+            self.earliest = low
 
     def begin(self) -> Iterator[pa.RecordBatch]:
         """[ACTIVE] at the slice's start; for a later piece, what the earlier ones left."""
@@ -281,19 +286,19 @@ class _PieceReader:
                 break
             assert generator is not None
             if self.extractor.from_kafka_timestamp:
-                top: int | None = None
+                times = []
                 for m in msgs:
                     kind, ms = m.timestamp()
                     if not kind:
                         self.extractor.failed(plan.topic, plan.partition, m.offset(), None)
                         generator.on_event_time_error()
-                    elif top is None or ms > top:
-                        top = ms
+                    else:
+                        times.append(ms)
             else:
                 times = [t for t in _event_times(self.extractor, generator, plan, msgs)
                          if t is not None]
-                top = max(times) if times else None
-            generator.on_max_event_time(top)
+            self._saw(min(times) if times else None)
+            generator.on_max_event_time(max(times) if times else None)
         return first
 
     def chunk(self, msgs: list[Any]) -> Iterator[pa.RecordBatch]:
@@ -309,7 +314,11 @@ class _PieceReader:
             self.ahead += _beyond(batch.column("eventTime"), plan.horizon)
         if generator is None:
             yield batch
-        elif self.punctuated:
+            return
+        extremes = pc.min_max(batch.column("eventTime"))  # microseconds (None: no event time)
+        low, top = extremes["min"].value, extremes["max"].value
+        self._saw(None if low is None else low // 1000)
+        if self.punctuated:
             yield from _punctuate(self.options, out, generator, batch, msgs)
         else:
             column = batch.column("eventTime")
@@ -317,7 +326,6 @@ class _PieceReader:
                 for i in (j for j, m in enumerate(msgs) if not m.timestamp()[0]):
                     extractor.failed(plan.topic, plan.partition, msgs[i].offset(), None)
                     generator.on_event_time_error()
-            top = pc.max(column).value  # microseconds (None: no event time)
             generator.on_max_event_time(None if top is None else top // 1000)
             yield batch
 
@@ -351,7 +359,7 @@ class _PieceReader:
                 or plan.end <= plan.start):
             return None
         outcome = SliceOutcome(plan.start, plan.start_status, plan.end_status,
-                               tuple(self.before) + tuple(self.out.emitted))
+                               tuple(self.before) + tuple(self.out.emitted), self.earliest)
         return SliceRecord(self.generator.state(plan.end), outcome, plan.topic, plan.partition)
 
 

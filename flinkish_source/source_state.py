@@ -44,17 +44,25 @@ class SliceOutcome:
     start_status: str | None
     end_status: str
     markers: tuple[Marker, ...]
+    # the earliest event time (ms) among the slice's records (None: none had one); with the
+    # generator's max timestamp it gives the partition's pace (watermark alignment)
+    min_event_time: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "start": self.start, "startStatus": self.start_status, "endStatus": self.end_status,
             "markers": [m.to_json() for m in self.markers],
         }
+        if self.min_event_time is not None:
+            out["minTs"] = self.min_event_time
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SliceOutcome:
+        low = data.get("minTs")
         return cls(int(data["start"]), data["startStatus"], str(data["endStatus"]),
-                   tuple(Marker.from_json(m) for m in data["markers"]))
+                   tuple(Marker.from_json(m) for m in data["markers"]),
+                   None if low is None else int(low))
 
 
 #: One slice in a task record: topic, partition, generator state at the slice's end, outcome.

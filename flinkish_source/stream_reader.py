@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -173,8 +173,11 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         hold = None
         drift = self._options.alignment_max_drift_ms
         if combined is not None and drift is not None:
-            def hold(offsets: Any, available: Any) -> frozenset[TopicPartitionKey]:
-                return alignment.decide(combined, offsets, available, drift).held
+            def hold(offsets: Any, available: Any, share: Any) -> Mapping[TopicPartitionKey, int]:
+                def pace(tp: TopicPartitionKey) -> float | None:
+                    return alignment.pace_at(self._store, tp, offsets[tp])
+
+                return alignment.decide(combined, offsets, available, drift, pace, share).limits
         end = self._planner.latest(
             positions, partitions, ranges, _now_ms(), max_rows, self._target, self._load_state,
             hold,

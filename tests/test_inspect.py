@@ -65,8 +65,8 @@ def test_plot_writes_a_png(tmp_path: Path) -> None:
     assert out.read_bytes()[:4] == b"\x89PNG"
 
 
-def test_held_partitions_from_sparks_offsets_log(tmp_path: Path) -> None:
-    from flinkish.inspect import held_partitions
+def test_held_and_capped_partitions_from_sparks_offsets_log(tmp_path: Path) -> None:
+    from flinkish.inspect import capped_partitions, held_partitions
 
     offsets = tmp_path / "offsets"
     offsets.mkdir()
@@ -76,6 +76,9 @@ def test_held_partitions_from_sparks_offsets_log(tmp_path: Path) -> None:
         {"version": 1, "topics": {"t": {"0": pos, "1": pos}}}))
     (offsets / "1").write_text("v1\n" + meta + "\n" + json.dumps(
         {"version": 1, "topics": {"t": {"0": pos, "1": {**pos, "held": True}}}}))
+    (offsets / "2").write_text("v1\n" + meta + "\n" + json.dumps(
+        {"version": 1, "topics": {"t": {"0": {**pos, "capped": True}, "1": pos}}}))
     (offsets / ".1.crc").write_text("x")
     assert held_partitions(str(tmp_path)) == {1: ["t/1"]}
+    assert capped_partitions(str(tmp_path)) == {2: ["t/0"]}
     assert held_partitions(str(tmp_path / "missing")) == {}

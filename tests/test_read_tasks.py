@@ -433,3 +433,17 @@ def test_a_read_task_spaces_young_collections_while_it_runs_and_restores_them(
     next(abandoned)
     abandoned.close()
     assert gc.get_threshold() == before
+
+
+def test_each_recorded_slice_names_its_earliest_event_time(kafka: Logs, tmp_path: Path) -> None:
+    plans = scenario(kafka)
+    options = opts(tmp_path / "state", minPartitions="9")  # split slices fold earlier pieces
+    grouped(options, plans)
+    store = SourceStateStore(str(tmp_path / "state"))
+    for plan in plans:
+        if plan.end <= plan.start:
+            continue
+        times = [m.timestamp()[1] for m in kafka.logs[(plan.topic, plan.partition)]
+                 if plan.start <= m.offset() < plan.end]
+        (outcome,) = store.find_outcomes(plan.topic, plan.partition, plan.end)
+        assert outcome.min_event_time == min(times)
