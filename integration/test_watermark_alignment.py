@@ -73,3 +73,36 @@ def test_the_partition_ahead_waits_for_the_one_with_a_backlog(
     assert both[-1] == (RECORDS, RECORDS)
     assert all(abs(a - b) <= 1 for a, b in both), both  # they advance together
     assert not any(o["topics"][name][p].get("held") for o in free for p in ("0", "1"))
+
+
+def test_a_released_partition_reads_only_as_far_as_the_drift_allows(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+) -> None:
+    """Partition 1 covers five seconds of event time per record, partition 0 one: a batch's
+    share (20 records) would carry partition 1 100 s ahead, far past the 30 s drift."""
+    name = topic(2)
+    spacing = {0: 1_000, 1: 5_000}
+    produce(kafka_bootstrap, name, [
+        (p, f"k{p}-{i}".encode(), b"{}", BASE + i * spacing[p])
+        for i in range(RECORDS) for p in (0, 1)
+    ])
+    aligned = run(spark, kafka_bootstrap, name, tmp_path, "aligned",
+                  **{"watermark.alignment.maxDrift": DRIFT})
+    ends = [(o["topics"][name]["0"]["offset"], o["topics"][name]["1"]["offset"])
+            for o in aligned]
+    assert ends[-1] == (RECORDS, RECORDS)
+
+    def ahead_ms(i: int) -> int:  # partition 1's last record read vs partition 0's
+        return (ends[i][1] - 1) * spacing[1] - (ends[i][0] - 1) * spacing[0]
+
+    # the batches after the first (no watermark known yet) in which partition 1 read while
+    # partition 0 still had a backlog
+    released = [i for i in range(1, len(ends))
+                if ends[i][0] < RECORDS and ends[i][1] > ends[i - 1][1]]
+    assert released, "partition 1 never read while partition 0 had a backlog"
+    for i in released:
+        assert ahead_ms(i) <= 30_000 + spacing[1], f"batch {i}: {ends[i]}, {ahead_ms(i)} ms"
+    assert any(o["topics"][name]["1"].get("capped") for o in aligned)
+    from flinkish.inspect import capped_partitions
+
+    assert f"{name}/1" in sum(capped_partitions(str(tmp_path / "aligned-ck")).values(), [])
