@@ -16,12 +16,15 @@ so it never turns idle while held, and its records are never late because of it:
 is ahead, not behind (Flink's FLIP-471 marked paused splits idle and dropped their rows).
 
 A micro-batch is a coarse update interval: a partition just within the drift could read a whole
-batch's share and land far beyond it (Flink's readers pause within a fetch of crossing it). So a
-partition that is not held reads at most as many records as keep its watermark within maxDrift
-of where the reference is expected to be after the batch, by its *pace*: the event time its
-last slice covered per offset (recorded by the read task). The partition expected to be the
-slowest after the batch is never limited, so the group always advances; a partition whose pace
-is not known yet is not limited either.
+batch's share and land far beyond it (Flink's readers pause within a fetch of crossing it). So
+the partitions that are not held are read up to a common event-time *level*, each by its
+*pace* (the event time its last slice covered per offset, recorded by the read task): when
+``maxOffsetsPerTrigger`` binds, the highest level the budget reaches, so the budget goes where
+the combined watermark is held back instead of being shared by backlog; otherwise the drift past
+where the first of them runs out of records. The level never passes the held partitions by
+more than the drift, and the slowest partition always reads, so the group always advances.
+While some pace is not known yet (a partition's first slice), a partition with a pace reads at
+most what keeps it within the drift of where the slowest is expected after the batch.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from flinkish_core.epoch_valve import EpochWatermark, channel_name
-from flinkish_core.watermark import WatermarkStatus
+from flinkish_core.watermark import MIN_WATERMARK, WatermarkStatus
 from flinkish_source.kafka_client import TopicPartitionKey
 from flinkish_source.source_state import SourceStateStore
 
@@ -83,21 +86,95 @@ def decide(
         lags = {tp: 0 if tp in held else available.get(tp, offsets[tp]) - offsets[tp]
                 for tp in offsets}
         admitted = share(lags)
-        paces = {tp: pace(tp) for tp in watermarks if tp not in held}
-        # where each catching-up partition's watermark is expected after the batch; without a
-        # pace, where it is now (the cautious guess for the reference)
-        after = min(wm + admitted.get(tp, 0) * (paces.get(tp) or 0)
-                    for tp, wm in watermarks.items())
-        for tp, tp_pace in paces.items():
-            if tp_pace is None or tp_pace <= 0:
-                continue
-            room = after + max_drift_ms - watermarks[tp]
-            most = max(0, int(room // tp_pace))
-            if most < lags[tp]:
-                limits[tp] = most
-                if most == 0:
+        free = {tp: wm for tp, wm in watermarks.items() if tp not in held}
+        paces = {tp: pace(tp) for tp in free}
+        known = {tp: p for tp, p in paces.items() if p is not None and p > 0}
+        if len(known) == len(free) and reference > MIN_WATERMARK:
+            most = _levelled(watermarks, free, known, lags, admitted, max_drift_ms)
+            # the rest keep their share of the budget, so the levelled reads fit beside them
+            most.update({tp: admitted.get(tp, 0) for tp in offsets
+                         if tp not in free and tp not in held})
+        else:
+            most = _within_drift(watermarks, free, paces, lags, admitted, max_drift_ms)
+        for tp, records in most.items():
+            if records < lags[tp]:
+                limits[tp] = records
+                if records == 0 and tp in free:
                     held.add(tp)
     return AlignmentDecision(reference, frozenset(held), limits)
+
+
+def _levelled(
+    watermarks: Mapping[TopicPartitionKey, int],
+    free: Mapping[TopicPartitionKey, int],
+    paces: Mapping[TopicPartitionKey, float],
+    lags: Mapping[TopicPartitionKey, int],
+    admitted: Mapping[TopicPartitionKey, int],
+    max_drift_ms: int,
+) -> dict[TopicPartitionKey, int]:
+    """Every pace known: the partitions that are not held read up to one common event-time
+    level. When the budget binds, the level is the highest it reaches, so the budget goes where
+    the combined watermark is held back; when it does not, the level is the drift past where
+    the first of them runs out of records. Either way the level stays within the drift of the
+    held partitions (they do not move), and the slowest always reads at least one record."""
+    def records_to(level: int, tp: TopicPartitionKey) -> int:
+        return min(lags[tp], max(0, int((level - free[tp]) // paces[tp])))
+
+    ends = {tp: int(free[tp] + lags[tp] * paces[tp]) for tp in free}  # all read
+    still = [wm for tp, wm in watermarks.items() if tp not in free]  # held: they stay there
+    ceiling = min(still) + max_drift_ms if still else None
+    budget = sum(admitted.get(tp, 0) for tp in free)
+    if budget >= sum(lags[tp] for tp in free):
+        level = min([*ends.values(), *still]) + max_drift_ms
+        most = {tp: records_to(level, tp) for tp in free}
+    else:
+        low = min(free.values())  # reaches nothing
+        high = max(ends.values()) + 1  # reaches every record
+        while high - low > 1:
+            middle = (low + high) // 2
+            if sum(records_to(middle, tp) for tp in free) <= budget:
+                low = middle
+            else:
+                high = middle
+        level = low if ceiling is None else min(low, ceiling)
+        most = {tp: records_to(level, tp) for tp in free}
+        # what whole records leave of the budget goes to the partitions whose next record
+        # reaches the lowest event time
+        left = budget - sum(most.values())
+        for tp in sorted(free, key=lambda tp: (free[tp] + (most[tp] + 1) * paces[tp], tp)):
+            if left <= 0:
+                break
+            if most[tp] < lags[tp] and (
+                    ceiling is None or free[tp] + (most[tp] + 1) * paces[tp] <= ceiling):
+                most[tp] += 1
+                left -= 1
+    slowest = min(free, key=lambda tp: (free[tp], tp))
+    if most[slowest] == 0 and lags[slowest] > 0:
+        most[slowest] = 1
+        others = [tp for tp in most if tp != slowest and most[tp] > 0]
+        if others and sum(most.values()) > budget:  # the record comes from the largest read
+            most[max(others, key=lambda tp: (most[tp], tp))] -= 1
+    return most
+
+
+def _within_drift(
+    watermarks: Mapping[TopicPartitionKey, int],
+    free: Mapping[TopicPartitionKey, int],
+    paces: Mapping[TopicPartitionKey, float | None],
+    lags: Mapping[TopicPartitionKey, int],
+    admitted: Mapping[TopicPartitionKey, int],
+    max_drift_ms: int,
+) -> dict[TopicPartitionKey, int]:
+    """Some pace unknown: each partition with a pace reads at most what keeps it within the
+    drift of where the slowest is expected after the batch, a partition without one being
+    expected where it is now (the cautious guess); those without a pace are not limited."""
+    after = min(wm + admitted.get(tp, 0) * (paces.get(tp) or 0)
+                for tp, wm in watermarks.items())
+    most = {}
+    for tp, tp_pace in paces.items():
+        if tp_pace is not None and tp_pace > 0:
+            most[tp] = min(lags[tp], max(0, int((after + max_drift_ms - free[tp]) // tp_pace)))
+    return most
 
 
 def pace_at(store: SourceStateStore, tp: TopicPartitionKey, at: int) -> float | None:

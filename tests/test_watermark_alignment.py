@@ -119,25 +119,45 @@ def even_share(limit: int) -> Callable[[Mapping[tuple[str, int], int]], dict[tup
     return share
 
 
-def test_a_partition_within_the_drift_reads_only_as_far_as_the_drift_allows() -> None:
-    state = valve((0, 1_000, "ACTIVE"), (1, 8_000, "ACTIVE"))
+def test_when_the_budget_binds_the_partitions_are_levelled_in_event_time() -> None:
+    state = valve((0, 1_000, "ACTIVE"), (1, 3_000, "ACTIVE"))
     offsets = {(T, 0): 10, (T, 1): 10}
     paces = {(T, 0): 10.0, (T, 1): 100.0}  # event-time ms per offset
     decision = decide(state, offsets, {(T, 0): 1_000, (T, 1): 1_000}, DRIFT, paces.get,
-                      even_share(200))
-    # partition 0 is expected at 1_000 + 100 * 10 after the batch: partition 1 may reach
-    # 2_000 + DRIFT = 12_000, i.e. (12_000 - 8_000) / 100 = 40 records
-    assert decision.held == frozenset() and decision.limits == {(T, 1): 40}
+                      even_share(300))
+    # the highest common level 300 records reach: 3_919 (partition 0: 291 records to 3_910,
+    # partition 1: 9 records to 3_900), not 150 records each (partition 1 to 18_000)
+    assert decision.held == frozenset() and decision.limits == {(T, 0): 291, (T, 1): 9}
 
 
-def test_the_partition_expected_slowest_after_the_batch_is_never_limited() -> None:
-    state = valve((0, 1_000, "ACTIVE"), (1, 5_000, "ACTIVE"))
+def test_a_partition_above_the_level_the_budget_reaches_is_held_for_the_batch() -> None:
+    state = valve((0, 1_000, "ACTIVE"), (1, 8_000, "ACTIVE"))  # 1 is within the drift
     offsets = {(T, 0): 10, (T, 1): 10}
-    paces = {(T, 0): 1_000.0, (T, 1): 1.0}  # partition 0 is behind but covers time fast
+    paces = {(T, 0): 10.0, (T, 1): 100.0}
     decision = decide(state, offsets, {(T, 0): 1_000, (T, 1): 1_000}, DRIFT, paces.get,
                       even_share(200))
-    # partition 1 is expected at 5_100: partition 0 may reach 15_100, (15_100 - 1_000) / 1_000
-    assert decision.limits == {(T, 0): 14}
+    assert decision.held == {(T, 1)}  # 200 records raise partition 0 to 3_000 only
+    assert decision.limits == {(T, 0): 200, (T, 1): 0}
+
+
+def test_when_the_budget_does_not_bind_each_reads_up_to_the_drift_past_the_first_to_run_out(
+) -> None:
+    state = valve((0, 1_000, "ACTIVE"), (1, 3_000, "ACTIVE"))
+    offsets = {(T, 0): 10, (T, 1): 10}
+    paces = {(T, 0): 10.0, (T, 1): 100.0}
+    decision = decide(state, offsets, {(T, 0): 60, (T, 1): 1_010}, DRIFT, paces.get,
+                      even_share(10_000))
+    # partition 0 reads its last 50 records, to 1_500: partition 1 may reach 11_500
+    assert decision.limits == {(T, 1): 85}
+
+
+def test_the_slowest_partition_always_reads_and_the_budget_still_holds() -> None:
+    state = valve((0, 1_000, "ACTIVE"), (1, 1_000, "ACTIVE"))
+    offsets = {(T, 0): 10, (T, 1): 10}
+    paces = {(T, 0): 1_000_000.0, (T, 1): 1.0}  # one record of 0 covers 1,000 s
+    decision = decide(state, offsets, {(T, 0): 1_000, (T, 1): 1_000}, DRIFT, paces.get,
+                      even_share(100))
+    assert decision.limits == {(T, 0): 1, (T, 1): 99}
 
 
 def test_without_a_known_pace_a_partition_is_not_limited_and_does_not_move_the_reference(
@@ -178,3 +198,22 @@ def test_pace_is_read_from_the_last_slice_the_read_task_recorded(tmp_path: objec
     assert pace_at(store, (T, 0), 100) == 500.0  # 20 s over 40 offsets
     assert pace_at(store, (T, 1), 100) is None  # recorded without its earliest event time
     assert pace_at(store, (T, 2), 100) is None  # no event time elapsed
+
+
+def test_a_lone_slowest_partition_reads_even_when_the_others_took_the_budget() -> None:
+    state = valve((0, 1_000, "ACTIVE"))
+    offsets = {(T, 0): 10, (T, 5): 0}  # 5 is not announced yet: it keeps its share
+    decision = decide(state, offsets, {(T, 0): 1_000, (T, 5): 1_000}, DRIFT, {(T, 0): 10.0}.get,
+                      lambda lags: {(T, 0): 0, (T, 5): 100})
+    assert decision.limits == {(T, 0): 1, (T, 5): 100}
+
+
+def test_the_level_stays_within_the_drift_of_the_held_partitions() -> None:
+    state = valve((0, 1_000, "ACTIVE"), (1, 30_000, "ACTIVE"))  # 1 is held
+    offsets = {(T, 0): 10, (T, 1): 10}
+    paces = {(T, 0): 10.0, (T, 1): 100.0}
+    decision = decide(state, offsets, {(T, 0): 10_000, (T, 1): 10_000}, DRIFT, paces.get,
+                      even_share(8_000))
+    # 4,000 records would raise partition 0 to 41_000: it stops at 30_000 + DRIFT
+    assert decision.held == {(T, 1)}
+    assert decision.limits == {(T, 0): 3_900, (T, 1): 0}
