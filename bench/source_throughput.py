@@ -195,22 +195,29 @@ class BareReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 def _prebuilt(partition: int, rows: int, value_bytes: int) -> pa.RecordBatch:
     """Record rows of the flinkish schema, as ``partition_reader`` builds them."""
-    from flinkish_source.schema import arrow_schema
-
     filler = b"x" * max(0, value_bytes - 10)
-    stamps = pa.array([(BASE_MS + i) * 1000 for i in range(rows)], pa.timestamp("us", "UTC"))
-    columns = [
+    return _record_rows(
         pa.array([b"k%09d" % i for i in range(rows)], pa.binary()),
         pa.array([(b"%010d" % i + filler)[:value_bytes] for i in range(rows)], pa.binary()),
-        pa.repeat(pa.scalar("bench-source", pa.string()), rows),
+        "bench-source",
         pa.repeat(pa.scalar(partition, pa.int32()), rows),
         pa.array(range(rows), pa.int64()),
-        stamps,
-        pa.repeat(pa.scalar(0, pa.int32()), rows),
-        stamps,
-        pa.repeat(pa.scalar("record", pa.string()), rows),
-        pa.nulls(rows, pa.int64()),
-        pa.nulls(rows, pa.string()),
+        pa.array([(BASE_MS + i) * 1000 for i in range(rows)], pa.timestamp("us", "UTC")),
+    )
+
+
+def _record_rows(keys: pa.Array, values: pa.Array, topic: str, partitions: pa.Array,
+                 offsets: pa.Array, stamps: pa.Array) -> pa.RecordBatch:
+    """Record rows of the flinkish schema (CreateTime timestamps, event time = timestamp)."""
+    from flinkish_source.schema import arrow_schema
+
+    n = len(keys)
+    columns = [
+        keys, values, pa.repeat(pa.scalar(topic, pa.string()), n), partitions, offsets, stamps,
+        pa.repeat(pa.scalar(0, pa.int32()), n), stamps,
+        pa.repeat(pa.scalar("record", pa.string()), n),
+        pa.nulls(n, pa.int64()),
+        pa.nulls(n, pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
 
@@ -266,25 +273,15 @@ class KafkaFloorReader(BareReader):
 
 def _floor_batch(topic: str, msgs: list[Any]) -> pa.RecordBatch:
     """The fewest steps from a chunk of messages to record rows of the flinkish schema."""
-    from flinkish_source.schema import arrow_schema
-
-    n = len(msgs)
-    stamps = pa.array([m.timestamp()[1] for m in msgs], pa.int64()).cast(
-        pa.timestamp("ms", "UTC")).cast(pa.timestamp("us", "UTC"))
-    columns = [
+    return _record_rows(
         pa.array([m.key() for m in msgs], pa.binary()),
         pa.array([m.value() for m in msgs], pa.binary()),
-        pa.repeat(pa.scalar(topic, pa.string()), n),
+        topic,
         pa.array([m.partition() for m in msgs], pa.int32()),
         pa.array([m.offset() for m in msgs], pa.int64()),
-        stamps,
-        pa.repeat(pa.scalar(0, pa.int32()), n),
-        stamps,
-        pa.repeat(pa.scalar("record", pa.string()), n),
-        pa.nulls(n, pa.int64()),
-        pa.nulls(n, pa.string()),
-    ]
-    return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(False))
+        pa.array([m.timestamp()[1] for m in msgs], pa.int64()).cast(
+            pa.timestamp("ms", "UTC")).cast(pa.timestamp("us", "UTC")),
+    )
 
 
 class KafkaFloorSource(DataSource):
@@ -307,19 +304,27 @@ class KafkaFloorSource(DataSource):
 def run_floor(spark: Any, bootstrap: str, topic: str, records: int, partitions: int,
               tasks: int, workdir: Path, timeout: float) -> float:
     """One AvailableNow query of the Kafka floor source into noop; seconds."""
-    run = Path(tempfile.mkdtemp(prefix="floor-", dir=workdir))
-    df = (spark.readStream.format(KafkaFloorSource.name()).option("bootstrap", bootstrap)
-          .option("topic", topic).option("partitions", str(partitions))
-          .option("records", str(records)).option("tasks", str(tasks)).load())
+    return _run_ceiling(spark, KafkaFloorSource.name(), {
+        "bootstrap": bootstrap, "topic": topic, "partitions": str(partitions),
+        "records": str(records), "tasks": str(tasks),
+    }, records, "Kafka floor source", workdir, timeout)
+
+
+def _run_ceiling(spark: Any, source: str, options: dict[str, str], records: int, label: str,
+                 workdir: Path, timeout: float) -> float:
+    """One AvailableNow query of a ceiling source into noop, which must yield ``records``
+    rows; seconds."""
+    run = Path(tempfile.mkdtemp(prefix="ceiling-", dir=workdir))
+    df = spark.readStream.format(source).options(**options).load()
     writer = (df.writeStream.format("noop").trigger(availableNow=True)
               .option("checkpointLocation", str(run / "checkpoint")))
     try:
-        result = run_to_end(writer, "Kafka floor source query", timeout)
+        result = run_to_end(writer, f"{label} query", timeout)
     finally:
         shutil.rmtree(run, ignore_errors=True)
     rows = _log_progress(result)
     if rows != records:
-        raise RuntimeError(f"the Kafka floor source query read {rows} rows, expected {records}")
+        raise RuntimeError(f"the {label} query read {rows} rows, expected {records}")
     return result.seconds
 
 
@@ -343,19 +348,9 @@ class BareSource(DataSource):
 def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Path,
              timeout: float) -> float:
     """One AvailableNow query of the bare source into noop; seconds."""
-    run = Path(tempfile.mkdtemp(prefix="bare-", dir=workdir))
-    df = (spark.readStream.format(BareSource.name()).option("records", str(records))
-          .option("tasks", str(tasks)).option("valueBytes", str(value_bytes)).load())
-    writer = (df.writeStream.format("noop").trigger(availableNow=True)
-              .option("checkpointLocation", str(run / "checkpoint")))
-    try:
-        result = run_to_end(writer, "bare source query", timeout)
-    finally:
-        shutil.rmtree(run, ignore_errors=True)
-    rows = _log_progress(result)
-    if rows != records:
-        raise RuntimeError(f"the bare source query read {rows} rows, expected {records}")
-    return result.seconds
+    return _run_ceiling(spark, BareSource.name(), {
+        "records": str(records), "tasks": str(tasks), "valueBytes": str(value_bytes),
+    }, records, "bare source", workdir, timeout)
 
 
 def run_flinkish(
