@@ -106,3 +106,65 @@ def test_a_released_partition_reads_only_as_far_as_the_drift_allows(
     from flinkish.inspect import capped_partitions
 
     assert f"{name}/1" in sum(capped_partitions(str(tmp_path / "aligned-ck")).values(), [])
+
+
+def _held_while_behind(positions: list[dict[str, Any]], name: str, slow_end: int) -> list[int]:
+    """Batches in which partition 1 was held while partition 0 had not reached ``slow_end``."""
+    return [i for i, o in enumerate(positions)
+            if o["topics"][name]["1"].get("held")
+            and positions[i - 1]["topics"][name]["0"]["offset"] < slow_end]
+
+
+def test_an_idle_partition_far_behind_holds_nothing_back(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+) -> None:
+    """Partition 2 gets three records an hour behind everything else and then nothing: once it
+    has read them it turns IDLE and, with nothing left to read, holds nothing back. Partition 1
+    (ten minutes ahead of partition 0, seventy ahead of partition 2) is held only while one of
+    them has a backlog; Trigger.AvailableNow ends with everything read (were partition 2 still
+    the reference, partition 1 could never be read and the query would not end)."""
+    name = topic(3)
+    produce(kafka_bootstrap, name, [
+        (2, f"k2-{i}".encode(), b"{}", BASE - 3_600_000 + i) for i in range(3)
+    ] + [
+        (p, f"k{p}-{i}".encode(), b"{}", BASE + p * AHEAD_MS + i * 1_000)
+        for i in range(RECORDS) for p in (0, 1)
+    ])
+    positions = run(spark, kafka_bootstrap, name, tmp_path, "idle",
+                    **{"watermark.alignment.maxDrift": DRIFT, "idleTimeout": "200 ms"})
+    final = positions[-1]["topics"][name]
+    assert [final[p]["offset"] for p in ("0", "1", "2")] == [RECORDS, RECORDS, 3]
+    assert any(o["topics"][name]["2"].get("status") == "IDLE" for o in positions), \
+        "partition 2 never turned idle"
+    assert _held_while_behind(positions, name, RECORDS), "partition 1 was never held"
+    for i, o in enumerate(positions):
+        if o["topics"][name]["1"].get("held"):
+            assert positions[i - 1]["topics"][name]["0"]["offset"] < RECORDS, \
+                f"batch {i}: partition 1 held after partition 0 had read everything"
+        if o["topics"][name]["0"].get("held"):  # partition 2 held it while it had a backlog
+            assert positions[i - 1]["topics"][name]["2"]["offset"] < 3, \
+                f"batch {i}: partition 0 held by partition 2 with nothing left to read"
+
+
+def test_a_finished_bounded_partition_holds_nothing_back(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+) -> None:
+    """With endingOffsets, partition 0 stops at offset 100, ten minutes behind partition 1 in
+    event time: once it has finished, partition 1 reads to its end (its own ending offset)
+    although partition 0's last watermark stays far behind it."""
+    name = topic(2)
+    produce(kafka_bootstrap, name, [
+        (p, f"k{p}-{i}".encode(), b"{}", BASE + p * AHEAD_MS + i * 1_000)
+        for i in range(RECORDS) for p in (0, 1)
+    ])
+    stop = 100
+    positions = run(spark, kafka_bootstrap, name, tmp_path, "bounded",
+                    **{"watermark.alignment.maxDrift": DRIFT,
+                       "endingOffsets": json.dumps({name: {"0": stop, "1": RECORDS}})})
+    final = positions[-1]["topics"][name]
+    assert (final["0"]["offset"], final["1"]["offset"]) == (stop, RECORDS)
+    assert _held_while_behind(positions, name, stop), "partition 1 was never held"
+    finished = next(i for i, o in enumerate(positions) if o["topics"][name]["0"]["offset"] == stop)
+    assert not any(o["topics"][name]["1"].get("held") for o in positions[finished + 1:])
+    assert positions[finished]["topics"][name]["1"]["offset"] < RECORDS, \
+        "partition 1 was read to its end before partition 0 finished: nothing was tested"
