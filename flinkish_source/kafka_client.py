@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import logging
 import os
 import threading
@@ -790,6 +791,24 @@ class RangeReader:
         self._buffered += len(msgs)
 
 
+def range_reader(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int) -> Any:
+    """The reader of a task's ranges: Fetch requests decoded into Arrow
+    (:class:`~flinkish_source.fetch_reader.FetchRangeReader`) where the query allows it
+    (:func:`~flinkish_source.fetch_reader.eligible`), else :class:`RangeReader`."""
+    from flinkish_source import fetch_reader
+
+    why_not = fetch_reader.eligible(options)
+    if why_not is None:
+        return fetch_reader.FetchRangeReader(options, ranges, chunk)
+    _log_librdkafka_once(why_not)
+    return RangeReader(options, ranges, chunk)
+
+
+@functools.cache
+def _log_librdkafka_once(why: str) -> None:
+    logger.info("read tasks read records with librdkafka: %s", why)
+
+
 _announced = threading.local()
 
 
@@ -805,7 +824,7 @@ def reading(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int) -> I
     """Announce the ranges a read task is about to read, in order: inside the block,
     :func:`read_range` serves them from one pooled consumer that fetches ahead (see
     :class:`RangeReader`). Nothing connects until the first read."""
-    reader = RangeReader(options, ranges, chunk)
+    reader = range_reader(options, ranges, chunk)
     registry = _registry()
     mine = [key for key in dict.fromkeys(ranges) if key not in registry]
     for key in mine:
@@ -840,7 +859,7 @@ def read_range(
         return
     if end <= start:
         return
-    with RangeReader(options, [(topic, partition, start, end)], chunk) as own:
+    with range_reader(options, [(topic, partition, start, end)], chunk) as own:
         yield from own.read(topic, partition, start, end)
 
 

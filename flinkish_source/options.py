@@ -29,6 +29,13 @@ EARLIEST = -2
 LATEST = -1
 
 
+class FetchClient(Enum):
+    """How read tasks fetch records (option ``kafkaConsumer.fetch``)."""
+
+    NATIVE = "native"  # Fetch requests decoded into Arrow (flinkish_source.kafka_fetch)
+    LIBRDKAFKA = "librdkafka"  # confluent-kafka's consumer, one Message per record
+
+
 class WatermarkKind(Enum):
     BOUNDED_OUT_OF_ORDERNESS = "boundedOutOfOrderness"
     MONOTONOUS = "monotonous"
@@ -59,7 +66,7 @@ _KNOWN = {
     "watermark.punctuation.field", "watermark.punctuation.header", "idletimeout",
     "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
     "watermark.alignment.maxdrift",
-    "maxreadtasks", "minpartitions",
+    "maxreadtasks", "minpartitions", "kafkaconsumer.fetch",
 }
 _DISPLAY = {
     "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
@@ -76,6 +83,7 @@ _DISPLAY = {
     "watermark.horizon": "watermark.horizon",
     "watermark.alignment.maxdrift": "watermark.alignment.maxDrift",
     "maxreadtasks": "maxReadTasks", "minpartitions": "minPartitions",
+    "kafkaconsumer.fetch": "kafkaConsumer.fetch",
 }
 
 
@@ -132,6 +140,7 @@ class SourceOptions:
     # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
     max_read_tasks: int | None = None
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
+    fetch_client: FetchClient = FetchClient.NATIVE
 
     @property
     def needs_state(self) -> bool:
@@ -365,6 +374,14 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             f"option kafkaConsumer.pollTimeoutMs: {poll_text!r} is not a positive number of ms"
         )
 
+    fetch_text = options.get("kafkaconsumer.fetch", FetchClient.NATIVE.value).strip().lower()
+    if fetch_text not in {c.value for c in FetchClient}:
+        raise OptionError(
+            f"option kafkaConsumer.fetch: {fetch_text!r} is not one of native (the default: "
+            "Fetch requests decoded into Arrow, librdkafka where that cannot read) or "
+            "librdkafka (every record through confluent-kafka's consumer)"
+        )
+
     counts: dict[str, int | None] = {}
     for key in ("maxreadtasks", "minpartitions"):
         given = options[key].strip() if key in options else None
@@ -402,6 +419,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         alignment_max_drift_ms=drift,
         max_read_tasks=max_tasks,
         min_partitions=min_partitions,
+        fetch_client=FetchClient(fetch_text),
     )
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(

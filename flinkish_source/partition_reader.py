@@ -16,7 +16,7 @@ import functools
 import gc
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,30 +107,18 @@ class _Batches:
             columns[-1] = pa.array([status], pa.string())
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
 
-    def records(self, msgs: list[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
+    def records(self, msgs: Sequence[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
         n = len(msgs)
-        # one comprehension per field and Arrow's kernels for the rest: the per-record Python
-        # work is what separates a Python source from Spark's own ceiling
-        keys = [m.key() for m in msgs]
-        values = [m.value() for m in msgs]
-        stamps = [m.timestamp() for m in msgs]
-        kinds = [kind for kind, _ in stamps]
-        first, last = msgs[0].offset(), msgs[-1].offset()
-        if n > 64 and last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
-            offsets = pc.cumulative_sum(pa.repeat(_one(), n), start=first - 1)
+        decoded = getattr(msgs, "columns", None)  # a RecordChunk of the native fetch path
+        if decoded is not None:
+            keys, values, offsets = decoded.keys, decoded.values, decoded.offsets
+            ts = decoded.timestamps.cast(_MS).cast(_US)
+            ts_type = decoded.timestamp_types
         else:
-            offsets = pa.array([m.offset() for m in msgs], pa.int64())
-        if kinds.count(kinds[0]) == n:  # one timestamp type per partition, in practice
-            ts_type = pa.repeat(pa.scalar(_TS_TYPE.get(kinds[0], -1), pa.int32()), n)
-        else:
-            ts_type = pa.array([_TS_TYPE.get(k, -1) for k in kinds], pa.int32())
-        if kinds[0] and kinds.count(0) == 0:
-            ts = pa.array([ms for _, ms in stamps], pa.int64()).cast(_MS).cast(_US)
-        else:
-            ts = pa.array([ms * 1000 if kind else None for kind, ms in stamps], _US)
+            keys, values, offsets, ts, ts_type = _message_columns(msgs)
         columns: list[pa.Array] = [
-            pa.array(keys, pa.binary()),
-            pa.array(values, pa.binary()),
+            keys,
+            values,
             pa.repeat(pa.scalar(self.plan.topic, pa.string()), n),
             pa.repeat(pa.scalar(self.plan.partition, pa.int32()), n),
             offsets,
@@ -155,6 +143,30 @@ class _Batches:
             pa.nulls(n, pa.string()),
         ]
         return pa.RecordBatch.from_arrays(columns, schema=self.schema)
+
+
+def _message_columns(msgs: Sequence[Any]) -> tuple[pa.Array, ...]:
+    """Key, value, offset, timestamp and timestamp type columns of librdkafka's messages: one
+    comprehension per field and Arrow's kernels for the rest (the per-record Python work is
+    what separates a Python source from Spark's own ceiling)."""
+    n = len(msgs)
+    stamps = [m.timestamp() for m in msgs]
+    kinds = [kind for kind, _ in stamps]
+    first, last = msgs[0].offset(), msgs[-1].offset()
+    if n > 64 and last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
+        offsets = pc.cumulative_sum(pa.repeat(_one(), n), start=first - 1)
+    else:
+        offsets = pa.array([m.offset() for m in msgs], pa.int64())
+    if kinds.count(kinds[0]) == n:  # one timestamp type per partition, in practice
+        ts_type = pa.repeat(pa.scalar(_TS_TYPE.get(kinds[0], -1), pa.int32()), n)
+    else:
+        ts_type = pa.array([_TS_TYPE.get(k, -1) for k in kinds], pa.int32())
+    if kinds[0] and kinds.count(0) == 0:
+        ts = pa.array([ms for _, ms in stamps], pa.int64()).cast(_MS).cast(_US)
+    else:
+        ts = pa.array([ms * 1000 if kind else None for kind, ms in stamps], _US)
+    return (pa.array([m.key() for m in msgs], pa.binary()),
+            pa.array([m.value() for m in msgs], pa.binary()), offsets, ts, ts_type)
 
 
 def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
@@ -301,7 +313,7 @@ class _PieceReader:
             generator.on_max_event_time(max(times) if times else None)
         return first
 
-    def chunk(self, msgs: list[Any]) -> Iterator[pa.RecordBatch]:
+    def chunk(self, msgs: Sequence[Any]) -> Iterator[pa.RecordBatch]:
         plan, generator, extractor, out = self.plan, self.generator, self.extractor, self.out
         if self.markers and self.status != WatermarkStatus.ACTIVE.value:
             self.status = WatermarkStatus.ACTIVE.value
@@ -476,7 +488,7 @@ def _beyond(event_time: pa.Array, horizon_ms: int) -> int:
 
 
 def _event_times(
-    extractor: EventTimeExtractor, generator: Any, plan: SlicePlan, msgs: list[Any]
+    extractor: EventTimeExtractor, generator: Any, plan: SlicePlan, msgs: Sequence[Any]
 ) -> list[int | None]:
     times: list[int | None] = []
     for m in msgs:
@@ -495,7 +507,8 @@ def _event_times(
 
 
 def _punctuate(
-    options: SourceOptions, out: _Batches, generator: Any, batch: pa.RecordBatch, msgs: list[Any]
+    options: SourceOptions, out: _Batches, generator: Any, batch: pa.RecordBatch,
+    msgs: Sequence[Any],
 ) -> Iterator[pa.RecordBatch]:
     """Split the batch right after each flagged record and emit its watermark there."""
     event_us = batch.column("eventTime").cast(pa.int64()).to_pylist()

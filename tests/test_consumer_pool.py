@@ -16,8 +16,10 @@ import flinkish_source.kafka_client as kafka_client
 from flinkish_source.kafka_client import ConsumerPool, RangeReader, pool_key, read_range, reading
 from flinkish_source.options import parse_options
 
+# the librdkafka reader is under test here (the native one: tests/test_fetch_reader.py)
 OPTIONS = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
-                         "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "2000"})
+                         "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "2000",
+                         "kafkaConsumer.fetch": "librdkafka"})
 
 
 @dataclass
@@ -177,7 +179,8 @@ def test_a_range_that_lost_records_fails_or_skips(
     with pytest.raises(kafka_client.DataLossError, match="offsets 2..4"):
         offsets(read_range(OPTIONS, "t", 0, 0, 5, 10))
     lenient = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
-                             "includeMarkers": "false", "failOnDataLoss": "false"})
+                             "includeMarkers": "false", "failOnDataLoss": "false",
+                             "kafkaConsumer.fetch": "librdkafka"})
     assert offsets(read_range(lenient, "t", 0, 0, 5, 10)) == [0, 1]
 
 

@@ -1,0 +1,311 @@
+"""Read tasks' offset ranges through Kafka Fetch requests decoded into Arrow
+(:mod:`flinkish_source.kafka_fetch`), with :class:`~flinkish_source.kafka_client.RangeReader`'s
+contract: records ``start <= offset < end`` of each announced range, in chunks, the end reached
+even across transaction markers and compacted offsets, lost offsets per ``failOnDataLoss``, and
+every wait for the brokers bounded by ``kafkaConsumer.pollTimeoutMs`` with a warning per slice.
+
+Partition leaders and earliest offsets come from a pooled librdkafka consumer, which knows the
+cluster; records come over one plain socket per leader. One Fetch request asks for the range
+being read and for the next announced ranges on that leader (a task of many small ranges reads
+them in one round trip), as long as what is buffered for them stays under the look-ahead.
+
+:func:`eligible` says when this path can read for a query. A range it cannot decode (a batch
+compressed with another codec than gzip, an old message format) is read on from there with
+librdkafka.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from flinkish_core.secrets import scrub
+from flinkish_source import kafka_client
+from flinkish_source.kafka_client import (
+    BrokerWait,
+    ConsumerPool,
+    KafkaUnavailableError,
+    RangeKey,
+)
+from flinkish_source.options import FetchClient, SourceOptions
+
+logger = logging.getLogger(__name__)
+
+#: Bytes a Fetch asks for per partition and in all (librdkafka's defaults are 1 MiB and 50 MiB;
+#: a larger share per partition keeps a chunk's worth of records in one round trip)
+PARTITION_MAX_BYTES = 4 << 20
+REQUEST_MAX_BYTES = 64 << 20
+#: How long the broker may hold a Fetch that has nothing to return yet
+MAX_WAIT_MS = 100
+#: A connection or an answer that takes longer counts as a failed attempt (retried within
+#: kafkaConsumer.pollTimeoutMs)
+SOCKET_TIMEOUT_S = 30.0
+#: Client settings that take the connection beyond a plain socket: librdkafka reads then
+_SECURE_PREFIXES = ("sasl.", "ssl.")
+_PLAIN_PROTOCOLS = ("plaintext", "")
+
+
+def eligible(options: SourceOptions) -> str | None:
+    """None when read tasks can fetch natively for this query; otherwise why not."""
+    if options.fetch_client is FetchClient.LIBRDKAFKA:
+        return "option kafkaConsumer.fetch=librdkafka"
+    protocol = str(options.kafka_config.get("security.protocol", "")).strip().lower()
+    if protocol not in _PLAIN_PROTOCOLS or any(
+            k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
+        return f"security.protocol {protocol or 'with sasl/ssl settings'}"
+    if options.include_headers or options.event_time_header or options.punctuation_header:
+        return "the query reads record headers"
+    try:
+        from flinkish_source import kafka_fetch  # noqa: F401  (needs the compiled decoder)
+    except ImportError as exc:
+        return f"the record batch decoder is not built ({exc})"
+    return None
+
+
+@dataclass
+class _Range:
+    topic: str
+    partition: int
+    start: int
+    end: int
+    decoder: Any  # kafka_fetch.PartitionDecoder
+    chunks: deque[Any] = field(default_factory=deque)  # decoded, not yet served
+    buffered: int = 0
+    opened: bool = False
+    fallback: str | None = None  # why the rest is read with librdkafka
+
+    @property
+    def key(self) -> tuple[str, int]:
+        return (self.topic, self.partition)
+
+
+class FetchRangeReader:
+    """Reads announced offset ranges with Fetch requests; see the module docstring."""
+
+    def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
+                 pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
+        from flinkish_source.kafka_fetch import PartitionDecoder
+
+        self._options = options
+        self._chunk = chunk
+        self._pool = pool or kafka_client.POOL
+        self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
+        self._ranges = [_Range(t, p, s, e, PartitionDecoder(s, e, chunk))
+                        for t, p, s, e in ranges if e > s]
+        self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
+        self._read_committed = (
+            str(options.kafka_config.get("isolation.level", "read_committed")).strip().lower()
+            != "read_uncommitted")
+        self._config: dict[str, Any] | None = None
+        self._consumer: Any = None
+        self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
+        self._connections: dict[tuple[str, int], Any] = {}
+
+    def __enter__(self) -> FetchRangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
+
+    def close(self, failed: bool = False) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            assert self._config is not None
+            self._pool.release(self._config, consumer, clean=not failed)
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            self._config = kafka_client.read_consumer_config(self._options)
+            self._consumer = self._pool.acquire(self._config)
+        return self._consumer
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
+        """Records of one announced range, ``start <= offset < end``, in chunks
+        (:class:`~flinkish_source.kafka_fetch.RecordChunk`)."""
+        r = self._by_key.get((topic, partition, start, end))
+        if r is None:
+            if end > start:
+                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
+            return
+        if r.opened:
+            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
+        r.opened = True
+        wait: BrokerWait | None = None
+        while True:
+            while r.chunks:
+                chunk = r.chunks.popleft()
+                r.buffered -= len(chunk)
+                wait = None
+                yield chunk
+            if r.decoder.done:
+                return
+            if r.fallback is not None:
+                yield from self._read_with_librdkafka(r)
+                return
+            position = r.decoder.position
+            if wait is None:
+                wait = BrokerWait(self._options, f"could not fetch {topic}/{partition} "
+                                  f"offsets {position}..{end - 1}")
+                next_warning = time.monotonic() + wait.step
+            why = self._fetch(r)
+            if r.chunks or r.decoder.position != position or r.fallback is not None:
+                continue
+            if time.monotonic() >= next_warning or wait.remaining() <= 0:
+                wait.unanswered(why or f"no records between offsets {position} and {end} yet")
+                next_warning = time.monotonic() + wait.step
+            time.sleep(min(0.05, wait.remaining()))
+
+    def _read_with_librdkafka(self, r: _Range) -> Iterator[Any]:
+        logger.info("%s/%d: reading offsets %d..%d with librdkafka (%s)", r.topic, r.partition,
+                    r.decoder.position, r.end - 1, r.fallback)
+        rest = (r.topic, r.partition, r.decoder.position, r.end)
+        with kafka_client.RangeReader(self._options, [rest], self._chunk, self._pool) as own:
+            yield from own.read(*rest)
+
+    def _companions(self, r: _Range, leader: tuple[str, int]) -> list[_Range]:
+        """``r`` and the next announced ranges to fetch with it: unfinished, on the same
+        leader, one per partition, while their buffers stay under the look-ahead."""
+        wanted, taken = [r], {r.key}
+        ahead = r.buffered
+        for other in self._ranges:
+            if ahead >= self._lookahead:
+                break
+            if other is r or other.key in taken or (other.opened and other is not r):
+                taken.add(other.key)
+                continue
+            taken.add(other.key)
+            if other.decoder.done or other.fallback is not None:
+                continue
+            if self._leaders.get(other.key) != leader:
+                continue
+            wanted.append(other)
+            ahead += other.buffered + min(other.end - other.decoder.position, self._chunk)
+        return wanted
+
+    def _fetch(self, r: _Range) -> str | None:
+        """One Fetch for ``r`` (and its companions); what comes back is decoded and buffered.
+        Returns why ``r`` got no answer (a failed connection, a leader that moved), if so:
+        the caller tries again within its bounded wait."""
+        from flinkish_source.kafka_fetch import (
+            OFFSET_OUT_OF_RANGE,
+            BrokerError,
+            FetchWant,
+            UnsupportedBatch,
+        )
+
+        leader = self._leader(r)
+        if leader is None:
+            return f"{r.topic}/{r.partition} has no leader"
+        ranges = self._companions(r, leader)
+        wants = [FetchWant(x.topic, x.partition, x.decoder.position, PARTITION_MAX_BYTES)
+                 for x in ranges]
+        try:
+            answers = self._connection(leader).fetch(
+                wants, MAX_WAIT_MS, REQUEST_MAX_BYTES, self._read_committed)
+        except OSError as exc:
+            self._drop_connections()
+            return scrub(f"broker {leader[0]}:{leader[1]}: {type(exc).__name__}: {exc}",
+                         self._options.kafka_secrets)
+        why = None
+        by_key = {x.key: x for x in ranges}
+        for fetched in answers:
+            owner = by_key.get((fetched.topic, fetched.partition))
+            if owner is None:
+                continue
+            if fetched.error == OFFSET_OUT_OF_RANGE:
+                self._lost(owner)
+                continue
+            if fetched.error:
+                error = BrokerError(fetched.topic, fetched.partition, fetched.error)
+                if not error.retriable:
+                    raise KafkaUnavailableError(f"{error}; " + kafka_client._error_hint(
+                        self._options))
+                self._leaders.clear()  # ask the cluster again where the partition lives
+                if owner is r:
+                    why = str(error)
+                continue
+            before = owner.decoder.position
+            try:
+                for columns in owner.decoder.decode(fetched):
+                    self._keep(owner, columns)
+            except UnsupportedBatch as exc:
+                owner.fallback = str(exc)
+                continue
+            if owner.decoder.position == before and not owner.chunks:
+                self._at_end_of_log(owner, fetched)
+        return why
+
+    def _keep(self, r: _Range, columns: Any) -> None:
+        from flinkish_source.kafka_fetch import RecordChunk
+
+        r.chunks.append(RecordChunk(r.topic, r.partition, columns))
+        r.buffered += len(columns)
+
+    def _at_end_of_log(self, r: _Range, fetched: Any) -> None:
+        """Nothing came back from ``position``: past the partition's end, records planned for
+        the batch are gone (the partition now ends there); below it (a transaction still
+        open under read_committed), the caller waits."""
+        position = r.decoder.position
+        if fetched.high_watermark <= position < r.end:
+            kafka_client._lost(self._options, r.topic, r.partition, position, r.end,
+                               "the partition now ends there")
+            r.decoder.position = r.end
+
+    def _lost(self, r: _Range) -> None:
+        """Offsets from ``position`` were deleted: fail, or skip to the earliest left."""
+        consumer = self._client()
+        from confluent_kafka import TopicPartition
+
+        tp = TopicPartition(r.topic, r.partition)
+        low, _ = BrokerWait(
+            self._options, f"could not read the offsets of {r.topic}/{r.partition}"
+        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
+        resume = kafka_client._lost(self._options, r.topic, r.partition, r.decoder.position,
+                                    min(int(low), r.end),
+                                    "deleted by retention or the topic was recreated")
+        r.decoder.position = min(resume, r.end)
+
+    def _leader(self, r: _Range) -> tuple[str, int] | None:
+        """The host and port of the partition's leader (the cluster's metadata, once per
+        reader, again after a broker said the leader moved); None: it has none now."""
+        if r.key not in self._leaders:
+            consumer = self._client()
+            wait = BrokerWait(self._options, f"could not find the leader of {r.topic}/"
+                              f"{r.partition} (metadata request)")
+            for topic in sorted({x.topic for x in self._ranges}):
+                metadata = wait.call(_metadata_of(consumer, topic))
+                brokers = metadata.brokers
+                described = metadata.topics.get(topic)
+                if described is None or described.error is not None:
+                    continue
+                for number, part in described.partitions.items():
+                    broker = brokers.get(part.leader)
+                    if broker is not None:
+                        self._leaders[(topic, number)] = (broker.host, broker.port)
+        return self._leaders.get(r.key)
+
+    def _connection(self, leader: tuple[str, int]) -> Any:
+        from flinkish_source.kafka_fetch import BrokerConnection
+
+        connection = self._connections.get(leader)
+        if connection is None:
+            timeout = min(SOCKET_TIMEOUT_S, self._options.poll_timeout_ms / 1000)
+            connection = self._connections[leader] = BrokerConnection(*leader, timeout)
+        return connection
+
+    def _drop_connections(self) -> None:
+        for connection in self._connections.values():
+            connection.close()
+        self._connections.clear()
+        self._leaders.clear()
+
+
+def _metadata_of(consumer: Any, topic: str) -> Callable[[float], Any]:
+    return lambda timeout: consumer.list_topics(topic, timeout=timeout)

@@ -1,0 +1,273 @@
+"""The native fetch path's decoding (flinkish_source.kafka_fetch and its C decoder) against
+record batches encoded here by Kafka's format (KIP-98, magic 2): plain and gzip batches, null
+keys and values, LogAppendTime, ranges that cut batches, a batch cut off by the fetch size,
+control batches and aborted transactions, codecs it leaves to librdkafka, malformed input,
+and the Fetch v4 request and response framing."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from dataclasses import dataclass
+
+import pytest
+
+from flinkish_source import _record_batch  # type: ignore[attr-defined]
+from flinkish_source.kafka_fetch import (
+    FetchWant,
+    PartitionDecoder,
+    PartitionFetch,
+    RecordChunk,
+    UnsupportedBatch,
+    decode_fetch,
+    encode_fetch,
+)
+
+BASE_TS = 1_700_000_000_000
+
+
+def varint(value: int) -> bytes:
+    zigzag = (value << 1) ^ (value >> 63)
+    out = bytearray()
+    while True:
+        byte = zigzag & 0x7F
+        zigzag >>= 7
+        if zigzag:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _field(raw: bytes | None) -> bytes:
+    return varint(-1) if raw is None else varint(len(raw)) + raw
+
+
+@dataclass
+class Rec:
+    offset_delta: int
+    key: bytes | None
+    value: bytes | None
+    ts_delta: int = 0
+    headers: tuple[tuple[str, bytes], ...] = ()
+
+    def encode(self) -> bytes:
+        body = (b"\x00" + varint(self.ts_delta) + varint(self.offset_delta) + _field(self.key)
+                + _field(self.value) + varint(len(self.headers))
+                + b"".join(_field(k.encode()) + _field(v) for k, v in self.headers))
+        return varint(len(body)) + body
+
+
+def batch(base: int, records: list[Rec], *, codec: int = 0, log_append: bool = False,
+          transactional: bool = False, control: bool = False, producer: int = -1,
+          magic: int = 2, max_ts: int | None = None, last_delta: int | None = None) -> bytes:
+    payload = b"".join(r.encode() for r in records)
+    if codec == 1:
+        payload = gzip.compress(payload)
+    elif codec:
+        payload = b"\x00" * 8  # never decompressed
+    attributes = codec | (0x08 if log_append else 0) | (0x10 if transactional else 0) | (
+        0x20 if control else 0)
+    last = last_delta if last_delta is not None else max(r.offset_delta for r in records)
+    top = max_ts if max_ts is not None else BASE_TS + max(r.ts_delta for r in records)
+    after_length = struct.pack(">ibIhiqqqhii", 0, magic, 0, attributes, last, BASE_TS, top,
+                               producer, 0, 0, len(records)) + payload
+    return struct.pack(">qi", base, len(after_length)) + after_length
+
+
+def plain(base: int, n: int, *, first: int = 0) -> bytes:
+    return batch(base, [Rec(i, b"k%d" % (base + i), b"v%d" % (base + i), ts_delta=i)
+                        for i in range(first, n)])
+
+
+def control(base: int, producer: int, abort: bool) -> bytes:
+    key = struct.pack(">hh", 0, 0 if abort else 1)
+    return batch(base, [Rec(0, key, struct.pack(">hi", 0, 0))], control=True,
+                 transactional=True, producer=producer)
+
+
+def fetched(records: bytes, aborted: list[tuple[int, int]] | None = None) -> PartitionFetch:
+    return PartitionFetch("t", 0, 0, 10**9, 10**9, sorted(aborted or [], key=lambda a: a[1]),
+                          memoryview(records))
+
+
+def read(decoder: PartitionDecoder, *responses: PartitionFetch) -> list[tuple]:
+    rows = []
+    for response in responses:
+        for c in decoder.decode(response):
+            rows.extend(zip(c.offsets.to_pylist(), c.keys.to_pylist(), c.values.to_pylist(),
+                            c.timestamps.to_pylist(), c.timestamp_types.to_pylist(),
+                            strict=True))
+    return rows
+
+
+def offsets(rows: list[tuple]) -> list[int]:
+    return [r[0] for r in rows]
+
+
+def test_plain_batches_decode_to_every_field() -> None:
+    decoder = PartitionDecoder(0, 100, 1000)
+    rows = read(decoder, fetched(plain(0, 3) + plain(3, 2)))
+    assert rows == [(o, b"k%d" % o, b"v%d" % o, BASE_TS + o - b, 0)
+                    for b, n in ((0, 3), (3, 2)) for o in range(b, b + n)]
+    assert decoder.position == 5 and not decoder.done
+
+
+def test_null_keys_and_values_and_empty_ones_differ() -> None:
+    records = [Rec(0, None, b"v"), Rec(1, b"", None), Rec(2, b"k", b"")]
+    [c] = PartitionDecoder(7, 10, 10).decode(fetched(batch(7, records)))
+    assert c.keys.to_pylist() == [None, b"", b"k"] and c.keys.null_count == 1
+    assert c.values.to_pylist() == [b"v", None, b""] and c.values.null_count == 1
+    assert c.offsets.to_pylist() == [7, 8, 9]
+
+
+def test_log_append_time_is_the_batch_max_timestamp() -> None:
+    records = [Rec(0, b"a", b"1", ts_delta=5), Rec(1, b"b", b"2", ts_delta=9)]
+    rows = read(PartitionDecoder(0, 2, 10),
+                fetched(batch(0, records, log_append=True, max_ts=BASE_TS + 99)))
+    assert [(r[3], r[4]) for r in rows] == [(BASE_TS + 99, 1), (BASE_TS + 99, 1)]
+
+
+def test_the_range_cuts_batches_at_start_and_end() -> None:
+    decoder = PartitionDecoder(2, 7, 100)
+    rows = read(decoder, fetched(plain(0, 5) + plain(5, 5)))
+    assert offsets(rows) == [2, 3, 4, 5, 6]
+    assert decoder.done and decoder.position == 7
+
+
+def test_chunks_end_at_batch_boundaries_after_the_chunk_size() -> None:
+    decoder = PartitionDecoder(0, 100, 4)
+    chunks = list(decoder.decode(fetched(plain(0, 3) + plain(3, 3) + plain(6, 3))))
+    assert [len(c) for c in chunks] == [6, 3]  # stops at the first boundary past 4 records
+
+
+def test_a_batch_cut_by_the_fetch_size_waits_for_the_next_fetch() -> None:
+    whole = plain(0, 3) + plain(3, 3)
+    decoder = PartitionDecoder(0, 6, 100)
+    assert offsets(read(decoder, fetched(whole[:-5]))) == [0, 1, 2]
+    assert decoder.position == 3
+    assert offsets(read(decoder, fetched(plain(3, 3)))) == [3, 4, 5]
+    assert decoder.done
+
+
+def test_a_fetch_that_starts_inside_a_batch_skips_what_was_read() -> None:
+    decoder = PartitionDecoder(0, 10, 100)
+    decoder.position = 4  # the broker returns the whole batch holding offset 4
+    assert offsets(read(decoder, fetched(plain(0, 6)))) == [4, 5]
+
+
+def test_gzip_batches_are_decompressed() -> None:
+    records = [Rec(i, b"k%d" % i, b"v" * 50, ts_delta=i) for i in range(20)]
+    rows = read(PartitionDecoder(0, 20, 100), fetched(batch(0, records, codec=1)))
+    assert offsets(rows) == list(range(20)) and rows[-1][2] == b"v" * 50
+
+
+@pytest.mark.parametrize("codec,name", [(2, "snappy"), (3, "lz4"), (4, "zstd")])
+def test_other_codecs_are_left_to_librdkafka_after_what_came_before(codec: int,
+                                                                    name: str) -> None:
+    decoder = PartitionDecoder(0, 10, 100)
+    chunks = decoder.decode(fetched(plain(0, 2) + batch(2, [Rec(0, b"k", b"v")], codec=codec)))
+    assert offsets(read_chunk(next(chunks))) == [0, 1]
+    with pytest.raises(UnsupportedBatch, match=f"{name}-compressed record batch at offset 2"):
+        next(chunks)
+    assert decoder.position == 2  # librdkafka goes on from there
+
+
+def read_chunk(c: object) -> list[tuple]:
+    from flinkish_source.kafka_fetch import Columns
+
+    assert isinstance(c, Columns)
+    return list(zip(c.offsets.to_pylist(), c.keys.to_pylist(), strict=True))
+
+
+def test_an_old_message_format_is_left_to_librdkafka() -> None:
+    decoder = PartitionDecoder(0, 10, 100)
+    with pytest.raises(UnsupportedBatch, match="magic 1"):
+        list(decoder.decode(fetched(batch(0, [Rec(0, b"k", b"v")], magic=1))))
+
+
+def test_control_batches_are_skipped_and_count_as_read() -> None:
+    decoder = PartitionDecoder(0, 4, 100)
+    txn = batch(0, [Rec(0, b"a", b"1"), Rec(1, b"b", b"2")], transactional=True, producer=7)
+    rows = read(decoder, fetched(txn + control(2, 7, abort=False) + plain(3, 1)))
+    assert offsets(rows) == [0, 1, 3] and decoder.done
+
+
+def test_a_range_ending_on_a_transaction_marker_is_done() -> None:
+    decoder = PartitionDecoder(0, 3, 100)
+    txn = batch(0, [Rec(0, b"a", b"1"), Rec(1, b"b", b"2")], transactional=True, producer=7)
+    assert offsets(read(decoder, fetched(txn + control(2, 7, abort=False)))) == [0, 1]
+    assert decoder.done and decoder.position == 3
+
+
+def test_aborted_transactions_are_dropped_up_to_their_abort_marker() -> None:
+    """Producer 7 aborts offsets 0-1 and commits 5-6 later; producer 8 commits 3 in between;
+    producer 9 is not transactional."""
+    records = (
+        batch(0, [Rec(0, b"a", b"x"), Rec(1, b"b", b"x")], transactional=True, producer=7)
+        + control(2, 7, abort=True)
+        + batch(3, [Rec(0, b"c", b"x")], transactional=True, producer=8)
+        + plain(4, 1)
+        + batch(5, [Rec(0, b"d", b"x"), Rec(1, b"e", b"x")], transactional=True, producer=7)
+        + control(7, 7, abort=False)
+        + control(8, 8, abort=False)
+    )
+    decoder = PartitionDecoder(0, 9, 100)
+    rows = read(decoder, fetched(records, aborted=[(7, 0)]))
+    assert offsets(rows) == [3, 4, 5, 6]
+    assert decoder.done
+
+
+def test_an_aborted_transaction_spanning_two_fetches_stays_aborted() -> None:
+    first = batch(0, [Rec(0, b"a", b"x")], transactional=True, producer=7)
+    second = (batch(1, [Rec(0, b"b", b"x")], transactional=True, producer=7)
+              + control(2, 7, abort=True) + plain(3, 1))
+    decoder = PartitionDecoder(0, 4, 100)
+    rows = read(decoder, fetched(first, aborted=[(7, 0)]), fetched(second, aborted=[(7, 0)]))
+    assert offsets(rows) == [3]
+
+
+def test_a_record_overrunning_its_batch_is_an_error_naming_the_batch() -> None:
+    good = plain(40, 2)
+    bad = bytearray(good)
+    bad[61] = 0x7E  # the first record's length: far past the batch's end
+    with pytest.raises(ValueError, match="malformed Kafka record batch at base offset 40"):
+        list(PartitionDecoder(0, 100, 100).decode(fetched(bytes(bad))))
+
+
+def test_the_decoder_rejects_an_unknown_mode() -> None:
+    with pytest.raises(ValueError, match="mode"):
+        _record_batch.decode(b"", 0, 0, 1, 10, 7)
+
+
+def test_record_views_answer_like_librdkafka_messages() -> None:
+    [c] = PartitionDecoder(0, 2, 10).decode(fetched(plain(0, 2)))
+    chunk = RecordChunk("t", 3, c)
+    assert len(chunk) == 2
+    assert chunk[0].offset() == 0 and chunk[-1].offset() == 1
+    views = list(chunk)
+    assert [(v.topic(), v.partition(), v.offset(), v.key(), v.value(), v.timestamp(),
+             v.headers(), v.error()) for v in views] == [
+        ("t", 3, o, b"k%d" % o, b"v%d" % o, (1, BASE_TS + o), None, None) for o in (0, 1)]
+    assert [v.offset() for v in chunk[1:]] == [1]
+
+
+def test_fetch_request_and_response_framing() -> None:
+    request = encode_fetch(5, [FetchWant("t", 0, 42, 1024), FetchWant("t", 1, 7, 1024),
+                               FetchWant("u", 0, 0, 2048)], 100, 1 << 20, True)
+    size, api, version, correlation = struct.unpack_from(">ihhi", request)
+    assert (size, api, version, correlation) == (len(request) - 4, 1, 4, 5)
+    assert request.count(b"\x00\x01t") == 1 and request.count(b"\x00\x01u") == 1
+
+    records = plain(0, 2)
+    body = (struct.pack(">i", 0) + struct.pack(">i", 1) + struct.pack(">h", 1) + b"t"
+            + struct.pack(">i", 2)
+            + struct.pack(">ihqqi", 0, 0, 10, 8, 1) + struct.pack(">qq", 9, 3)
+            + struct.pack(">i", len(records)) + records
+            + struct.pack(">ihqqi", 1, 1, -1, -1, -1) + struct.pack(">i", -1))
+    first, second = decode_fetch(memoryview(body))
+    assert (first.topic, first.partition, first.error, first.high_watermark,
+            first.last_stable_offset, first.aborted) == ("t", 0, 0, 10, 8, [(9, 3)])
+    assert bytes(first.records) == records
+    assert (second.partition, second.error, second.aborted, bytes(second.records)) == (
+        1, 1, [], b"")
