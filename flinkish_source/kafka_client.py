@@ -1,4 +1,6 @@
-"""The only module that talks to Kafka (confluent-kafka); everything above it is pure.
+"""Kafka through confluent-kafka: metadata, offsets and range reads; everything above it is
+pure. (Read tasks fetch records with :mod:`flinkish_source.fetch_reader` where a query allows
+it; :func:`range_reader` decides.)
 
 Two quirks shape it. librdkafka needs a ``group.id`` even for manually assigned consumers, so
 each consumer gets a throwaway one and never commits. And "latest offset" is taken from the high
