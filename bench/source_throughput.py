@@ -37,6 +37,10 @@ What is measured, and why:
   query runs (``maxReadTasks``' default, at most one per partition). It reads no Kafka and
   computes nothing, so the gap to it is what flinkish adds to Spark's own cost of taking rows
   from Python. ``ratio_vs_bare = flinkish_rps / bare_source_rps``; the target is 0.85.
+* ``flinkish_rps`` reads with the default ``kafkaConsumer.fetch=native`` (Fetch requests
+  decoded into Arrow); ``flinkish_librdkafka_rps`` is the same query with
+  ``kafkaConsumer.fetch=librdkafka`` (one confluent-kafka ``Message`` per record), measured in
+  the same run, and ``native_vs_librdkafka`` their ratio.
 * ``kafka_floor_rps`` is the ceiling of any Kafka source written on PySpark's Python data source
   API with confluent-kafka: ``records / seconds`` of one ``Trigger.AvailableNow`` query of
   ``KafkaFloorSource`` below, whose read tasks (as many as flinkish's, each given every
@@ -354,9 +358,11 @@ def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Pa
 
 
 def run_flinkish(
-    spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float
+    spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float,
+    fetch: str = "native",
 ) -> tuple[float, int]:
-    """One AvailableNow query into the noop sink; (seconds, rows the source produced)."""
+    """One AvailableNow query into the noop sink, read tasks fetching with ``fetch``
+    (``kafkaConsumer.fetch``); (seconds, rows the source produced)."""
     run = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     df = (
         spark.readStream.format("flinkish")
@@ -366,6 +372,7 @@ def run_flinkish(
         .option("includeMarkers", "true")
         .option("watermark.maxOutOfOrderness", MAX_OUT_OF_ORDERNESS)
         .option("checkpointing.location", str(run / "state"))
+        .option("kafkaConsumer.fetch", fetch)
         .load()
     )
     writer = (
@@ -427,6 +434,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare_runs: list[float] = []
     bare_seconds_runs: list[float] = []
     floor_runs: list[float] = []
+    librdkafka_runs: list[float] = []
     peak_mb = 0.0
     rows = 0
     with bench_environment("flinkish-bench-") as env:
@@ -440,6 +448,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({args.warmup_records:,} records on {warmup_topic}, not timed)")
         seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
         log(f"warm-up query took {seconds:.1f} s")
+        seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout,
+                                  "librdkafka")
+        log(f"warm-up query with kafkaConsumer.fetch=librdkafka took {seconds:.1f} s")
         from flinkish_source.read_plan import default_read_tasks
 
         tasks = min(args.partitions, default_read_tasks())
@@ -490,9 +501,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"run {run}/{args.repeat}: Kafka floor source "
                 f"{args.records / floor_seconds:,.0f} rows/s ({floor_seconds:.2f} s); flinkish / "
                 f"floor {floor_seconds / seconds:.2f}; CPU seconds: {floor_cpu.seconds}")
+            with CpuMeter() as librdkafka_cpu:
+                librdkafka_seconds, _ = run_flinkish(spark, bootstrap, topic, workdir,
+                                                     args.timeout, "librdkafka")
+            librdkafka_runs.append(args.records / librdkafka_seconds)
+            log(f"run {run}/{args.repeat}: flinkish with kafkaConsumer.fetch=librdkafka "
+                f"{args.records / librdkafka_seconds:,.0f} rows/s ({librdkafka_seconds:.2f} s); "
+                f"CPU seconds: {librdkafka_cpu.seconds}")
 
     raw, tuned, flinkish = median(raw_runs), median(tuned_runs), median(flinkish_runs)
     bare, floor = median(bare_runs), median(floor_runs)
+    librdkafka = median(librdkafka_runs)
     middle = sorted(range(len(flinkish_runs)), key=flinkish_runs.__getitem__)[
         (len(flinkish_runs) - 1) // 2
     ]
@@ -508,6 +527,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bare_source_rps": round(bare),
             "ratio_vs_bare": round(flinkish / bare, 3),
             "target_ratio_vs_bare": TARGET_RATIO_VS_BARE,
+            "flinkish_librdkafka_rps": round(librdkafka),
+            "native_vs_librdkafka": round(flinkish / librdkafka, 3),
             "kafka_floor_rps": round(floor),
             "ratio_vs_kafka_floor": round(flinkish / floor, 3),
             "floor_vs_bare": round(floor / bare, 3),
@@ -528,6 +549,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "flinkish_rps_runs": [round(r) for r in flinkish_runs],
             "bare_source_rps_runs": [round(r) for r in bare_runs],
             "kafka_floor_rps_runs": [round(r) for r in floor_runs],
+            "flinkish_librdkafka_rps_runs": [round(r) for r in librdkafka_runs],
             "excluded_from_flinkish_rps": (
                 "SparkSession start-up and JVM/Python-worker start-up (a "
                 f"{args.warmup_records}-record warm-up query on another topic ran first)"
