@@ -53,10 +53,11 @@ def eligible(options: SourceOptions) -> str | None:
     """None when read tasks can fetch natively for this query; otherwise why not."""
     if options.fetch_client is FetchClient.LIBRDKAFKA:
         return "option kafkaConsumer.fetch=librdkafka"
-    protocol = str(options.kafka_config.get("security.protocol", "")).strip().lower()
-    if protocol not in _PLAIN_PROTOCOLS or any(
-            k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
-        return f"security.protocol {protocol or 'with sasl/ssl settings'}"
+    protocol = str(options.kafka_config.get("security.protocol", "")).strip()
+    if protocol.lower() not in _PLAIN_PROTOCOLS:
+        return f"kafka.security.protocol={protocol} (only plaintext connections are native)"
+    if any(k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
+        return "kafka.sasl.*/kafka.ssl.* settings (only plaintext connections are native)"
     if options.include_headers or options.event_time_header or options.punctuation_header:
         return "the query reads record headers"
     try:

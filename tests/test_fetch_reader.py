@@ -1,0 +1,292 @@
+"""FetchRangeReader's contract where a real broker cannot be made to misbehave on demand: a
+broker on a loopback socket answering Fetch v4 as the test says (records encoded by Kafka's
+format in record_batches.py), and a stand-in for the librdkafka consumer that serves metadata
+and earliest offsets. Lost offsets fail or are skipped per failOnDataLoss, a leader that moved
+is looked up again, a dropped connection is made again, a partition that now ends before the
+planned end is lost data, an unreachable leader fails after the bound naming the option, and
+several ranges on one leader share a request."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from record_batches import plain
+
+import flinkish_source.kafka_client as kafka_client
+from flinkish_source.fetch_reader import FetchRangeReader, eligible
+from flinkish_source.kafka_client import ConsumerPool, DataLossError, KafkaUnavailableError
+from flinkish_source.options import parse_options
+
+#: what the broker answers for one partition: (error code, high watermark, records)
+Answer = tuple[int, int, bytes]
+
+
+class FakeBroker:
+    """Answers Fetch v4 requests on 127.0.0.1 with ``answer(topic, partition, offset)``;
+    ``drop`` closes the connection instead of answering the request with that number."""
+
+    def __init__(self, answer: Callable[[str, int, int], Answer]) -> None:
+        self.answer = answer
+        self.requests: list[list[tuple[str, int, int]]] = []
+        self.drop: set[int] = set()
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self._stopped = False
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def close(self) -> None:
+        self._stopped = True
+        self._server.close()
+
+    def _serve(self) -> None:
+        while not self._stopped:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._session, args=(conn,), daemon=True).start()
+
+    def _session(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                head = _recv(conn, 4)
+                if head is None:
+                    return
+                body = _recv(conn, struct.unpack(">i", head)[0])
+                assert body is not None
+                api, version, correlation, client = struct.unpack_from(">hhih", body)
+                assert (api, version) == (1, 4)
+                wants = _decode_request(body, 10 + client)
+                self.requests.append(wants)
+                if len(self.requests) in self.drop:
+                    return
+                conn.sendall(_response(correlation, wants, self.answer))
+
+
+def _recv(conn: socket.socket, n: int) -> bytes | None:
+    data = b""
+    while len(data) < n:
+        chunk = conn.recv(n - len(data))
+        if not chunk:
+            return None
+        data += chunk
+    return data
+
+
+def _decode_request(body: bytes, pos: int) -> list[tuple[str, int, int]]:
+    pos += 4 + 4 + 4 + 4 + 1  # replica, max wait, min bytes, max bytes, isolation
+    wants = []
+    (topics,) = struct.unpack_from(">i", body, pos)
+    pos += 4
+    for _ in range(topics):
+        (length,) = struct.unpack_from(">h", body, pos)
+        topic = body[pos + 2:pos + 2 + length].decode()
+        pos += 2 + length
+        (parts,) = struct.unpack_from(">i", body, pos)
+        pos += 4
+        for _ in range(parts):
+            partition, offset, _max = struct.unpack_from(">iqi", body, pos)
+            pos += 16
+            wants.append((topic, partition, offset))
+    return wants
+
+
+def _response(correlation: int, wants: list[tuple[str, int, int]],
+              answer: Callable[[str, int, int], Answer]) -> bytes:
+    by_topic: dict[str, list[tuple[int, int]]] = {}
+    for topic, partition, offset in wants:
+        by_topic.setdefault(topic, []).append((partition, offset))
+    out = [struct.pack(">ii", correlation, 0), struct.pack(">i", len(by_topic))]
+    for topic, parts in by_topic.items():
+        out.append(struct.pack(">h", len(topic)) + topic.encode() + struct.pack(">i", len(parts)))
+        for partition, offset in parts:
+            error, high, records = answer(topic, partition, offset)
+            out.append(struct.pack(">ihqqi", partition, error, high, high, -1))
+            out.append(struct.pack(">i", len(records)) + records)
+    body = b"".join(out)
+    return struct.pack(">i", len(body)) + body
+
+
+@dataclass
+class Node:
+    host: str
+    port: int
+
+
+@dataclass
+class Part:
+    leader: int
+
+
+@dataclass
+class Topic:
+    partitions: dict[int, Part]
+    error: Any = None
+
+
+@dataclass
+class Cluster:
+    brokers: dict[int, Node]
+    topics: dict[str, Topic]
+
+
+@dataclass
+class MetadataConsumer:
+    """What FetchRangeReader asks librdkafka: where partitions live, earliest offsets."""
+
+    leader: Callable[[], Node]
+    earliest: int = 0
+    lookups: int = 0
+    closed: bool = False
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def list_topics(self, topic: str, timeout: float) -> Cluster:
+        self.lookups += 1
+        return Cluster({1: self.leader()}, {topic: Topic({p: Part(1) for p in range(4)})})
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        return self.earliest, 10**6
+
+    def unassign(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self.closed = True
+
+
+def options(**extra: str) -> Any:
+    return parse_options({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
+                          "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "1500",
+                          **extra})
+
+
+@pytest.fixture
+def broker() -> Iterator[FakeBroker]:
+    made = FakeBroker(lambda t, p, o: (0, 100, plain(o, min(10, 100 - o))))
+    yield made
+    made.close()
+
+
+@pytest.fixture
+def consumer(broker: FakeBroker, monkeypatch: pytest.MonkeyPatch) -> MetadataConsumer:
+    made = MetadataConsumer(lambda: Node("127.0.0.1", broker.port))
+    pool = ConsumerPool(factory=lambda config: made, evict_interval=0)
+    monkeypatch.setattr(kafka_client, "POOL", pool)
+    return made
+
+
+def read(reader: FetchRangeReader, topic: str, partition: int, start: int, end: int
+         ) -> list[int]:
+    return [m.offset() for chunk in reader.read(topic, partition, start, end) for m in chunk]
+
+
+def test_ranges_on_one_leader_share_requests(broker: FakeBroker,
+                                             consumer: MetadataConsumer) -> None:
+    ranges = [("t", p, 5, 25) for p in range(4)]
+    with FetchRangeReader(options(), ranges, 100) as reader:
+        got = [read(reader, *r) for r in ranges]
+    assert got == [list(range(5, 25))] * 4
+    assert len(broker.requests[0]) == 4  # the first request asked for every range
+    assert len(broker.requests) <= 4
+    assert consumer.lookups == 1
+
+
+def test_lost_offsets_fail_or_skip_to_the_earliest(broker: FakeBroker,
+                                                   consumer: MetadataConsumer) -> None:
+    broker.answer = lambda t, p, o: ((1, 100, b"") if o < 40
+                                     else (0, 100, plain(o, min(10, 100 - o))))
+    consumer.earliest = 40
+    with pytest.raises(DataLossError, match=r"t/0: offsets 10..39 .* no longer in Kafka"), \
+            FetchRangeReader(options(), [("t", 0, 10, 50)], 100) as reader:
+        read(reader, "t", 0, 10, 50)
+    lenient = options(failOnDataLoss="false")
+    with FetchRangeReader(lenient, [("t", 0, 10, 50)], 100) as reader:
+        assert read(reader, "t", 0, 10, 50) == list(range(40, 50))
+
+
+def test_a_partition_that_now_ends_before_the_planned_end_is_lost_data(
+    broker: FakeBroker, consumer: MetadataConsumer
+) -> None:
+    broker.answer = lambda t, p, o: (0, 30, plain(o, 30 - o) if o < 30 else b"")
+    with pytest.raises(DataLossError, match="offsets 30..49 .*the partition now ends there"), \
+            FetchRangeReader(options(), [("t", 0, 0, 50)], 100) as reader:
+        read(reader, "t", 0, 0, 50)
+
+
+def test_a_leader_that_moved_is_looked_up_again(broker: FakeBroker,
+                                                consumer: MetadataConsumer) -> None:
+    calls = {"n": 0}
+
+    def answer(t: str, p: int, o: int) -> Answer:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return 6, -1, b""  # NOT_LEADER_OR_FOLLOWER
+        return 0, 100, plain(o, min(10, 100 - o))
+
+    broker.answer = answer
+    with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        assert read(reader, "t", 0, 0, 20) == list(range(20))
+    assert consumer.lookups == 2
+
+
+def test_a_dropped_connection_is_made_again(broker: FakeBroker,
+                                            consumer: MetadataConsumer) -> None:
+    broker.drop = {1}
+    with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        assert read(reader, "t", 0, 0, 20) == list(range(20))
+    assert len(broker.requests) >= 2
+
+
+def test_an_error_the_reader_cannot_wait_out_fails_at_once(broker: FakeBroker,
+                                                          consumer: MetadataConsumer) -> None:
+    broker.answer = lambda t, p, o: (29, -1, b"")  # TOPIC_AUTHORIZATION_FAILED
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailableError, match=r"t/0: .*Kafka error code 29"), \
+            FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        read(reader, "t", 0, 0, 20)
+    assert time.monotonic() - started < 1
+
+
+def test_an_unreachable_leader_fails_after_the_bound_naming_the_option(
+    consumer: MetadataConsumer, caplog: pytest.LogCaptureFixture
+) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        refused = probe.getsockname()[1]
+    consumer.leader = lambda: Node("127.0.0.1", refused)
+    caplog.set_level(logging.WARNING)
+    started = time.monotonic()
+    with pytest.raises(KafkaUnavailableError) as failure, \
+            FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        read(reader, "t", 0, 0, 20)
+    took = time.monotonic() - started
+    assert 1.4 <= took < 4
+    assert "kafkaConsumer.pollTimeoutMs=1500 bounds this wait" in str(failure.value)
+    assert f"127.0.0.1:{refused}" in str(failure.value)
+    assert any("still waiting" in r.getMessage() for r in caplog.records)
+
+
+def test_which_queries_the_native_path_reads_for() -> None:
+    assert eligible(options()) is None
+    assert eligible(options(**{"kafka.security.protocol": "PLAINTEXT"})) is None
+    assert "kafkaConsumer.fetch=librdkafka" in str(
+        eligible(options(**{"kafkaConsumer.fetch": "librdkafka"})))
+    assert "SASL_SSL" in str(eligible(options(**{"kafka.security.protocol": "SASL_SSL"})))
+    assert eligible(options(**{"kafka.ssl.ca.location": "/ca.pem"})) is not None
+    assert "headers" in str(eligible(options(includeHeaders="true")))
+    assert "headers" in str(eligible(options(**{"eventTime.header": "ts"})))
+
+
+def test_a_bad_fetch_option_names_the_choices() -> None:
+    from flinkish_core.errors import OptionError
+
+    with pytest.raises(OptionError, match="kafkaConsumer.fetch: 'fast' is not one of native"):
+        options(**{"kafkaConsumer.fetch": "fast"})
