@@ -29,6 +29,7 @@ from flinkish_source.kafka_client import (
     BrokerWait,
     ConsumerPool,
     KafkaUnavailableError,
+    PooledRangeReader,
     RangeKey,
 )
 from flinkish_source.options import FetchClient, SourceOptions
@@ -68,7 +69,7 @@ def eligible(options: SourceOptions) -> str | None:
 
 
 @dataclass
-class _Range:
+class _FetchRange:
     topic: str
     partition: int
     start: int
@@ -84,60 +85,36 @@ class _Range:
         return (self.topic, self.partition)
 
 
-class FetchRangeReader:
+class FetchRangeReader(PooledRangeReader):
     """Reads announced offset ranges with Fetch requests; see the module docstring."""
 
     def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
                  pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
         from flinkish_source.kafka_fetch import PartitionDecoder
 
-        self._options = options
-        self._chunk = chunk
-        self._pool = pool or kafka_client.POOL
-        self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
-        self._ranges = [_Range(t, p, s, e, PartitionDecoder(s, e, chunk))
+        super().__init__(options, chunk, pool, lookahead)
+        self._ranges = [_FetchRange(t, p, s, e, PartitionDecoder(s, e, chunk))
                         for t, p, s, e in ranges if e > s]
         self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
         self._read_committed = (
             str(options.kafka_config.get("isolation.level", "read_committed")).strip().lower()
             != "read_uncommitted")
-        self._config: dict[str, Any] | None = None
-        self._consumer: Any = None
         self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
         self._connections: dict[tuple[str, int], Any] = {}
 
-    def __enter__(self) -> FetchRangeReader:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
-
     def close(self, failed: bool = False) -> None:
+        """Close the sockets; the consumer goes back to the pool (closed if reading failed)."""
         for connection in self._connections.values():
             connection.close()
         self._connections.clear()
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            assert self._config is not None
-            self._pool.release(self._config, consumer, clean=not failed)
-
-    def _client(self) -> Any:
-        if self._consumer is None:
-            self._config = kafka_client.read_consumer_config(self._options)
-            self._consumer = self._pool.acquire(self._config)
-        return self._consumer
+        super().close(failed)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
         """Records of one announced range, ``start <= offset < end``, in chunks
         (:class:`~flinkish_source.kafka_fetch.RecordChunk`)."""
-        r = self._by_key.get((topic, partition, start, end))
+        r = self._open(self._by_key, topic, partition, start, end)
         if r is None:
-            if end > start:
-                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
             return
-        if r.opened:
-            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
-        r.opened = True
         wait: BrokerWait | None = None
         while True:
             while r.chunks:
@@ -163,14 +140,14 @@ class FetchRangeReader:
                 next_warning = time.monotonic() + wait.step
             time.sleep(min(0.05, wait.remaining()))
 
-    def _read_with_librdkafka(self, r: _Range) -> Iterator[Any]:
+    def _read_with_librdkafka(self, r: _FetchRange) -> Iterator[Any]:
         logger.info("%s/%d: reading offsets %d..%d with librdkafka (%s)", r.topic, r.partition,
                     r.decoder.position, r.end - 1, r.fallback)
         rest = (r.topic, r.partition, r.decoder.position, r.end)
         with kafka_client.RangeReader(self._options, [rest], self._chunk, self._pool) as own:
             yield from own.read(*rest)
 
-    def _companions(self, r: _Range, leader: tuple[str, int]) -> list[_Range]:
+    def _companions(self, r: _FetchRange, leader: tuple[str, int]) -> list[_FetchRange]:
         """``r`` and the next announced ranges to fetch with it: unfinished, on the same
         leader, one per partition, while their buffers stay under the look-ahead."""
         wanted, taken = [r], {r.key}
@@ -190,7 +167,7 @@ class FetchRangeReader:
             ahead += other.buffered + min(other.end - other.decoder.position, self._chunk)
         return wanted
 
-    def _fetch(self, r: _Range) -> str | None:
+    def _fetch(self, r: _FetchRange) -> str | None:
         """One Fetch for ``r`` (and its companions); what comes back is decoded and buffered.
         Returns why ``r`` got no answer (a failed connection, a leader that moved), if so:
         the caller tries again within its bounded wait."""
@@ -243,13 +220,13 @@ class FetchRangeReader:
                 self._at_end_of_log(owner, fetched)
         return why
 
-    def _keep(self, r: _Range, columns: Any) -> None:
+    def _keep(self, r: _FetchRange, columns: Any) -> None:
         from flinkish_source.kafka_fetch import RecordChunk
 
         r.chunks.append(RecordChunk(r.topic, r.partition, columns))
         r.buffered += len(columns)
 
-    def _at_end_of_log(self, r: _Range, fetched: Any) -> None:
+    def _at_end_of_log(self, r: _FetchRange, fetched: Any) -> None:
         """Nothing came back from ``position``: past the partition's end, records planned for
         the batch are gone (the partition now ends there); below it (a transaction still
         open under read_committed), the caller waits."""
@@ -259,7 +236,7 @@ class FetchRangeReader:
                                "the partition now ends there")
             r.decoder.position = r.end
 
-    def _lost(self, r: _Range) -> None:
+    def _lost(self, r: _FetchRange) -> None:
         """Offsets from ``position`` were deleted: fail, or skip to the earliest left."""
         consumer = self._client()
         from confluent_kafka import TopicPartition
@@ -273,7 +250,7 @@ class FetchRangeReader:
                                     "deleted by retention or the topic was recreated")
         r.decoder.position = min(resume, r.end)
 
-    def _leader(self, r: _Range) -> tuple[str, int] | None:
+    def _leader(self, r: _FetchRange) -> tuple[str, int] | None:
         """The host and port of the partition's leader (the cluster's metadata, once per
         reader, again after a broker said the leader moved); None: it has none now."""
         if r.key not in self._leaders:

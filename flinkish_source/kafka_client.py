@@ -29,9 +29,9 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from confluent_kafka import (
     OFFSET_END,
@@ -50,6 +50,12 @@ from flinkish_source.options import SourceOptions
 TopicPartitionKey = tuple[str, int]
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
+_R = TypeVar("_R", bound="PooledRangeReader")
+_Opened = TypeVar("_Opened", bound="_Readable")
+
+
+class _Readable(Protocol):
+    opened: bool
 
 #: The option that bounds every wait for the brokers (see :class:`BrokerWait`).
 WAIT_OPTION = "kafkaConsumer.pollTimeoutMs"
@@ -539,33 +545,20 @@ class _Range:
         return TopicPartition(self.topic, self.partition)
 
 
-class RangeReader:
-    """Reads offset ranges of several partitions with one pooled consumer.
+class PooledRangeReader:
+    """What both range readers share: the task's announced ranges, each read once, and one
+    consumer borrowed from the pool (handed back on close, or closed if reading failed)."""
 
-    :meth:`read` serves one range; it may be called for the ranges in any order, but the
-    consumer fetches ahead in the announced order: while a range is read, the next ones are
-    assigned as long as the offsets still to serve before them stay within ``lookahead``, so
-    a task of many small ranges fetches them all in one round trip, and a large range does not
-    pile up in memory. A finished range's partition is unassigned at once, so nothing is
-    fetched past its end. Ranges of one partition are read one after the other.
-    """
-
-    def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
-                 pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
+    def __init__(self, options: SourceOptions, chunk: int, pool: ConsumerPool | None,
+                 lookahead: int | None) -> None:
         self._options = options
         self._chunk = chunk
         self._pool = pool or POOL
         self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
-        self._ranges = [_Range(t, p, s, e, s) for t, p, s, e in ranges if e > s]
-        self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
-        self._assigned: dict[tuple[str, int], _Range] = {}
-        self._cursor = 0  # ranges before it were assigned once (or are being read)
-        self._buffered = 0  # messages read and not yet served, all ranges
         self._config: dict[str, Any] | None = None
         self._consumer: Any = None
-        self._current: _Range | None = None
 
-    def __enter__(self) -> RangeReader:
+    def __enter__(self: _R) -> _R:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -583,6 +576,42 @@ class RangeReader:
             self._config = read_consumer_config(self._options)
             self._consumer = self._pool.acquire(self._config)
         return self._consumer
+
+    @staticmethod
+    def _open(by_key: Mapping[RangeKey, _Opened], topic: str, partition: int, start: int,
+              end: int) -> _Opened | None:
+        """The announced range about to be read (None: an empty one, nothing to read)."""
+        r = by_key.get((topic, partition, start, end))
+        if r is None:
+            if end > start:
+                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
+            return None
+        if r.opened:
+            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
+        r.opened = True
+        return r
+
+
+class RangeReader(PooledRangeReader):
+    """Reads offset ranges of several partitions with one pooled consumer.
+
+    :meth:`read` serves one range; it may be called for the ranges in any order, but the
+    consumer fetches ahead in the announced order: while a range is read, the next ones are
+    assigned as long as the offsets still to serve before them stay within ``lookahead``, so
+    a task of many small ranges fetches them all in one round trip, and a large range does not
+    pile up in memory. A finished range's partition is unassigned at once, so nothing is
+    fetched past its end. Ranges of one partition are read one after the other.
+    """
+
+    def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
+                 pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
+        super().__init__(options, chunk, pool, lookahead)
+        self._ranges = [_Range(t, p, s, e, s) for t, p, s, e in ranges if e > s]
+        self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
+        self._assigned: dict[tuple[str, int], _Range] = {}
+        self._cursor = 0  # ranges before it were assigned once (or are being read)
+        self._buffered = 0  # messages read and not yet served, all ranges
+        self._current: _Range | None = None
 
     def _assign(self, ranges: list[_Range]) -> None:
         """Assign ranges in one call (one call per range delays the later ones' first fetch)."""
@@ -631,14 +660,9 @@ class RangeReader:
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[list[Message]]:
         """Records of one announced range, ``start <= offset < end``, in chunks (see
         :func:`read_range` for how the end, lost offsets and silence are handled)."""
-        r = self._by_key.get((topic, partition, start, end))
+        r = self._open(self._by_key, topic, partition, start, end)
         if r is None:
-            if end > start:
-                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
             return
-        if r.opened:
-            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
-        r.opened = True
         options = self._options
         timeout = options.poll_timeout_ms / 1000
         step = _retry_step(timeout)
