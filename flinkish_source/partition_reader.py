@@ -297,6 +297,12 @@ class _PieceReader:
             if not with_event_times:
                 break
             assert generator is not None
+            decoded = getattr(msgs, "columns", None)  # native chunks: every timestamp is set
+            if self.extractor.from_kafka_timestamp and decoded is not None:
+                extremes = pc.min_max(decoded.timestamps)
+                self._saw(extremes["min"].as_py())
+                generator.on_max_event_time(extremes["max"].as_py())
+                continue
             if self.extractor.from_kafka_timestamp:
                 times = []
                 for m in msgs:
