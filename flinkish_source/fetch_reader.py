@@ -203,7 +203,7 @@ class FetchRangeReader(PooledRangeReader):
             if fetched.error:
                 error = BrokerError(fetched.topic, fetched.partition, fetched.error)
                 if not error.retriable:
-                    raise KafkaUnavailableError(f"{error}; " + kafka_client._error_hint(
+                    raise KafkaUnavailableError(f"{error}; " + kafka_client.error_hint(
                         self._options))
                 self._leaders.clear()  # ask the cluster again where the partition lives
                 if owner is r:
@@ -232,22 +232,16 @@ class FetchRangeReader(PooledRangeReader):
         open under read_committed), the caller waits."""
         position = r.decoder.position
         if fetched.high_watermark <= position < r.end:
-            kafka_client._lost(self._options, r.topic, r.partition, position, r.end,
+            kafka_client.lost_offsets(self._options, r.topic, r.partition, position, r.end,
                                "the partition now ends there")
             r.decoder.position = r.end
 
     def _lost(self, r: _FetchRange) -> None:
         """Offsets from ``position`` were deleted: fail, or skip to the earliest left."""
-        consumer = self._client()
-        from confluent_kafka import TopicPartition
-
-        tp = TopicPartition(r.topic, r.partition)
-        low, _ = BrokerWait(
-            self._options, f"could not read the offsets of {r.topic}/{r.partition}"
-        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
-        resume = kafka_client._lost(self._options, r.topic, r.partition, r.decoder.position,
-                                    min(int(low), r.end),
-                                    "deleted by retention or the topic was recreated")
+        low = self._earliest(r.topic, r.partition)
+        resume = kafka_client.lost_offsets(self._options, r.topic, r.partition,
+                                           r.decoder.position, min(low, r.end),
+                                           "deleted by retention or the topic was recreated")
         r.decoder.position = min(resume, r.end)
 
     def _leader(self, r: _FetchRange) -> tuple[str, int] | None:

@@ -88,7 +88,7 @@ def _servers(options: SourceOptions) -> str:
     return str(options.kafka_config.get("bootstrap.servers"))
 
 
-def _error_hint(options: SourceOptions) -> str:
+def error_hint(options: SourceOptions) -> str:
     """What to check, with the client settings in use (secrets masked)."""
     return (
         f"bootstrap servers {_servers(options)!r}; check "
@@ -148,7 +148,7 @@ class BrokerWait:
                 if code not in _UNANSWERED:
                     raise KafkaUnavailableError(
                         f"{self.what}: the brokers answered with an error: {reason}; "
-                        + _error_hint(self._options)
+                        + error_hint(self._options)
                     ) from exc
             # a call that failed fast must not spin: one attempt per slice
             time.sleep(max(0.0, min(self.step - (time.monotonic() - begun), self.remaining())))
@@ -165,7 +165,7 @@ class BrokerWait:
                 f"{self.what}: no answer from bootstrap servers {_servers(self._options)!r} "
                 f"within {self.bound:g} s (option {WAIT_OPTION}="
                 f"{self._options.poll_timeout_ms} bounds this wait; last error: {detail}); "
-                + _error_hint(self._options)
+                + error_hint(self._options)
             )
         logger.warning(
             "%s: still waiting for bootstrap servers %r after %.1f s, giving up in %.1f s "
@@ -577,6 +577,14 @@ class PooledRangeReader:
             self._consumer = self._pool.acquire(self._config)
         return self._consumer
 
+    def _earliest(self, topic: str, partition: int) -> int:
+        """The partition's earliest offset now (records before it were deleted)."""
+        consumer, tp = self._client(), TopicPartition(topic, partition)
+        low, _ = BrokerWait(
+            self._options, f"could not read the offsets of {topic}/{partition}"
+        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
+        return int(low)
+
     @staticmethod
     def _open(by_key: Mapping[RangeKey, _Opened], topic: str, partition: int, start: int,
               end: int) -> _Opened | None:
@@ -692,7 +700,7 @@ class RangeReader(PooledRangeReader):
                 raise KafkaUnavailableError(
                     f"{topic}/{partition}: no records between offsets {r.position} and "
                     f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
-                    + _error_hint(options)
+                    + error_hint(options)
                 )
             elif time.monotonic() >= next_warning:
                 logger.warning(
@@ -749,13 +757,6 @@ class RangeReader(PooledRangeReader):
             if owner is not None:
                 self._take(owner, part)
 
-    def _earliest(self, r: _Range) -> int:
-        consumer, tp = self._client(), r.tp
-        low, _ = BrokerWait(
-            self._options, f"could not read the offsets of {r.topic}/{r.partition}"
-        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
-        return int(low)
-
     def _take(self, r: _Range, msgs: list[Message]) -> None:
         """Messages of one partition, in order: records of the range, end and error events."""
         options = self._options
@@ -793,12 +794,12 @@ class RangeReader(PooledRangeReader):
                     r.position = end
                     self._finish(r)
                 else:
-                    r.position = _lost(options, r.topic, r.partition, msg.offset(), end,
+                    r.position = lost_offsets(options, r.topic, r.partition, msg.offset(), end,
                                        "the partition now ends there")
                     self._finish(r)
             elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                low = self._earliest(r)
-                r.position = _lost(options, r.topic, r.partition, r.position, min(low, end),
+                low = self._earliest(r.topic, r.partition)
+                r.position = lost_offsets(options, r.topic, r.partition, r.position, min(low, end),
                                    "deleted by retention or the topic was recreated")
                 self._unassign(r)
                 if r.position < end:
@@ -889,7 +890,7 @@ def read_range(
         yield from own.read(topic, partition, start, end)
 
 
-def _lost(
+def lost_offsets(
     options: SourceOptions, topic: str, partition: int, first: int, resume: int, why: str
 ) -> int:
     """Offsets ``first..resume-1`` are gone: fail, or (failOnDataLoss=false) say so and skip."""
