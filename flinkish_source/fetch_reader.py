@@ -96,9 +96,6 @@ class FetchRangeReader(PooledRangeReader):
         self._ranges = [_FetchRange(t, p, s, e, PartitionDecoder(s, e, chunk))
                         for t, p, s, e in ranges if e > s]
         self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
-        self._read_committed = (
-            str(options.kafka_config.get("isolation.level", "read_committed")).strip().lower()
-            != "read_uncommitted")
         self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
         self._connections: dict[tuple[str, int], Any] = {}
 
@@ -186,7 +183,7 @@ class FetchRangeReader(PooledRangeReader):
                  for x in ranges]
         try:
             answers = self._connection(leader).fetch(
-                wants, MAX_WAIT_MS, REQUEST_MAX_BYTES, self._read_committed)
+                wants, MAX_WAIT_MS, REQUEST_MAX_BYTES, self._options.read_committed)
         except OSError as exc:
             self._drop_connections()
             return scrub(f"broker {leader[0]}:{leader[1]}: {type(exc).__name__}: {exc}",

@@ -300,11 +300,11 @@ class KafkaMetadata:
         """ListOffsets for every partition at once, at the consumers' isolation level (a
         read_committed consumer cannot read past the last stable offset)."""
         spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
-        committed = self._options.kafka_config.get("isolation.level") != "read_uncommitted"
         futures = self._admin_client().list_offsets(
             {TopicPartition(t, p): spec for t, p in partitions},
             isolation_level=(
-                IsolationLevel.READ_COMMITTED if committed else IsolationLevel.READ_UNCOMMITTED
+                IsolationLevel.READ_COMMITTED if self._options.read_committed
+                else IsolationLevel.READ_UNCOMMITTED
             ),
             request_timeout=timeout,
         )

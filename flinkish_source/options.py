@@ -143,6 +143,12 @@ class SourceOptions:
     fetch_client: FetchClient = FetchClient.NATIVE
 
     @property
+    def read_committed(self) -> bool:
+        """Reads stop at the last stable offset and skip aborted transactions (librdkafka's
+        ``isolation.level``, read_committed unless set to read_uncommitted)."""
+        return self.kafka_config.get("isolation.level") != "read_uncommitted"
+
+    @property
     def needs_state(self) -> bool:
         """Watermark generators carry state across batches; only then is a location needed."""
         return self.include_markers and self.watermark is not WatermarkKind.NONE
