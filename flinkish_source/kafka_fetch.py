@@ -8,9 +8,10 @@ every broker since Kafka 0.11 answers and Kafka 4 still does) to the partition's
 buffers of the key, value, offset and timestamp columns.
 
 Only what a read needs is spoken here: metadata, offsets and everything else stay with
-librdkafka (:mod:`flinkish_source.kafka_client`), which also reads whatever this path does not
-decode: a client configured for TLS or SASL, records whose headers the query needs, and
-batches compressed with a codec other than gzip (see :func:`fetch_client`).
+librdkafka (:mod:`flinkish_source.kafka_client`), which also reads whatever this path does not:
+a client configured for TLS or SASL, records whose headers the query needs (see
+:func:`flinkish_source.fetch_reader.eligible`), and batches in an old message format. Every
+codec Kafka defines is decompressed here (gzip with zlib; snappy, lz4 and zstd with cramjam).
 
 Transactions follow Kafka's consumer: with ``read_committed`` a fetch returns records up to the
 last stable offset and the aborted transactions among them; batches of an aborted transaction
@@ -51,8 +52,8 @@ _STOP_EXHAUSTED, _STOP_END, _STOP_BATCH, _STOP_FULL = 0, 1, 2, 3
 
 
 class UnsupportedBatch(Exception):
-    """A record batch this path does not decode (a codec other than gzip, an old magic):
-    the caller reads the rest of the range with librdkafka."""
+    """A record batch this path does not decode (an old message format, a payload its codec
+    could not decompress): the caller reads the rest of the range with librdkafka."""
 
 
 class BrokerError(Exception):
@@ -302,18 +303,52 @@ def _varint(raw: bytes, pos: int) -> tuple[int, int]:
         shift += 7
 
 
+#: Kafka's record batch codecs (attributes bits 0-2)
+CODECS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
+#: snappy as Kafka's Java producer writes it (xerial's SnappyOutputStream): this 8-byte magic,
+#: two 4-byte version fields, then blocks of a 4-byte length and raw snappy
+_XERIAL = b"\x82SNAPPY\x00"
+
+
 def _decompressed(batch: bytes, codec: int, base: int) -> bytes:
-    """The batch with its records decompressed and its codec cleared (gzip only)."""
-    if codec != 1:
-        names = {2: "snappy", 3: "lz4", 4: "zstd"}
-        raise UnsupportedBatch(f"{names.get(codec, codec)}-compressed record batch at offset "
-                               f"{base}")
-    records = zlib.decompress(batch[_BATCH.size:], 16 + zlib.MAX_WBITS)
+    """The batch with its records decompressed and its codec cleared."""
+    name = CODECS.get(codec, f"codec {codec}")
+    try:
+        records = _decompress(batch[_BATCH.size:], codec)
+    except UnsupportedBatch:
+        raise
+    except Exception as exc:  # the codec's own error: let librdkafka have its say
+        raise UnsupportedBatch(f"{name}-compressed record batch at offset {base} could not be "
+                               f"decompressed ({type(exc).__name__}: {exc})") from exc
+    if records is None:
+        raise UnsupportedBatch(f"{name}-compressed record batch at offset {base}")
     header = bytearray(batch[:_BATCH.size])
     struct.pack_into(">i", header, 8, _BATCH.size - 12 + len(records))
     (attributes,) = struct.unpack_from(">h", header, 21)
     struct.pack_into(">h", header, 21, attributes & ~0x07)
     return bytes(header) + records
+
+
+def _decompress(payload: bytes, codec: int) -> bytes | None:
+    """A batch's records in the clear (None: a codec Kafka does not define)."""
+    if codec == 1:
+        return zlib.decompress(payload, 16 + zlib.MAX_WBITS)
+    if codec not in CODECS:
+        return None
+    import cramjam  # snappy, lz4 (frame format, KIP-57) and zstd
+
+    if codec == 3:
+        return bytes(cramjam.lz4.decompress(payload))
+    if codec == 4:
+        return bytes(cramjam.zstd.decompress(payload))
+    if not payload.startswith(_XERIAL):  # librdkafka writes raw snappy
+        return bytes(cramjam.snappy.decompress_raw(payload))
+    blocks, pos = [], len(_XERIAL) + 8
+    while pos < len(payload):
+        (length,) = struct.unpack_from(">i", payload, pos)
+        blocks.append(bytes(cramjam.snappy.decompress_raw(payload[pos + 4:pos + 4 + length])))
+        pos += 4 + length
+    return b"".join(blocks)
 
 
 class RecordView:

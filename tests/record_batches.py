@@ -7,6 +7,8 @@ import gzip
 import struct
 from dataclasses import dataclass
 
+import cramjam
+
 BASE_TS = 1_700_000_000_000
 
 
@@ -42,14 +44,33 @@ class Rec:
         return varint(len(body)) + body
 
 
+def compress(payload: bytes, codec: int, xerial: bool = False) -> bytes:
+    """Records compressed as Kafka's producers write them: gzip, snappy (raw as librdkafka
+    writes it, or in xerial's framing as the Java producer does), lz4 frames, zstd frames."""
+    if codec == 1:
+        return gzip.compress(payload)
+    if codec == 2 and xerial:
+        block = bytes(cramjam.snappy.compress_raw(payload))
+        return (b"\x82SNAPPY\x00" + struct.pack(">ii", 1, 1)
+                + struct.pack(">i", len(block)) + block)
+    if codec == 2:
+        return bytes(cramjam.snappy.compress_raw(payload))
+    if codec == 3:
+        return bytes(cramjam.lz4.compress(payload))
+    if codec == 4:
+        return bytes(cramjam.zstd.compress(payload))
+    return b"\x00" * 8  # a codec Kafka does not define
+
+
 def batch(base: int, records: list[Rec], *, codec: int = 0, log_append: bool = False,
           transactional: bool = False, control: bool = False, producer: int = -1,
-          magic: int = 2, max_ts: int | None = None, last_delta: int | None = None) -> bytes:
-    payload = b"".join(r.encode() for r in records)
-    if codec == 1:
-        payload = gzip.compress(payload)
-    elif codec:
-        payload = b"\x00" * 8  # never decompressed
+          magic: int = 2, max_ts: int | None = None, last_delta: int | None = None,
+          xerial: bool = False, payload: bytes | None = None) -> bytes:
+    """One record batch; ``payload`` replaces the (compressed) records."""
+    if payload is None:
+        payload = b"".join(r.encode() for r in records)
+        if codec:
+            payload = compress(payload, codec, xerial)
     attributes = codec | (0x08 if log_append else 0) | (0x10 if transactional else 0) | (
         0x20 if control else 0)
     last = last_delta if last_delta is not None else max(r.offset_delta for r in records)

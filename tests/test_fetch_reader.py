@@ -3,8 +3,9 @@ broker on a loopback socket answering Fetch v4 as the test says (records encoded
 format in record_batches.py), and a stand-in for the librdkafka consumer that serves metadata
 and earliest offsets. Lost offsets fail or are skipped per failOnDataLoss, a leader that moved
 is looked up again, a dropped connection is made again, a partition that now ends before the
-planned end is lost data, an unreachable leader fails after the bound naming the option, and
-several ranges on one leader share a request."""
+planned end is lost data, an unreachable leader fails after the bound naming the option,
+several ranges on one leader share a request, and a batch it cannot decode hands the rest of
+the range to librdkafka."""
 
 from __future__ import annotations
 
@@ -18,11 +19,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from record_batches import plain
+from record_batches import Rec, batch, plain
+from test_consumer_pool import FakeConsumer
 
 import flinkish_source.kafka_client as kafka_client
 from flinkish_source.fetch_reader import FetchRangeReader, eligible
 from flinkish_source.kafka_client import ConsumerPool, DataLossError, KafkaUnavailableError
+from flinkish_source.kafka_fetch import RecordChunk
 from flinkish_source.options import parse_options
 
 #: what the broker answers for one partition: (error code, high watermark, records)
@@ -290,3 +293,33 @@ def test_a_bad_fetch_option_names_the_choices() -> None:
 
     with pytest.raises(OptionError, match="kafkaConsumer.fetch: 'fast' is not one of native"):
         options(**{"kafkaConsumer.fetch": "fast"})
+
+
+@dataclass
+class LibrdkafkaToo(FakeConsumer):
+    """The pool's consumer, for metadata and, after a hand-over, for the records too."""
+
+    leader: Callable[[], Node] = field(default=lambda: Node("127.0.0.1", 0))
+
+    def list_topics(self, topic: str, timeout: float) -> Cluster:
+        return Cluster({1: self.leader()}, {topic: Topic({0: Part(1)})})
+
+
+def test_a_batch_it_cannot_decode_hands_the_rest_of_the_range_to_librdkafka(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Offsets 10 on come in an old message format (magic 1): librdkafka reads 10..19."""
+    broker.answer = lambda t, p, o: (0, 20, plain(o, 10 - o) if o < 10
+                                     else batch(10, [Rec(i, b"k", b"v") for i in range(10)],
+                                                magic=1))
+    made = LibrdkafkaToo({("t", 0): list(range(20))}, leader=lambda: Node("127.0.0.1",
+                                                                          broker.port))
+    monkeypatch.setattr(kafka_client, "POOL",
+                        ConsumerPool(factory=lambda config: made, evict_interval=0))
+    caplog.set_level(logging.INFO, logger="flinkish_source.fetch_reader")
+    with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        chunks = list(reader.read("t", 0, 0, 20))
+    assert [m.offset() for c in chunks for m in c] == list(range(20))
+    assert isinstance(chunks[0], RecordChunk) and not isinstance(chunks[-1], RecordChunk)
+    assert "t/0: reading offsets 10..19 with librdkafka (record batch magic 1 at offset 10)" \
+        in caplog.text

@@ -93,21 +93,32 @@ def test_a_fetch_that_starts_inside_a_batch_skips_what_was_read() -> None:
     assert offsets(read(decoder, fetched(plain(0, 6)))) == [4, 5]
 
 
-def test_gzip_batches_are_decompressed() -> None:
-    records = [Rec(i, b"k%d" % i, b"v" * 50, ts_delta=i) for i in range(20)]
-    rows = read(PartitionDecoder(0, 20, 100), fetched(batch(0, records, codec=1)))
-    assert offsets(rows) == list(range(20)) and rows[-1][2] == b"v" * 50
+@pytest.mark.parametrize("codec,xerial", [(1, False), (2, False), (2, True), (3, False),
+                                          (4, False)],
+                         ids=["gzip", "snappy", "snappy-xerial", "lz4", "zstd"])
+def test_every_kafka_codec_is_decompressed(codec: int, xerial: bool) -> None:
+    records = [Rec(i, b"k%d" % i, b"v" * 50 + b"%d" % i, ts_delta=i) for i in range(200)]
+    decoder = PartitionDecoder(3, 150, 1000)
+    rows = read(decoder, fetched(plain(0, 2) + batch(2, records, codec=codec, xerial=xerial)))
+    assert offsets(rows) == list(range(3, 150))
+    assert rows[0][1:3] == (b"k1", b"v" * 50 + b"1") and rows[-1][2] == b"v" * 50 + b"147"
+    assert decoder.done
 
 
-@pytest.mark.parametrize("codec,name", [(2, "snappy"), (3, "lz4"), (4, "zstd")])
-def test_other_codecs_are_left_to_librdkafka_after_what_came_before(codec: int,
-                                                                    name: str) -> None:
+def test_a_codec_kafka_does_not_define_is_left_to_librdkafka_after_what_came_before() -> None:
     decoder = PartitionDecoder(0, 10, 100)
-    chunks = decoder.decode(fetched(plain(0, 2) + batch(2, [Rec(0, b"k", b"v")], codec=codec)))
+    chunks = decoder.decode(fetched(plain(0, 2) + batch(2, [Rec(0, b"k", b"v")], codec=5)))
     assert offsets(read_chunk(next(chunks))) == [0, 1]
-    with pytest.raises(UnsupportedBatch, match=f"{name}-compressed record batch at offset 2"):
+    with pytest.raises(UnsupportedBatch, match="codec 5-compressed record batch at offset 2"):
         next(chunks)
     assert decoder.position == 2  # librdkafka goes on from there
+
+
+@pytest.mark.parametrize("codec", [1, 2, 3, 4])
+def test_a_payload_its_codec_cannot_decompress_is_left_to_librdkafka(codec: int) -> None:
+    bad = batch(0, [Rec(0, b"k", b"v")], codec=codec, payload=b"\x01\x02not compressed")
+    with pytest.raises(UnsupportedBatch, match="at offset 0 could not be decompressed"):
+        list(PartitionDecoder(0, 10, 100).decode(fetched(bad)))
 
 
 def read_chunk(c: object) -> list[tuple]:
