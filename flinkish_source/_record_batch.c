@@ -3,9 +3,9 @@
  * librdkafka hands Python one Message object per record, and building Arrow columns from them
  * costs about a microsecond of CPU per record: more than Spark spends taking the rows. This
  * walks the record batches of a Fetch response once, in C, and fills the buffers of the key,
- * value, offset, timestamp and timestamp-type columns.
+ * value, offset, timestamp and timestamp-type columns (and, when asked, the headers').
  *
- * decode(buf, pos, start, end, max_records, mode) -> tuple, see decode_doc below.
+ * decode(buf, pos, start, end, max_records, mode, with_headers) -> tuple, see decode_doc.
  *
  * It decodes uncompressed batches and skips control batches. It stops before a batch it does
  * not decode itself (compressed, another magic, or in strict mode a transactional or control
@@ -92,6 +92,12 @@ typedef struct {
     growable key_offsets, key_data, key_valid, value_offsets, value_data, value_valid;
     growable offsets, timestamps, ts_types;
     Py_ssize_t count, key_nulls, value_nulls;
+    /* with headers: per record the offset of its first header (a list column), and per
+     * header its key (string) and value (binary, nullable) */
+    int with_headers;
+    growable header_lists, header_key_offsets, header_key_data, header_value_offsets,
+        header_value_data, header_value_valid;
+    Py_ssize_t header_count, header_value_nulls;
 } columns;
 
 static int set_valid(growable *bits, Py_ssize_t i, int valid) {
@@ -105,9 +111,10 @@ static int set_valid(growable *bits, Py_ssize_t i, int valid) {
     return 0;
 }
 
+/* Appends element i of a binary column (n < 0: null; valid NULL: never null). */
 static int binary(growable *offs, growable *data, growable *valid, Py_ssize_t *nulls,
                   Py_ssize_t i, const unsigned char *src, int64_t n) {
-    if (set_valid(valid, i, n >= 0) < 0)
+    if (valid != NULL && set_valid(valid, i, n >= 0) < 0)
         return -1;
     if (n < 0)
         (*nulls)++;
@@ -124,7 +131,9 @@ static int binary(growable *offs, growable *data, growable *valid, Py_ssize_t *n
 static void release(columns *c) {
     growable *all[] = {&c->key_offsets, &c->key_data, &c->key_valid, &c->value_offsets,
                        &c->value_data, &c->value_valid, &c->offsets, &c->timestamps,
-                       &c->ts_types};
+                       &c->ts_types, &c->header_lists, &c->header_key_offsets,
+                       &c->header_key_data, &c->header_value_offsets, &c->header_value_data,
+                       &c->header_value_valid};
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++)
         PyMem_Free(all[i]->data);
 }
@@ -133,6 +142,33 @@ static PyObject *malformed(int64_t base, const char *what) {
     PyErr_Format(PyExc_ValueError, "malformed Kafka record batch at base offset %lld: %s",
                  (long long)base, what);
     return NULL;
+}
+
+/* One record's headers, appended to the header columns; 0, or -1 with an exception set. */
+static int record_headers(columns *c, const unsigned char *p, const unsigned char *limit,
+                          int64_t count, int64_t base) {
+    for (int64_t h = 0; h < count; h++) {
+        int64_t key_len, value_len;
+        if (varint(&p, limit, &key_len) < 0 || key_len < 0 || key_len > limit - p)
+            goto bad;
+        const unsigned char *key = p;
+        p += key_len;
+        if (varint(&p, limit, &value_len) < 0 || value_len > limit - p)
+            goto bad;
+        const unsigned char *value = p;
+        p += value_len > 0 ? value_len : 0;
+        Py_ssize_t i = c->header_count;
+        if (binary(&c->header_key_offsets, &c->header_key_data, NULL, NULL, i, key, key_len) <
+                0 ||
+            binary(&c->header_value_offsets, &c->header_value_data, &c->header_value_valid,
+                   &c->header_value_nulls, i, value, value_len) < 0)
+            return -1;
+        c->header_count++;
+    }
+    return 0;
+bad:
+    malformed(base, "a record header overruns its record");
+    return -1;
 }
 
 /* The records of one uncompressed batch; 0, or -1 with an exception set. */
@@ -160,12 +196,16 @@ static int records(columns *c, const unsigned char *p, const unsigned char *limi
         p += value_len > 0 ? value_len : 0;
         if (varint(&p, next, &headers) < 0 || headers < 0)
             goto bad;
-        p = next; /* headers are not decoded: callers that need them read with librdkafka */
         int64_t offset = base + offset_delta;
-        if (offset < start)
+        if (offset < start) {
+            p = next;
             continue;
+        }
         if (offset >= end)
             return 0;
+        if (c->with_headers && record_headers(c, p, next, headers, base) < 0)
+            return -1;
+        p = next;
         int64_t ts = log_append ? max_ts : base_ts + ts_delta;
         Py_ssize_t i = c->count;
         if (binary(&c->key_offsets, &c->key_data, &c->key_valid, &c->key_nulls, i, key,
@@ -175,6 +215,11 @@ static int records(columns *c, const unsigned char *p, const unsigned char *limi
             put(&c->offsets, &offset, 8) < 0 || put(&c->timestamps, &ts, 8) < 0 ||
             put(&c->ts_types, &ts_type, 4) < 0)
             return -1;
+        if (c->with_headers) {
+            int32_t lists = (int32_t)c->header_count;
+            if (put(&c->header_lists, &lists, 4) < 0)
+                return -1;
+        }
         c->count++;
     }
     return 0;
@@ -184,7 +229,7 @@ bad:
 }
 
 PyDoc_STRVAR(decode_doc,
-"decode(buf, pos, start, end, max_records, mode)\n"
+"decode(buf, pos, start, end, max_records, mode, with_headers=False)\n"
 "\n"
 "Decode the record batches of ``buf`` (a Fetch response's records) from byte ``pos``: the\n"
 "records with ``start <= offset < end``, stopping at a batch boundary once ``max_records``\n"
@@ -197,14 +242,18 @@ PyDoc_STRVAR(decode_doc,
 "caller: compressed, another magic, or transactional) or 3 (max_records decoded);\n"
 "next_offset is the offset after the last batch consumed (start if none). Binary columns\n"
 "come as Arrow's int32 offsets, data and validity bitmap; offsets and timestamps (ms) as\n"
-"int64, timestamp types as int32 (0 CreateTime, 1 LogAppendTime).");
+"int64, timestamp types as int32 (0 CreateTime, 1 LogAppendTime). Last, the headers:\n"
+"(count, list offsets, key offsets, key data, value offsets, value data, value validity,\n"
+"value nulls), a list<struct<key: string, value: binary>> column's buffers (empty buffers\n"
+"without ``with_headers``).");
 
 static PyObject *decode(PyObject *self, PyObject *args) {
     Py_buffer view;
     Py_ssize_t pos, max_records;
     long long start, end;
-    int mode;
-    if (!PyArg_ParseTuple(args, "y*nLLni", &view, &pos, &start, &end, &max_records, &mode))
+    int mode, with_headers = 0;
+    if (!PyArg_ParseTuple(args, "y*nLLni|p", &view, &pos, &start, &end, &max_records, &mode,
+                          &with_headers))
         return NULL;
     if (mode < MODE_STRICT || mode > MODE_ONE) {
         PyBuffer_Release(&view);
@@ -215,11 +264,15 @@ static PyObject *decode(PyObject *self, PyObject *args) {
     Py_ssize_t size = view.len;
     columns c;
     memset(&c, 0, sizeof(c));
+    c.with_headers = with_headers;
     int32_t zero = 0;
     int stop = STOP_EXHAUSTED;
     int64_t next_offset = start;
     PyObject *result = NULL;
-    if (put(&c.key_offsets, &zero, 4) < 0 || put(&c.value_offsets, &zero, 4) < 0)
+    if (put(&c.key_offsets, &zero, 4) < 0 || put(&c.value_offsets, &zero, 4) < 0 ||
+        (with_headers &&
+         (put(&c.header_lists, &zero, 4) < 0 || put(&c.header_key_offsets, &zero, 4) < 0 ||
+          put(&c.header_value_offsets, &zero, 4) < 0)))
         goto done;
     for (int batches = 0;; batches++) {
         if (mode == MODE_ONE && batches == 1) {
@@ -272,22 +325,29 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             next_offset = after;
     }
     {
-        PyObject *parts[9] = {to_bytes(&c.key_offsets), to_bytes(&c.key_data),
-                              c.key_nulls ? to_bytes(&c.key_valid) : Py_NewRef(Py_None),
-                              to_bytes(&c.value_offsets), to_bytes(&c.value_data),
-                              c.value_nulls ? to_bytes(&c.value_valid) : Py_NewRef(Py_None),
-                              to_bytes(&c.offsets), to_bytes(&c.timestamps),
-                              to_bytes(&c.ts_types)};
+        PyObject *parts[15] = {
+            to_bytes(&c.key_offsets), to_bytes(&c.key_data),
+            c.key_nulls ? to_bytes(&c.key_valid) : Py_NewRef(Py_None),
+            to_bytes(&c.value_offsets), to_bytes(&c.value_data),
+            c.value_nulls ? to_bytes(&c.value_valid) : Py_NewRef(Py_None),
+            to_bytes(&c.offsets), to_bytes(&c.timestamps), to_bytes(&c.ts_types),
+            /* the header columns, empty without with_headers */
+            to_bytes(&c.header_lists), to_bytes(&c.header_key_offsets),
+            to_bytes(&c.header_key_data), to_bytes(&c.header_value_offsets),
+            to_bytes(&c.header_value_data),
+            c.header_value_nulls ? to_bytes(&c.header_value_valid) : Py_NewRef(Py_None)};
         int ok = 1;
-        for (int i = 0; i < 9; i++)
+        for (int i = 0; i < 15; i++)
             ok &= parts[i] != NULL;
         if (ok)
-            result = Py_BuildValue("(inLnNNNnNNNnNNN)", stop, pos, (long long)next_offset,
-                                   c.count, parts[0], parts[1], parts[2], c.key_nulls, parts[3],
-                                   parts[4], parts[5], c.value_nulls, parts[6], parts[7],
-                                   parts[8]);
+            result = Py_BuildValue("(inLnNNNnNNNnNNN(nNNNNNNn))", stop, pos,
+                                   (long long)next_offset, c.count, parts[0], parts[1], parts[2],
+                                   c.key_nulls, parts[3], parts[4], parts[5], c.value_nulls,
+                                   parts[6], parts[7], parts[8], c.header_count, parts[9],
+                                   parts[10], parts[11], parts[12], parts[13], parts[14],
+                                   c.header_value_nulls);
         else
-            for (int i = 0; i < 9; i++)
+            for (int i = 0; i < 15; i++)
                 Py_XDECREF(parts[i]);
     }
     goto done;

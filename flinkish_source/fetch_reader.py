@@ -59,8 +59,6 @@ def eligible(options: SourceOptions) -> str | None:
         return f"kafka.security.protocol={protocol} (only plaintext connections are native)"
     if any(k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
         return "kafka.sasl.*/kafka.ssl.* settings (only plaintext connections are native)"
-    if options.include_headers or options.event_time_header or options.punctuation_header:
-        return "the query reads record headers"
     try:
         from flinkish_source import kafka_fetch  # noqa: F401  (needs the compiled decoder)
     except ImportError as exc:
@@ -93,7 +91,9 @@ class FetchRangeReader(PooledRangeReader):
         from flinkish_source.kafka_fetch import PartitionDecoder
 
         super().__init__(options, chunk, pool, lookahead)
-        self._ranges = [_FetchRange(t, p, s, e, PartitionDecoder(s, e, chunk))
+        headers = bool(options.include_headers or options.event_time_header
+                       or options.punctuation_header)
+        self._ranges = [_FetchRange(t, p, s, e, PartitionDecoder(s, e, chunk, headers))
                         for t, p, s, e in ranges if e > s]
         self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
         self._leaders: dict[tuple[str, int], tuple[str, int]] = {}

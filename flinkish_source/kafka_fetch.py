@@ -5,12 +5,13 @@ more CPU than Spark spends on the rows (about 0.9 CPU-seconds per million record
 ``consume()`` alone, before a column is built). Here a read task sends Fetch (version 4, which
 every broker since Kafka 0.11 answers and Kafka 4 still does) to the partition's leader and
 :mod:`flinkish_source._record_batch` (C) decodes the response's record batches into the
-buffers of the key, value, offset and timestamp columns.
+buffers of the key, value, offset and timestamp columns (and the headers', when the query reads
+them).
 
 Only what a read needs is spoken here: metadata, offsets and everything else stay with
 librdkafka (:mod:`flinkish_source.kafka_client`), which also reads whatever this path does not:
-a client configured for TLS or SASL, records whose headers the query needs (see
-:func:`flinkish_source.fetch_reader.eligible`), and batches in an old message format. Every
+a client configured for TLS or SASL (see :func:`flinkish_source.fetch_reader.eligible`) and
+batches in an old message format. Every
 codec Kafka defines is decompressed here (gzip with zlib; snappy, lz4 and zstd with cramjam).
 
 Transactions follow Kafka's consumer: with ``read_committed`` a fetch returns records up to the
@@ -31,6 +32,7 @@ from typing import Any
 import pyarrow as pa
 
 from flinkish_source import _record_batch  # type: ignore[attr-defined]
+from flinkish_source.schema import arrow_schema
 
 FETCH = 1
 FETCH_VERSION = 4
@@ -191,6 +193,7 @@ class Columns:
     offsets: pa.Array  # int64
     timestamps: pa.Array  # int64 milliseconds
     timestamp_types: pa.Array  # int32: 0 CreateTime, 1 LogAppendTime
+    headers: pa.Array | None = None  # list<struct<key, value>> (the schema's), when asked
 
     def __len__(self) -> int:
         return len(self.offsets)
@@ -205,16 +208,34 @@ def _binary(n: int, offsets: bytes, data: bytes, valid: bytes | None, nulls: int
     )
 
 
-def _columns(decoded: tuple) -> Columns:
+def _columns(decoded: tuple, with_headers: bool) -> Columns:
     (_, _, _, n, k_off, k_data, k_valid, k_nulls, v_off, v_data, v_valid, v_nulls, offsets,
-     stamps, types) = decoded
+     stamps, types, headers) = decoded
     return Columns(
         _binary(n, k_off, k_data, k_valid, k_nulls),
         _binary(n, v_off, v_data, v_valid, v_nulls),
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(offsets)]),
         pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(stamps)]),
         pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(types)]),
+        _headers(n, *headers) if with_headers else None,
     )
+
+
+def _headers(n: int, count: int, lists: bytes, k_off: bytes, k_data: bytes, v_off: bytes,
+             v_data: bytes, v_valid: bytes | None, v_nulls: int) -> pa.Array:
+    """The headers column: per record a list of (key, value) structs."""
+    keys = pa.Array.from_buffers(pa.string(), count,
+                                 [None, pa.py_buffer(k_off), pa.py_buffer(k_data)])
+    try:
+        keys.validate(full=True)  # header keys are strings: UTF-8, as librdkafka decodes them
+    except pa.ArrowInvalid as exc:
+        raise UnsupportedBatch(f"a record header key is not UTF-8 ({exc})") from exc
+    entries = pa.StructArray.from_arrays(
+        [keys, _binary(count, v_off, v_data, v_valid, v_nulls)],
+        fields=[pa.field("key", pa.string()), pa.field("value", pa.binary())])
+    return pa.ListArray.from_arrays(
+        pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(lists)]), entries,
+        type=arrow_schema(True).field("headers").type)
 
 
 @dataclass
@@ -229,6 +250,7 @@ class PartitionDecoder:
     start: int
     end: int
     chunk: int
+    headers: bool = False  # decode the records' headers too
     position: int = field(init=False)
     _aborting: set[int] = field(default_factory=set)  # producer ids inside an aborted txn
     _pending: list[tuple[int, int]] = field(default_factory=list)  # aborted, not yet reached
@@ -249,11 +271,12 @@ class PartitionDecoder:
         buf, pos = fetched.records, 0
         while not self.done:
             mode = _MODE_STRICT if (self._pending or self._aborting) else _MODE_PLAIN
-            decoded = _record_batch.decode(buf, pos, self.position, self.end, self.chunk, mode)
+            decoded = _record_batch.decode(buf, pos, self.position, self.end, self.chunk, mode,
+                                           self.headers)
             stop, pos, after = decoded[0], decoded[1], decoded[2]
             self.position = max(self.position, min(after, self.end))
             if decoded[3]:
-                yield _columns(decoded)
+                yield _columns(decoded, self.headers)
             if stop == _STOP_BATCH:
                 pos = yield from self._special(buf, pos)
             elif stop != _STOP_FULL:
@@ -277,9 +300,9 @@ class PartitionDecoder:
             batch = buf[pos:pos + size] if attributes & 0x07 == 0 else _decompressed(
                 bytes(buf[pos:pos + size]), attributes & 0x07, base)
             decoded = _record_batch.decode(batch, 0, self.position, self.end, 1 << 62,
-                                           _MODE_ONE)
+                                           _MODE_ONE, self.headers)
             if decoded[3]:
-                yield _columns(decoded)
+                yield _columns(decoded, self.headers)
         self.position = max(self.position, min(after, self.end))
         return pos + size
 
@@ -355,12 +378,14 @@ class RecordView:
     """One decoded record, with the accessors of confluent-kafka's ``Message`` that the
     per-record paths use (event time from a JSON field, punctuation)."""
 
-    __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_timestamp")
+    __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_timestamp", "_headers")
 
     def __init__(self, topic: str, partition: int, offset: int, key: bytes | None,
-                 value: bytes | None, timestamp: tuple[int, int]) -> None:
+                 value: bytes | None, timestamp: tuple[int, int],
+                 headers: list[tuple[str, bytes | None]] | None = None) -> None:
         self._topic, self._partition, self._offset = topic, partition, offset
         self._key, self._value, self._timestamp = key, value, timestamp
+        self._headers = headers
 
     def topic(self) -> str:
         return self._topic
@@ -381,8 +406,10 @@ class RecordView:
         """(librdkafka's timestamp type: 1 CreateTime, 2 LogAppendTime; milliseconds)"""
         return self._timestamp
 
-    def headers(self) -> None:
-        return None  # this path is not taken when headers are needed
+    def headers(self) -> list[tuple[str, bytes | None]] | None:
+        """(key, value) pairs, None when the record has none or they were not decoded (as
+        librdkafka's ``Message.headers()``)."""
+        return self._headers
 
     def error(self) -> None:
         return None
@@ -404,17 +431,21 @@ class RecordChunk(Sequence[RecordView]):
             c = self.columns
             stamps = zip((t + 1 for t in c.timestamp_types.to_pylist()),
                          c.timestamps.to_pylist(), strict=True)
+            headers: list[list[tuple[str, bytes | None]] | None] = (
+                [None] * len(c) if c.headers is None else
+                [[(h["key"], h["value"]) for h in hs] or None for hs in c.headers.to_pylist()])
             self._views = [
-                RecordView(self.topic, self.partition, o, k, v, ts)
-                for o, k, v, ts in zip(c.offsets.to_pylist(), c.keys.to_pylist(),
-                                       c.values.to_pylist(), stamps, strict=True)
+                RecordView(self.topic, self.partition, o, k, v, ts, h)
+                for o, k, v, ts, h in zip(c.offsets.to_pylist(), c.keys.to_pylist(),
+                                          c.values.to_pylist(), stamps, headers, strict=True)
             ]
         return self._views
 
     def __getitem__(self, index: Any) -> Any:
         if isinstance(index, slice):
             return self._all()[index]
-        if index in (0, -1) and self._views is None:  # the first or last offset alone
+        if index in (0, -1) and self._views is None and self.columns.headers is None:
+            # the first or last offset alone
             c, i = self.columns, index % len(self)
             return RecordView(self.topic, self.partition, c.offsets[i].as_py(),
                               c.keys[i].as_py(), c.values[i].as_py(),

@@ -127,7 +127,7 @@ class _Batches:
         ]
         if self.headers:
             columns.append(
-                pa.array(
+                decoded.headers if decoded is not None else pa.array(
                     [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs],
                     self.schema.field("headers").type,
                 )

@@ -25,14 +25,17 @@ RECORDS = 3_000
 def _options(bootstrap: str, topic: str, fetch: str, **extra: str) -> Any:
     return parse_options({"kafka.bootstrap.servers": bootstrap, "subscribe": topic,
                           "includeMarkers": "false", "kafkaConsumer.fetch": fetch,
-                          "kafkaConsumer.pollTimeoutMs": "20000", **extra})
+                          "kafkaConsumer.pollTimeoutMs": "20000", "includeHeaders": "true",
+                          **extra})
 
 
 def _read(options: Any, topic: str, partition: int, start: int, end: int
           ) -> tuple[list[tuple[Any, ...]], list[Any]]:
-    """(offset, key, value, timestamp) of every record of the range, and the chunks."""
+    """(offset, key, value, timestamp, headers) of every record of the range, and the
+    chunks."""
     chunks = list(read_range(options, topic, partition, start, end, 1_000))
-    rows = [(m.offset(), m.key(), m.value(), m.timestamp()) for c in chunks for m in c]
+    rows = [(m.offset(), m.key(), m.value(), m.timestamp(), m.headers())
+            for c in chunks for m in c]
     return rows, chunks
 
 
@@ -42,7 +45,9 @@ def _produce(bootstrap: str, topic: str, partition: int, compression: str) -> No
     for i in range(RECORDS):
         producer.produce(topic, partition=partition, timestamp=BASE + i * 7,
                          key=None if i % 13 == 0 else b"k%d" % i,
-                         value=None if i % 17 == 0 else b"v%d-" % i + b"x" * (i % 50))
+                         value=None if i % 17 == 0 else b"v%d-" % i + b"x" * (i % 50),
+                         headers=[("trace", b"t%d" % i), ("none", None)] if i % 5 == 0
+                         else None)
     assert producer.flush(30) == 0
 
 
@@ -54,6 +59,7 @@ def test_native_reads_exactly_what_librdkafka_reads(
     _produce(kafka_bootstrap, name, 0, compression)
     expected, _ = _read(_options(kafka_bootstrap, name, "librdkafka"), name, 0, 100, 2_900)
     assert [r[0] for r in expected] == list(range(100, 2_900))
+    assert expected[0][4] == [("trace", b"t100"), ("none", None)] and expected[1][4] is None
     with caplog.at_level(logging.INFO, logger="flinkish_source.fetch_reader"):
         got, chunks = _read(_options(kafka_bootstrap, name, "native"), name, 0, 100, 2_900)
     assert got == expected

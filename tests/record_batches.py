@@ -35,7 +35,7 @@ class Rec:
     key: bytes | None
     value: bytes | None
     ts_delta: int = 0
-    headers: tuple[tuple[str, bytes], ...] = ()
+    headers: tuple[tuple[str, bytes | None], ...] = ()
 
     def encode(self) -> bytes:
         body = (b"\x00" + varint(self.ts_delta) + varint(self.offset_delta) + _field(self.key)

@@ -128,6 +128,50 @@ def read_chunk(c: object) -> list[tuple]:
     return list(zip(c.offsets.to_pylist(), c.keys.to_pylist(), strict=True))
 
 
+def _with_headers() -> list[Rec]:
+    return [Rec(0, b"a", b"1", headers=(("trace", b"t1"), ("empty", b""))),
+            Rec(1, b"b", b"2"),
+            Rec(2, b"c", b"3", headers=(("h\u00e9", b"\x00\xff"),)),
+            Rec(3, b"d", b"4", headers=(("nulled", None),))]
+
+
+@pytest.mark.parametrize("codec", [0, 4])
+def test_headers_are_decoded_when_asked_into_the_schemas_column(codec: int) -> None:
+    from flinkish_source.schema import arrow_schema
+
+    decoder = PartitionDecoder(1, 4, 100, headers=True)
+    [c] = decoder.decode(fetched(batch(0, _with_headers(), codec=codec)))
+    assert c.headers is not None
+    assert c.headers.type == arrow_schema(True).field("headers").type
+    assert c.headers.to_pylist() == [[], [{"key": "h\u00e9", "value": b"\x00\xff"}],
+                                     [{"key": "nulled", "value": None}]]
+    assert c.offsets.to_pylist() == [1, 2, 3]
+    views = list(RecordChunk("t", 0, c))
+    assert [v.headers() for v in views] == [None, [("h\u00e9", b"\x00\xff")],
+                                            [("nulled", None)]]
+
+
+def test_headers_are_skipped_unless_asked() -> None:
+    [c] = PartitionDecoder(0, 4, 100).decode(fetched(batch(0, _with_headers())))
+    assert c.headers is None and c.values.to_pylist() == [b"1", b"2", b"3", b"4"]
+    assert [v.headers() for v in RecordChunk("t", 0, c)] == [None] * 4
+
+
+def test_a_header_key_that_is_not_utf8_is_left_to_librdkafka() -> None:
+    bad = [Rec(0, b"a", b"1", headers=(("x", b"1"),))]
+    raw = bytearray(batch(0, bad))
+    raw[raw.index(b"x")] = 0xFF  # the key's only byte
+    with pytest.raises(UnsupportedBatch, match="header key is not UTF-8"):
+        list(PartitionDecoder(0, 1, 100, headers=True).decode(fetched(bytes(raw))))
+
+
+def test_a_header_overrunning_its_record_is_an_error() -> None:
+    raw = bytearray(batch(5, [Rec(0, b"a", b"1", headers=(("k", b"v"),))]))
+    raw[raw.index(b"k") - 1] = 0x7E  # the header key's length: past the record's end
+    with pytest.raises(ValueError, match="base offset 5: a record header overruns"):
+        list(PartitionDecoder(0, 10, 100, headers=True).decode(fetched(bytes(raw))))
+
+
 def test_an_old_message_format_is_left_to_librdkafka() -> None:
     decoder = PartitionDecoder(0, 10, 100)
     with pytest.raises(UnsupportedBatch, match="magic 1"):
