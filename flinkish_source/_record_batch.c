@@ -111,12 +111,13 @@ static int set_valid(growable *bits, Py_ssize_t i, int valid) {
     return 0;
 }
 
-/* Appends element i of a binary column (n < 0: null; valid NULL: never null). */
+/* Appends element i of a binary column (n < 0: null). A column without a validity bitmap
+ * (valid and nulls NULL) never holds a null: its callers reject negative lengths first. */
 static int binary(growable *offs, growable *data, growable *valid, Py_ssize_t *nulls,
                   Py_ssize_t i, const unsigned char *src, int64_t n) {
     if (valid != NULL && set_valid(valid, i, n >= 0) < 0)
         return -1;
-    if (n < 0)
+    if (n < 0 && nulls != NULL)
         (*nulls)++;
     else if (put(data, src, (Py_ssize_t)n) < 0)
         return -1;

@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from record_batches import BASE_TS, Rec, batch, control, plain
 
 from flinkish_source import _record_batch  # type: ignore[attr-defined]
@@ -263,3 +265,32 @@ def test_fetch_request_and_response_framing() -> None:
     assert bytes(first.records) == records
     assert (second.partition, second.error, second.aborted, bytes(second.records)) == (
         1, 1, [], b"")
+
+
+_VALID = (plain(0, 3) + batch(3, [Rec(0, b"k", None, headers=(("h", b"v"), ("n", None)))])
+          + control(4, 7, abort=True) + batch(5, [Rec(i, b"k", b"v") for i in range(4)],
+                                              codec=4))
+
+
+@settings(max_examples=300, deadline=None)
+@given(data=st.data())
+def test_damaged_batches_fail_cleanly_never_crash(data: st.DataObject) -> None:
+    """The C decoder reads bytes from the network: any damage (bytes changed, cut short,
+    random) ends in a result or a Python error, never a crash or a read past the buffer."""
+    raw = bytearray(_VALID)
+    for _ in range(data.draw(st.integers(0, 8))):
+        raw[data.draw(st.integers(0, len(raw) - 1))] = data.draw(st.integers(0, 255))
+    raw = raw[:data.draw(st.integers(0, len(raw)))] + data.draw(st.binary(max_size=64))
+    headers = data.draw(st.booleans())
+    aborted = data.draw(st.sampled_from([[], [(7, 0)]]))
+    decoder = PartitionDecoder(0, 20, data.draw(st.integers(1, 10)), headers=headers)
+    try:
+        for c in decoder.decode(fetched(bytes(raw), aborted)):
+            assert len(c.keys) == len(c.offsets) == len(c.timestamps)
+            c.keys.validate(full=True)
+            c.values.validate(full=True)
+            if headers:
+                assert c.headers is not None and len(c.headers) == len(c.offsets)
+                c.headers.validate(full=True)
+    except (ValueError, UnsupportedBatch, struct.error, IndexError):
+        pass
