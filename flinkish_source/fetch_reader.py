@@ -152,7 +152,7 @@ class FetchRangeReader(PooledRangeReader):
         for other in self._ranges:
             if ahead >= self._lookahead:
                 break
-            if other is r or other.key in taken or (other.opened and other is not r):
+            if other is r or other.key in taken or other.opened:
                 taken.add(other.key)
                 continue
             taken.add(other.key)

@@ -42,15 +42,15 @@ _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 abort, 1 commit)
 CLIENT_ID = b"flinkish"
 
 #: Kafka error codes a read handles itself (the rest are reported by name and number)
-NONE, OFFSET_OUT_OF_RANGE = 0, 1
+OFFSET_OUT_OF_RANGE = 1
 RETRIABLE = {
     3: "UNKNOWN_TOPIC_OR_PARTITION", 5: "LEADER_NOT_AVAILABLE", 6: "NOT_LEADER_OR_FOLLOWER",
     7: "REQUEST_TIMED_OUT", 13: "NETWORK_EXCEPTION", 74: "FENCED_LEADER_EPOCH",
     75: "UNKNOWN_LEADER_EPOCH",
 }
 
-_MODE_STRICT, _MODE_PLAIN, _MODE_ONE = 0, 1, 2
-_STOP_EXHAUSTED, _STOP_END, _STOP_BATCH, _STOP_FULL = 0, 1, 2, 3
+_MODE_STRICT, _MODE_PLAIN, _MODE_ONE = 0, 1, 2  # see _record_batch.decode
+_STOP_BATCH, _STOP_FULL = 2, 3  # the decoder's stops the caller acts on (0, 1: done here)
 
 
 class UnsupportedBatch(Exception):
@@ -62,8 +62,7 @@ class BrokerError(Exception):
     """A broker answered a partition's fetch with an error code."""
 
     def __init__(self, topic: str, partition: int, code: int) -> None:
-        name = RETRIABLE.get(code, "OFFSET_OUT_OF_RANGE" if code == OFFSET_OUT_OF_RANGE
-                             else "error")
+        name = RETRIABLE.get(code, "an error")
         super().__init__(f"{topic}/{partition}: the broker answered the fetch with {name} "
                          f"(Kafka error code {code})")
         self.topic, self.partition, self.code = topic, partition, code
