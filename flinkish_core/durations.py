@@ -15,17 +15,31 @@ _UNITS_MS = {
     "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
 }
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]+)\s*$")
+_BARE_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
 
 
 def parse_duration_ms(name: str, text: str) -> int:
     """``"2 seconds"``, ``"500 ms"``, ``"1.5s"``, ``"1 minute"`` -> milliseconds; OptionError
-    naming option ``name`` otherwise."""
+    naming option ``name`` otherwise.
+
+    A bare ``0`` is zero in every unit, so it is accepted (it is the documented default of
+    ``watermark.maxOutOfOrderness``). Any other bare number is refused: Flink reads it as
+    milliseconds, Spark's intervals need a unit, and a user may mean seconds."""
+    bare = _BARE_NUMBER.match(text)
+    if bare:
+        if float(bare.group(1)) == 0:
+            return 0
+        number = bare.group(1)
+        raise OptionError(
+            f"option {name}: {text!r} is not a duration: the number has no unit; write "
+            f"'{number} ms', '{number} s' or '{number} min' (units: ms, s, m/min, h, d)"
+        )
     match = _DURATION.match(text)
     unit = match.group(2).lower() if match else ""
     if not match or unit not in _UNITS_MS:
         raise OptionError(
             f"option {name}: {text!r} is not a duration; write a number and a unit, "
-            "e.g. '2 seconds', '500 ms', '1 minute' (units: ms, s, min, h, d)"
+            "e.g. '2 seconds', '500 ms', '1 minute' (units: ms, s, m/min, h, d)"
         )
     return int(round(float(match.group(1)) * _UNITS_MS[unit]))
 

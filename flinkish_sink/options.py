@@ -27,12 +27,15 @@ class LateData(Enum):
     SIDE = "side"
 
 
-_KNOWN = {
+#: The options as the documentation spells them. Spark lower-cases option keys before the sink
+#: sees them, so lookups go through the lower-case form and messages use this spelling.
+_NAMES = (
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
-    "checkpointlocation", "deliveryguarantee", "latedata", "latedata.table", "latedata.path",
-    "eventtimecolumn", "transactionalidprefix", "epochstable", "transactiontimeout",
-    "queryname",  # Spark passes writeStream.queryName(...) to the sink's options
-}
+    "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
+    "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
+    "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
+)
+_KNOWN = {name.lower(): name for name in _NAMES}
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
 
@@ -100,7 +103,7 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     unknown = sorted(k for k in options if k not in _KNOWN)
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(_KNOWN), n=1)
-        hint = f"; did you mean {close[0]}?" if close else ""
+        hint = f"; did you mean {_KNOWN[close[0]]}?" if close else ""
         raise OptionError(f"unknown option {unknown[0]!r} for the flinkish sink{hint}")
     target = options.get("target", "").strip().lower()
     if target not in ("postgres", "parquet"):

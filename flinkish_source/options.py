@@ -264,16 +264,18 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
 
     topics = _topics(options)
 
-    starting: str | dict[str, dict[int, int]] = options.get("startingoffsets", "latest").strip()
+    # the keywords, like every other keyword value, in any case (Earliest, LATEST)
+    starting_text = options.get("startingoffsets", "latest").strip()
+    starting: str | dict[str, dict[int, int]] = starting_text.lower()
     if starting not in ("earliest", "latest"):
-        starting = _offsets_json("startingoffsets", str(starting), allow_earliest=True)
+        starting = _offsets_json("startingoffsets", starting_text, allow_earliest=True)
     ending: str | dict[str, dict[int, int]] | None = None
     ending_text = options.get("endingoffsets")
     if ending_text is not None:
         ending_text = ending_text.strip()
-        if ending_text == "earliest":
+        if ending_text.lower() == "earliest":
             raise OptionError("option endingOffsets: earliest is not allowed; use latest or JSON")
-        ending = ending_text if ending_text == "latest" else _offsets_json(
+        ending = "latest" if ending_text.lower() == "latest" else _offsets_json(
             "endingoffsets", ending_text, allow_earliest=False
         )
     if topics.pattern is not None:

@@ -260,6 +260,17 @@ def test_starting_earliest_latest() -> None:
     assert parse(startingOffsets=" latest ").starting == "latest"
 
 
+@pytest.mark.parametrize(("raw", "keyword"), [("Earliest", "earliest"), ("LATEST", "latest"),
+                                              (" eArLiEsT ", "earliest")])
+def test_offset_keywords_in_any_case(raw: str, keyword: str) -> None:
+    assert parse(startingOffsets=raw).starting == keyword
+    if keyword == "latest":
+        assert parse(endingOffsets=raw).ending == "latest"
+    else:
+        message = error_with(endingOffsets=raw)
+        assert message == "option endingOffsets: earliest is not allowed; use latest or JSON"
+
+
 def test_starting_json_offsets() -> None:
     o = parse(startingOffsets='{"events":{"0":23,"1":-1,"2":0}}')
     assert o.starting == {"events": {0: 23, 1: LATEST, 2: 0}}
@@ -470,7 +481,27 @@ def test_max_out_of_orderness_durations(raw: str, ms: int) -> None:
 def test_max_out_of_orderness_not_a_duration(raw: str) -> None:
     message = error_with(**{"watermark.maxOutOfOrderness": raw})
     assert message.startswith(f"option watermark.maxOutOfOrderness: {raw!r} is not a duration")
-    assert "(units: ms, s, min, h, d)" in message
+    assert "(units: ms, s, m/min, h, d)" in message
+
+
+@pytest.mark.parametrize("raw", ["0", " 0 ", "0.0", "00"])
+def test_a_bare_zero_is_a_duration(raw: str) -> None:
+    """The documented default of watermark.maxOutOfOrderness can be written as it is shown."""
+    assert parse(**{"watermark.maxOutOfOrderness": raw}).max_out_of_orderness_ms == 0
+    assert parse_duration_ms("x", raw) == 0
+
+
+@pytest.mark.parametrize("raw", ["2", "1.5", "30"])
+def test_a_bare_number_names_the_missing_unit(raw: str) -> None:
+    message = error_with(**{"watermark.maxOutOfOrderness": raw})
+    assert message == (
+        f"option watermark.maxOutOfOrderness: {raw!r} is not a duration: the number has no "
+        f"unit; write '{raw} ms', '{raw} s' or '{raw} min' (units: ms, s, m/min, h, d)"
+    )
+
+
+def test_m_is_minutes() -> None:
+    assert parse_duration_ms("x", "2m") == parse_duration_ms("x", "2 min") == 120_000
 
 
 @pytest.mark.parametrize("strategy", ["monotonous", "none"])
@@ -513,8 +544,9 @@ def test_idle_timeout_not_a_duration() -> None:
     assert message.startswith("option idleTimeout: '30' is not a duration")
 
 
-def test_idle_timeout_positive() -> None:
-    message = error_with(idleTimeout="0 s")
+@pytest.mark.parametrize("raw", ["0 s", "0"])
+def test_idle_timeout_positive(raw: str) -> None:
+    message = error_with(idleTimeout=raw)
     assert message == "option idleTimeout must be a positive duration"
 
 

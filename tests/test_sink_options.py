@@ -1,0 +1,35 @@
+"""The sink's option errors name options as the README spells them, although Spark hands the
+sink its option keys in lower case."""
+
+from __future__ import annotations
+
+import pytest
+
+from flinkish_core.errors import OptionError
+from flinkish_sink.options import parse_sink_options
+
+BASE = {"target": "parquet", "path": "/tmp/out", "checkpointLocation": "/tmp/ck"}
+
+
+@pytest.mark.parametrize(
+    ("key", "suggestion"),
+    [
+        ("deliveryguarantees", "deliveryGuarantee"),
+        ("latedata.tabel", "lateData.table"),
+        ("eventtimecolum", "eventTimeColumn"),
+        ("transactionalidprefx", "transactionalIdPrefix"),
+        ("checkpointlocaton", "checkpointLocation"),
+        ("epochtable", "epochsTable"),
+    ],
+)
+def test_did_you_mean_names_the_documented_spelling(key: str, suggestion: str) -> None:
+    with pytest.raises(OptionError) as failure:
+        parse_sink_options({**BASE, key: "x"})  # as Spark passes it: lower case
+    assert str(failure.value) == (
+        f"unknown option {key!r} for the flinkish sink; did you mean {suggestion}?")
+
+
+def test_camel_case_keys_are_read_in_any_case() -> None:
+    options = parse_sink_options({**BASE, "DELIVERYGUARANTEE": "at-least-once",
+                                  "eventtimecolumn": "ts"})
+    assert options.guarantee.value == "at-least-once" and options.event_time_column == "ts"
