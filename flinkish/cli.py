@@ -1,23 +1,87 @@
-"""The ``flinkish`` command.
-
-- ``flinkish demo``: the main job, on an embedded broker (see ``flinkish.demo``);
-- ``flinkish inspect LOCATION [--plot FILE.png]``: a query's epochs and watermarks;
-- ``flinkish transactions``: list, with their ages (and ``--resolve``), pre-commits a query
-  left in its target.
-"""
+"""The ``flinkish`` command; :data:`DESCRIPTION` is what ``flinkish --help`` says about it."""
 
 from __future__ import annotations
 
 import argparse
+import shlex
+import signal
 import sys
+from typing import Any
+
+#: Plain text (the module docstring is reST): argparse prints it as it is.
+DESCRIPTION = (
+    "Flink's event-time and exactly-once machinery for Spark Structured Streaming: the demo, "
+    "a broker and database for development, and tools to look at a query's checkpoint and "
+    "target. Run 'flinkish COMMAND --help' for a command's options."
+)
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(Exception):
+    """Ctrl-C, SIGTERM or SIGHUP arrived: unwind through the clean-up."""
+
+
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    for sig in _STOP_SIGNALS:  # a second signal must not cut the clean-up short
+        signal.signal(sig, signal.SIG_IGN)
+    raise _Stopped(signum)
+
+
+def _dev(args: argparse.Namespace) -> int:
+    """Start the embedded broker and PostgreSQL, print where they are, keep them until Ctrl-C
+    or SIGTERM, then stop both (their data is thrown away)."""
+    from flinkish.demo.embedded_kafka import EXTERNAL_ENV, EmbeddedKafka, create_topic
+    from flinkish.demo.embedded_postgres import DSN_ENV, EmbeddedPostgres
+
+    topics = []
+    for spec in args.topic:
+        name, _, count = spec.partition(":")
+        if not name or not (count or "1").isdigit() or int(count or "1") < 1:
+            raise SystemExit(f"flinkish dev: --topic {spec!r} is not NAME or NAME:PARTITIONS "
+                             "(a positive number), e.g. --topic events:4")
+        topics.append((name, int(count or "1")))
+    for sig in _STOP_SIGNALS:
+        signal.signal(sig, _stop_on_signal)
+    try:
+        with EmbeddedKafka() as kafka, EmbeddedPostgres() as postgres:
+            for name, partitions in topics:
+                create_topic(kafka.bootstrap_servers, name, partitions)
+            print(f"kafka.bootstrap.servers: {kafka.bootstrap_servers}")
+            for name, partitions in topics:
+                print(f"topic: {name} ({partitions} partition{'s' * (partitions > 1)})")
+            print(f"PostgreSQL dsn: {postgres.dsn}")
+            print("for your shell (the flinkish tests use these too):")
+            print(f"export {EXTERNAL_ENV}={shlex.quote(kafka.bootstrap_servers)} "
+                  f"{DSN_ENV}={shlex.quote(postgres.dsn)}")
+            print("running; Ctrl-C or SIGTERM stops both (their data is not kept)", flush=True)
+            while True:
+                signal.pause()
+    except _Stopped:
+        pass  # the with-block has stopped both
+    except RuntimeError as exc:  # no PostgreSQL binaries, no broker binary, a failed start
+        raise SystemExit(f"flinkish dev: {exc}") from None
+    print("stopped the broker and PostgreSQL", flush=True)
+    return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flinkish.inspect import capped_partitions, held_partitions, load_epochs, plot, table
+    from flinkish.inspect import (
+        LocationNotFoundError,
+        capped_partitions,
+        held_partitions,
+        load_epochs,
+        plot,
+        table,
+    )
 
-    rows = load_epochs(args.location)
+    try:
+        rows = load_epochs(args.location)
+    except LocationNotFoundError as exc:
+        raise SystemExit(f"flinkish inspect: {exc}") from None
     console = Console()
     if not rows:
         console.print(f"no epochs recorded in {args.location}")
@@ -101,18 +165,33 @@ def _transactions(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="flinkish", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="flinkish", description=DESCRIPTION)
+    commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND",
+                                     required=True)
 
-    demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker")
-    demo.add_argument("--duration", type=float, default=30.0,
-                      help="seconds of event production (default 30)")
-    demo.add_argument("--target", choices=("parquet", "postgres"), default="parquet")
+    demo = commands.add_parser("demo", help="run the end-to-end demo on an embedded broker",
+                               description="The main job: a lagging and a silent partition, "
+                               "a crash, exactly-once output and windows counted on the "
+                               "combined watermark against Spark's own, shown live.")
+    demo.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
+                      help="produce events for this long, at most (default 30); the demo "
+                      "then catches up and verifies")
+    demo.add_argument("--target", choices=("parquet", "postgres"), default="parquet",
+                      help="where the sink writes: parquet (files in the work directory) or "
+                      "postgres (an embedded PostgreSQL) (default parquet)")
     demo.add_argument("--bootstrap", help="use this Kafka cluster instead of the embedded broker")
     demo.add_argument("--plain", action="store_true", help="no live display (logs only)")
     demo.add_argument("--workdir", help="keep the checkpoint and output here (default: a temp "
                       "directory, removed at the end)")
+
+    dev = commands.add_parser(
+        "dev", help="start an embedded Kafka broker and PostgreSQL for your own code",
+        description="Starts the embedded Kafka-protocol broker and a throw-away PostgreSQL "
+        "(two-phase commit enabled) on loopback, prints the bootstrap servers, the DSN and a "
+        "shell line exporting both, and keeps them running until Ctrl-C or SIGTERM. Nothing "
+        "is kept after they stop.")
+    dev.add_argument("--topic", action="append", default=[], metavar="NAME[:PARTITIONS]",
+                     help="create this topic (default 1 partition); repeatable")
 
     inspect = commands.add_parser("inspect", help="show a query's epochs and watermarks")
     inspect.add_argument("location", help="the query's checkpointLocation, or its store")
@@ -121,10 +200,12 @@ def main(argv: list[str] | None = None) -> int:
     txns = commands.add_parser("transactions",
                                help="list or resolve pre-commits a query left in its target")
     where = txns.add_mutually_exclusive_group(required=True)
-    where.add_argument("--postgres", metavar="DSN")
-    where.add_argument("--parquet", metavar="PATH")
-    txns.add_argument("--table")
-    txns.add_argument("--prefix", default="flinkish")
+    where.add_argument("--postgres", metavar="DSN",
+                       help="the sink's PostgreSQL target: its dsn option (libpq string)")
+    where.add_argument("--parquet", metavar="PATH", help="the sink's Parquet target: its path")
+    txns.add_argument("--table", help="with --postgres: the sink's table option")
+    txns.add_argument("--prefix", default="flinkish",
+                      help="the sink's transactionalIdPrefix (default flinkish)")
     txns.add_argument("--query", help="query id (default: read from --checkpoint)")
     txns.add_argument("--checkpoint", help="the query's checkpointLocation")
     txns.add_argument("--resolve", action="store_true",
@@ -139,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(duration=args.duration, target=args.target, bootstrap=args.bootstrap,
                         live=not args.plain, workdir=args.workdir)
+    if args.command == "dev":
+        return _dev(args)
     if args.command == "inspect":
         return _inspect(args)
     return _transactions(args)

@@ -5,6 +5,7 @@ Reads only (``CheckpointStore.reader``), so it is safe beside a running query.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -28,7 +29,32 @@ class EpochRow:
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+class LocationNotFoundError(FileNotFoundError):
+    """The location given to ``inspect`` does not exist (a typo, or the query never ran)."""
+
+
+def _exists(location: str) -> bool:
+    """Whether ``location`` (a local path or a ``pyarrow.fs`` URI) exists, without creating it
+    (opening a checkpoint storage creates its directory)."""
+    import pyarrow.fs as pafs
+
+    if "://" in location:
+        try:
+            filesystem, path = pafs.FileSystem.from_uri(location)
+        except (ValueError, OSError):
+            return True  # opening the storage reports it, with any credentials masked
+    else:
+        filesystem, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(location))
+    return bool(filesystem.get_file_info(path).type != pafs.FileType.NotFound)
+
+
 def load_epochs(location: str) -> list[EpochRow]:
+    """Every epoch the sink recorded at ``location`` (a query's checkpointLocation or its
+    store); LocationNotFoundError when there is nothing at that location."""
+    if not _exists(location):
+        raise LocationNotFoundError(
+            f"{location} does not exist: give the query's checkpointLocation (or the sink's "
+            "store, its flinkish/ directory)")
     store = CheckpointStore.reader(CheckpointStorage.open(resolve_store(location)))
     rows = []
     for epoch in store.completed_ids():
