@@ -11,12 +11,16 @@ map's size counter then disagrees with its contents for good, and every later ta
 fails with ``Task not serializable: IllegalStateException: Illegal size 5 of collection,
 expected 7``. With the keys already present, the runners' puts only replace values: no resize,
 no count to corrupt.
+
+On a Spark Connect session the client has no JVM to do either through; ``flinkish.connect`` does
+both on the server instead (``is_connect`` tells the two kinds of session apart).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
 from flinkish_core.locations import MASTER_ENV
 
@@ -34,7 +38,11 @@ def register(spark: Any) -> None:
     only this call seeds the shared environment described in the module docstring, and tells
     the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
     a cluster fails at query start instead of losing the executors' watermark state.
+    On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
     """
+    if is_connect(spark):
+        register_connect(spark)
+        return
     manager = spark._jsparkSession.sessionState().dataSourceManager()
     if not manager.dataSourceExists(FlinkishDataSource.name()):
         spark.dataSource.register(FlinkishDataSource)
@@ -44,7 +52,11 @@ def register(spark: Any) -> None:
 def seed_runner_environment(spark: Any) -> dict[str, str]:
     """Put the streaming source runner's keys into the data source's shared environment map
     before any flinkish query starts, so the runners later only overwrite them. Returns the
-    keys it added (none when they were there already)."""
+    keys it added (none when they were there already; always none on a Spark Connect session,
+    where the client cannot see the map and ``register``'s warm-up query seeds it instead)."""
+    if is_connect(spark):
+        register_connect(spark)
+        return {}
     manager = spark._jsparkSession.sessionState().dataSourceManager()
     env = manager.lookupDataSource(FlinkishDataSource.name()).dataSourceCls().envVars()
     conf = spark.sparkContext._jsc.sc().conf()
