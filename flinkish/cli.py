@@ -173,8 +173,9 @@ def main(argv: list[str] | None = None) -> int:
                                description="The main job: a lagging and a silent partition, "
                                "a crash, exactly-once output and windows counted on the "
                                "combined watermark against Spark's own, shown live.")
-    demo.add_argument("--duration", type=float, default=30.0, metavar="SECONDS",
-                      help="produce events for this long, at most (default 30); the demo "
+    demo.add_argument("--duration", type=float, default=60.0, metavar="SECONDS",
+                      help="produce events for this long, at most, counted from when Spark "
+                      "is up (default 60: enough for every phase on 2 busy cores); the demo "
                       "then catches up and verifies")
     demo.add_argument("--target", choices=("parquet", "postgres"), default="parquet",
                       help="where the sink writes: parquet (files in the work directory) or "

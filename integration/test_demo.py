@@ -19,7 +19,7 @@ from flinkish.inspect import load_epochs, table
 def test_demo_verdict_then_inspect_and_plot(kafka_bootstrap: str, tmp_path: Path,
                                             capsys: object) -> None:
     work = tmp_path / "demo"
-    status = main(["demo", "--duration", "12", "--plain", "--bootstrap", kafka_bootstrap,
+    status = main(["demo", "--duration", "60", "--plain", "--bootstrap", kafka_bootstrap,
                    "--workdir", str(work)])
     out = capsys.readouterr().out  # type: ignore[attr-defined]
     assert status == 0, out[-3000:]

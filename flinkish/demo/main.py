@@ -38,7 +38,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -181,14 +181,22 @@ def _span(numbers: list[int]) -> str:
 
 
 class QueryProcess:
-    """The query as a child process (its own session, so the demo can kill its whole tree)."""
+    """The query as a child process (its own session, so the demo can kill its whole tree).
+    It creates ``ready_file`` once its SparkSession is up, before it starts any query."""
 
-    def __init__(self, command: list[str], log: Path) -> None:
-        self._command = command
+    def __init__(self, command: list[str], log: Path, ready_file: Path) -> None:
+        self._command = [*command, "--ready-file", str(ready_file)]
         self._log = log
+        self._ready_file = ready_file
         self.process: subprocess.Popen[bytes] | None = None
 
+    @property
+    def ready(self) -> bool:
+        """Its SparkSession is up (this run's: every start removes the file first)."""
+        return self._ready_file.exists()
+
     def start(self) -> None:
+        self._ready_file.unlink(missing_ok=True)
         root = str(Path(__file__).resolve().parents[2])  # the project root, not flinkish/
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(
             p for p in (root, os.environ.get("PYTHONPATH", "")) if p)}
@@ -334,6 +342,15 @@ def _print_log_tail(console: Console, log: Path, lines: int = 40) -> None:
             console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+def _live_display(console: Console, live: bool, render: Callable[[], Group]) -> Live | None:
+    """A live display on a terminal only. Elsewhere (a pipe, a file) a Live prints just its
+    last frame, without a final newline, so the next table's title would continue its bottom
+    border: there the demo logs plain lines instead."""
+    if not (live and console.is_terminal):
+        return None
+    return Live(render(), console=console, refresh_per_second=4)
+
+
 def _exit_on(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the clean-up below
 
@@ -352,6 +369,7 @@ class _Run:
     phase: str = "starting Spark and the queries…"
     crashes: int = 0
     epoch_at_crash: int = 0
+    crashed_producing: bool = True  # the crash came while events were still produced
     silence_started: float | None = None
     resume_epoch: int | None = None
     settled_at: float | None = None  # every event read and committed by the sink query
@@ -359,50 +377,65 @@ class _Run:
     note: str = ""
 
     def step(self, elapsed: float) -> None:
+        """``elapsed``: seconds since production started. Production stops at ``duration``
+        whatever the phase; a phase that needs production (partition 2 silent, then resuming)
+        is cut short or skipped when it ends, and the crash comes then at the latest."""
         stream, query = self.stream, self.query
         if query.failed():
             raise RuntimeError("the query process failed; see its query.log")
         if not stream.running and not stream.stop.is_set():
             raise RuntimeError("the event producer stopped")
+        if stream.running and elapsed >= self.duration:
+            stream.stop.set()  # --duration bounds production, whatever the phase
+            stream.join()
+            if self.crashes == 0 and not _idle_alone(_epochs(self.checkpoint), self.topic):
+                self.note = (f"production ended (--duration {self.duration:g} s) before "
+                             f"partition {SILENT} went IDLE on its own; a longer --duration "
+                             "(60, the default) shows every phase")
+        producing = stream.running
         completed = [r for r in _epochs(self.checkpoint) if r.state == "completed"]
         now = time.monotonic()
         if self.crashes == 0:
             if not completed:
                 return  # starting: Spark, then the sink query, then the two windowed counts
             if self.silence_started is None:
-                stream.silent.set()
                 self.silence_started = now
-                self.phase = (f"partition {SILENT} falls silent: IDLE after idleTimeout "
-                              f"({IDLE_TIMEOUT_MS / 1000:g} s), the valve leaves it out")
+                if producing:
+                    stream.silent.set()
+                    self.phase = (f"partition {SILENT} falls silent: IDLE after idleTimeout "
+                                  f"({IDLE_TIMEOUT_MS / 1000:g} s), the valve leaves it out")
             elif self.resume_epoch is None:
-                if (len(_idle_alone(completed, self.topic)) >= IDLE_EPOCHS
+                if (not producing or len(_idle_alone(completed, self.topic)) >= IDLE_EPOCHS
                         or now - self.silence_started > SILENCE_MAX_S):
                     stream.silent.clear()
                     self.resume_epoch = completed[-1].epoch
-                    self.phase = f"partition {SILENT} resumes; streaming"
+                    if producing:
+                        self.phase = f"partition {SILENT} resumes; streaming"
             elif not all(c.progress().started for c in self.counts):
                 self.phase = "waiting for the windowed counts to start (before the crash)…"
-            elif completed[-1].epoch > self.resume_epoch and elapsed > self.duration * 0.45:
+            elif not producing or (completed[-1].epoch > self.resume_epoch
+                                   and elapsed > self.duration * 0.45):
                 self.epoch_at_crash = completed[-1].epoch
+                self.crashed_producing = producing
                 self.phase = "CRASH: SIGKILL of the queries' processes; restarting them…"
                 query.crash()
                 self.crashes += 1
                 query.start()
             return
-        if stream.running:
+        if producing:
             self.phase = "restarted from the checkpoints; streaming"
-            if elapsed >= self.duration and completed[-1].epoch > self.epoch_at_crash + 1:
-                stream.stop.set()  # ran its time, and the restarted query is live
-                stream.join()
             return
         self.phase = ("production finished; catching up (every partition goes IDLE, the valve "
                       "releases the maximum watermark, the last windows close)")
         times = self.produced.snapshot()
         last = ends(times)
         batches = _spark_batches(self.checkpoint, self.topic)
+        # the restarted run has done its part: committed a batch of its own, or (crashed once
+        # production was over, with every batch committed) at least started its session
+        restarted = completed[-1].epoch > self.epoch_at_crash or (
+            not self.crashed_producing and query.ready)
         settled = bool(batches) and all(batches[-1].get(p, 0) >= last[p] for p in last) and (
-            completed[-1].epoch > self.epoch_at_crash
-            and completed[-1].epoch >= len(batches) - 1)
+            restarted and completed[-1].epoch >= len(batches) - 1)
         if not settled:
             return
         if self.settled_at is None:
@@ -429,7 +462,7 @@ class _Run:
         return True
 
 
-def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | None = None,
+def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | None = None,
              live: bool = True, workdir: str | None = None) -> int:
     # a closed terminal or a kill must still stop the broker, PostgreSQL and the queries
     for sig in (signal.SIGTERM, signal.SIGHUP):
@@ -453,18 +486,19 @@ def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | N
                        str(checkpoint), str(stop_file), "--windows", str(windows),
                        "--idle-timeout", f"{IDLE_TIMEOUT_MS} milliseconds"]
             command += ["--postgres", dsn] if dsn else ["--parquet", str(output)]
-            query = QueryProcess(command, work / "query.log")
+            query = QueryProcess(command, work / "query.log", work / "ready")
             counts = [
                 WindowQuery("flinkish", "flinkish.with_watermark", windows / "flinkish", topic),
                 WindowQuery("spark", "Spark's withWatermark", windows / "spark", topic),
             ]
             run = _Run(duration, topic, checkpoint, stream, produced, query, counts)
-            # Produce from the start: a stream that paused longer than idleTimeout before the
-            # first batch would mark every partition idle, and the lagging one, resuming behind
-            # the others, would then stay unaligned (Flink's valve semantics).
+            # Produce once the queries' SparkSession is up (its start-up does not eat into
+            # --duration) but before any query starts: a stream that paused longer than
+            # idleTimeout before the first batch would mark every partition idle, and the
+            # lagging one, resuming behind the others, would then stay unaligned (Flink's valve
+            # semantics).
+            production_started: float | None = None
             try:
-                stream.start()
-                production_started = time.monotonic()
                 query.start()
 
                 def measured() -> tuple[list[EpochRow], dict[str, Comparison], int]:
@@ -478,11 +512,17 @@ def run_demo(duration: float = 30.0, target: str = "parquet", bootstrap: str | N
                                  epochs, _spark_batches(checkpoint, topic), counts, results, n,
                                  run.crashes)
 
-                display = Live(refresh(), console=console, refresh_per_second=4) if live else None
+                display = _live_display(console, live, refresh)
                 with display if display is not None else contextlib.nullcontext():
                     last_log, last_phase = 0.0, ""
                     while not run.done:
-                        run.step(time.monotonic() - production_started)
+                        if production_started is not None:
+                            run.step(time.monotonic() - production_started)
+                        elif query.failed():
+                            raise RuntimeError("the query process failed; see its query.log")
+                        elif query.ready:
+                            stream.start()
+                            production_started = time.monotonic()
                         if display is not None:
                             display.update(refresh())
                         elif run.phase != last_phase or time.monotonic() - last_log > 5:

@@ -146,6 +146,8 @@ def main() -> None:
     parser.add_argument("--table", default="demo_events")
     parser.add_argument("--windows", help="run the two windowed counts, writing under DIR")
     parser.add_argument("--idle-timeout", dest="idle_timeout", default="2 seconds")
+    parser.add_argument("--ready-file", dest="ready_file",
+                        help="created once the SparkSession is up, before any query starts")
     args = parser.parse_args()
 
     # Python workers must connect back within this; 15 s (the default) can be too short with
@@ -155,6 +157,9 @@ def main() -> None:
     import flinkish
 
     flinkish.register(spark)
+    if args.ready_file:
+        with open(args.ready_file, "w", encoding="utf-8") as ready:
+            ready.write("ready")
     progress = ProgressFiles(spark) if args.windows else None
 
     def events() -> Any:

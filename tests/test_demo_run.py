@@ -1,0 +1,124 @@
+"""The demo's pacing without Spark: ``--duration`` bounds production whatever phase the demo
+is in, the crash still comes once production is over, and the live display is only used on a
+terminal (elsewhere a Live's last frame glued the next table's title onto its border)."""
+
+from __future__ import annotations
+
+import io
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console, Group
+from rich.live import Live
+from rich.text import Text
+
+from flinkish.demo import main as demo
+from flinkish.inspect import EpochRow
+
+
+class FakeStream:
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.silent = threading.Event()
+        self.running = True
+
+    def join(self) -> None:
+        assert self.stop.is_set()
+        self.running = False
+
+
+class FakeQuery:
+    ready = True
+
+    def __init__(self) -> None:
+        self.crashes = self.starts = 0
+
+    def failed(self) -> bool:
+        return False
+
+    def crash(self) -> None:
+        self.crashes += 1
+
+    def start(self) -> None:
+        self.starts += 1
+
+
+class FakeCount:
+    def __init__(self, started: bool) -> None:
+        self._started = started
+
+    def progress(self) -> Any:
+        return type("P", (), {"started": self._started})()
+
+
+def _run(tmp_path: Path, counts_started: bool = True) -> tuple[Any, FakeStream, FakeQuery]:
+    stream, query = FakeStream(), FakeQuery()
+    run = demo._Run(10.0, "t", tmp_path, stream, demo.Produced(), query,  # type: ignore[arg-type]
+                    [FakeCount(counts_started)])  # type: ignore[list-item]
+    return run, stream, query
+
+
+def _epochs(monkeypatch: pytest.MonkeyPatch, *numbers: int) -> None:
+    rows = [EpochRow(n, "completed", 0, None, None, (), 0, 0) for n in numbers]
+    monkeypatch.setattr(demo, "_epochs", lambda checkpoint: rows)
+
+
+def test_production_stops_at_the_duration_even_before_spark_committed_anything(
+        tmp_path: Path) -> None:
+    run, stream, query = _run(tmp_path)
+    run.step(9.9)
+    assert stream.running and not stream.stop.is_set()
+    run.step(10.0)
+    assert stream.stop.is_set() and not stream.running
+    assert "production ended (--duration 10 s) before partition 2 went IDLE" in run.note
+    assert query.crashes == 0  # nothing committed yet: no crash to show
+
+
+def test_production_stops_at_the_duration_while_partition_2_is_silent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, stream, query = _run(tmp_path)
+    _epochs(monkeypatch, 0)
+    run.step(3.0)
+    assert stream.silent.is_set() and run.resume_epoch is None
+    run.step(10.5)  # production ends, and the silent phase with it
+    assert not stream.running
+    assert run.resume_epoch == 0 and not stream.silent.is_set() and query.crashes == 0
+    run.step(10.75)  # the crash follows at once
+    assert query.crashes == 1 and query.starts == 1 and run.crashes == 1
+    assert not run.crashed_producing
+
+
+def test_the_crash_waits_for_the_windowed_counts(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    run, stream, query = _run(tmp_path, counts_started=False)
+    _epochs(monkeypatch, 0)
+    for elapsed in (1.0, 10.0, 11.0, 12.0):
+        run.step(elapsed)
+    assert query.crashes == 0 and "waiting for the windowed counts" in run.phase
+
+
+def test_while_producing_the_crash_comes_after_45_percent_of_the_duration(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, stream, query = _run(tmp_path)
+    _epochs(monkeypatch, 0)
+    run.step(1.0)  # silent
+    run.resume_epoch = 0  # partition 2 was IDLE long enough
+    _epochs(monkeypatch, 0, 1)
+    run.step(4.0)
+    assert query.crashes == 0
+    run.step(4.6)
+    assert query.crashes == 1 and run.crashed_producing and stream.running
+
+
+def _frame() -> Group:
+    return Group(Text("phase"))
+
+
+def test_the_live_display_only_on_a_terminal() -> None:
+    pipe = Console(file=io.StringIO())
+    assert demo._live_display(pipe, True, _frame) is None
+    terminal = Console(file=io.StringIO(), force_terminal=True)
+    assert isinstance(demo._live_display(terminal, True, _frame), Live)
+    assert demo._live_display(terminal, False, _frame) is None
