@@ -16,6 +16,9 @@ from integration.s3_server import s3  # noqa: F401  (one S3 server per session)
 
 _names = itertools.count()
 
+PROVIDER = "spark.sql.streaming.stateStore.providerClass"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
 
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
@@ -45,3 +48,19 @@ def topic(kafka_bootstrap: str, request: pytest.FixtureRequest) -> Any:
         return name
 
     return make
+
+
+@pytest.fixture
+def rocksdb(spark: Any) -> Iterator[None]:
+    """transformWithState needs the RocksDB state store; a query copies the session's
+    configuration when it starts, so setting it for this test's queries is enough."""
+    assert spark.conf.isModifiable(PROVIDER)
+    before = spark.conf.get(PROVIDER, None)
+    spark.conf.set(PROVIDER, ROCKSDB)
+    try:
+        yield
+    finally:
+        if before is None:
+            spark.conf.unset(PROVIDER)
+        else:
+            spark.conf.set(PROVIDER, before)

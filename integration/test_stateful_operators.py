@@ -40,8 +40,6 @@ OPTIONS = {"watermark.maxOutOfOrderness": "1 second", "idleTimeout": "5 seconds"
 OWN_DELAY = "10 seconds"  # Spark's own watermark delay in the comparisons
 OWN_OPTIONS = {**OPTIONS, "maxOffsetsPerTrigger": "20"}
 DEADLINE = 150  # s, per wait: on a loaded machine a first micro-batch took 50 s
-PROVIDER = "spark.sql.streaming.stateStore.providerClass"
-ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -383,22 +381,6 @@ def timers(df: Any) -> Any:
             .transformWithStateInPandas(statefulProcessor=FireAfterQuiet(),
                                         outputStructType=FIRED, outputMode="Update",
                                         timeMode="EventTime"))
-
-
-@pytest.fixture
-def rocksdb(spark: Any) -> Iterator[None]:
-    """transformWithState needs the RocksDB state store; a query copies the session's
-    configuration when it starts, so setting it for this test's queries is enough."""
-    assert spark.conf.isModifiable(PROVIDER)
-    before = spark.conf.get(PROVIDER, None)
-    spark.conf.set(PROVIDER, ROCKSDB)
-    try:
-        yield
-    finally:
-        if before is None:
-            spark.conf.unset(PROVIDER)
-        else:
-            spark.conf.set(PROVIDER, before)
 
 
 def test_transform_with_state_event_time_timers_fire_as_the_combined_watermark_passes(
