@@ -26,7 +26,7 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
@@ -52,13 +52,16 @@ def _horizons(observed: Mapping[str, Any]) -> list[int]:
     return [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
 
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
 def _parse_ms(text: str) -> int:
     moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return int(moment.timestamp() * 1000)
+    return (moment - _EPOCH) // timedelta(milliseconds=1)  # exact where floats are not
 
 
 def _iso(ms: int) -> str:
-    return datetime.fromtimestamp(ms / 1000, tz=timezone.utc).isoformat(timespec="milliseconds")
+    return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
 
 
 def _journaled_watermark(sources: list[Mapping[str, Any]]) -> int | None:
