@@ -1,0 +1,167 @@
+"""A Spark Connect client running flinkish queries, in a process of its own (no JVM here: every
+flinkish call goes through the Connect server, see ``integration/connect_server.py``).
+
+    python -m integration.connect_client --port N --jobs jobs.json
+
+Protocol on stdout (one JSON object a line) and stdin:
+
+1. connects, calls ``flinkish.register`` and prints ``{"session": [user_id, session_id],
+   "connect": true, "register_s": …}``;
+2. waits for a line on stdin, then starts every job at once, each from its own thread behind
+   one barrier, runs each to its end and prints one result line per job (``{"name": …, "ok": …,
+   "error": …, "stopped_after": …}``) and then ``{"done": true}``;
+3. stops the session and exits when stdin closes.
+
+``jobs.json`` is a list of objects: ``name``, ``bootstrap``, ``topic``, ``checkpoint``,
+``kind`` (``records`` or ``windowed`` into the flinkish sink, ``valve`` through
+``ValveForEachBatch``), ``target`` and its ``dsn``/``table`` or ``path`` (the sink's, or for
+``valve`` the file each delivered epoch is appended to), ``max_offsets``, and optionally
+``stop_after``: run with a processing-time trigger, stop the query once that batch has committed,
+then start it again from its checkpoint and run it to the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+import traceback
+from typing import Any
+
+from flinkish.foreach_batch import WatermarkedBatch
+
+TIMEOUT_S = 300.0
+
+
+class EpochLog:
+    """``ValveForEachBatch``'s function: appends what each delivered epoch held to a file. On
+    Connect it runs in a Python process of the server, so it must be importable there."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __call__(self, batch: WatermarkedBatch) -> None:
+        records = [[r.partition, r.offset]
+                   for r in batch.records.select("partition", "offset").collect()]
+        with open(self.path, "a") as out:
+            out.write(json.dumps({
+                "epoch": batch.epoch, "rows": batch.rows, "late_rows": batch.late_rows,
+                "watermark": batch.combined_watermark, "records": records,
+            }) + "\n")
+
+
+def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
+    from pyspark.sql import functions as F
+
+    import flinkish
+    from flinkish import ValveForEachBatch
+
+    df = (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", job["bootstrap"])
+        .option("subscribe", job["topic"])
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")  # bounded: the last windows close too
+        .option("maxOffsetsPerTrigger", str(job["max_offsets"]))
+        .option("watermark.maxOutOfOrderness", "1 second")
+        .option("checkpointing.location", job["checkpoint"] + "-source-state")
+        .option("kafkaConsumer.pollTimeoutMs", "20000")
+        .load()
+    )
+    if job["kind"] == "valve":
+        writer = df.writeStream.foreachBatch(
+            ValveForEachBatch(EpochLog(job["path"]), job["checkpoint"]))
+    else:
+        if job["kind"] == "windowed":
+            counts = flinkish.with_watermark(df).groupBy(
+                F.window("eventTime", "10 seconds"), "partition").count()
+            df = counts.select(F.col("window.start").alias("window_start"),
+                               F.col("window.end").alias("window_end"), "partition", "count")
+        writer = df.writeStream.format("flinkish").outputMode("append").option(
+            "target", job["target"])
+        for key in ("dsn", "table", "path"):
+            if job.get(key):
+                writer = writer.option(key, job[key])
+    writer = writer.option("checkpointLocation", job["checkpoint"]).queryName(job["name"])
+    if available_now:
+        return writer.trigger(availableNow=True).start()
+    return writer.trigger(processingTime="0 seconds").start()
+
+
+def _run(spark: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
+    """Run one job to its end (stopped and restarted first with ``stop_after``)."""
+    result: dict[str, Any] = {"name": job["name"], "ok": False, "error": None}
+    try:
+        if job.get("stop_after") is not None:
+            query = _start(spark, job, available_now=False)
+            while time.monotonic() < deadline:
+                progress = query.lastProgress
+                if progress and progress["batchId"] >= job["stop_after"]:
+                    break
+                if not query.isActive:
+                    raise RuntimeError(f"ended before batch {job['stop_after']}: "
+                                       f"{query.exception()}")
+                time.sleep(0.2)
+            else:
+                raise TimeoutError(f"batch {job['stop_after']} not committed in time")
+            query.stop()
+            result["stopped_after"] = query.lastProgress["batchId"]
+        query = _start(spark, job, available_now=True)
+        if not query.awaitTermination(max(1.0, deadline - time.monotonic())):
+            query.stop()
+            raise TimeoutError("did not finish in time")
+        result["ok"] = True
+    except Exception as exc:  # reported to the test with the others' outcomes
+        result["error"] = "".join(traceback.format_exception_only(type(exc), exc))[-4000:]
+    return result
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--jobs", required=True)
+    args = parser.parse_args()
+    with open(args.jobs) as f:
+        jobs: list[dict[str, Any]] = json.load(f)
+
+    from pyspark.sql import SparkSession
+
+    import flinkish
+    from flinkish.connect import is_connect
+
+    spark: Any = SparkSession.builder.remote(f"sc://127.0.0.1:{args.port}").getOrCreate()
+    try:
+        began = time.monotonic()
+        flinkish.register(spark)
+        print(json.dumps({"session": [spark._client._user_id or "", spark.session_id],
+                          "connect": is_connect(spark),
+                          "register_s": round(time.monotonic() - began, 2)}), flush=True)
+        sys.stdin.readline()
+        deadline = time.monotonic() + TIMEOUT_S
+        barrier = threading.Barrier(len(jobs))
+        results: list[dict[str, Any]] = [{} for _ in jobs]
+
+        def run(i: int) -> None:
+            barrier.wait(60)
+            results[i] = _run(spark, jobs[i], deadline)
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(jobs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for result in results:
+            print(json.dumps(result), flush=True)
+        print(json.dumps({"done": True}), flush=True)
+        sys.stdin.read()  # until the test closes stdin
+    finally:
+        for query in spark.streams.active:
+            query.stop()
+        spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
