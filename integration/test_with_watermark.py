@@ -169,3 +169,79 @@ def test_plan_time_guards(spark: Any, kafka_bootstrap: str, tmp_path: Any) -> No
         flinkish.with_watermark(events, event_time="offset")
     with pytest.raises(OptionError, match="not a duration"):
         flinkish.with_watermark(events, horizon="soon")
+
+
+# --- the one-millisecond boundary (docs/semantics.md) ----------------------------------------
+
+END = BASE + WINDOW_MS  # the end of window [BASE, END)
+
+
+def punctuated(spark: Any, bootstrap: str, name: str, state: str) -> Any:
+    """One record per micro-batch; a record whose value has ``"p": true`` sets the watermark to
+    its own event time."""
+    return source(spark, bootstrap, name, state, **{
+        "watermark.strategy": "punctuated", "watermark.punctuation.field": "p",
+        "maxOffsetsPerTrigger": "1"})
+
+
+def spark_watermarks(query: Any) -> dict[int, int]:
+    from datetime import datetime
+
+    return {p["batchId"]: round(datetime.fromisoformat(
+        p["eventTime"]["watermark"].replace("Z", "+00:00")).timestamp() * 1000)
+        for p in query.recentProgress if "watermark" in p["eventTime"]}
+
+
+def test_the_one_millisecond_boundary(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Any
+) -> None:
+    """Spark sees the combined watermark W itself, not W + 1 ms: rows at or below W are late
+    (Flink's rule for elements and timers), and a window [s, e) is emitted once W >= e, while
+    Flink fires it at W >= e - 1 and calls its rows late from then on."""
+    name = topic(1)
+    flag, plain = b'{"p": true}', b"{}"
+    rows = [(BASE + 1_000, plain), (END - 1, flag),  # W = e - 1: Flink fires [BASE, END) here
+            (BASE + 15_000, plain),
+            (BASE + 2_000, plain), (END - 1, plain),  # arrive with W = e - 1 in force
+            (END, flag),  # ts = W + 1 while W = e - 1 is in force; then W = e
+            (BASE + 15_000, plain), (BASE + 16_000, plain), (BASE + 17_000, plain)]
+    produce(kafka_bootstrap, name, [(0, b"k", value, ts) for ts, value in rows])
+    flinkish.register(spark)
+
+    counts = Collector()
+    query = (counting(flinkish.with_watermark(punctuated(spark, kafka_bootstrap, name,
+                                                         str(tmp_path / "state-w"))))
+             .writeStream.foreachBatch(counts).outputMode("append")
+             .option("checkpointLocation", str(tmp_path / "ck-w"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert not query.isActive and query.exception() is None
+    marks = spark_watermarks(query)
+    at_e_minus_1 = [b for b, wm in marks.items() if wm == END - 1]
+    assert at_e_minus_1, marks  # the case happened: batches ran with W = e - 1
+    emitted = {(w, p): (c, b) for (w, p, c), (b, _) in zip(windows(counts), counts.rows,
+                                                             strict=True)}
+    count, batch = emitted[(BASE, 0)]
+    assert count == 4  # with the two rows that arrived while W = e - 1: Flink's late data
+    assert batch == min(b for b, wm in marks.items() if wm >= END) and batch > max(at_e_minus_1)
+    assert dropped(query) == 0
+
+    kept = Collector()
+    query = (flinkish.with_watermark(punctuated(spark, kafka_bootstrap, name,
+                                                str(tmp_path / "state-d")))
+             .dropDuplicatesWithinWatermark(["offset"])
+             .writeStream.foreachBatch(kept).option("checkpointLocation", str(tmp_path / "ck-d"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert not query.isActive and query.exception() is None
+    marks = spark_watermarks(query)
+    out = {r.offset: b for b, r in kept.rows}
+    # one record per batch: offset o is read in batch o. Spark judges a row late against the
+    # watermark of the batch before (EventTimeWatermark's "for late events", SPARK-40925): the
+    # row at event time e - 1 = W (offset 4) is late, the one at e = W + 1 (offset 5) is not
+    assert all(out[o] == o for o in out), out
+    assert marks[3] == marks[4] == END - 1, marks
+    late = {o for o, (ts, _) in enumerate(rows) if o > 0 and ts <= marks[o - 1]}
+    assert 4 in late and 5 not in late
+    assert sorted(out) == sorted(set(range(len(rows))) - late), (out, marks)
+    assert dropped(query) == len(late)
