@@ -141,8 +141,7 @@ _installed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def install(spark: Any) -> None:
-    """Add the monitor's listener to ``spark`` once (``with_watermark`` and ``register`` call
-    this)."""
+    """Add the monitor's listener to ``spark`` once (``with_watermark`` calls this)."""
     if spark in _installed:
         return
     spark.streams.addListener(_listener())

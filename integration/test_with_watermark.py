@@ -3,6 +3,7 @@ a real broker and real Spark, beside Spark's own ``withWatermark`` on the same d
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -245,3 +246,27 @@ def test_the_one_millisecond_boundary(
     assert 4 in late and 5 not in late
     assert sorted(out) == sorted(set(range(len(rows))) - late), (out, marks)
     assert dropped(query) == len(late)
+
+
+def test_a_filter_before_with_watermark_is_reported(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Any, caplog: Any
+) -> None:
+    """The one mistake no plan rewrite can undo: the carrier is filtered out before
+    ``with_watermark`` sees it. The query runs on, a day behind; the monitor says so."""
+    from pyspark.sql import functions as F
+
+    name = topic(2)
+    produce(kafka_bootstrap, name, wave(0, 40, (0, 1)))
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"maxOffsetsPerTrigger": "10"})
+    caplog.set_level(logging.ERROR, logger="flinkish.watermark_monitor")
+    query = (counting(flinkish.with_watermark(events.where(F.col("partition") == 1)))
+             .writeStream.format("noop").outputMode("append")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination(240)
+    assert not query.isActive and query.exception() is None
+    found = wait_for(lambda: [r for r in caplog.records if r.name == "flinkish.watermark_monitor"
+                              and query.id in r.getMessage()], 60, "the monitor's ERROR")
+    assert len(found) == 1 and found[0].levelno == logging.ERROR
+    assert "before flinkish.with_watermark" in found[0].getMessage()
