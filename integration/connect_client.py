@@ -114,7 +114,7 @@ def _run(spark: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
             raise TimeoutError("did not finish in time")
         result["ok"] = True
     except Exception as exc:  # reported to the test with the others' outcomes
-        result["error"] = "".join(traceback.format_exception_only(type(exc), exc))[-4000:]
+        result["error"] = "".join(traceback.format_exception_only(type(exc), exc))[:4000]
     return result
 
 
