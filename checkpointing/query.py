@@ -57,3 +57,19 @@ def resolve_store(location: str) -> str:
     if infos[0].type == pafs.FileType.File and infos[1].type == pafs.FileType.Directory:
         return nested
     return location
+
+
+def spark_batch_watermark(checkpoint_location: str, batch_id: int) -> int | None:
+    """Spark's event-time watermark for micro-batch ``batch_id`` (epoch ms), from the batch
+    metadata Spark journals before running the batch (``<checkpointLocation>/offsets/N``, 2nd
+    line, ``batchWatermarkMs``); None when the query has none yet (Spark writes 0) or the
+    file cannot be read. Through ``flinkish.with_watermark`` it is the valve's combined
+    watermark, one batch behind."""
+    try:
+        filesystem, base = _filesystem(checkpoint_location)
+        with filesystem.open_input_stream(posixpath.join(base, "offsets", str(batch_id))) as s:
+            metadata = json.loads(s.read().decode("utf-8").splitlines()[1])
+        value = int(metadata["batchWatermarkMs"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return None
+    return value if value > 0 else None

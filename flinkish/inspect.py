@@ -12,7 +12,10 @@ from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import resolve_store
+from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
+from flinkish_sink.target import WATERMARK_SPARK, WATERMARK_VALVE
+from flinkish_sink.two_phase_commit import published_watermark
 from flinkish_source.offset_planner import from_json as offset_from_json
 
 
@@ -27,6 +30,10 @@ class EpochRow:
     rows: int | None
     late_rows: int | None
     partitions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: where ``watermark`` comes from: "valve" (the combined watermark of the source's
+    #: markers), "spark" (Spark's event-time watermark of the batch: the rows carried no
+    #: markers), None without one
+    watermark_source: str | None = None
 
 
 class LocationNotFoundError(FileNotFoundError):
@@ -61,13 +68,12 @@ def load_epochs(location: str) -> list[EpochRow]:
         done = store.completed(epoch)
         if done is None:
             continue
-        result = done.state.get("watermark", {})
-        partitions = result.get("partitions", {})
+        result = EpochWatermark.from_json(done.state["watermark"])
+        watermark, source = published_watermark(result, done.state)
         rows.append(EpochRow(
-            epoch, "completed", done.completed_ms, _wm(result.get("watermark")),
-            result.get("status"),
-            tuple(n for n, p in partitions.items() if p.get("status") == "IDLE"),
-            done.state.get("rows"), done.state.get("late_rows"), partitions,
+            epoch, "completed", done.completed_ms, _wm(watermark), result.status,
+            tuple(result.idle_partitions), done.state.get("rows"), done.state.get("late_rows"),
+            result.partitions, source,
         ))
     for epoch in store.pending_ids():
         pending = store.pending(epoch)
@@ -150,8 +156,11 @@ def table(rows: list[EpochRow]) -> Any:
     topics = {n.rsplit("/", 1)[0] for r in rows for n in r.partitions}
     days = {format_watermark(r.committed_at)[:10] for r in rows if r.committed_at}
     title = "flinkish epochs" + (f" of topic {next(iter(topics))}" if len(topics) == 1 else "")
+    spark = any(r.watermark_source == WATERMARK_SPARK for r in rows)
     out = Table(title=title, caption="times in UTC" + (
-        f", all on {next(iter(days))}" if len(days) == 1 else ""))
+        f", all on {next(iter(days))}" if len(days) == 1 else "") + (
+        "; *: Spark's event-time watermark of the batch (its rows carried no markers; "
+        "through with_watermark it is the combined watermark)" if spark else ""))
     for header in ("epoch", "state", "committed\nat", "combined\nwatermark", "idle\npartitions",
                    "rows", "late\nrows"):
         out.add_column(header, no_wrap=True,
@@ -161,7 +170,9 @@ def table(rows: list[EpochRow]) -> Any:
         out.add_row(
             str(r.epoch), r.state,
             format_watermark(r.committed_at, not one_day)[:-4] if r.committed_at else "-",
-            format_watermark(r.watermark, not one_day), _short(r.idle_partitions, topics),
+            format_watermark(r.watermark, not one_day)
+            + (" *" if r.watermark_source == WATERMARK_SPARK else ""),
+            _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),
             "-" if r.late_rows is None else str(r.late_rows),
         )
@@ -199,9 +210,14 @@ def plot(rows: list[EpochRow], path: str) -> None:
         if idle:
             ax.scatter([e for e, _ in idle], [w for _, w in idle], s=70, facecolors="white",
                        edgecolors=line.get_color(), zorder=3)
-    combined = [(r.epoch, w) for r in done if (w := when(r.watermark)) is not None]
-    ax.plot([e for e, _ in combined], [w for _, w in combined], color="black", linewidth=6,
-            alpha=0.3, zorder=1, label="combined (valve)")
+    for source, label in ((WATERMARK_VALVE, "combined (valve)"),
+                          (WATERMARK_SPARK, "Spark's event-time watermark (no markers)")):
+        series = [(r.epoch, w) for r in done
+                if r.watermark_source == source and (w := when(r.watermark)) is not None]
+        if series or source == WATERMARK_VALVE:
+            ax.plot([e for e, _ in series], [w for _, w in series], color="black", linewidth=6,
+                    alpha=0.3, zorder=1, label=label,
+                    linestyle="-" if source == WATERMARK_VALVE else "--")
     ax.set_xlabel("epoch (micro-batch id = checkpoint id)")
     ax.set_ylabel("watermark (event time, UTC)")
     ax.set_title("flinkish: per-partition and combined watermarks (hollow = idle)")

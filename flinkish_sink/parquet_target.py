@@ -248,7 +248,8 @@ class ParquetTarget:
     # -- epoch records -------------------------------------------------------------------------
 
     def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
+        source: str | None = None,
     ) -> None:
         """Record that ``epoch`` of ``query`` is committed, so consumers can ask how far the
         data is complete. Republishing an epoch changes nothing.
@@ -270,6 +271,7 @@ class ParquetTarget:
             "query": query,
             "epoch": epoch,
             "watermark": watermark,
+            "watermark_source": source,
             "max_watermark": max(candidates) if candidates else None,
             "rows": rows,
             "late_rows": late_rows,
@@ -289,6 +291,10 @@ class ParquetTarget:
         """The largest watermark of any published epoch of ``query`` (None: none yet)."""
         record = self._latest_epoch_record(query)
         return None if record is None else record["max_watermark"]
+
+    def max_pending(self) -> None:
+        """Staged files: no limit on how many wait for the driver."""
+        return None
 
     def _latest_epoch_record(self, query: str) -> dict[str, Any] | None:
         selector = pafs.FileSelector(self._epochs_dir(query), allow_not_found=True)

@@ -32,7 +32,7 @@ from psycopg.adapt import PyFormat
 from psycopg.rows import TupleRow
 
 from flinkish_core.secrets import dsn_secrets, mask_dsn, scrub
-from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.target import FIX_WRITE_TASKS, PreCommit, TransactionId
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -113,13 +113,84 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     raise ValueError(
         f"unsupported type for column {column!r}: Arrow {dtype} has no PostgreSQL mapping "
         "(supported: integers, floats, bool, string, binary, timestamp, date32, decimal, "
-        "and list/struct/map as jsonb)"
+        "window structs as two timestamptz columns, other list/struct/map as jsonb)"
     )
 
 
 def postgres_types(schema: pa.Schema) -> list[ColumnType]:
     """:func:`postgres_type` for every field, in order."""
     return [postgres_type(field.type, field.name) for field in schema]
+
+
+#: The fields of a Spark time window (``window``, ``session_window``):
+#: struct<start: timestamp, end: timestamp>.
+WINDOW_FIELDS = ("start", "end")
+
+
+def is_window(dtype: pa.DataType) -> bool:
+    """Whether ``dtype`` is a Spark time window's struct (Arrow struct<start, end> of
+    timestamps)."""
+    return (
+        pa.types.is_struct(dtype)
+        and [dtype.field(i).name for i in range(dtype.num_fields)] == list(WINDOW_FIELDS)
+        and all(pa.types.is_timestamp(dtype.field(i).type) for i in range(dtype.num_fields))
+    )
+
+
+def table_schema(schema: pa.Schema, kept: frozenset[str] = frozenset()) -> pa.Schema:
+    """The table's columns for a stream's ``schema``: each window struct ``w`` becomes two
+    timestamp columns ``w_start`` and ``w_end`` (timestamptz: a window is queried and indexed
+    by its bounds, which a jsonb value would hide behind ``("w"->>'start')::timestamptz``),
+    except the windows in ``kept``, which an older version's table holds as one jsonb column.
+    ValueError when a split column's name is already taken by another column."""
+    fields: list[pa.Field] = []
+    for field in schema:
+        if field.name in kept or not is_window(field.type):
+            fields.append(field)
+            continue
+        for part in WINDOW_FIELDS:
+            name = f"{field.name}_{part}"
+            if name in schema.names:
+                raise ValueError(
+                    f"column {field.name!r} (a window) is stored as {field.name}_start and "
+                    f"{field.name}_end, but the stream has a column {name!r} too: rename one "
+                    "of them before the sink"
+                )
+            fields.append(pa.field(name, field.type.field(part).type))
+    return pa.schema(fields)
+
+
+def table_batch(batch: pa.RecordBatch, kept: frozenset[str] = frozenset()) -> pa.RecordBatch:
+    """``batch`` in the columns of :func:`table_schema` (windows split into their bounds)."""
+    windows = [f.name for f in batch.schema if f.name not in kept and is_window(f.type)]
+    if not windows:
+        return batch
+    columns = []
+    for field, column in zip(batch.schema, batch.columns, strict=True):
+        if field.name in windows:
+            # a NULL window has NULL bounds (a struct's children ignore the parent's validity)
+            columns += [pc.if_else(column.is_valid(), pc.struct_field(column, part), None)
+                        for part in WINDOW_FIELDS]
+        else:
+            columns.append(column)
+    return pa.RecordBatch.from_arrays(columns, schema=table_schema(batch.schema, kept))
+
+
+def kept_windows(conn: Connection, table: sql.Identifier, schema: pa.Schema) -> frozenset[str]:
+    """The window columns of ``schema`` that the existing ``table`` holds as one jsonb column
+    (created by a version before windows were split) and lacks ``<name>_start`` for: they
+    keep being written as jsonb. Empty when the stream has no window (no query then)."""
+    windows = [f.name for f in schema if is_window(f.type)]
+    if not windows:
+        return frozenset()
+    names = [*windows, *(f"{w}_start" for w in windows)]
+    found: dict[str, str] = dict(conn.execute(
+        "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
+        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped "
+        "AND a.attname = ANY(%s)",
+        [table.as_string(conn), names],
+    ).fetchall())
+    return frozenset(w for w in windows if found.get(w) == "jsonb" and f"{w}_start" not in found)
 
 
 def _binary_values(data: np.ndarray, width: int) -> pa.Array:
@@ -225,7 +296,11 @@ def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
     return memoryview(rows.buffers()[2])[start:end]
 
 
-def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
+def _copy_into(
+    conn: Connection, table: sql.Composable, batch: pa.RecordBatch, kept: frozenset[str]
+) -> None:
+    """COPY ``batch`` into ``table``, windows split as :func:`table_batch` does."""
+    batch = table_batch(batch, kept)
     types = postgres_types(batch.schema)
     if batch.num_rows == 0:
         return
@@ -273,9 +348,11 @@ class PostgresTransaction:
     """
 
     def __init__(
-        self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema
+        self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
+        kept: frozenset[str] | None = None,
     ) -> None:
-        postgres_types(schema)  # fail before connecting if a column cannot be stored
+        """``kept``: the windows the table keeps as jsonb (None: look them up here)."""
+        postgres_types(table_schema(schema))  # fail before connecting if a column cannot be stored
         self.txn = txn
         self._table = table
         self._types = schema.types
@@ -283,6 +360,7 @@ class PostgresTransaction:
         self._prepared = False
         # application_name shows in pg_stat_activity which attempt holds a session.
         self._conn = _connect(dsn, application_name=txn.gid[:63])
+        self._kept = kept_windows(self._conn, table, schema) if kept is None else kept
         self._conn.execute("BEGIN")
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -292,13 +370,22 @@ class PostgresTransaction:
             raise ValueError(
                 f"batch types {batch.schema.types} differ from the transaction's {self._types}"
             )
-        _copy_into(self._conn, self._table, batch)
+        _copy_into(self._conn, self._table, batch, self._kept)
         self._rows += batch.num_rows
 
     def pre_commit(self) -> PreCommit:
-        prepared = self._conn.execute(
-            sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(self.txn.gid))
-        )
+        try:
+            prepared = self._conn.execute(
+                sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(self.txn.gid))
+            )
+        except psycopg.errors.OutOfMemory as exc:  # SQLSTATE 53200, as PostgreSQL reports it
+            if "prepared transactions" not in str(exc):
+                raise
+            hint = exc.diag.message_hint or "Increase max_prepared_transactions"
+            raise RuntimeError(
+                f"PostgreSQL refused to prepare {self.txn.gid}: all its prepared-transaction "
+                f"slots are taken ({hint.rstrip('.')}); {FIX_WRITE_TASKS}"
+            ) from exc
         if prepared.statusmessage != "PREPARE TRANSACTION":
             # PostgreSQL answers PREPARE in a failed transaction with a ROLLBACK, not an error.
             # Reporting success here would make the driver "commit" rows that do not exist.
@@ -343,6 +430,10 @@ class PostgresTarget:
         self._epochs = _identifier(self.epochs_table)
         self._conn: Connection | None = None
         self._epochs_ready = False
+        # the windows the table keeps as jsonb, once known (check sets it on the driver and
+        # it travels to the tasks with the pickled target; otherwise each looks it up)
+        self._kept: frozenset[str] | None = None
+        self._max_pending: int | None = None
 
     def __repr__(self) -> str:
         return f"PostgresTarget({mask_dsn(self.dsn)!r}, {self.table!r})"
@@ -362,11 +453,12 @@ class PostgresTarget:
     def check(self, schema: pa.Schema) -> None:
         """Fail unless the server can prepare transactions (when ``two_phase``) and the table
         fits ``schema``; create the table (and the epochs table) if missing."""
-        types = postgres_types(schema)
         conn = self._connection()
-        setting = conn.execute("SHOW max_prepared_transactions").fetchone()
-        if self.two_phase and (setting is None or int(setting[0]) <= 0):
+        if self.two_phase and not self.max_pending():
             raise RuntimeError(f"PostgreSQL at {conn.info.host}:{conn.info.port}: {_FIX_2PC}")
+        self._kept = kept_windows(conn, self._table, schema)
+        schema = table_schema(schema, self._kept)
+        types = postgres_types(schema)
         found = conn.execute(
             "SELECT to_regclass(%s)::oid", [self._table.as_string(conn)]
         ).fetchone()
@@ -414,12 +506,22 @@ class PostgresTarget:
                 f"table {self.table} does not fit the stream's schema: " + "; ".join(problems)
             )
 
+    def max_pending(self) -> int:
+        """The server's ``max_prepared_transactions`` (asked once per target)."""
+        if self._max_pending is None:
+            setting = self._connection().execute("SHOW max_prepared_transactions").fetchone()
+            self._max_pending = 0 if setting is None else int(setting[0])
+        return self._max_pending
+
     def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> PostgresTransaction:
-        return PostgresTransaction(self.dsn, self._table, txn, schema)
+        return PostgresTransaction(self.dsn, self._table, txn, schema, self._kept)
 
     def write_direct(self, batch: pa.RecordBatch) -> None:
         """One COPY in autocommit mode: the batch commits as a whole, at once."""
-        _copy_into(self._connection(), self._table, batch)
+        conn = self._connection()
+        if self._kept is None:
+            self._kept = kept_windows(conn, self._table, batch.schema)
+        _copy_into(conn, self._table, batch, self._kept)
 
     def commit(self, pre_commit: PreCommit) -> None:
         """COMMIT PREPARED; a gid that is no longer prepared was committed before.
@@ -474,17 +576,27 @@ class PostgresTarget:
                     watermark bigint,
                     rows bigint NOT NULL,
                     late_rows bigint NOT NULL,
+                    watermark_source text,
                     PRIMARY KEY (query, epoch)
                 )
                 """
             ).format(self._epochs)
         )
+        # an epochs table created before watermark_source existed gets the column (NULL in
+        # its older rows)
+        self._connection().execute(
+            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS watermark_source text").format(
+                self._epochs
+            )
+        )
         self._epochs_ready = True
 
     def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
+        source: str | None = None,
     ) -> None:
-        """Record that ``epoch`` of ``query`` is committed, with the combined watermark.
+        """Record that ``epoch`` of ``query`` is committed, with its watermark and where that
+        comes from (``source``, see :data:`~flinkish_sink.target.WATERMARK_VALVE`).
 
         First write wins: a replayed epoch (the driver crashed after publishing) leaves the
         row, including ``committed_at``, as it was.
@@ -492,10 +604,10 @@ class PostgresTarget:
         self._ensure_epochs_table()
         self._connection().execute(
             sql.SQL(
-                "INSERT INTO {} (query, epoch, watermark, rows, late_rows) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
+                "INSERT INTO {} (query, epoch, watermark, rows, late_rows, watermark_source) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
             ).format(self._epochs),
-            [query, epoch, watermark, rows, late_rows],
+            [query, epoch, watermark, rows, late_rows, source],
         )
 
     def committed_watermark(self, query: str) -> int | None:

@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.epoch_watermarks import latest_watermark
 from checkpointing.failpoints import failpoint
-from checkpointing.query import query_id
+from checkpointing.query import query_id, spark_batch_watermark
 from checkpointing.query import store_location as _store_location
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.errors import OptionError
@@ -45,7 +45,13 @@ from flinkish_core.markers import (
     Marker,
 )
 from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
-from flinkish_sink.target import PreCommit, Target, TaskTransaction, TransactionId
+from flinkish_sink.target import (
+    FIX_WRITE_TASKS,
+    PreCommit,
+    Target,
+    TaskTransaction,
+    TransactionId,
+)
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
 logger = logging.getLogger(__name__)
@@ -54,6 +60,54 @@ _MARKER_KINDS = pa.array(MARKER_KINDS)
 
 #: (options, schema) pairs whose targets this process has checked (and created) already.
 _CHECKED: set[tuple[str, str]] = set()
+
+#: Write tasks per epoch above which the sink warns even where the target allows them. With
+#: exactly-once each task opens its own PostgreSQL session and holds one prepared transaction
+#: (its locks, a shared-memory slot, an fsync at PREPARE and another at the driver's COMMIT
+#: PREPARED, which runs them one after another) until the epoch commits: a per-epoch cost
+#: that grows with the tasks, not the rows, while more tasks than the cluster's cores add
+#: no parallelism. 64 covers a generous cluster; it is also the max_prepared_transactions
+#: the sink's setup message suggests, and below PostgreSQL's default max_connections (100).
+SENSIBLE_WRITE_TASKS = 64
+
+#: Queries this process has warned about their number of write tasks (said once a query).
+_WARNED_TASKS: set[str] = set()
+
+#: Spark's metadata key of a column that carries an event-time watermark (``withWatermark``,
+#: and the ``window`` computed from such a column).
+_WATERMARK_METADATA = "spark.watermarkDelayMs"
+#: Columns that identify the flinkish source's rows: a stream that has them but not the
+#: marker columns is the source's output with its markers dropped.
+_SOURCE_ROW_COLUMNS = frozenset({"topic", "partition", "offset"})
+
+
+def dropped_markers(schema: StructType) -> bool:
+    """Whether ``schema`` looks like the flinkish source's rows with the marker columns
+    dropped (a projection that should have kept them), rather than a stateful operator's
+    output: the source's row columns, no ``kind`` and no column with an event-time
+    watermark."""
+    names = set(schema.fieldNames())
+    return (
+        names >= _SOURCE_ROW_COLUMNS and "kind" not in names
+        and not any(_WATERMARK_METADATA in (f.metadata or {}) for f in schema.fields)
+    )
+
+
+def write_task_problem(tasks: int, limit: int) -> str | None:
+    """Why ``tasks`` write tasks per epoch are too many for a PostgreSQL server holding at
+    most ``limit`` prepared transactions at once, with the fix; None when they are not."""
+    if tasks > limit:
+        return (
+            f"{tasks} write tasks but PostgreSQL's max_prepared_transactions is {limit}: the "
+            f"epoch fails when they pre-commit; {FIX_WRITE_TASKS}"
+        )
+    if tasks > SENSIBLE_WRITE_TASKS:
+        return (
+            f"{tasks} write tasks, more than {SENSIBLE_WRITE_TASKS}: each pays a session and a "
+            f"prepared transaction per epoch (PostgreSQL allows {limit} at once); "
+            f"{FIX_WRITE_TASKS}"
+        )
+    return None
 
 #: The checkpoint stores this process holds a claim on, by (store location, query id), with
 #: the run that claimed it (see the module docstring).
@@ -119,6 +173,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, schema: StructType, raw_options: dict[str, str]) -> None:
         self._options = parse_sink_options(raw_options)
         self._has_kind = "kind" in schema.fieldNames()
+        self._dropped_markers = dropped_markers(schema)
         self._data_schema = _data_schema(schema)
         self._event_time = (
             self._options.event_time_column
@@ -137,10 +192,12 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         # a hash, not the options: the DSN may hold a password
         checked = (self._options.fingerprint, self._data_schema.to_string())
         if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
-            if not self._has_kind:  # said once, not at every batch
+            if self._dropped_markers:  # said once, not at every batch
                 logger.warning(
-                    "the flinkish sink got no marker rows (no 'kind' column): it commits "
-                    "exactly once but cannot compute a combined watermark or judge late rows"
+                    "the flinkish sink got the source's rows without their marker columns "
+                    "(kind, watermark, status): it commits exactly once but cannot compute a "
+                    "combined watermark or judge late rows. Keep those columns in the "
+                    "projection before writeStream (the sink drops them itself)"
                 )
             self._target.check(self._data_schema)
             if self._side is not None:
@@ -253,6 +310,19 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         _STORES[key] = (run, store)
         return store
 
+    def _check_write_tasks(self, tasks: int) -> None:
+        """Warn once per query when an epoch has more write tasks than PostgreSQL holds
+        prepared transactions (the epoch fails) or than is sensible
+        (:data:`SENSIBLE_WRITE_TASKS`). Parquet's staged files have no such limit."""
+        if (self._options.guarantee is not DeliveryGuarantee.EXACTLY_ONCE
+                or self._query in _WARNED_TASKS):
+            return
+        limit = self._target.max_pending()
+        problem = None if limit is None else write_task_problem(tasks, limit)
+        if problem is not None:
+            _WARNED_TASKS.add(self._query)
+            logger.warning("flinkish sink, query %s: %s", self._query, problem)
+
     def _coordinator(self, run: str | None = None, *, claim: bool = True
                      ) -> TwoPhaseCommitCoordinator:
         if claim:
@@ -270,14 +340,21 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self._options.guarantee is DeliveryGuarantee.NONE:
             return
+        self._check_write_tasks(len(messages))
         received = [m for m in messages if isinstance(m, SinkCommitMessage)]
         run = next((m.run for m in received if m.run), None)
+        # without markers the valve has nothing; Spark's event-time watermark of the batch is
+        # the next best (through with_watermark it is the combined watermark)
+        spark_watermark = None
+        if not self._has_kind and self._options.checkpoint_location:
+            spark_watermark = spark_batch_watermark(self._options.checkpoint_location, batchId)
         outcome = self._coordinator(run).commit_epoch(
             batchId,
             [PreCommit.from_json(p) for m in received for p in m.pre_commits],
             [Marker.from_json(mk) for m in received for mk in m.markers],
             sum(m.rows for m in received),
             sum(m.late_rows for m in received),
+            spark_watermark,
         )
         logger.info(
             "epoch %s committed: watermark %s, %s rows (%s late)%s", batchId,
@@ -288,6 +365,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self._options.guarantee is not DeliveryGuarantee.EXACTLY_ONCE:
             return
+        self._check_write_tasks(len(messages))  # too many of them may be why the epoch failed
         pre_commits = [
             PreCommit.from_json(p)
             for m in messages if isinstance(m, SinkCommitMessage) for p in m.pre_commits

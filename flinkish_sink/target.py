@@ -17,6 +17,22 @@ import pyarrow as pa
 
 _GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
+#: Where an epoch's published watermark comes from: the valve over the source's marker rows
+#: (the combined watermark after the epoch), or, when the rows carry no markers (a stateful
+#: operator's output), Spark's event-time watermark of the micro-batch.
+WATERMARK_VALVE = "valve"
+WATERMARK_SPARK = "spark"
+
+#: What to do when an epoch has more write tasks than prepared transactions can be held.
+FIX_WRITE_TASKS = (
+    "each write task of an epoch keeps one prepared transaction until the driver commits the "
+    "epoch. Fix: fewer write tasks — set spark.sql.shuffle.partitions (its default 200 is "
+    "the number of write tasks after an aggregation; the number of cores is plenty) or "
+    "coalesce(n) the stream before writeStream — or raise the server's "
+    "max_prepared_transactions above the write tasks of all queries writing to it "
+    "(ALTER SYSTEM SET max_prepared_transactions = N, then restart PostgreSQL)"
+)
+
 
 @dataclass(frozen=True, order=True)
 class TransactionId:
@@ -140,13 +156,19 @@ class Target(Protocol):
         modification time); None where the target cannot tell."""
 
     def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
+        source: str | None = None,
     ) -> None:
-        """Record a committed epoch and its combined watermark beside the data, so a consumer
-        can ask "is everything up to event time T in?". Idempotent per (query, epoch)."""
+        """Record a committed epoch and its watermark beside the data, so a consumer can ask
+        "is everything up to event time T in?"; ``source`` says which watermark it is
+        (:data:`WATERMARK_VALVE` or :data:`WATERMARK_SPARK`). Idempotent per (query, epoch)."""
 
     def committed_watermark(self, query: str) -> int | None:
         """The highest combined watermark published for ``query``."""
+
+    def max_pending(self) -> int | None:
+        """How many pre-commits the target can hold at once, over all queries (PostgreSQL's
+        ``max_prepared_transactions``); None when it sets no limit."""
 
     def close(self) -> None:
         """Release connections."""

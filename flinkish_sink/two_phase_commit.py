@@ -31,11 +31,33 @@ from flinkish_core.durations import format_duration
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.markers import Marker
 from flinkish_core.watermark import MIN_WATERMARK
-from flinkish_sink.target import PreCommit, Target, TransactionId
+from flinkish_sink.target import (
+    WATERMARK_SPARK,
+    WATERMARK_VALVE,
+    PreCommit,
+    Target,
+    TransactionId,
+)
 
 logger = logging.getLogger(__name__)
 
 LATE_SUFFIX = "-late"
+
+#: The key of Spark's event-time watermark of the epoch in its decision record (and so in its
+#: completed checkpoint): None, or absent in records of older versions, when not given.
+SPARK_WATERMARK_KEY = "spark_watermark"
+
+
+def published_watermark(
+    result: EpochWatermark, state: dict[str, Any]
+) -> tuple[int | None, str | None]:
+    """The watermark an epoch publishes and where it comes from: the valve's combined
+    watermark once it has one, else Spark's event-time watermark recorded in the epoch's
+    ``state`` (its decision record or completed checkpoint), else none."""
+    if result.watermark != MIN_WATERMARK:
+        return result.watermark, WATERMARK_VALVE
+    spark = state.get(SPARK_WATERMARK_KEY)
+    return (None, None) if spark is None else (int(spark), WATERMARK_SPARK)
 
 
 @dataclass(frozen=True)
@@ -89,8 +111,15 @@ class TwoPhaseCommitCoordinator:
         markers: Iterable[Marker],
         rows: int,
         late_rows: int,
+        spark_watermark: int | None = None,
     ) -> EpochOutcome:
-        """Decide, commit and complete epoch ``epoch``; idempotent under Spark's replays."""
+        """Decide, commit and complete epoch ``epoch``; idempotent under Spark's replays.
+
+        ``spark_watermark``: Spark's event-time watermark of the micro-batch, given when the
+        rows carry no markers (a stateful operator's output); it is published for the epoch
+        while the valve has no combined watermark. It is recorded with the decision, so a
+        replay publishes the same value. Late rows are still judged on the valve only: the
+        stateful operator that made the rows dropped its late input already."""
         pre_commits = list(pre_commits)
         done = self._store.completed(epoch)
         if done is not None:
@@ -114,6 +143,7 @@ class TwoPhaseCommitCoordinator:
                     "markers": [m.to_json() for m in markers],
                     "rows": rows,
                     "late_rows": late_rows,
+                    SPARK_WATERMARK_KEY: spark_watermark,
                 },
             )
             failpoint("after_decision", query=self._query, epoch=epoch)
@@ -139,9 +169,9 @@ class TwoPhaseCommitCoordinator:
         result = advance_epoch(
             self._store, epoch, (Marker.from_json(m) for m in decision["markers"])
         )
-        published = None if result.watermark == MIN_WATERMARK else result.watermark
+        published, source = published_watermark(result, decision)
         self._target.publish_epoch(
-            self._query, epoch, published, decision["rows"], decision["late_rows"]
+            self._query, epoch, published, decision["rows"], decision["late_rows"], source
         )
         failpoint("before_checkpoint", query=self._query, epoch=epoch)
         checkpoint = self._store.complete(epoch, {**decision, STATE_KEY: result.to_json()})

@@ -297,7 +297,7 @@ def test_publish_epoch_is_idempotent_and_tracks_the_max_watermark(
     target.publish_epoch("q1", 0, None, rows=0, late_rows=0)
     assert target.committed_watermark("q1") is None
 
-    target.publish_epoch("q1", 1, 100, rows=5, late_rows=1)
+    target.publish_epoch("q1", 1, 100, rows=5, late_rows=1, source="spark")
     record = out / EPOCHS_DIR / "q1" / "000000001.json"
     before = record.read_bytes()
     target.publish_epoch("q1", 1, 500, rows=7, late_rows=0)  # a replay changes nothing
@@ -306,6 +306,7 @@ def test_publish_epoch_is_idempotent_and_tracks_the_max_watermark(
         "query": "q1",
         "epoch": 1,
         "watermark": 100,
+        "watermark_source": "spark",
         "max_watermark": 100,
         "rows": 5,
         "late_rows": 1,

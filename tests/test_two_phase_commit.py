@@ -178,6 +178,7 @@ def decision_state(pcs: Sequence[PreCommit], ms: Sequence[Marker], late_rows: in
         "markers": [m.to_json() for m in ms],
         "rows": sum(pc.rows for pc in pcs),
         "late_rows": late_rows,
+        "spark_watermark": None,
     }
 
 
@@ -202,7 +203,7 @@ def test_commit_epoch_commits_publishes_and_completes(env: Env) -> None:
     assert env.target.committed_watermark(QUERY) == 800
     assert env.epoch_record(0) == {
         "query": QUERY, "epoch": 0, "watermark": 800, "max_watermark": 800, "rows": 9,
-        "late_rows": 0,
+        "late_rows": 0, "watermark_source": "valve",
     }
     view = env.view()
     checkpoint = view.latest_completed()
@@ -232,6 +233,29 @@ def test_an_epoch_without_markers_or_rows_completes_and_publishes_no_watermark(e
     assert env.target.committed_watermark(QUERY) is None
     assert env.epoch_record(0)["watermark"] is None
     assert env.view().completed_ids() == [0]
+
+
+def test_without_markers_the_epoch_publishes_sparks_event_time_watermark(env: Env) -> None:
+    """A stateful operator's output carries no markers: the epoch publishes the watermark
+    Spark ran the batch with, says so, and a replay publishes the recorded value, not a new
+    one; late rows are still judged on the valve only (Spark dropped its late input)."""
+    pcs = [pre_commit(env.target, 0, task) for task in range(2)]
+    with crash_at("before_checkpoint"), pytest.raises(Crash):
+        env.coordinator().commit_epoch(0, pcs, [], rows=6, late_rows=0, spark_watermark=5_000)
+    outcome = env.coordinator().commit_epoch(0, [], [], 6, 0, spark_watermark=9_999)
+    assert outcome.replayed is True
+    assert env.epoch_record(0)["watermark"] == 5_000
+    assert env.epoch_record(0)["watermark_source"] == "spark"
+    assert env.target.committed_watermark(QUERY) == 5_000
+    assert outcome.checkpoint.state["spark_watermark"] == 5_000
+    assert outcome.watermark.watermark == MIN_WATERMARK  # the valve saw nothing
+    assert late_threshold(outcome.watermark, 1) == MIN_WATERMARK  # so nothing is late
+    # markers win: once the valve has a combined watermark, Spark's is not published
+    ms = [Marker("t", 0, 0, KIND_STATUS, status="ACTIVE"),
+          Marker("t", 0, 3, KIND_WATERMARK, watermark=700)]
+    env.coordinator().commit_epoch(1, [], ms, 0, 0, spark_watermark=9_000)
+    assert (env.epoch_record(1)["watermark"], env.epoch_record(1)["watermark_source"]) == (
+        700, "valve")
 
 
 def test_recommitting_a_completed_epoch_writes_nothing_and_rolls_back_the_replay(
@@ -630,12 +654,16 @@ class PreparedTransactionTarget:
         return dict.fromkeys(self.pending(prefix, query))
 
     def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
+        source: str | None = None,
     ) -> None:
         self.server.epochs.setdefault(epoch, watermark)
 
     def committed_watermark(self, query: str) -> int | None:
         return max((w for w in self.server.epochs.values() if w is not None), default=None)
+
+    def max_pending(self) -> int | None:
+        return None
 
     def close(self) -> None:
         pass
