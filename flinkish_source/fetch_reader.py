@@ -32,7 +32,7 @@ from flinkish_source.kafka_client import (
     PooledRangeReader,
     RangeKey,
 )
-from flinkish_source.options import FetchClient, SourceOptions
+from flinkish_source.options import SourceOptions
 
 logger = logging.getLogger(__name__)
 
@@ -50,10 +50,25 @@ _SECURE_PREFIXES = ("sasl.", "ssl.")
 _PLAIN_PROTOCOLS = ("plaintext", "")
 
 
+#: partitions whose hand-over to librdkafka this process has reported (once is enough to
+#: tell the operator; the rest would flood the log of a query that reads an old topic)
+_FELL_BACK: set[tuple[str, int]] = set()
+
+
+def warn_fallback(topic: str, partition: int, what: str) -> None:
+    """A WARNING, once per process and partition: the native path hands a range to librdkafka
+    (records are neither skipped nor failed, but the operator should know why it is slower)."""
+    if (topic, partition) in _FELL_BACK:
+        logger.debug("%s/%d: %s", topic, partition, what)
+        return
+    _FELL_BACK.add((topic, partition))
+    logger.warning("%s/%d: %s; further hand-overs of this partition are logged at DEBUG",
+                   topic, partition, what)
+
+
 def eligible(options: SourceOptions) -> str | None:
-    """None when read tasks can fetch natively for this query; otherwise why not."""
-    if options.fetch_client is FetchClient.LIBRDKAFKA:
-        return "option kafkaConsumer.fetch=librdkafka"
+    """None when read tasks of a ``kafkaConsumer.fetch=native`` query can fetch natively;
+    otherwise why not."""
     protocol = str(options.kafka_config.get("security.protocol", "")).strip()
     if protocol.lower() not in _PLAIN_PROTOCOLS:
         return f"kafka.security.protocol={protocol} (only plaintext connections are native)"
@@ -138,8 +153,9 @@ class FetchRangeReader(PooledRangeReader):
             time.sleep(min(0.05, wait.remaining()))
 
     def _read_with_librdkafka(self, r: _FetchRange) -> Iterator[Any]:
-        logger.info("%s/%d: reading offsets %d..%d with librdkafka (%s)", r.topic, r.partition,
-                    r.decoder.position, r.end - 1, r.fallback)
+        warn_fallback(r.topic, r.partition,
+                      f"reading offsets {r.decoder.position}..{r.end - 1} with librdkafka "
+                      f"({r.fallback})")
         rest = (r.topic, r.partition, r.decoder.position, r.end)
         with kafka_client.RangeReader(self._options, [rest], self._chunk, self._pool) as own:
             yield from own.read(*rest)

@@ -45,7 +45,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from flinkish_core.secrets import scrub
-from flinkish_source.options import SourceOptions
+from flinkish_source.options import FetchClient, SourceOptions
 
 TopicPartitionKey = tuple[str, int]
 logger = logging.getLogger(__name__)
@@ -824,16 +824,19 @@ def range_reader(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int)
     (:func:`~flinkish_source.fetch_reader.eligible`), else :class:`RangeReader`."""
     from flinkish_source import fetch_reader
 
+    if options.fetch_client is FetchClient.LIBRDKAFKA:
+        return RangeReader(options, ranges, chunk)
     why_not = fetch_reader.eligible(options)
     if why_not is None:
         return fetch_reader.FetchRangeReader(options, ranges, chunk)
-    _log_librdkafka_once(why_not)
+    _warn_librdkafka_once(why_not)
     return RangeReader(options, ranges, chunk)
 
 
 @functools.cache
-def _log_librdkafka_once(why: str) -> None:
-    logger.info("read tasks read records with librdkafka: %s", why)
+def _warn_librdkafka_once(why: str) -> None:
+    logger.warning("kafkaConsumer.fetch=native: read tasks read records with librdkafka "
+                   "instead: %s", why)
 
 
 _announced = threading.local()

@@ -32,8 +32,10 @@ LATEST = -1
 class FetchClient(Enum):
     """How read tasks fetch records (option ``kafkaConsumer.fetch``)."""
 
-    NATIVE = "native"  # Fetch requests decoded into Arrow (flinkish_source.kafka_fetch)
-    LIBRDKAFKA = "librdkafka"  # confluent-kafka's consumer, one Message per record
+    LIBRDKAFKA = "librdkafka"  # confluent-kafka's consumer, one Message per record (default)
+    # experimental: Fetch requests decoded into Arrow (flinkish_source.kafka_fetch), handing
+    # whatever it cannot read to librdkafka
+    NATIVE = "native"
 
 
 class WatermarkKind(Enum):
@@ -140,7 +142,7 @@ class SourceOptions:
     # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
     max_read_tasks: int | None = None
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
-    fetch_client: FetchClient = FetchClient.NATIVE
+    fetch_client: FetchClient = FetchClient.LIBRDKAFKA
 
     @property
     def read_committed(self) -> bool:
@@ -382,12 +384,14 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             f"option kafkaConsumer.pollTimeoutMs: {poll_text!r} is not a positive number of ms"
         )
 
-    fetch_text = options.get("kafkaconsumer.fetch", FetchClient.NATIVE.value).strip().lower()
+    fetch_text = options.get("kafkaconsumer.fetch", FetchClient.LIBRDKAFKA.value)
+    fetch_text = fetch_text.strip().lower()
     if fetch_text not in {c.value for c in FetchClient}:
         raise OptionError(
-            f"option kafkaConsumer.fetch: {fetch_text!r} is not one of native (the default: "
-            "Fetch requests decoded into Arrow, librdkafka where that cannot read) or "
-            "librdkafka (every record through confluent-kafka's consumer)"
+            f"option kafkaConsumer.fetch: {fetch_text!r} is not one of librdkafka (the "
+            "default: every record through confluent-kafka's consumer) or native "
+            "(experimental: Fetch requests decoded into Arrow, librdkafka where that cannot "
+            "read)"
         )
 
     counts: dict[str, int | None] = {}

@@ -22,6 +22,7 @@ import pytest
 from record_batches import Rec, batch, plain
 from test_consumer_pool import FakeConsumer
 
+import flinkish_source.fetch_reader as fetch_reader
 import flinkish_source.kafka_client as kafka_client
 from flinkish_source.fetch_reader import FetchRangeReader, eligible
 from flinkish_source.kafka_client import ConsumerPool, DataLossError, KafkaUnavailableError
@@ -168,7 +169,7 @@ class MetadataConsumer:
 def options(**extra: str) -> Any:
     return parse_options({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
                           "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "1500",
-                          **extra})
+                          "kafkaConsumer.fetch": "native", **extra})
 
 
 @pytest.fixture
@@ -280,8 +281,6 @@ def test_an_unreachable_leader_fails_after_the_bound_naming_the_option(
 def test_which_queries_the_native_path_reads_for() -> None:
     assert eligible(options()) is None
     assert eligible(options(**{"kafka.security.protocol": "PLAINTEXT"})) is None
-    assert "kafkaConsumer.fetch=librdkafka" in str(
-        eligible(options(**{"kafkaConsumer.fetch": "librdkafka"})))
     assert "SASL_SSL" in str(eligible(options(**{"kafka.security.protocol": "SASL_SSL"})))
     assert eligible(options(**{"kafka.ssl.ca.location": "/ca.pem"})) is not None
     assert eligible(options(includeHeaders="true")) is None  # headers are decoded too
@@ -290,7 +289,7 @@ def test_which_queries_the_native_path_reads_for() -> None:
 def test_a_bad_fetch_option_names_the_choices() -> None:
     from flinkish_core.errors import OptionError
 
-    with pytest.raises(OptionError, match="kafkaConsumer.fetch: 'fast' is not one of native"):
+    with pytest.raises(OptionError, match="kafkaConsumer.fetch: 'fast' is not one of librdkafka"):
         options(**{"kafkaConsumer.fetch": "fast"})
 
 
@@ -315,10 +314,27 @@ def test_a_batch_it_cannot_decode_hands_the_rest_of_the_range_to_librdkafka(
                                                                           broker.port))
     monkeypatch.setattr(kafka_client, "POOL",
                         ConsumerPool(factory=lambda config: made, evict_interval=0))
-    caplog.set_level(logging.INFO, logger="flinkish_source.fetch_reader")
+    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
+    caplog.set_level(logging.WARNING, logger="flinkish_source.fetch_reader")
     with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
         chunks = list(reader.read("t", 0, 0, 20))
     assert [m.offset() for c in chunks for m in c] == list(range(20))
     assert isinstance(chunks[0], RecordChunk) and not isinstance(chunks[-1], RecordChunk)
-    assert "t/0: reading offsets 10..19 with librdkafka (record batch magic 1 at offset 10)" \
-        in caplog.text
+    warned = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert len(warned) == 1 and "t/0: reading offsets 10..19 with librdkafka (record batch " \
+        "magic 1 at offset 10)" in warned[0].getMessage()
+    with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        list(reader.read("t", 0, 0, 20))
+    assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1  # once
+
+
+def test_librdkafka_reads_by_default_and_native_is_opt_in() -> None:
+    from flinkish_source.options import FetchClient
+
+    default = parse_options({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
+                             "includeMarkers": "false"})
+    assert default.fetch_client is FetchClient.LIBRDKAFKA
+    assert isinstance(kafka_client.range_reader(default, [("t", 0, 0, 5)], 10),
+                      kafka_client.RangeReader)
+    assert isinstance(kafka_client.range_reader(options(), [("t", 0, 0, 5)], 10),
+                      FetchRangeReader)
