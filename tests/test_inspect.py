@@ -82,3 +82,25 @@ def test_held_and_capped_partitions_from_sparks_offsets_log(tmp_path: Path) -> N
     assert held_partitions(str(tmp_path)) == {1: ["t/1"]}
     assert capped_partitions(str(tmp_path)) == {2: ["t/0"]}
     assert held_partitions(str(tmp_path / "missing")) == {}
+
+
+def test_epochs_without_markers_show_sparks_event_time_watermark(tmp_path: Path) -> None:
+    """A windowed count's epochs (no markers, Spark's watermark recorded by the sink): the
+    table shows it, marked as Spark's, and the plot draws it."""
+    location = tmp_path / "ck" / "flinkish"
+    store = CheckpointStore(CheckpointStorage.open(str(location)), owner="q")
+    for epoch, spark in enumerate([None, T, T + 60_000]):
+        store.complete(epoch, {"watermark": advance(initial(), epoch, []).to_json(), "rows": 2,
+                               "late_rows": 0, "spark_watermark": spark})
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q"}\n')
+    rows = load_epochs(str(tmp_path / "ck"))
+    assert [(r.watermark, r.watermark_source) for r in rows] == [
+        (None, None), (T, "spark"), (T + 60_000, "spark")]
+    console = Console(record=True, width=160)
+    console.print(table(rows))
+    text = console.export_text()
+    assert "22:13:20.000 *" in text and "22:14:20.000 *" in text
+    assert "Spark's event-time watermark of the batch" in text
+    out = tmp_path / "wm.png"
+    plot(rows, str(out))
+    assert out.read_bytes()[:4] == b"\x89PNG"

@@ -19,8 +19,11 @@ from psycopg.adapt import PyFormat
 
 from flinkish_sink.postgres_target import (
     encode_rows,
+    is_window,
     postgres_type,
     postgres_types,
+    table_batch,
+    table_schema,
 )
 
 UTC = timezone.utc
@@ -181,3 +184,40 @@ def test_sliced_batches_encode_only_their_rows() -> None:
     part = batch.slice(1, 2)
     encoded = encode_rows(part, postgres_types(part.schema))
     assert bytes(encoded) == _reference_rows(part, ["text", "int8"])
+
+
+WINDOW = pa.struct([("start", pa.timestamp("us", tz="UTC")), ("end", pa.timestamp("us", tz="UTC"))])
+
+
+def test_a_window_struct_becomes_two_timestamptz_columns() -> None:
+    t0, t1 = datetime(2024, 1, 1, 12, 0, tzinfo=UTC), datetime(2024, 1, 1, 12, 1, tzinfo=UTC)
+    windows = pa.array([{"start": t0, "end": t1}, None], WINDOW)
+    batch = pa.record_batch([windows, pa.array([3, 4], pa.int64())], names=["window", "count"])
+    split = table_batch(batch)
+    assert split.schema.names == ["window_start", "window_end", "count"]
+    assert [t.ddl for t in postgres_types(split.schema)] == ["timestamptz", "timestamptz",
+                                                             "bigint"]
+    assert split.column("window_start").to_pylist() == [t0, None]  # a NULL window: NULL bounds
+    assert split.column("window_end").to_pylist() == [t1, None]
+    # a table that an older version made keeps its jsonb column
+    kept = table_batch(batch, frozenset({"window"}))
+    assert kept.schema.names == ["window", "count"]
+    assert postgres_type(kept.schema.field("window").type, "window").ddl == "jsonb"
+
+
+@pytest.mark.parametrize("dtype", [
+    pa.struct([("start", pa.timestamp("us")), ("stop", pa.timestamp("us"))]),
+    pa.struct([("start", pa.int64()), ("end", pa.int64())]),
+    pa.struct([("start", pa.timestamp("us")), ("end", pa.timestamp("us")), ("n", pa.int8())]),
+])
+def test_other_structs_stay_jsonb(dtype: pa.DataType) -> None:
+    assert not is_window(dtype)
+    schema = pa.schema([("s", dtype)])
+    assert table_schema(schema) == schema
+    assert postgres_type(dtype, "s").ddl == "jsonb"
+
+
+def test_a_split_window_clashing_with_a_column_names_both() -> None:
+    schema = pa.schema([("w", WINDOW), ("w_end", pa.int64())])
+    with pytest.raises(ValueError, match="'w'.*w_start and w_end.*'w_end' too"):
+        table_schema(schema)
