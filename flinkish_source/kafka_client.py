@@ -313,7 +313,13 @@ class KafkaMetadata:
     def _probe_high_watermarks(
         self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
     ) -> dict[TopicPartitionKey, int]:
-        """Fetch from the last reported offset; the fetch response carries the high watermark."""
+        """Fetch from the last reported offset; the fetch response carries the high watermark.
+
+        The first message of a partition (a record or the end-of-partition event) comes from a
+        fetch response whose high watermark librdkafka has cached by then
+        (``get_watermark_offsets(cached=True)``): waiting for the end-of-partition event
+        instead stalls planning under a steady producer, whose records keep every fetch
+        non-empty."""
         consumer.assign(
             [TopicPartition(t, p, max(r.latest - 1, r.earliest)) for (t, p), r in ranges.items()]
         )
@@ -327,16 +333,23 @@ class KafkaMetadata:
         next_warning = time.monotonic() + wait.step
         try:
             while waiting:
-                # a short wait per call: consume() blocks until num_messages or the timeout,
-                # and the end-of-partition events come right after the first fetch
-                for msg in consumer.consume(num_messages=1000, timeout=0.01):
-                    key = (msg.topic(), msg.partition())
+                # a short wait per call: consume() blocks until num_messages or the timeout
+                answered = {(m.topic(), m.partition()): m
+                            for m in consumer.consume(num_messages=1000, timeout=0.01)}
+                for key, msg in answered.items():
+                    if key not in waiting:
+                        continue
                     err = msg.error()
-                    if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                    if err is not None and err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                        waiting.discard(key)  # records vanished meanwhile; keep the report
+                        continue
+                    _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                    if high >= 0:
+                        found[key] = int(high)
+                        waiting.discard(key)
+                    elif err is not None and err.code() == KafkaError._PARTITION_EOF:
                         found[key] = msg.offset()
                         waiting.discard(key)
-                    elif err is not None and err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                        waiting.discard(key)  # records vanished meanwhile; keep the report
                 if waiting and (time.monotonic() >= next_warning or wait.remaining() <= 0):
                     wait.unanswered(f"no fetch answer yet for {sorted(waiting)[:5]}")
                     next_warning = time.monotonic() + wait.step

@@ -43,3 +43,44 @@ def test_only_partitions_whose_reported_latest_moved_are_probed(
     true_high[("t", 1)] = 15
     assert metadata.offset_ranges(partitions)[("t", 1)] == OffsetRange(0, 15)
     assert probed[1:] == [[("t", 1)]]
+
+
+class SteadyProducerConsumer:
+    """A consumer on a partition a producer keeps writing to: every fetch returns records, so
+    the end-of-partition event never comes; each fetch response's high watermark is cached."""
+
+    def __init__(self) -> None:
+        self.high = {("t", 0): 100, ("t", 1): 200}
+        self.positions: dict[tuple[str, int], int] = {}
+        self.calls = 0
+
+    def assign(self, tps: list[Any]) -> None:
+        self.positions = {(tp.topic, tp.partition): tp.offset for tp in tps}
+
+    def unassign(self) -> None:
+        self.positions = {}
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        from test_consumer_pool import Msg
+
+        self.calls += 1
+        out = []
+        for key, pos in self.positions.items():
+            self.high[key] += 3  # the producer wrote more meanwhile
+            out.append(Msg(key[0], key[1], pos))
+            self.positions[key] = pos + 1
+        return out
+
+    def get_watermark_offsets(self, tp: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached  # the fetch response's high watermark, no ListOffsets round trip
+        return 0, self.high[(tp.topic, tp.partition)]
+
+
+def test_the_probe_takes_the_first_fetch_answer_under_a_steady_producer() -> None:
+    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
+                             "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "1000"})
+    consumer = SteadyProducerConsumer()
+    ranges = {("t", 0): OffsetRange(0, 90), ("t", 1): OffsetRange(0, 150)}
+    found = KafkaMetadata(options)._probe_high_watermarks(consumer, ranges)  # type: ignore[arg-type]
+    assert found == {("t", 0): 103, ("t", 1): 203}
+    assert consumer.calls == 1
