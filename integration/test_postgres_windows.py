@@ -1,0 +1,90 @@
+"""PostgresTarget against a real server (no Spark): a window struct into a table an older
+version created with a jsonb ``window`` column keeps working, a table whose ``window`` is
+neither gets a clear error, and an epoch with more write tasks than
+``max_prepared_transactions`` fails naming the setting and the fix."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timezone
+
+import psycopg
+import pyarrow as pa
+import pytest
+
+from flinkish.demo.embedded_postgres import EmbeddedPostgres
+from flinkish_sink.postgres_target import PostgresTarget
+from flinkish_sink.target import TransactionId
+
+pytestmark = pytest.mark.integration
+
+UTC = timezone.utc
+WINDOW = pa.struct([("start", pa.timestamp("us", tz="UTC")), ("end", pa.timestamp("us", tz="UTC"))])
+SCHEMA = pa.schema([("window", WINDOW), ("count", pa.int64())])
+T0, T1 = datetime(2024, 1, 1, 12, 0, tzinfo=UTC), datetime(2024, 1, 1, 12, 1, tzinfo=UTC)
+
+
+def rows() -> pa.RecordBatch:
+    return pa.record_batch([pa.array([{"start": T0, "end": T1}], WINDOW), pa.array([7])],
+                           schema=SCHEMA)
+
+
+def write_epoch(target: PostgresTarget, query: str) -> None:
+    target.check(SCHEMA)
+    txn = target.begin_transaction(TransactionId("flinkish", query, 0, 0, 0), SCHEMA)
+    txn.write(rows())
+    target.commit(txn.pre_commit())
+
+
+def test_an_older_jsonb_window_column_keeps_receiving_rows(postgres_dsn: str) -> None:
+    table = f"legacy_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE {table} ("window" jsonb, "count" bigint)')
+    write_epoch(PostgresTarget(postgres_dsn, table), "q1")
+    # a fresh target (a later batch's write task) finds the layout itself
+    fresh = PostgresTarget(postgres_dsn, table)
+    txn = fresh.begin_transaction(TransactionId("flinkish", "q1", 1, 0, 0), SCHEMA)
+    txn.write(rows())
+    fresh.commit(txn.pre_commit())
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        found = conn.execute(f"""SELECT "window"->>'start', "count" FROM {table}""").fetchall()
+    assert found == [("2024-01-01T12:00:00+00:00", 7)] * 2
+
+
+def test_a_new_table_gets_the_windows_bounds(postgres_dsn: str) -> None:
+    table = f"new_{uuid.uuid4().hex[:8]}"
+    write_epoch(PostgresTarget(postgres_dsn, table), "q2")
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        found = conn.execute(f"SELECT window_start, window_end, count FROM {table}").fetchall()
+    assert found == [(T0, T1, 7)]
+
+
+def test_a_window_column_of_another_type_is_a_clear_error(postgres_dsn: str) -> None:
+    table = f"odd_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE TABLE {table} ("window" text, "count" bigint)')
+    with pytest.raises(ValueError, match="'window_start' is missing from the table "
+                                         r"\(needs timestamptz\)"):
+        PostgresTarget(postgres_dsn, table).check(SCHEMA)
+
+
+def test_more_write_tasks_than_max_prepared_transactions_name_the_fix() -> None:
+    with EmbeddedPostgres(max_prepared_transactions=2) as server:
+        target = PostgresTarget(server.dsn, "t")
+        target.check(SCHEMA)
+        assert target.max_pending() == 2
+        for task in range(2):
+            txn = target.begin_transaction(TransactionId("flinkish", "q", 0, task, 0), SCHEMA)
+            txn.write(rows())
+            txn.pre_commit()
+        third = target.begin_transaction(TransactionId("flinkish", "q", 0, 2, 0), SCHEMA)
+        third.write(rows())
+        with pytest.raises(RuntimeError) as failure:
+            third.pre_commit()
+        third.abort()
+        message = str(failure.value)
+        assert "max_prepared_transactions (currently 2)" in message
+        assert "spark.sql.shuffle.partitions" in message and "coalesce(n)" in message
+        for task in range(2):
+            target.rollback(TransactionId("flinkish", "q", 0, task, 0))
+        target.close()
