@@ -8,7 +8,7 @@
  * decode(buf, pos, start, end, max_records, mode, with_headers) -> tuple, see decode_doc.
  *
  * It decodes uncompressed batches and skips control batches. It stops before a batch it does
- * not decode itself (compressed, another magic, or in strict mode a transactional or control
+ * not decode itself (compressed, an old message format, or in strict mode a transactional or control
  * batch, when aborted transactions must be filtered), so that the Python side can decompress
  * it or decide whether it was aborted, then call again.
  */
@@ -18,6 +18,7 @@
 #include <string.h>
 
 #define HEADER_SIZE 61
+#define MAGIC_AT 16
 
 enum { STOP_EXHAUSTED = 0, STOP_END = 1, STOP_BATCH = 2, STOP_FULL = 3 };
 /* strict: stop before transactional and control batches; plain: decode transactional batches
@@ -288,11 +289,23 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             stop = STOP_FULL;
             break;
         }
-        if (size - pos < HEADER_SIZE) {
+        /* offset, length, then (v2) partition leader epoch or (v0/v1) crc: the magic byte
+         * sits at 16 in every message format, and nothing after it may be read before it
+         * says the format is v2 (a v0/v1 message is shorter than a v2 header, and its
+         * timestamp and key length fill the bytes of lastOffsetDelta) */
+        if (size - pos < MAGIC_AT + 1) {
             stop = STOP_EXHAUSTED;
             break;
         }
         const unsigned char *h = buf + pos;
+        if ((int8_t)h[MAGIC_AT] != 2) {
+            stop = STOP_BATCH; /* an old message format: the caller hands it over */
+            break;
+        }
+        if (size - pos < HEADER_SIZE) {
+            stop = STOP_EXHAUSTED;
+            break;
+        }
         int64_t base = be64(h);
         int32_t length = be32(h + 8);
         if (length < HEADER_SIZE - 12)
@@ -301,12 +314,11 @@ static PyObject *decode(PyObject *self, PyObject *args) {
             stop = STOP_EXHAUSTED; /* the broker cut the last batch at the fetch size */
             break;
         }
-        int8_t magic = (int8_t)h[16];
         int16_t attributes = be16(h + 21);
         int32_t last_delta = be32(h + 23);
         int64_t after = base + (int64_t)last_delta + 1;
         int control = attributes & 0x20, transactional = attributes & 0x10;
-        if (magic != 2 || (attributes & 0x07) != 0 ||
+        if ((attributes & 0x07) != 0 ||
             (mode == MODE_STRICT && (control || transactional))) {
             if (after <= start) { /* wholly before the range: skip, whatever it is */
                 pos += (Py_ssize_t)length + 12;

@@ -38,6 +38,7 @@ FETCH = 1
 FETCH_VERSION = 4
 _HEADER = struct.Struct(">ihhih")  # size, api key, version, correlation id, client id length
 _BATCH = struct.Struct(">qiibIhiqqqhii")  # the 61-byte record batch header
+_MAGIC_AT = 16  # where every message format (v0, v1, v2) keeps its magic byte
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 abort, 1 commit)
 CLIENT_ID = b"flinkish"
 
@@ -283,11 +284,13 @@ class PartitionDecoder:
 
     def _special(self, buf: memoryview, pos: int) -> Generator[Columns, None, int]:
         """The batch at ``pos`` that the decoder left to us; the position after it."""
+        (base,) = struct.unpack_from(">q", buf, pos)
+        magic = buf[pos + _MAGIC_AT]
+        if magic != 2:  # a v0/v1 message: none of the v2 fields below exist in it
+            raise UnsupportedBatch(f"message format v{magic} (magic {magic}) at offset {base}")
         (base, length, _, magic, _, attributes, last_delta, _, _, producer, _, _,
          _) = _BATCH.unpack_from(buf, pos)
         after, size = base + last_delta + 1, length + 12
-        if magic != 2:
-            raise UnsupportedBatch(f"record batch magic {magic} at offset {base}")
         while self._pending and self._pending[0][1] <= base + last_delta:
             self._aborting.add(self._pending.pop(0)[0])
         if attributes & 0x20:  # control: an abort marker ends its producer's transaction

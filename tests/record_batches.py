@@ -89,3 +89,36 @@ def control(base: int, producer: int, abort: bool) -> bytes:
     key = struct.pack(">hh", 0, 0 if abort else 1)
     return batch(base, [Rec(0, key, struct.pack(">hi", 0, 0))], control=True,
                  transactional=True, producer=producer)
+
+
+def _bytes_field(raw: bytes | None) -> bytes:
+    return struct.pack(">i", -1) if raw is None else struct.pack(">i", len(raw)) + raw
+
+
+def legacy_message(offset: int, magic: int, key: bytes | None, value: bytes | None, *,
+                   timestamp: int = BASE_TS, codec: int = 0) -> bytes:
+    """One message of the old formats (v0: no timestamp; v1: a timestamp after the
+    attributes), as a log entry: offset, size, then crc, magic, attributes, … (KIP-32)."""
+    body = struct.pack(">bb", magic, codec)
+    if magic == 1:
+        body += struct.pack(">q", timestamp)
+    body += _bytes_field(key) + _bytes_field(value)
+    import zlib
+
+    message = struct.pack(">I", zlib.crc32(body)) + body
+    return struct.pack(">qi", offset, len(message)) + message
+
+
+def legacy_set(base: int, magic: int, n: int, *, codec: int = 0,
+               timestamp: int = BASE_TS) -> bytes:
+    """``n`` messages ``k<offset>``/``v<offset>`` from offset ``base``; with a codec, wrapped
+    in one compressed message whose offset is the last inner one (inner offsets relative in
+    v1, absolute in v0, as Kafka writes them)."""
+    inner = b"".join(
+        legacy_message((i if magic == 1 and codec else base + i), magic, b"k%d" % (base + i),
+                       b"v%d" % (base + i), timestamp=timestamp)
+        for i in range(n))
+    if not codec:
+        return inner
+    wrapped = gzip.compress(inner) if codec == 1 else bytes(cramjam.snappy.compress_raw(inner))
+    return legacy_message(base + n - 1, magic, None, wrapped, timestamp=timestamp, codec=codec)

@@ -321,8 +321,8 @@ def test_a_batch_it_cannot_decode_hands_the_rest_of_the_range_to_librdkafka(
     assert [m.offset() for c in chunks for m in c] == list(range(20))
     assert isinstance(chunks[0], RecordChunk) and not isinstance(chunks[-1], RecordChunk)
     warned = [r for r in caplog.records if r.levelno == logging.WARNING]
-    assert len(warned) == 1 and "t/0: reading offsets 10..19 with librdkafka (record batch " \
-        "magic 1 at offset 10)" in warned[0].getMessage()
+    assert len(warned) == 1 and "t/0: reading offsets 10..19 with librdkafka (message format " \
+        "v1 (magic 1) at offset 10)" in warned[0].getMessage()
     with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
         list(reader.read("t", 0, 0, 20))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1  # once

@@ -11,7 +11,7 @@ import struct
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from record_batches import BASE_TS, Rec, batch, control, plain
+from record_batches import BASE_TS, Rec, batch, control, legacy_set, plain
 
 from flinkish_source import _record_batch  # type: ignore[attr-defined]
 from flinkish_source.kafka_fetch import (
@@ -174,10 +174,25 @@ def test_a_header_overrunning_its_record_is_an_error() -> None:
         list(PartitionDecoder(0, 10, 100, headers=True).decode(fetched(bytes(raw))))
 
 
-def test_an_old_message_format_is_left_to_librdkafka() -> None:
+@pytest.mark.parametrize("magic", [0, 1])
+@pytest.mark.parametrize("codec", [0, 1, 2])
+def test_an_old_message_format_is_left_to_librdkafka(magic: int, codec: int) -> None:
+    """Real v0/v1 message sets, whose timestamp (1.7e12 ms: bytes 00 00 01 8b cf e5 68 00)
+    and key length fill the bytes of a v2 lastOffsetDelta with a negative number: never
+    taken for a batch before the range, never a malformed-batch error."""
+    decoder = PartitionDecoder(3, 10, 100)
+    with pytest.raises(UnsupportedBatch, match=f"message format v{magic} .magic {magic}. at"):
+        list(decoder.decode(fetched(legacy_set(0, magic, 5, codec=codec))))
+    assert decoder.position == 3  # librdkafka reads on from the range's start
+
+
+def test_an_old_message_after_v2_batches_hands_over_from_there() -> None:
     decoder = PartitionDecoder(0, 10, 100)
-    with pytest.raises(UnsupportedBatch, match="magic 1"):
-        list(decoder.decode(fetched(batch(0, [Rec(0, b"k", b"v")], magic=1))))
+    rows: list[tuple] = []
+    with pytest.raises(UnsupportedBatch, match="message format v0 .magic 0. at offset 4"):
+        for c in decoder.decode(fetched(plain(0, 4) + legacy_set(4, 0, 1))):
+            rows.extend(c.offsets.to_pylist())
+    assert rows == [0, 1, 2, 3] and decoder.position == 4
 
 
 def test_control_batches_are_skipped_and_count_as_read() -> None:
