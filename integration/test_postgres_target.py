@@ -417,15 +417,15 @@ def test_publish_epoch_is_idempotent_and_gives_the_committed_watermark(env: Env)
     assert target.committed_watermark(env.query) is None
 
     target.publish_epoch(env.query, 0, None, 0, 0)
-    target.publish_epoch(env.query, 1, 1_000, 10, 2)
+    target.publish_epoch(env.query, 1, 1_000, 10, 2, "valve")
     epochs = sql.Identifier(target.epochs_table)
     before = query_all(env.dsn, sql.SQL("SELECT * FROM {} ORDER BY epoch").format(epochs))
-    target.publish_epoch(env.query, 1, 5_000, 99, 7)  # a replay must not rewrite history
+    target.publish_epoch(env.query, 1, 5_000, 99, 7, "spark")  # a replay must not rewrite history
     after = query_all(env.dsn, sql.SQL("SELECT * FROM {} ORDER BY epoch").format(epochs))
     assert after == before
     assert [row[:2] + row[3:] for row in after] == [
-        (env.query, 0, None, 0, 0),
-        (env.query, 1, 1_000, 10, 2),
+        (env.query, 0, None, 0, 0, None),
+        (env.query, 1, 1_000, 10, 2, "valve"),
     ]
     assert target.committed_watermark(env.query) == 1_000
 

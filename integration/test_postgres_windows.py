@@ -88,3 +88,21 @@ def test_more_write_tasks_than_max_prepared_transactions_name_the_fix() -> None:
         for task in range(2):
             target.rollback(TransactionId("flinkish", "q", 0, task, 0))
         target.close()
+
+
+def test_an_older_epochs_table_gets_the_watermark_source_column(postgres_dsn: str) -> None:
+    table = f"old_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLE {table}_flinkish_epochs (query text NOT NULL, epoch bigint "
+                     "NOT NULL, committed_at timestamptz NOT NULL DEFAULT now(), watermark "
+                     "bigint, rows bigint NOT NULL, late_rows bigint NOT NULL, "
+                     "PRIMARY KEY (query, epoch))")
+        conn.execute(f"INSERT INTO {table}_flinkish_epochs (query, epoch, watermark, rows, "
+                     "late_rows) VALUES ('q', 0, 5, 1, 0)")
+    target = PostgresTarget(postgres_dsn, table)
+    target.publish_epoch("q", 1, 9, 1, 0, "spark")
+    target.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        found = conn.execute(f"SELECT epoch, watermark, watermark_source FROM "
+                             f"{table}_flinkish_epochs ORDER BY epoch").fetchall()
+    assert found == [(0, 5, None), (1, 9, "spark")]
