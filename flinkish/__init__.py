@@ -15,7 +15,7 @@ from checkpointing import CorruptRecordError, FencedError
 from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
 from flinkish.session import register
 from flinkish.spark_watermark import with_watermark
-from flinkish_core.errors import OptionError
+from flinkish_core.errors import OptionError, WorkerEnvironmentError
 from flinkish_source.kafka_client import DataLossError
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "OptionError",
     "ValveForEachBatch",
     "WatermarkedBatch",
+    "WorkerEnvironmentError",
     "register",
     "with_watermark",
 ]

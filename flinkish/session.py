@@ -22,6 +22,7 @@ from typing import Any
 
 from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
+from flinkish.worker_python import check_worker_python
 from flinkish_core.locations import MASTER_ENV
 
 #: The keys ``PythonStreamingSourceRunner.init`` (Spark 4.x) puts into the shared map.
@@ -37,9 +38,11 @@ def register(spark: Any) -> None:
     discovery of the installed ``pyspark_flinkish`` module registers the format by itself, but
     only this call seeds the shared environment described in the module docstring, and tells
     the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
-    a cluster fails at query start instead of losing the executors' watermark state.
+    a cluster fails at query start instead of losing the executors' watermark state. It first
+    checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
     On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
     """
+    check_worker_python(spark)
     if is_connect(spark):
         register_connect(spark)
         return
