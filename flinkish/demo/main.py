@@ -334,8 +334,8 @@ def _print_log_tail(console: Console, log: Path, lines: int = 40) -> None:
     removed on the way out)."""
     with contextlib.suppress(OSError):
         text = log.read_text(errors="replace").splitlines()
-        tail = [line for line in text if not line.lstrip().startswith(("at ", "... "))
-                and "got no marker rows" not in line][-lines:]
+        tail = [line for line in text
+                if not line.lstrip().startswith(("at ", "... "))][-lines:]
         console.print(f"--- {log}, last {len(tail)} lines without stack frames:",
                       markup=False, highlight=False, soft_wrap=True)
         for line in tail:
