@@ -28,7 +28,6 @@ from flinkish_source import kafka_client
 from flinkish_source.kafka_client import (
     BrokerWait,
     ConsumerPool,
-    KafkaUnavailableError,
     PooledRangeReader,
     RangeKey,
 )
@@ -92,6 +91,7 @@ class _FetchRange:
     buffered: int = 0
     opened: bool = False
     fallback: str | None = None  # why the rest is read with librdkafka
+    short: kafka_client.ShortLog | None = None  # the log ends before position (for now)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -146,6 +146,13 @@ class FetchRangeReader(PooledRangeReader):
                 next_warning = time.monotonic() + wait.step
             why = self._fetch(r)
             if r.chunks or r.decoder.position != position or r.fallback is not None:
+                r.short = None if r.decoder.position != position else r.short
+                continue
+            if r.short is not None:  # its own bounded wait (kafka_client.ShortLog)
+                skipped_to = r.short.wait(self._options, topic, partition, position, end)
+                if skipped_to is not None:  # failOnDataLoss=false: the rest is gone
+                    r.decoder.position, r.short = skipped_to, None
+                time.sleep(kafka_client.SHORT_LOG_PAUSE_S)
                 continue
             if time.monotonic() >= next_warning or wait.remaining() <= 0:
                 wait.unanswered(why or f"no records between offsets {position} and {end} yet")
@@ -211,13 +218,16 @@ class FetchRangeReader(PooledRangeReader):
             if owner is None:
                 continue
             if fetched.error == OFFSET_OUT_OF_RANGE:
-                self._lost(owner)
+                self._out_of_range(owner)
                 continue
             if fetched.error:
                 error = BrokerError(fetched.topic, fetched.partition, fetched.error)
                 if not error.retriable:
-                    raise KafkaUnavailableError(f"{error}; " + kafka_client.error_hint(
-                        self._options))
+                    # librdkafka reads on where it can (zstd batches answer Fetch v4 with
+                    # UNSUPPORTED_COMPRESSION_TYPE: Kafka serves them from Fetch v10), and
+                    # reports the error itself where it cannot
+                    owner.fallback = f"{error} at offset {owner.decoder.position}"
+                    continue
                 self._leaders.clear()  # ask the cluster again where the partition lives
                 if owner is r:
                     why = str(error)
@@ -240,22 +250,22 @@ class FetchRangeReader(PooledRangeReader):
         r.buffered += len(columns)
 
     def _at_end_of_log(self, r: _FetchRange, fetched: Any) -> None:
-        """Nothing came back from ``position``: past the partition's end, records planned for
-        the batch are gone (the partition now ends there); below it (a transaction still
-        open under read_committed), the caller waits."""
-        position = r.decoder.position
-        if fetched.high_watermark <= position < r.end:
-            kafka_client.lost_offsets(self._options, r.topic, r.partition, position, r.end,
-                               "the partition now ends there")
-            r.decoder.position = r.end
+        """Nothing came back from ``position``: the log ending before it is waited out
+        (:class:`~flinkish_source.kafka_client.ShortLog`); below the high watermark (a
+        transaction still open under read_committed), the caller waits too."""
+        if fetched.high_watermark <= r.decoder.position < r.end and r.short is None:
+            r.short = kafka_client.ShortLog(fetched.high_watermark)
 
-    def _lost(self, r: _FetchRange) -> None:
-        """Offsets from ``position`` were deleted: fail, or skip to the earliest left."""
-        low = self._earliest(r.topic, r.partition)
-        resume = kafka_client.lost_offsets(self._options, r.topic, r.partition,
-                                           r.decoder.position, min(low, r.end),
-                                           "deleted by retention or the topic was recreated")
-        r.decoder.position = min(resume, r.end)
+    def _out_of_range(self, r: _FetchRange) -> None:
+        """The leader has no offset ``position``: one ListOffsets says whether retention
+        deleted it (earliest past it: lost) or the log ends before it (waited out)."""
+        low, high = self._offsets(r.topic, r.partition)
+        if low > r.decoder.position:
+            r.decoder.position = kafka_client.retention_loss(
+                self._options, r.topic, r.partition, r.decoder.position, low, r.end)
+            r.short = None
+        elif r.short is None:
+            r.short = kafka_client.ShortLog(high)
 
     def _leader(self, r: _FetchRange) -> tuple[str, int] | None:
         """The host and port of the partition's leader (the cluster's metadata, once per

@@ -552,6 +552,7 @@ class _Range:
     assigned: bool = False
     done: bool = False
     opened: bool = False  # read() was called
+    short: ShortLog | None = None  # the partition's log ends before position (for now)
 
     @property
     def tp(self) -> TopicPartition:
@@ -590,13 +591,13 @@ class PooledRangeReader:
             self._consumer = self._pool.acquire(self._config)
         return self._consumer
 
-    def _earliest(self, topic: str, partition: int) -> int:
-        """The partition's earliest offset now (records before it were deleted)."""
+    def _offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's earliest and latest offset now, from one ListOffsets."""
         consumer, tp = self._client(), TopicPartition(topic, partition)
-        low, _ = BrokerWait(
+        low, high = BrokerWait(
             self._options, f"could not read the offsets of {topic}/{partition}"
         ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
-        return int(low)
+        return int(low), int(high)
 
     @staticmethod
     def _open(by_key: Mapping[RangeKey, _Opened], topic: str, partition: int, start: int,
@@ -709,6 +710,11 @@ class RangeReader(PooledRangeReader):
             waited = time.monotonic() - last_progress
             if fetch_pos != OFFSET_END and fetch_pos >= r.end:
                 self._finish(r)  # only transaction markers were left
+            elif r.short is not None:
+                skipped_to = r.short.wait(options, topic, partition, r.position, end)
+                if skipped_to is not None:  # failOnDataLoss=false: the rest is gone
+                    r.position, r.short = skipped_to, None
+                    self._finish(r)
             elif waited > timeout:
                 raise KafkaUnavailableError(
                     f"{topic}/{partition}: no records between offsets {r.position} and "
@@ -781,7 +787,7 @@ class RangeReader(PooledRangeReader):
             if low >= r.position and high < end and errors.count(None) == len(errors):
                 # the common case: records only, all within the range (offsets only grow)
                 self._keep(r, msgs)
-                r.position = high + 1
+                r.position, r.short = high + 1, None
                 if r.position >= end:
                     self._finish(r)
                 return
@@ -799,22 +805,25 @@ class RangeReader(PooledRangeReader):
                     self._finish(r)
                     break
                 out.append(msg)
-                r.position = offset + 1
+                r.position, r.short = offset + 1, None
                 if r.position >= end:
                     self._finish(r)
             elif err.code() == KafkaError._PARTITION_EOF:
                 if msg.offset() >= end:
                     r.position = end
                     self._finish(r)
-                else:
-                    r.position = lost_offsets(options, r.topic, r.partition, msg.offset(), end,
-                                       "the partition now ends there")
-                    self._finish(r)
+                else:  # waited out in read(): librdkafka keeps fetching
+                    r.short = r.short or ShortLog(msg.offset())
             elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
-                low = self._earliest(r.topic, r.partition)
-                r.position = lost_offsets(options, r.topic, r.partition, r.position, min(low, end),
-                                   "deleted by retention or the topic was recreated")
+                low, high = self._offsets(r.topic, r.partition)
                 self._unassign(r)
+                if low > r.position:  # deleted by retention, or the topic was recreated
+                    r.position = retention_loss(options, r.topic, r.partition, r.position,
+                                                low, end)
+                    r.short = None
+                else:  # the log ends before position, for now: fetched again after a pause
+                    r.short = r.short or ShortLog(high)
+                    time.sleep(SHORT_LOG_PAUSE_S)
                 if r.position < end:
                     self._assign([r])
                 else:
@@ -906,6 +915,54 @@ def read_range(
         yield from own.read(topic, partition, start, end)
 
 
+#: How long a reader pauses before fetching again from an offset the leader said was out of
+#: range while its earliest offset is not past it (a new leader still catching up)
+SHORT_LOG_PAUSE_S = 0.05
+
+
+@dataclass
+class ShortLog:
+    """A partition whose log ends (``high``: its high watermark) before offsets a range still
+    needs, seen first at ``since``. After a leader change the new leader may briefly report a
+    high watermark below offsets already read (what KIP-320's leader epochs exist for), so
+    Kafka's consumer waits, and so do the readers: up to ``kafkaConsumer.pollTimeoutMs``, with
+    a warning per slice, before the offsets count as lost (an unclean leader election
+    truncated the log, or the topic was recreated)."""
+
+    high: int
+    since: float = field(default_factory=time.monotonic)
+    next_warning: float = 0.0
+
+    def wait(self, options: SourceOptions, topic: str, partition: int, position: int,
+             end: int) -> int | None:
+        """None: keep waiting; else the bound passed and this is where reading resumes
+        (:func:`lost_offsets`: raises unless ``failOnDataLoss`` is false)."""
+        waited, bound = time.monotonic() - self.since, options.poll_timeout_ms / 1000
+        if waited >= bound:
+            return lost_offsets(
+                options, topic, partition, position, end,
+                f"its high watermark stayed at {self.high}, below the planned offsets, for "
+                f"{waited:.1f} s (option {WAIT_OPTION}={options.poll_timeout_ms} bounds this "
+                "wait): an unclean leader election truncated the log, or the topic was "
+                "recreated")
+        if time.monotonic() >= self.next_warning:
+            logger.warning(
+                "%s/%d: the leader reports high watermark %d, below offset %d still to read: "
+                "waiting for it to catch up (a leader change), %.1f s so far, giving up in "
+                "%.1f s (option %s)", topic, partition, self.high, position, waited,
+                bound - waited, WAIT_OPTION)
+            self.next_warning = time.monotonic() + _retry_step(bound)
+        return None
+
+
+def retention_loss(options: SourceOptions, topic: str, partition: int, position: int,
+                   earliest: int, end: int) -> int:
+    """The partition's earliest offset passed ``position``: records the query still needs
+    were deleted (the only case Spark's Kafka source, too, reports as data loss at once)."""
+    return min(end, lost_offsets(options, topic, partition, position, min(earliest, end),
+                                 "deleted by retention or the topic was recreated"))
+
+
 def lost_offsets(
     options: SourceOptions, topic: str, partition: int, first: int, resume: int, why: str
 ) -> int:
@@ -919,4 +976,4 @@ def lost_offsets(
             message + "; set failOnDataLoss=false to skip lost offsets and continue"
         )
     logger.warning("%s; skipping them because failOnDataLoss=false", message)
-    return max(resume, first + 1) if resume <= first else resume
+    return resume

@@ -50,6 +50,10 @@ RETRIABLE = {
     75: "UNKNOWN_LEADER_EPOCH",
 }
 
+#: names of the other codes a Fetch may answer, for the log (the reader hands them over)
+_NAMES = {29: "TOPIC_AUTHORIZATION_FAILED", 35: "UNSUPPORTED_VERSION",
+          76: "UNSUPPORTED_COMPRESSION_TYPE"}
+
 _MODE_STRICT, _MODE_PLAIN, _MODE_ONE = 0, 1, 2  # see _record_batch.decode
 _STOP_BATCH, _STOP_FULL = 2, 3  # the decoder's stops the caller acts on (0, 1: done here)
 
@@ -63,7 +67,7 @@ class BrokerError(Exception):
     """A broker answered a partition's fetch with an error code."""
 
     def __init__(self, topic: str, partition: int, code: int) -> None:
-        name = RETRIABLE.get(code, "an error")
+        name = RETRIABLE.get(code) or _NAMES.get(code, "an error")
         super().__init__(f"{topic}/{partition}: the broker answered the fetch with {name} "
                          f"(Kafka error code {code})")
         self.topic, self.partition, self.code = topic, partition, code

@@ -5,6 +5,7 @@ the next ones while the current one is read), against a fake librdkafka consumer
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -175,13 +176,55 @@ def test_ranges_end_inside_gaps_and_at_the_partitions_end(
 def test_a_range_that_lost_records_fails_or_skips(
     pool: ConsumerPool, logs: dict[tuple[str, int], list[int]]
 ) -> None:
-    logs[("t", 0)] = [0, 1]  # the partition now ends at 2, the plan said 5
-    with pytest.raises(kafka_client.DataLossError, match="offsets 2..4"):
+    """The partition ends at 2 where the plan said 5, for longer than the bounded wait."""
+    logs[("t", 0)] = [0, 1]
+    started = time.monotonic()
+    with pytest.raises(kafka_client.DataLossError,
+                       match="offsets 2..4 .*high watermark stayed at 2.*unclean leader"):
         offsets(read_range(OPTIONS, "t", 0, 0, 5, 10))
+    assert 2 <= time.monotonic() - started < 4  # kafkaConsumer.pollTimeoutMs=2000
     lenient = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
                              "includeMarkers": "false", "failOnDataLoss": "false",
-                             "kafkaConsumer.fetch": "librdkafka"})
+                             "kafkaConsumer.fetch": "librdkafka",
+                             "kafkaConsumer.pollTimeoutMs": "500"})
     assert offsets(read_range(lenient, "t", 0, 0, 5, 10)) == [0, 1]
+
+
+@dataclass
+class CatchingUpLeader(FakeConsumer):
+    """A new leader that reports an end of log below offsets already read (an EOF event, or
+    OFFSET_OUT_OF_RANGE from position) for its first ``behind`` fetches, then has them."""
+
+    behind: int = 3
+    out_of_range: bool = False
+    list_offsets: int = 0
+
+    def consume(self, num_messages: int, timeout: float) -> list[Msg]:
+        if self.behind > 0 and self.assigned:
+            self.behind -= 1
+            key, position = next(iter(self.assigned.items()))
+            if self.out_of_range:
+                return [Msg(key[0], key[1], position, Err(KafkaError.OFFSET_OUT_OF_RANGE))]
+            self.eof.add(key)
+            return [Msg(key[0], key[1], 2, Err(KafkaError._PARTITION_EOF))]
+        self.eof.clear()
+        return super().consume(num_messages, timeout)
+
+    def get_watermark_offsets(self, tp: Any, timeout: float, cached: bool) -> tuple[int, int]:
+        self.list_offsets += 1
+        return 0, 2
+
+
+@pytest.mark.parametrize("out_of_range", [False, True])
+def test_a_high_watermark_below_the_read_position_is_waited_out(
+    monkeypatch: pytest.MonkeyPatch, logs: dict[tuple[str, int], list[int]], out_of_range: bool
+) -> None:
+    made = CatchingUpLeader(logs, out_of_range=out_of_range)
+    monkeypatch.setattr(kafka_client, "POOL",
+                        ConsumerPool(factory=lambda config: made, evict_interval=0))
+    assert offsets(read_range(OPTIONS, "t", 0, 5, 20, 100)) == list(range(5, 20))
+    # one ListOffsets per OFFSET_OUT_OF_RANGE answer, never a crawl offset by offset
+    assert made.list_offsets == (3 if out_of_range else 0)
 
 
 def test_a_failed_read_closes_its_consumer_instead_of_pooling_it(
