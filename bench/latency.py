@@ -22,14 +22,15 @@ that needs a quiet partition, say) shows up here and nowhere else.
 
 The last stdout line is one JSON object: ``p50_ms``, ``p99_ms``, ``max_ms`` over the measured
 records, ``records``, ``max_latest_offset_ms`` (the longest ``durationMs.latestOffset`` of the
-query's planning over the measured window), ``batches``, the targets and whether they were
-met, and ``busy_machine`` (other Java processes were running: the figure is from a shared
-machine).
+query's planning over the measured window), ``batches`` and ``batch_ms_median`` (the median of
+each ``durationMs`` phase), the targets and whether they were met, and ``busy_machine`` (other
+Java processes were running: the figure is from a shared machine).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import subprocess
 import sys
 import threading
@@ -208,8 +209,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         latencies = [(poller.seen[k] - producer.sent[k]) * 1000 for k in wanted
                      if k in poller.seen]
         missing = len(wanted) - len(latencies)
-        planning = [p["durationMs"].get("latestOffset", 0) for p in progress
-                    if _epoch_s(p["timestamp"]) >= wall_from]
+        measured = [p for p in progress if _epoch_s(p["timestamp"]) >= wall_from]
+        planning = [p["durationMs"].get("latestOffset", 0) for p in measured]
+        phases = sorted({k for p in measured for k in p["durationMs"]})
+        batch_ms = {k: round(statistics.median(p["durationMs"].get(k, 0) for p in measured))
+                    for k in phases} if measured else {}
     if not latencies:
         raise RuntimeError("no measured record became visible")
     p50, p99, worst = (percentile(latencies, 0.5), percentile(latencies, 0.99),
@@ -230,6 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "max_ms": round(worst),
         "max_latest_offset_ms": longest_planning,
         "batches": len(planning),
+        "batch_ms_median": batch_ms,
         "target_p99_ms": TARGET_P99_MS,
         "target_planning_ms": TARGET_PLANNING_MS,
         "meets_targets": p99 <= TARGET_P99_MS and longest_planning <= TARGET_PLANNING_MS
