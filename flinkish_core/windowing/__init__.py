@@ -1,0 +1,75 @@
+"""Flink's window operator as a pure, deterministic state machine (no Spark).
+
+Assigners place elements in windows, triggers decide when windows fire, window functions
+compute the results, evictors trim the contents, and :class:`WindowOperator` ties them together
+with Flink's timers, allowed lateness, late output and merging session windows. Every firing
+is a :class:`WindowResult` with a Beam-style :class:`PaneInfo`. See ``docs/windows.md``.
+"""
+
+from flinkish_core.windowing.evictor import (
+    CountEvictor,
+    DeltaEvictor,
+    Evictor,
+    TimeEvictor,
+    TimestampedValue,
+)
+from flinkish_core.windowing.merging_window_set import MergingWindowSet
+from flinkish_core.windowing.pane import PaneInfo, Timing
+from flinkish_core.windowing.partitioned_state import (
+    ReducingStateDescriptor,
+    ValueStateDescriptor,
+)
+from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService
+from flinkish_core.windowing.trigger import Trigger, TriggerContext, TriggerResult
+from flinkish_core.windowing.triggers import (
+    ContinuousEventTimeTrigger,
+    ContinuousProcessingTimeTrigger,
+    CountTrigger,
+    EventTimeTrigger,
+    NeverTrigger,
+    ProcessingTimeTrigger,
+    PurgingTrigger,
+)
+from flinkish_core.windowing.window import GlobalWindow, TimeWindow, Window
+from flinkish_core.windowing.window_assigner import (
+    EventTimeSessionWindows,
+    GlobalWindows,
+    MergingWindowAssigner,
+    ProcessingTimeSessionWindows,
+    SlidingEventTimeWindows,
+    SlidingProcessingTimeWindows,
+    TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
+    WindowAssigner,
+)
+from flinkish_core.windowing.window_function import (
+    AggregateFunction,
+    Avg,
+    Count,
+    Max,
+    Min,
+    ProcessWindowFunction,
+    ReduceFunction,
+    Sum,
+    WindowContext,
+)
+from flinkish_core.windowing.window_operator import (
+    LateElement,
+    WindowOperator,
+    WindowOutput,
+    WindowResult,
+)
+
+__all__ = [
+    "AggregateFunction", "Avg", "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger",
+    "Count", "CountEvictor", "CountTrigger", "DeltaEvictor", "EventTimeSessionWindows",
+    "EventTimeTrigger", "Evictor", "GlobalWindow", "GlobalWindows", "InternalTimer",
+    "InternalTimerService", "LateElement", "Max", "MergingWindowAssigner", "MergingWindowSet",
+    "Min", "NeverTrigger", "PaneInfo", "ProcessWindowFunction", "ProcessingTimeSessionWindows",
+    "ProcessingTimeTrigger", "PurgingTrigger", "ReduceFunction", "ReducingStateDescriptor",
+    "SlidingEventTimeWindows", "SlidingProcessingTimeWindows", "Sum", "TimeEvictor",
+    "TimeWindow", "TimestampedValue", "Timing", "Trigger", "TriggerContext", "TriggerResult",
+    "TumblingEventTimeWindows", "TumblingProcessingTimeWindows", "ValueStateDescriptor",
+    "Window", "WindowAssigner", "WindowContext", "WindowOperator", "WindowOutput",
+    "WindowResult",
+]

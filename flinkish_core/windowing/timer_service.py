@@ -1,0 +1,118 @@
+"""Flink's ``InternalTimerService`` for windows: event-time and processing-time timers per
+key, window and timestamp.
+
+A timer is registered at most once per (key, window, timestamp): registering it again does
+nothing. Event-time timers fire when the watermark reaches their timestamp (timestamp <= W),
+processing-time timers when the processing time does, in timestamp order (ties in
+registration order, so a run is deterministic). Timers registered while firing that are already
+due fire in the same advance, as in Flink's loop over the queue's head.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from flinkish_core.watermark import MIN_WATERMARK
+from flinkish_core.windowing.window import Window
+
+__all__ = ["InternalTimer", "InternalTimerService", "TimerQueue"]
+
+
+@dataclass(frozen=True)
+class InternalTimer:
+    """A timer: the key and window it belongs to and the time it fires at."""
+
+    timestamp: int
+    key: Any
+    window: Window
+
+
+class TimerQueue:
+    """Timers of one time domain: a set for deduplication and deletion, a heap for order.
+
+    Deleted timers stay in the heap until they surface (lazy deletion); ``seq`` tells a live
+    heap entry from a stale one of a timer deleted and registered again.
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[tuple[Any, Window, int], int] = {}
+        self._heap: list[tuple[int, int, Any, Window]] = []
+        self._next_seq = 0
+
+    def register(self, key: Any, window: Window, timestamp: int, seq: int | None = None) -> None:
+        if (key, window, timestamp) in self._live:
+            return
+        if seq is None:
+            seq = self._next_seq
+        self._next_seq = max(self._next_seq, seq + 1)
+        self._live[(key, window, timestamp)] = seq
+        heapq.heappush(self._heap, (timestamp, seq, key, window))
+
+    def delete(self, key: Any, window: Window, timestamp: int) -> None:
+        self._live.pop((key, window, timestamp), None)
+
+    def poll(self, up_to: int) -> InternalTimer | None:
+        """Removes and returns the earliest live timer due at ``up_to``, or None."""
+        while self._heap:
+            timestamp, seq, key, window = self._heap[0]
+            if self._live.get((key, window, timestamp)) != seq:
+                heapq.heappop(self._heap)
+                continue
+            if timestamp > up_to:
+                return None
+            heapq.heappop(self._heap)
+            del self._live[(key, window, timestamp)]
+            return InternalTimer(timestamp, key, window)
+        return None
+
+    def count(self, window: Window | None = None) -> int:
+        return sum(1 for (_, w, _) in self._live if window is None or w == window)
+
+    def of_key(self, key: Any) -> Iterator[tuple[Window, int, int]]:
+        """The (window, timestamp, seq) of one key's timers, in firing order."""
+        for (k, window, timestamp), seq in sorted(
+                self._live.items(), key=lambda item: (item[0][2], item[1])):
+            if k == key:
+                yield window, timestamp, seq
+
+    def key_set(self) -> set[Any]:
+        return {k for (k, _, _) in self._live}
+
+    @property
+    def next_seq(self) -> int:
+        return self._next_seq
+
+    @next_seq.setter
+    def next_seq(self, value: int) -> None:
+        self._next_seq = max(self._next_seq, value)
+
+
+class InternalTimerService:
+    """The clocks (watermark, processing time) and the timers of one window operator."""
+
+    def __init__(self) -> None:
+        self.current_watermark = MIN_WATERMARK
+        self.current_processing_time = MIN_WATERMARK
+        self.event_time_timers = TimerQueue()
+        self.processing_time_timers = TimerQueue()
+
+    def register_event_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
+        self.event_time_timers.register(key, window, timestamp)
+
+    def delete_event_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
+        self.event_time_timers.delete(key, window, timestamp)
+
+    def register_processing_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
+        self.processing_time_timers.register(key, window, timestamp)
+
+    def delete_processing_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
+        self.processing_time_timers.delete(key, window, timestamp)
+
+    def num_event_time_timers(self, window: Window | None = None) -> int:
+        return self.event_time_timers.count(window)
+
+    def num_processing_time_timers(self, window: Window | None = None) -> int:
+        return self.processing_time_timers.count(window)

@@ -1,0 +1,116 @@
+"""Flink's ``Trigger``: decides when a window fires (computes its result) and when its
+contents are purged, from elements, event-time timers and processing-time timers.
+
+A trigger is stateless itself; whatever it must remember (a count, the next firing time) lives
+in per-window partitioned state reached through the :class:`TriggerContext`, so it is
+snapshotted with the operator and merged when windows merge.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+from flinkish_core.windowing.partitioned_state import (
+    PartitionedState,
+    PartitionedStateStore,
+    ReducingStateDescriptor,
+    StateDescriptor,
+)
+from flinkish_core.windowing.timer_service import InternalTimerService
+from flinkish_core.windowing.window import Window
+
+__all__ = ["Trigger", "TriggerContext", "TriggerResult"]
+
+
+class TriggerResult(enum.Enum):
+    """What the operator does with the window after a trigger callback."""
+
+    CONTINUE = (False, False)
+    FIRE = (True, False)
+    PURGE = (False, True)
+    FIRE_AND_PURGE = (True, True)
+
+    @property
+    def is_fire(self) -> bool:
+        return self.value[0]
+
+    @property
+    def is_purge(self) -> bool:
+        return self.value[1]
+
+
+class TriggerContext:
+    """What a trigger may touch: the clocks, its key+window's timers and partitioned state.
+
+    The operator points it at a key and window (and, for ``on_merge``, the merged windows)
+    before each callback, as Flink's ``WindowOperator.Context`` does.
+    """
+
+    def __init__(self, timers: InternalTimerService, state: PartitionedStateStore) -> None:
+        self._timers = timers
+        self._state = state
+        self.key: Any = None
+        self.window: Window | None = None
+        self.merged_windows: list[Window] = []
+
+    def _current(self) -> Window:
+        if self.window is None:
+            raise RuntimeError("the trigger context is not pointed at a window")
+        return self.window
+
+    @property
+    def current_watermark(self) -> int:
+        return self._timers.current_watermark
+
+    @property
+    def current_processing_time(self) -> int:
+        return self._timers.current_processing_time
+
+    def register_event_time_timer(self, time: int) -> None:
+        self._timers.register_event_time_timer(self.key, self._current(), time)
+
+    def delete_event_time_timer(self, time: int) -> None:
+        self._timers.delete_event_time_timer(self.key, self._current(), time)
+
+    def register_processing_time_timer(self, time: int) -> None:
+        self._timers.register_processing_time_timer(self.key, self._current(), time)
+
+    def delete_processing_time_timer(self, time: int) -> None:
+        self._timers.delete_processing_time_timer(self.key, self._current(), time)
+
+    def get_partitioned_state(self, descriptor: StateDescriptor) -> PartitionedState:
+        return PartitionedState(self._state, self.key, self._current(), descriptor)
+
+    def merge_partitioned_state(self, descriptor: ReducingStateDescriptor[Any]) -> None:
+        """In ``on_merge``: folds the merged windows' state into the new window's."""
+        self._state.merge(self.key, self._current(), self.merged_windows, descriptor)
+
+
+class Trigger:
+    """Base class: a trigger that never fires. Override the callbacks you need."""
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(
+        self, time: int, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        return TriggerResult.CONTINUE
+
+    def can_merge(self) -> bool:
+        """Whether the trigger supports merging windows (sessions)."""
+        return False
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        """Called on the merge result when windows merge; ``ctx.merged_windows`` are the
+        windows merged into it."""
+        raise NotImplementedError(f"{type(self).__name__} does not support merging windows")
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        """Removes the trigger's timers and state of ``window`` (it is being dropped)."""

@@ -1,0 +1,272 @@
+"""Flink's built-in triggers, callback for callback.
+
+Each ``on_merge`` follows Flink's: the event-time and processing-time triggers register the
+merged window's end only when it is still ahead of the clock (otherwise ``on_element`` fires it
+at once, and a timer would fire it twice).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flinkish_core.watermark import MIN_WATERMARK
+from flinkish_core.windowing.partitioned_state import ReducingStateDescriptor
+from flinkish_core.windowing.trigger import Trigger, TriggerContext, TriggerResult
+from flinkish_core.windowing.window import Window, _java_rem
+
+__all__ = [
+    "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger", "CountTrigger",
+    "EventTimeTrigger", "NeverTrigger", "ProcessingTimeTrigger", "PurgingTrigger",
+]
+
+
+def _sum(a: int, b: int) -> int:
+    return a + b
+
+
+def _min(a: int, b: int) -> int:
+    return min(a, b)
+
+
+class NeverTrigger(Trigger):
+    """Never fires: the default of :class:`GlobalWindows`."""
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        return None
+
+
+class EventTimeTrigger(Trigger):
+    """Fires once the watermark passes the window's end (W >= ``max_timestamp()``); an element
+    for a window already past it fires at once. The default of event-time assigners."""
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        if window.max_timestamp() <= ctx.current_watermark:
+            # if the watermark is already past the window fire immediately
+            return TriggerResult.FIRE
+        ctx.register_event_time_timer(window.max_timestamp())
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
+        return TriggerResult.FIRE if time == window.max_timestamp() else TriggerResult.CONTINUE
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        if window.max_timestamp() > ctx.current_watermark:
+            ctx.register_event_time_timer(window.max_timestamp())
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.delete_event_time_timer(window.max_timestamp())
+
+    def __repr__(self) -> str:
+        return "EventTimeTrigger()"
+
+
+class ProcessingTimeTrigger(Trigger):
+    """Fires when the processing time reaches the window's end. The default of
+    processing-time assigners."""
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        ctx.register_processing_time_timer(window.max_timestamp())
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(
+        self, time: int, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        return TriggerResult.FIRE
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        if window.max_timestamp() > ctx.current_processing_time:
+            ctx.register_processing_time_timer(window.max_timestamp())
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.delete_processing_time_timer(window.max_timestamp())
+
+    def __repr__(self) -> str:
+        return "ProcessingTimeTrigger()"
+
+
+class CountTrigger(Trigger):
+    """Fires every ``max_count`` elements of a window (the count restarts after each)."""
+
+    def __init__(self, max_count: int) -> None:
+        self.max_count = max_count
+        self._count = ReducingStateDescriptor[int]("count", _sum)
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        count = ctx.get_partitioned_state(self._count)
+        count.add(1)
+        if count.get() >= self.max_count:
+            count.clear()
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.merge_partitioned_state(self._count)
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.get_partitioned_state(self._count).clear()
+
+    def __repr__(self) -> str:
+        return f"CountTrigger({self.max_count})"
+
+
+class ContinuousEventTimeTrigger(Trigger):
+    """Fires every ``interval`` of event time (early results), and at the window's end."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self._fire_time = ReducingStateDescriptor[int]("fire-time", _min)
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        if window.max_timestamp() <= ctx.current_watermark:
+            # if the watermark is already past the window fire immediately
+            return TriggerResult.FIRE
+        ctx.register_event_time_timer(window.max_timestamp())
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        if fire_time.get() is None:
+            time = MIN_WATERMARK if timestamp is None else timestamp
+            self._register_next(time - _java_rem(time, self.interval), window, ctx)
+        return TriggerResult.CONTINUE
+
+    def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
+        if time == window.max_timestamp():
+            return TriggerResult.FIRE
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        if fire_time.get() == time:
+            fire_time.clear()
+            self._register_next(time, window, ctx)
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def _register_next(self, time: int, window: Window, ctx: TriggerContext) -> None:
+        next_fire = min(time + self.interval, window.max_timestamp())
+        ctx.get_partitioned_state(self._fire_time).add(next_fire)
+        ctx.register_event_time_timer(next_fire)
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.merge_partitioned_state(self._fire_time)
+        next_fire = ctx.get_partitioned_state(self._fire_time).get()
+        if next_fire is not None:
+            ctx.register_event_time_timer(next_fire)
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        time = fire_time.get()
+        if time is not None:
+            ctx.delete_event_time_timer(time)
+            fire_time.clear()
+
+    def __repr__(self) -> str:
+        return f"ContinuousEventTimeTrigger({self.interval})"
+
+
+class ContinuousProcessingTimeTrigger(Trigger):
+    """Fires every ``interval`` of processing time, aligned to multiples of it."""
+
+    def __init__(self, interval: int) -> None:
+        self.interval = interval
+        self._fire_time = ReducingStateDescriptor[int]("fire-time", _min)
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        if fire_time.get() is None:
+            now = ctx.current_processing_time
+            self._register_next(now - _java_rem(now, self.interval), window, ctx)
+        return TriggerResult.CONTINUE
+
+    def on_processing_time(
+        self, time: int, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        if fire_time.get() == time:
+            fire_time.clear()
+            # the firing at the window's end is the last one: registering min(end + interval,
+            # end) again would be a timer already due, firing the window in a loop
+            if time < window.max_timestamp():
+                self._register_next(time, window, ctx)
+            return TriggerResult.FIRE
+        return TriggerResult.CONTINUE
+
+    def _register_next(self, time: int, window: Window, ctx: TriggerContext) -> None:
+        next_fire = min(time + self.interval, window.max_timestamp())
+        ctx.get_partitioned_state(self._fire_time).add(next_fire)
+        ctx.register_processing_time_timer(next_fire)
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.merge_partitioned_state(self._fire_time)
+        next_fire = ctx.get_partitioned_state(self._fire_time).get()
+        if next_fire is not None:
+            ctx.register_processing_time_timer(next_fire)
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        time = fire_time.get()
+        if time is not None:
+            ctx.delete_processing_time_timer(time)
+            fire_time.clear()
+
+    def __repr__(self) -> str:
+        return f"ContinuousProcessingTimeTrigger({self.interval})"
+
+
+class PurgingTrigger(Trigger):
+    """Wraps a trigger and turns each of its FIREs into FIRE_AND_PURGE."""
+
+    def __init__(self, nested: Trigger) -> None:
+        self.nested = nested
+
+    @staticmethod
+    def _purging(result: TriggerResult) -> TriggerResult:
+        return TriggerResult.FIRE_AND_PURGE if result.is_fire else result
+
+    def on_element(
+        self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        return self._purging(self.nested.on_element(element, timestamp, window, ctx))
+
+    def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
+        return self._purging(self.nested.on_event_time(time, window, ctx))
+
+    def on_processing_time(
+        self, time: int, window: Window, ctx: TriggerContext,
+    ) -> TriggerResult:
+        return self._purging(self.nested.on_processing_time(time, window, ctx))
+
+    def can_merge(self) -> bool:
+        return self.nested.can_merge()
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        self.nested.on_merge(window, ctx)
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        self.nested.clear(window, ctx)
+
+    def __repr__(self) -> str:
+        return f"PurgingTrigger({self.nested!r})"

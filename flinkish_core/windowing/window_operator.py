@@ -1,0 +1,504 @@
+"""Flink's ``WindowOperator`` (and ``EvictingWindowOperator``) as a pure, deterministic state
+machine: elements, watermarks and processing time in; window results with panes and late
+elements out.
+
+Per key it keeps the windows' contents (an accumulator, or the elements), the trigger's
+partitioned state, the timers, the merging-window mapping of session windows and the pane
+counters; :meth:`WindowOperator.snapshot` returns all of it as plain data and
+:meth:`WindowOperator.restore` takes it back, so the state can live in Spark's keyed state.
+
+Lateness follows Flink: a window is late when ``max_timestamp() + allowed_lateness <=
+watermark`` (``isWindowLate``); an element none of whose windows take it (all late) goes to the
+late output and is counted. Flink sends it there only if ``timestamp + allowed_lateness <=
+watermark`` too and otherwise drops it silently; here every such element goes to the late
+output. Each window gets a cleanup timer at ``max_timestamp() + allowed_lateness`` (``Long.MAX``
+when that overflows: no timer), which clears all its state.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flinkish_core.windowing.evictor import Evictor, TimestampedValue
+from flinkish_core.windowing.merging_window_set import MergingWindowSet
+from flinkish_core.windowing.pane import PaneInfo, Timing
+from flinkish_core.windowing.partitioned_state import PartitionedStateStore
+from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService, TimerQueue
+from flinkish_core.windowing.trigger import Trigger, TriggerContext
+from flinkish_core.windowing.window import (
+    LONG_MAX,
+    TimeWindow,
+    Window,
+    window_from_data,
+    window_to_data,
+)
+from flinkish_core.windowing.window_assigner import MergingWindowAssigner, WindowAssigner
+from flinkish_core.windowing.window_function import (
+    AggregateFunction,
+    ProcessWindowFunction,
+    WindowContext,
+)
+
+__all__ = ["LateElement", "WindowOperator", "WindowOutput", "WindowResult"]
+
+SNAPSHOT_FORMAT = 1
+"""Version of the :meth:`WindowOperator.snapshot` layout."""
+
+WindowFunction = AggregateFunction[Any, Any, Any] | ProcessWindowFunction[Any, Any]
+
+
+@dataclass(frozen=True)
+class WindowResult:
+    """One output of a firing: the key, the window, one result and the firing's pane.
+    ``timestamp`` is the window's ``max_timestamp()``, the timestamp Flink gives the record."""
+
+    key: Any
+    window: Window
+    result: Any
+    pane: PaneInfo
+
+    @property
+    def timestamp(self) -> int:
+        return self.window.max_timestamp()
+
+
+@dataclass(frozen=True)
+class LateElement:
+    """An element that arrived too late for all its windows (Flink's late side output)."""
+
+    key: Any
+    value: Any
+    timestamp: int | None
+
+
+@dataclass
+class WindowOutput:
+    """What one input to the operator produced."""
+
+    results: list[WindowResult] = field(default_factory=list)
+    late: list[LateElement] = field(default_factory=list)
+
+
+class WindowOperator:
+    """Windows per key: ``assigner`` places elements, ``trigger`` (the assigner's default when
+    None) fires them, ``function`` computes each firing's results, ``evictor`` (optional) trims
+    the elements around the function, ``allowed_lateness`` (ms) keeps windows open for late
+    elements after their end."""
+
+    def __init__(
+        self,
+        assigner: WindowAssigner,
+        function: WindowFunction,
+        trigger: Trigger | None = None,
+        allowed_lateness: int = 0,
+        evictor: Evictor | None = None,
+    ) -> None:
+        if allowed_lateness < 0:
+            raise ValueError(f"allowed_lateness must be >= 0, got {allowed_lateness}")
+        if not isinstance(function, AggregateFunction | ProcessWindowFunction):
+            raise TypeError("function must be an AggregateFunction or a ProcessWindowFunction")
+        self.assigner = assigner
+        self.function = function
+        self.trigger = trigger if trigger is not None else assigner.default_trigger()
+        self.allowed_lateness = allowed_lateness if assigner.is_event_time else 0
+        self.evictor = evictor
+        if isinstance(assigner, MergingWindowAssigner) and not self.trigger.can_merge():
+            raise ValueError(f"{self.trigger!r} cannot be used with merging windows")
+        self._timers = InternalTimerService()
+        self._trigger_state = PartitionedStateStore()
+        self._ctx = TriggerContext(self._timers, self._trigger_state)
+        # window contents and the next pane index, per (key, state window)
+        self._contents: dict[tuple[Any, Window], Any] = {}
+        self._panes: dict[tuple[Any, Window], int] = {}
+        self._merging: dict[Any, MergingWindowSet] = {}
+        self.late_records = 0
+        """How many elements went to the late output (Flink's ``numLateRecordsDropped``)."""
+        self._out = WindowOutput()
+
+    # ------------------------------------------------------------------ clocks
+
+    @property
+    def current_watermark(self) -> int:
+        return self._timers.current_watermark
+
+    @property
+    def current_processing_time(self) -> int:
+        return self._timers.current_processing_time
+
+    def _clock(self) -> int:
+        """The time the window's lateness and panes are judged by."""
+        if self.assigner.is_event_time:
+            return self._timers.current_watermark
+        return self._timers.current_processing_time
+
+    # ------------------------------------------------------------------ inputs
+
+    def process_element(self, key: Any, value: Any, timestamp: int | None = None) -> WindowOutput:
+        """One element of ``key`` with its event time (ms; None for processing-time or global
+        windows only)."""
+        self._out = WindowOutput()
+        windows = self.assigner.assign_windows(value, timestamp, self)
+        skipped = True
+        if isinstance(self.assigner, MergingWindowAssigner):
+            merging = self._merging_window_set(key)
+            for window in windows:
+                assert isinstance(window, TimeWindow)
+                actual = merging.add_window(window, self._merge_function(key))
+                # drop the window if it is already late
+                if self._is_window_late(actual):
+                    merging.retire_window(actual)
+                    continue
+                skipped = False
+                state_window = merging.get_state_window(actual)
+                if state_window is None:
+                    raise RuntimeError(f"Window {window} is not in in-flight window set.")
+                self._on_element(key, value, timestamp, actual, state_window)
+            if not merging.mapping:
+                del self._merging[key]
+        else:
+            for window in windows:
+                if self._is_window_late(window):
+                    continue
+                skipped = False
+                self._on_element(key, value, timestamp, window, window)
+        if skipped and self.assigner.is_event_time:
+            self.late_records += 1
+            self._out.late.append(LateElement(key, value, timestamp))
+        return self._out
+
+    def process_watermark(self, watermark: int) -> WindowOutput:
+        """Advances event time to ``watermark`` (a watermark never goes back) and fires every
+        event-time timer at or before it, in timestamp order."""
+        self._out = WindowOutput()
+        self._timers.current_watermark = max(self._timers.current_watermark, watermark)
+        queue = self._timers.event_time_timers
+        while (timer := queue.poll(self._timers.current_watermark)) is not None:
+            self._on_timer(timer, event_time=True)
+        return self._out
+
+    def process_processing_time(self, time: int) -> WindowOutput:
+        """Advances processing time to ``time`` and fires the processing-time timers due."""
+        self._out = WindowOutput()
+        self._timers.current_processing_time = max(self._timers.current_processing_time, time)
+        queue = self._timers.processing_time_timers
+        while (timer := queue.poll(self._timers.current_processing_time)) is not None:
+            self._on_timer(timer, event_time=False)
+        return self._out
+
+    # ------------------------------------------------------------------ Flink's callbacks
+
+    def _on_element(
+        self, key: Any, value: Any, timestamp: int | None, window: Window, state_window: Window,
+    ) -> None:
+        self._add_to_contents(key, state_window, value, timestamp)
+        self._point(key, window)
+        result = self.trigger.on_element(value, timestamp, window, self._ctx)
+        if result.is_fire:
+            self._emit(key, window, state_window, self._clock(), clock_timer=False, last=False)
+        if result.is_purge:
+            self._contents.pop((key, state_window), None)
+        self._register_cleanup_timer(key, window)
+
+    def _on_timer(self, timer: InternalTimer, *, event_time: bool) -> None:
+        key, window = timer.key, timer.window
+        merging = self._merging.get(key)
+        state_window: Window | None = window
+        if isinstance(self.assigner, MergingWindowAssigner):
+            assert isinstance(window, TimeWindow)
+            state_window = merging.get_state_window(window) if merging is not None else None
+        if state_window is None:
+            # a timer of a window merged away or cleared whose trigger left it behind: its
+            # state is gone already
+            return
+        self._point(key, window)
+        if event_time:
+            result = self.trigger.on_event_time(timer.timestamp, window, self._ctx)
+        else:
+            result = self.trigger.on_processing_time(timer.timestamp, window, self._ctx)
+        in_domain = event_time == self.assigner.is_event_time
+        cleanup = in_domain and timer.timestamp == self._cleanup_time(window)
+        if result.is_fire and (key, state_window) in self._contents:
+            # a timer of the other time domain says nothing about the window's own clock
+            time = timer.timestamp if in_domain else self._clock()
+            self._emit(key, window, state_window, time, clock_timer=in_domain, last=cleanup)
+        if result.is_purge:
+            self._contents.pop((key, state_window), None)
+        if cleanup:
+            self._clear_all_state(key, window, state_window, merging)
+        if merging is not None and not merging.mapping:
+            del self._merging[key]
+
+    def _merge_function(self, key: Any) -> Callable[..., None]:
+        def merge(
+            merge_result: TimeWindow, merged_windows: list[TimeWindow],
+            state_window_result: TimeWindow, merged_state_windows: list[TimeWindow],
+        ) -> None:
+            if self.assigner.is_event_time:
+                if merge_result.max_timestamp() + self.allowed_lateness <= self.current_watermark:
+                    raise ValueError(
+                        "The end timestamp of an event-time window cannot become earlier than "
+                        f"the current watermark by merging. Current watermark: "
+                        f"{self.current_watermark} window: {merge_result}")
+            elif merge_result.max_timestamp() <= self.current_processing_time:
+                raise ValueError(
+                    "The end timestamp of a processing-time window cannot become earlier than "
+                    f"the current processing time by merging. Current processing time: "
+                    f"{self.current_processing_time} window: {merge_result}")
+            self._point(key, merge_result)
+            self._ctx.merged_windows = list(merged_windows)
+            self.trigger.on_merge(merge_result, self._ctx)
+            self._ctx.merged_windows = []
+            for merged in merged_windows:
+                self._point(key, merged)
+                self.trigger.clear(merged, self._ctx)
+                self._delete_cleanup_timer(key, merged)
+            self._merge_namespaces(key, state_window_result, merged_state_windows)
+        return merge
+
+    # ------------------------------------------------------------------ helpers
+
+    def _point(self, key: Any, window: Window) -> None:
+        self._ctx.key = key
+        self._ctx.window = window
+
+    def _merging_window_set(self, key: Any) -> MergingWindowSet:
+        merging = self._merging.get(key)
+        if merging is None:
+            assert isinstance(self.assigner, MergingWindowAssigner)
+            merging = self._merging[key] = MergingWindowSet(self.assigner)
+        return merging
+
+    def _cleanup_time(self, window: Window) -> int:
+        """Flink's ``cleanupTime``: the window's end plus the allowed lateness, ``Long.MAX``
+        when that overflows a long (then the window is never cleaned up by a timer)."""
+        if not self.assigner.is_event_time:
+            return window.max_timestamp()
+        return min(window.max_timestamp() + self.allowed_lateness, LONG_MAX)
+
+    def _is_window_late(self, window: Window) -> bool:
+        return self.assigner.is_event_time and (
+            self._cleanup_time(window) <= self._timers.current_watermark)
+
+    def _register_cleanup_timer(self, key: Any, window: Window) -> None:
+        cleanup = self._cleanup_time(window)
+        if cleanup == LONG_MAX:
+            # no cleanup timer for "end of time"
+            return
+        if self.assigner.is_event_time:
+            self._timers.register_event_time_timer(key, window, cleanup)
+        else:
+            self._timers.register_processing_time_timer(key, window, cleanup)
+
+    def _delete_cleanup_timer(self, key: Any, window: Window) -> None:
+        cleanup = self._cleanup_time(window)
+        if cleanup == LONG_MAX:
+            return
+        if self.assigner.is_event_time:
+            self._timers.delete_event_time_timer(key, window, cleanup)
+        else:
+            self._timers.delete_processing_time_timer(key, window, cleanup)
+
+    def _clear_all_state(
+        self, key: Any, window: Window, state_window: Window, merging: MergingWindowSet | None,
+    ) -> None:
+        self._contents.pop((key, state_window), None)
+        self._panes.pop((key, state_window), None)
+        self._point(key, window)
+        self.trigger.clear(window, self._ctx)
+        if merging is not None:
+            assert isinstance(window, TimeWindow)
+            merging.retire_window(window)
+
+    # ------------------------------------------------------------------ contents
+
+    def _keeps_elements(self) -> bool:
+        return self.evictor is not None or isinstance(self.function, ProcessWindowFunction)
+
+    def _add_to_contents(
+        self, key: Any, state_window: Window, value: Any, timestamp: int | None,
+    ) -> None:
+        slot = (key, state_window)
+        if self.evictor is not None:
+            self._contents.setdefault(slot, []).append([value, timestamp])
+        elif isinstance(self.function, ProcessWindowFunction):
+            self._contents.setdefault(slot, []).append(value)
+        else:
+            accumulator = self._contents.get(slot)
+            if accumulator is None:
+                accumulator = self.function.create_accumulator()
+            self._contents[slot] = self.function.add(value, accumulator)
+
+    def _merge_namespaces(self, key: Any, target: Window, sources: list[TimeWindow]) -> None:
+        """Folds the sources' contents and pane counters into the target's (Flink's
+        ``mergeNamespaces``)."""
+        merged: Any = None
+        next_pane = self._panes.get((key, target))
+        for source in sources:
+            contents = self._contents.pop((key, source), None)
+            if contents is not None:
+                merged = contents if merged is None else self._merge_contents(merged, contents)
+            pane = self._panes.pop((key, source), None)
+            if pane is not None:
+                next_pane = pane if next_pane is None else max(next_pane, pane)
+        if merged is not None:
+            existing = self._contents.get((key, target))
+            self._contents[(key, target)] = (
+                merged if existing is None else self._merge_contents(existing, merged))
+        if next_pane is not None:
+            self._panes[(key, target)] = next_pane
+
+    def _merge_contents(self, a: Any, b: Any) -> Any:
+        if self._keeps_elements():
+            return a + b
+        assert isinstance(self.function, AggregateFunction)
+        return self.function.merge(a, b)
+
+    def _results(self, key: Any, window: Window, state_window: Window) -> list[Any]:
+        """Runs the window function on the contents (and the evictor around it)."""
+        contents = self._contents[(key, state_window)]
+        if self.evictor is None:
+            if isinstance(self.function, ProcessWindowFunction):
+                return list(self.function.process(key, self._window_context(key, window),
+                                                  list(contents)))
+            return [self.function.get_result(contents)]
+        elements = [TimestampedValue(value, ts) for value, ts in contents]
+        self.evictor.evict_before(elements, len(elements), window)
+        values = [e.value for e in elements]
+        if isinstance(self.function, ProcessWindowFunction):
+            results = list(self.function.process(key, self._window_context(key, window), values))
+        else:
+            accumulator = self.function.create_accumulator()
+            for value in values:
+                accumulator = self.function.add(value, accumulator)
+            results = [self.function.get_result(accumulator)]
+        self.evictor.evict_after(elements, len(elements), window)
+        if elements:
+            self._contents[(key, state_window)] = [[e.value, e.timestamp] for e in elements]
+        else:
+            del self._contents[(key, state_window)]
+        return results
+
+    def _window_context(self, key: Any, window: Window) -> WindowContext:
+        return WindowContext(key, window, self.current_watermark, self.current_processing_time)
+
+    def _emit(
+        self, key: Any, window: Window, state_window: Window, time: int, *,
+        clock_timer: bool, last: bool,
+    ) -> None:
+        """Fires ``window``: its results, all with the next pane (rule in
+        :mod:`flinkish_core.windowing.pane`). ``time`` is the time the firing stands for."""
+        results = self._results(key, window, state_window)
+        if not results:
+            return
+        end = window.max_timestamp()
+        if clock_timer and time == end:
+            timing = Timing.ON_TIME
+        elif time < end:
+            timing = Timing.EARLY
+        else:
+            timing = Timing.LATE
+        index = self._panes.get((key, state_window), 0)
+        self._panes[(key, state_window)] = index + 1
+        pane = PaneInfo(index, timing, last)
+        self._out.results.extend(WindowResult(key, window, r, pane) for r in results)
+
+    # ------------------------------------------------------------------ state as data
+
+    def snapshot(self) -> dict[str, Any]:
+        """The operator's whole state as plain data (lists, dicts, ints, strings and the
+        user's keys, elements and accumulators), independent of the live operator."""
+        per_key: dict[Any, dict[str, Any]] = {}
+
+        def entry(key: Any) -> dict[str, Any]:
+            if key not in per_key:
+                per_key[key] = {
+                    "key": key, "contents": [], "panes": [], "merging_windows": None,
+                    "trigger_state": [], "event_timers": [], "processing_timers": [],
+                }
+            return per_key[key]
+
+        for (key, window), contents in self._contents.items():
+            entry(key)["contents"].append([window_to_data(window), contents])
+        for (key, window), index in self._panes.items():
+            entry(key)["panes"].append([window_to_data(window), index])
+        for key, merging in self._merging.items():
+            entry(key)["merging_windows"] = merging.to_data()
+        for key in self._trigger_state.key_set():
+            entry(key)["trigger_state"] = [
+                [window_to_data(w), name, value]
+                for w, name, value in self._trigger_state.items_of(key)]
+        for name, queue in (("event_timers", self._timers.event_time_timers),
+                            ("processing_timers", self._timers.processing_time_timers)):
+            for key in queue.key_set():
+                entry(key)[name] = [
+                    [window_to_data(w), ts, seq] for w, ts, seq in queue.of_key(key)]
+        return copy.deepcopy({
+            "format": SNAPSHOT_FORMAT,
+            "watermark": self._timers.current_watermark,
+            "processing_time": self._timers.current_processing_time,
+            "late_records": self.late_records,
+            "timer_seq": [self._timers.event_time_timers.next_seq,
+                          self._timers.processing_time_timers.next_seq],
+            "keys": list(per_key.values()),
+        })
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Replaces this operator's state with a :meth:`snapshot` (taken from an operator of the
+        same assigner, function, trigger, lateness and evictor)."""
+        if snapshot.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"unknown window operator snapshot format {snapshot.get('format')!r}")
+        snapshot = copy.deepcopy(snapshot)
+        self._timers = InternalTimerService()
+        self._timers.current_watermark = snapshot["watermark"]
+        self._timers.current_processing_time = snapshot["processing_time"]
+        self._trigger_state = PartitionedStateStore()
+        self._ctx = TriggerContext(self._timers, self._trigger_state)
+        self._contents, self._panes, self._merging = {}, {}, {}
+        self.late_records = snapshot["late_records"]
+        for item in snapshot["keys"]:
+            key = item["key"]
+            for window, contents in item["contents"]:
+                self._contents[(key, window_from_data(window))] = contents
+            for window, index in item["panes"]:
+                self._panes[(key, window_from_data(window))] = index
+            if item["merging_windows"] is not None:
+                assert isinstance(self.assigner, MergingWindowAssigner)
+                self._merging[key] = MergingWindowSet.from_data(
+                    self.assigner, item["merging_windows"])
+            for window, name, value in item["trigger_state"]:
+                self._trigger_state.put(key, window_from_data(window), name, value)
+            _restore_timers(self._timers.event_time_timers, key, item["event_timers"])
+            _restore_timers(self._timers.processing_time_timers, key, item["processing_timers"])
+        event_seq, processing_seq = snapshot["timer_seq"]
+        self._timers.event_time_timers.next_seq = event_seq
+        self._timers.processing_time_timers.next_seq = processing_seq
+
+    # ------------------------------------------------------------------ introspection
+
+    def num_keys(self) -> int:
+        """Keys with any state (windows, trigger state or timers)."""
+        return len(self._state_keys())
+
+    def _state_keys(self) -> set[Any]:
+        return ({k for k, _ in self._contents} | {k for k, _ in self._panes}
+                | set(self._merging) | self._trigger_state.key_set()
+                | self._timers.event_time_timers.key_set()
+                | self._timers.processing_time_timers.key_set())
+
+    def num_event_time_timers(self) -> int:
+        return self._timers.num_event_time_timers()
+
+    def num_processing_time_timers(self) -> int:
+        return self._timers.num_processing_time_timers()
+
+    def num_windows_with_contents(self) -> int:
+        return len(self._contents)
+
+
+def _restore_timers(queue: TimerQueue, key: Any, timers: list[Any]) -> None:
+    for window, timestamp, seq in timers:
+        queue.register(key, window_from_data(window), timestamp, seq)
+
