@@ -138,7 +138,7 @@ class Harness:
         return sorted((e.timestamp, e.value) for e in self.late)
 
 
-# ---------------------------------------------------------------------------- sliding, tumbling
+# ------------------------------------------------ sliding, tumbling
 
 def _sliding_event_time_windows(function: Any) -> Harness:
     h = Harness(lambda: WindowOperator(SlidingEventTimeWindows(3000, 1000), function,
@@ -230,7 +230,7 @@ def test_tumbling_event_time_windows_apply() -> None:
     _tumbling_event_time_windows(RichSumReducer())
 
 
-# ---------------------------------------------------------------------------- sessions
+# ------------------------------------------------ sessions
 
 def _session_windows(function: Any, render: Callable[[WindowResult], Any]) -> None:
     h = Harness(lambda: WindowOperator(EventTimeSessionWindows.with_gap(3000), function,
@@ -391,7 +391,7 @@ def test_point_sessions() -> None:
     assert h.output() == [(2999, ("key2-67", 0, 3000)), (3999, ("key1-36", 10, 4000))]
 
 
-# ---------------------------------------------------------------------------- global windows
+# ------------------------------------------------ global windows
 
 def test_continuous_watermark_trigger() -> None:
     h = Harness(lambda: WindowOperator(GlobalWindows(), SUM, ContinuousEventTimeTrigger(3000)))
@@ -451,7 +451,7 @@ def test_count_trigger() -> None:
     assert [r.pane.index for r in h.results if r.key == "key2"] == [0, 1]
 
 
-# ---------------------------------------------------------------------------- processing time
+# ------------------------------------------------ processing time
 
 def test_processing_time_tumbling_windows() -> None:
     h = Harness(lambda: WindowOperator(TumblingProcessingTimeWindows(3000), SUM,
@@ -608,7 +608,7 @@ def test_dynamic_processing_time_session_windows() -> None:
     assert h.output() == sorted(expected)
 
 
-# ---------------------------------------------------------------------------- lateness
+# ------------------------------------------------ lateness
 
 def test_lateness() -> None:
     h = Harness(lambda: WindowOperator(TumblingEventTimeWindows(2000), SUM,
@@ -843,7 +843,7 @@ def test_not_side_output_due_to_lateness_session_with_huge_lateness() -> None:
     assert h.late == []
 
 
-# ---------------------------------------------------------------------------- cleanup timers
+# ------------------------------------------------ cleanup timers
 
 class EventTimeTriggerAccumGC(Trigger):
     """Flink's test trigger: fires at the window's end and at the cleanup time, purging."""
@@ -1014,7 +1014,7 @@ def test_continuous_processing_time_trigger_merging_windows() -> None:
     assert op.num_keys() == 0
 
 
-# ---------------------------------------------------------------------------- beyond Flink's tests
+# ------------------------------------------------ beyond Flink's tests
 
 def test_panes_early_on_time_and_last() -> None:
     """Early firings by a continuous trigger (at 1000 and 2000), then the on-time one, which
@@ -1064,7 +1064,7 @@ def test_element_of_late_point_window_goes_to_late_output() -> None:
     assert op.late_records == 1
 
 
-# ---------------------------------------------------------------------------- state as data
+# ------------------------------------------------ state as data
 
 Step = tuple[str, Any]
 
