@@ -36,11 +36,16 @@ from flinkish_source.options import SourceOptions
 logger = logging.getLogger(__name__)
 
 #: Bytes a Fetch asks for per partition and in all (librdkafka's defaults are 1 MiB and 50 MiB;
-#: a larger share per partition keeps a chunk's worth of records in one round trip)
+#: a larger share per partition keeps a chunk's worth of records in one round trip), and how
+#: long the broker may hold a Fetch that has nothing to return yet: what this path uses unless
+#: the query sets librdkafka's settings of the same meaning (see FetchSettings)
 PARTITION_MAX_BYTES = 4 << 20
 REQUEST_MAX_BYTES = 64 << 20
-#: How long the broker may hold a Fetch that has nothing to return yet
 MAX_WAIT_MS = 100
+#: librdkafka's defaults of ``client.id`` and ``receive.message.max.bytes`` (the largest
+#: response, and here also the largest decompressed batch, the client accepts)
+CLIENT_ID = "flinkish"
+RECEIVE_MAX_BYTES = 100_000_000
 #: A connection or an answer that takes longer counts as a failed attempt (retried within
 #: kafkaConsumer.pollTimeoutMs)
 SOCKET_TIMEOUT_S = 30.0
@@ -65,6 +70,38 @@ def warn_fallback(topic: str, partition: int, what: str) -> None:
                    topic, partition, what)
 
 
+@dataclass(frozen=True)
+class FetchSettings:
+    """The query's librdkafka settings that apply to Fetch requests, under their librdkafka
+    names (``kafka.client.id``, ``kafka.fetch.max.bytes``, …), else this path's defaults."""
+
+    client_id: str
+    partition_max_bytes: int
+    request_max_bytes: int
+    max_wait_ms: int
+    min_bytes: int
+    max_response: int
+
+    @classmethod
+    def of(cls, options: SourceOptions) -> FetchSettings:
+        config = options.kafka_config
+
+        def number(key: str, default: int) -> int:
+            raw = str(config.get(key, default)).strip()
+            if not raw.isdigit() or int(raw) <= 0:
+                raise ValueError(f"option kafka.{key}: {raw!r} is not a positive integer")
+            return int(raw)
+
+        return cls(
+            client_id=str(config.get("client.id", CLIENT_ID)),
+            partition_max_bytes=number("max.partition.fetch.bytes", PARTITION_MAX_BYTES),
+            request_max_bytes=number("fetch.max.bytes", REQUEST_MAX_BYTES),
+            max_wait_ms=number("fetch.wait.max.ms", MAX_WAIT_MS),
+            min_bytes=number("fetch.min.bytes", 1),
+            max_response=number("receive.message.max.bytes", RECEIVE_MAX_BYTES),
+        )
+
+
 def eligible(options: SourceOptions) -> str | None:
     """None when read tasks of a ``kafkaConsumer.fetch=native`` query can fetch natively;
     otherwise why not."""
@@ -73,6 +110,11 @@ def eligible(options: SourceOptions) -> str | None:
         return f"kafka.security.protocol={protocol} (only plaintext connections are native)"
     if any(k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
         return "kafka.sasl.*/kafka.ssl.* settings (only plaintext connections are native)"
+    if str(options.kafka_config.get("check.crcs", "false")).strip().lower() == "true":
+        return "kafka.check.crcs=true (the native decoder does not verify CRCs)"
+    if options.kafka_config.get("client.rack"):
+        return ("kafka.client.rack (fetching from the closest replica, KIP-392, needs Fetch "
+                "v11; the native path sends v4 to the leader)")
     try:
         from flinkish_source import kafka_fetch  # noqa: F401  (needs the compiled decoder)
     except ImportError as exc:
@@ -108,7 +150,9 @@ class FetchRangeReader(PooledRangeReader):
         super().__init__(options, chunk, pool, lookahead)
         headers = bool(options.include_headers or options.event_time_header
                        or options.punctuation_header)
-        self._ranges = [_FetchRange(t, p, s, e, PartitionDecoder(s, e, chunk, headers))
+        self._settings = FetchSettings.of(options)
+        self._ranges = [_FetchRange(t, p, s, e, PartitionDecoder(
+                            s, e, chunk, headers, self._settings.max_response))
                         for t, p, s, e in ranges if e > s]
         self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
         self._leaders: dict[tuple[str, int], tuple[str, int]] = {}
@@ -194,6 +238,7 @@ class FetchRangeReader(PooledRangeReader):
         from flinkish_source.kafka_fetch import (
             OFFSET_OUT_OF_RANGE,
             BrokerError,
+            FetchRefused,
             FetchWant,
             UnsupportedBatch,
         )
@@ -202,11 +247,18 @@ class FetchRangeReader(PooledRangeReader):
         if leader is None:
             return f"{r.topic}/{r.partition} has no leader"
         ranges = self._companions(r, leader)
-        wants = [FetchWant(x.topic, x.partition, x.decoder.position, PARTITION_MAX_BYTES)
-                 for x in ranges]
+        settings = self._settings
+        wants = [FetchWant(x.topic, x.partition, x.decoder.position,
+                           settings.partition_max_bytes) for x in ranges]
         try:
             answers = self._connection(leader).fetch(
-                wants, MAX_WAIT_MS, REQUEST_MAX_BYTES, self._options.read_committed)
+                wants, settings.max_wait_ms, settings.request_max_bytes,
+                self._options.read_committed, settings.min_bytes)
+        except FetchRefused as exc:  # this leader's ranges are read with librdkafka
+            self._connections.pop(leader, None)
+            for x in ranges:
+                x.fallback = f"{exc} at offset {x.decoder.position}"
+            return None
         except OSError as exc:
             self._drop_connections()
             return scrub(f"broker {leader[0]}:{leader[1]}: {type(exc).__name__}: {exc}",
@@ -292,7 +344,8 @@ class FetchRangeReader(PooledRangeReader):
         connection = self._connections.get(leader)
         if connection is None:
             timeout = min(SOCKET_TIMEOUT_S, self._options.poll_timeout_ms / 1000)
-            connection = self._connections[leader] = BrokerConnection(*leader, timeout)
+            connection = self._connections[leader] = BrokerConnection(
+                *leader, timeout, self._settings.client_id, self._settings.max_response)
         return connection
 
     def _drop_connections(self) -> None:

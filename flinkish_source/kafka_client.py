@@ -529,12 +529,14 @@ def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
         # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
         # reaches queued.min.messages, librdkafka postpones the partition's next fetch by
         # fetch.queue.backoff.ms (1 s by default), which stalls a reader that drains the queue
-        # a chunk at a time. A user's kafka.* setting of either still wins.
+        # a chunk at a time; and a fetch held at most 50 ms (librdkafka: 500). A user's
+        # kafka.* setting of any of them wins.
         "queued.min.messages": 100_000,
         "fetch.queue.backoff.ms": 10,
+        "fetch.wait.max.ms": 50,
     }
     overrides = {k: v for k, v in prefetch.items() if k not in options.kafka_config}
-    return consumer_config(options, **{"fetch.wait.max.ms": 50, **overrides})
+    return consumer_config(options, **overrides)
 
 
 RangeKey = tuple[str, int, int, int]  # topic, partition, start, end

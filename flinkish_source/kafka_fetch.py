@@ -36,11 +36,11 @@ from flinkish_source.schema import arrow_schema
 
 FETCH = 1
 FETCH_VERSION = 4
+API_VERSIONS = 18
 _HEADER = struct.Struct(">ihhih")  # size, api key, version, correlation id, client id length
 _BATCH = struct.Struct(">qiibIhiqqqhii")  # the 61-byte record batch header
 _MAGIC_AT = 16  # where every message format (v0, v1, v2) keeps its magic byte
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 abort, 1 commit)
-CLIENT_ID = b"flinkish"
 
 #: Kafka error codes a read handles itself (the rest are reported by name and number)
 OFFSET_OUT_OF_RANGE = 1
@@ -61,6 +61,11 @@ _STOP_BATCH, _STOP_FULL = 2, 3  # the decoder's stops the caller acts on (0, 1: 
 class UnsupportedBatch(Exception):
     """A record batch this path does not decode (an old message format, a payload its codec
     could not decompress): the caller reads the rest of the range with librdkafka."""
+
+
+class FetchRefused(UnsupportedBatch):
+    """The broker does not serve Fetch v4 (its ApiVersions says so: Kafka 4 dropped old
+    versions, KIP-896), or answered with more than the client accepts: librdkafka reads."""
 
 
 class BrokerError(Exception):
@@ -105,22 +110,37 @@ def _string(text: str) -> bytes:
     return struct.pack(">h", len(raw)) + raw
 
 
+def _request(api: int, version: int, correlation: int, client_id: str, payload: bytes) -> bytes:
+    """A request header (v1: with the client id) and ``payload``, framed with their size."""
+    client = client_id.encode("utf-8")
+    return _HEADER.pack(_HEADER.size - 4 + len(client) + len(payload), api, version,
+                        correlation, len(client)) + client + payload
+
+
 def encode_fetch(correlation: int, wants: Sequence[FetchWant], max_wait_ms: int,
-                 max_bytes: int, read_committed: bool) -> bytes:
+                 max_bytes: int, read_committed: bool, client_id: str,
+                 min_bytes: int = 1) -> bytes:
     """A Fetch v4 request (a consumer's: replica id -1), framed with its size."""
     topics: dict[str, list[FetchWant]] = {}
     for want in wants:
         topics.setdefault(want.topic, []).append(want)
-    body = [struct.pack(">iiiib", -1, max_wait_ms, 1, max_bytes, 1 if read_committed else 0),
+    body = [struct.pack(">iiiib", -1, max_wait_ms, min_bytes, max_bytes,
+                        1 if read_committed else 0),
             struct.pack(">i", len(topics))]
     for topic, parts in topics.items():
         body.append(_string(topic))
         body.append(struct.pack(">i", len(parts)))
         body.extend(struct.pack(">iqi", w.partition, w.offset, w.max_bytes) for w in parts)
-    payload = b"".join(body)
-    header = _HEADER.pack(_HEADER.size - 4 + len(CLIENT_ID) + len(payload), FETCH,
-                          FETCH_VERSION, correlation, len(CLIENT_ID)) + CLIENT_ID
-    return header + payload
+    return _request(FETCH, FETCH_VERSION, correlation, client_id, b"".join(body))
+
+
+def decode_api_versions(response: memoryview) -> dict[int, tuple[int, int]]:
+    """An ApiVersions v0 response body (after the correlation id): api key -> (min, max)."""
+    error, count = struct.unpack_from(">hi", response, 0)
+    if error:
+        raise FetchRefused(f"the broker answered ApiVersions with Kafka error code {error}")
+    return {key: (low, high) for key, low, high in
+            (struct.unpack_from(">hhh", response, 6 + 6 * i) for i in range(count))}
 
 
 def decode_fetch(response: memoryview) -> list[PartitionFetch]:
@@ -153,29 +173,57 @@ def decode_fetch(response: memoryview) -> list[PartitionFetch]:
 
 
 class BrokerConnection:
-    """One socket to one broker, one request in flight at a time."""
+    """One socket to one broker, one request in flight at a time. Connecting asks the broker
+    for its ApiVersions first, as Kafka's clients do: one that does not serve Fetch v4 raises
+    :class:`FetchRefused` at once (librdkafka then reads) rather than closing the connection
+    at every Fetch until the wait gives up."""
 
-    def __init__(self, host: str, port: int, timeout_s: float) -> None:
+    def __init__(self, host: str, port: int, timeout_s: float, client_id: str,
+                 max_response: int) -> None:
         self.address = f"{host}:{port}"
+        self._client_id, self._max_response = client_id, max_response
         self._sock = socket.create_connection((host, port), timeout=timeout_s)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._correlation = 0
+        try:
+            versions = decode_api_versions(self._call(API_VERSIONS, 0, b""))
+        except BaseException:
+            self.close()
+            raise
+        low, high = versions.get(FETCH, (0, -1))
+        if not low <= FETCH_VERSION <= high:
+            self.close()
+            raise FetchRefused(f"broker {self.address} serves Fetch versions {low}..{high}, "
+                               f"not {FETCH_VERSION}")
 
     def close(self) -> None:
         self._sock.close()
 
     def fetch(self, wants: Sequence[FetchWant], max_wait_ms: int, max_bytes: int,
-              read_committed: bool) -> list[PartitionFetch]:
+              read_committed: bool, min_bytes: int = 1) -> list[PartitionFetch]:
         self._correlation = (self._correlation + 1) & 0x7FFFFFFF
         self._sock.sendall(encode_fetch(self._correlation, wants, max_wait_ms, max_bytes,
-                                        read_committed))
+                                        read_committed, self._client_id, min_bytes))
+        return decode_fetch(self._answer())
+
+    def _call(self, api: int, version: int, payload: bytes) -> memoryview:
+        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
+        self._sock.sendall(_request(api, version, self._correlation, self._client_id, payload))
+        return self._answer()
+
+    def _answer(self) -> memoryview:
+        """The response to the request in flight, after its correlation id."""
         (size,) = struct.unpack(">i", self._read(4))
+        if not 4 <= size <= self._max_response:
+            self.close()  # the rest of it is never read: this connection is done
+            raise FetchRefused(f"broker {self.address} answered with {size} bytes, more than "
+                               f"receive.message.max.bytes={self._max_response}")
         body = self._read(size)
         (correlation,) = struct.unpack_from(">i", body, 0)
         if correlation != self._correlation:
             raise ConnectionError(f"broker {self.address} answered request {correlation}, "
                                   f"expected {self._correlation}")
-        return decode_fetch(memoryview(body)[4:])
+        return memoryview(body)[4:]
 
     def _read(self, n: int) -> bytearray:
         buf = bytearray(n)
@@ -255,6 +303,7 @@ class PartitionDecoder:
     end: int
     chunk: int
     headers: bool = False  # decode the records' headers too
+    max_batch: int = 100_000_000  # a decompressed batch's bytes at most
     position: int = field(init=False)
     _aborting: set[int] = field(default_factory=set)  # producer ids inside an aborted txn
     _pending: list[tuple[int, int]] = field(default_factory=list)  # aborted, not yet reached
@@ -304,7 +353,7 @@ class PartitionDecoder:
             pass  # a batch of an aborted transaction
         else:
             batch = buf[pos:pos + size] if attributes & 0x07 == 0 else _decompressed(
-                bytes(buf[pos:pos + size]), attributes & 0x07, base)
+                bytes(buf[pos:pos + size]), attributes & 0x07, base, self.max_batch)
             decoded = _record_batch.decode(batch, 0, self.position, self.end, 1 << 62,
                                            _MODE_ONE, self.headers)
             if decoded[3]:
@@ -339,11 +388,12 @@ CODECS = {1: "gzip", 2: "snappy", 3: "lz4", 4: "zstd"}
 _XERIAL = b"\x82SNAPPY\x00"
 
 
-def _decompressed(batch: bytes, codec: int, base: int) -> bytes:
-    """The batch with its records decompressed and its codec cleared."""
+def _decompressed(batch: bytes, codec: int, base: int, limit: int) -> bytes:
+    """The batch with its records decompressed and its codec cleared; a batch that would
+    exceed ``limit`` bytes is left to librdkafka."""
     name = CODECS.get(codec, f"codec {codec}")
     try:
-        records = _decompress(batch[_BATCH.size:], codec)
+        records = _decompress(batch[_BATCH.size:], codec, limit)
     except UnsupportedBatch:
         raise
     except Exception as exc:  # the codec's own error: let librdkafka have its say
@@ -351,6 +401,9 @@ def _decompressed(batch: bytes, codec: int, base: int) -> bytes:
                                f"decompressed ({type(exc).__name__}: {exc})") from exc
     if records is None:
         raise UnsupportedBatch(f"{name}-compressed record batch at offset {base}")
+    if len(records) > limit:
+        raise UnsupportedBatch(f"{name}-compressed record batch at offset {base} decompresses "
+                               f"to more than {limit} bytes (receive.message.max.bytes)")
     header = bytearray(batch[:_BATCH.size])
     struct.pack_into(">i", header, 8, _BATCH.size - 12 + len(records))
     (attributes,) = struct.unpack_from(">h", header, 21)
@@ -358,10 +411,15 @@ def _decompressed(batch: bytes, codec: int, base: int) -> bytes:
     return bytes(header) + records
 
 
-def _decompress(payload: bytes, codec: int) -> bytes | None:
-    """A batch's records in the clear (None: a codec Kafka does not define)."""
+def _decompress(payload: bytes, codec: int, limit: int) -> bytes | None:
+    """A batch's records in the clear (None: a codec Kafka does not define). gzip stops one
+    byte past ``limit``; cramjam's codecs have no such bound, so the caller checks after."""
     if codec == 1:
-        return zlib.decompress(payload, 16 + zlib.MAX_WBITS)
+        inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        records = inflate.decompress(payload, limit + 1)
+        if len(records) <= limit and not inflate.eof:
+            raise zlib.error("incomplete or truncated gzip stream")
+        return records
     if codec not in CODECS:
         return None
     import cramjam  # snappy, lz4 (frame format, KIP-57) and zstd

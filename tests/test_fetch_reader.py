@@ -41,6 +41,9 @@ class FakeBroker:
         self.answer = answer
         self.requests: list[list[tuple[str, int, int]]] = []
         self.drop: set[int] = set()
+        self.fetch_versions = (0, 11)  # what ApiVersions says the broker serves
+        self.client_ids: list[bytes] = []
+        self.settings: list[tuple[int, int, int]] = []  # max wait, min bytes, max bytes
         self._server = socket.create_server(("127.0.0.1", 0))
         self.port = self._server.getsockname()[1]
         self._stopped = False
@@ -67,7 +70,15 @@ class FakeBroker:
                 body = _recv(conn, struct.unpack(">i", head)[0])
                 assert body is not None
                 api, version, correlation, client = struct.unpack_from(">hhih", body)
+                self.client_ids.append(body[10:10 + client])
+                if (api, version) == (18, 0):
+                    low, high = self.fetch_versions
+                    answer = struct.pack(">ihi", correlation, 0, 2) + struct.pack(
+                        ">hhhhhh", 1, low, high, 18, 0, 3)
+                    conn.sendall(struct.pack(">i", len(answer)) + answer)
+                    continue
                 assert (api, version) == (1, 4)
+                self.settings.append(struct.unpack_from(">iii", body, 10 + client + 4))
                 wants = _decode_request(body, 10 + client)
                 self.requests.append(wants)
                 if len(self.requests) in self.drop:
@@ -76,9 +87,14 @@ class FakeBroker:
 
 
 def _recv(conn: socket.socket, n: int) -> bytes | None:
+    """``n`` bytes, or None once the client closed the connection (or reset it, closing with
+    an answer unread)."""
     data = b""
     while len(data) < n:
-        chunk = conn.recv(n - len(data))
+        try:
+            chunk = conn.recv(n - len(data))
+        except ConnectionResetError:
+            return None
         if not chunk:
             return None
         data += chunk
@@ -321,12 +337,53 @@ def test_an_unreachable_leader_fails_after_the_bound_naming_the_option(
     assert any("still waiting" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("refusal", ["versions", "size"])
+def test_a_broker_refusing_fetch_v4_or_answering_too_much_hands_over_to_librdkafka(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+    refusal: str
+) -> None:
+    """Kafka 4 dropped old protocol versions (KIP-896): a broker whose ApiVersions leaves
+    out Fetch v4 is read with librdkafka at once, not retried until the wait gives up; so is
+    one whose answer exceeds kafka.receive.message.max.bytes."""
+    extra = {}
+    if refusal == "versions":
+        broker.fetch_versions = (12, 17)
+    else:
+        extra = {"kafka.receive.message.max.bytes": "100"}
+    made = LibrdkafkaToo({("t", 0): list(range(20))}, leader=lambda: Node("127.0.0.1",
+                                                                          broker.port))
+    monkeypatch.setattr(kafka_client, "POOL",
+                        ConsumerPool(factory=lambda config: made, evict_interval=0))
+    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
+    caplog.set_level(logging.WARNING, logger="flinkish_source.fetch_reader")
+    started = time.monotonic()
+    with FetchRangeReader(options(**extra), [("t", 0, 0, 20)], 100) as reader:
+        assert read(reader, "t", 0, 0, 20) == list(range(20))
+    assert time.monotonic() - started < 1
+    why = ("serves Fetch versions 12..17, not 4" if refusal == "versions"
+           else "more than receive.message.max.bytes=100")
+    assert why in caplog.text and "t/0: reading offsets 0..19 with librdkafka" in caplog.text
+
+
+def test_the_client_settings_that_apply_to_fetch_requests_are_sent(
+    broker: FakeBroker, consumer: MetadataConsumer
+) -> None:
+    settings = {"kafka.client.id": "billing-etl", "kafka.fetch.wait.max.ms": "250",
+                "kafka.fetch.min.bytes": "3", "kafka.fetch.max.bytes": "5000000"}
+    with FetchRangeReader(options(**settings), [("t", 0, 0, 20)], 100) as reader:
+        assert read(reader, "t", 0, 0, 20) == list(range(20))
+    assert set(broker.client_ids) == {b"billing-etl"}
+    assert set(broker.settings) == {(250, 3, 5000000)}
+
+
 def test_which_queries_the_native_path_reads_for() -> None:
     assert eligible(options()) is None
     assert eligible(options(**{"kafka.security.protocol": "PLAINTEXT"})) is None
     assert "SASL_SSL" in str(eligible(options(**{"kafka.security.protocol": "SASL_SSL"})))
     assert eligible(options(**{"kafka.ssl.ca.location": "/ca.pem"})) is not None
     assert eligible(options(includeHeaders="true")) is None  # headers are decoded too
+    assert "check.crcs" in str(eligible(options(**{"kafka.check.crcs": "true"})))
+    assert "client.rack" in str(eligible(options(**{"kafka.client.rack": "use1-az1"})))
 
 
 def test_a_bad_fetch_option_names_the_choices() -> None:

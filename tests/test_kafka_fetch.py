@@ -263,9 +263,11 @@ def test_record_views_answer_like_librdkafka_messages() -> None:
 
 def test_fetch_request_and_response_framing() -> None:
     request = encode_fetch(5, [FetchWant("t", 0, 42, 1024), FetchWant("t", 1, 7, 1024),
-                               FetchWant("u", 0, 0, 2048)], 100, 1 << 20, True)
-    size, api, version, correlation = struct.unpack_from(">ihhi", request)
+                               FetchWant("u", 0, 0, 2048)], 100, 1 << 20, True, "me", 7)
+    size, api, version, correlation, client = struct.unpack_from(">ihhih", request)
     assert (size, api, version, correlation) == (len(request) - 4, 1, 4, 5)
+    assert request[14:14 + client] == b"me"  # client.id
+    assert struct.unpack_from(">iiiib", request, 16) == (-1, 100, 7, 1 << 20, 1)
     assert request.count(b"\x00\x01t") == 1 and request.count(b"\x00\x01u") == 1
 
     records = plain(0, 2)
@@ -280,6 +282,14 @@ def test_fetch_request_and_response_framing() -> None:
     assert bytes(first.records) == records
     assert (second.partition, second.error, second.aborted, bytes(second.records)) == (
         1, 1, [], b"")
+
+
+@pytest.mark.parametrize("codec", [1, 4])
+def test_a_batch_decompressing_past_the_limit_is_left_to_librdkafka(codec: int) -> None:
+    big = batch(0, [Rec(0, b"k", b"\0" * 50_000)], codec=codec)
+    with pytest.raises(UnsupportedBatch, match="decompresses to more than 10000 bytes"):
+        list(PartitionDecoder(0, 10, 100, max_batch=10_000).decode(fetched(big)))
+    assert len(read(PartitionDecoder(0, 10, 100, max_batch=60_000), fetched(big))) == 1
 
 
 _VALID = (plain(0, 3) + batch(3, [Rec(0, b"k", None, headers=(("h", b"v"), ("n", None)))])
