@@ -42,7 +42,7 @@ from flinkish_core.windowing.window_function import (
     WindowContext,
 )
 
-__all__ = ["LateElement", "WindowOperator", "WindowOutput", "WindowResult"]
+__all__ = ["LateElement", "WindowFunction", "WindowOperator", "WindowOutput", "WindowResult"]
 
 SNAPSHOT_FORMAT = 1
 """Version of the :meth:`WindowOperator.snapshot` layout."""
