@@ -1135,3 +1135,34 @@ def test_snapshot_restore_mid_stream_gives_identical_output(name: str) -> None:
         second.restore(json.loads(json.dumps(first.snapshot())))
         assert _run(second, steps[cut:]) == expected[len(out):], f"cut after step {cut}"
         assert out == expected[:len(out)]
+
+
+def test_key_state_moves_one_key_between_operators() -> None:
+    """A key's state alone (what a keyed state store keeps) carries its windows, trigger state,
+    merging mapping, timers and panes: the key goes on in another operator as if it had never
+    left."""
+    def build() -> WindowOperator:
+        return WindowOperator(EventTimeSessionWindows.with_gap(3000), Sum(),
+                              ContinuousEventTimeTrigger(1000), allowed_lateness=1000)
+
+    steps_before = [("e", ("a", 1, 1000)), ("e", ("b", 5, 1100)), ("w", 1500),
+                    ("e", ("a", 2, 3500))]
+    steps_after = [("w", 4000), ("e", ("a", 4, 2000)), ("w", 9000)]
+    reference = build()
+    _run(reference, steps_before)
+    expected_a = [r for r in _run(reference, steps_after) if r[0] == "a"]
+
+    source = build()
+    _run(source, steps_before)
+    entry = json.loads(json.dumps(source.key_state("a")))
+    target = build()
+    target.process_watermark(source.current_watermark)
+    target.restore_key_state("a", entry)
+    assert _run(target, steps_after) == expected_a
+    assert target.num_keys() == 0
+
+    # dropping the key's state leaves the other keys alone
+    source.restore_key_state("a", None)
+    assert source.key_state("a") is None and source.key_state("b") is not None
+    with pytest.raises(ValueError, match="cannot restore key"):
+        source.restore_key_state("b", entry)

@@ -77,14 +77,10 @@ class PartitionedStateStore:
         """How many values are stored (for one window, or for all)."""
         return sum(1 for (_, w, _) in self._values if window is None or w == window)
 
-    def items_of(self, key: Any) -> Iterator[tuple[Window, str, Any]]:
-        """The (window, name, value) of one key, for a snapshot."""
-        for (k, window, name), value in self._values.items():
-            if k == key:
-                yield window, name, value
-
-    def key_set(self) -> set[Any]:
-        return {k for (k, _, _) in self._values}
+    def items(self) -> Iterator[tuple[Any, Window, str, Any]]:
+        """Every (key, window, name, value), for a snapshot."""
+        for (key, window, name), value in self._values.items():
+            yield key, window, name, value
 
 
 class PartitionedState:

@@ -71,15 +71,11 @@ class TimerQueue:
     def count(self, window: Window | None = None) -> int:
         return sum(1 for (_, w, _) in self._live if window is None or w == window)
 
-    def of_key(self, key: Any) -> Iterator[tuple[Window, int, int]]:
-        """The (window, timestamp, seq) of one key's timers, in firing order."""
-        for (k, window, timestamp), seq in sorted(
+    def items(self) -> Iterator[tuple[Any, Window, int, int]]:
+        """Every live timer as (key, window, timestamp, seq), in firing order."""
+        for (key, window, timestamp), seq in sorted(
                 self._live.items(), key=lambda item: (item[0][2], item[1])):
-            if k == key:
-                yield window, timestamp, seq
-
-    def key_set(self) -> set[Any]:
-        return {k for (k, _, _) in self._live}
+            yield key, window, timestamp, seq
 
     @property
     def next_seq(self) -> int:

@@ -26,7 +26,7 @@ from flinkish_core.windowing.evictor import Evictor, TimestampedValue
 from flinkish_core.windowing.merging_window_set import MergingWindowSet
 from flinkish_core.windowing.pane import PaneInfo, Timing
 from flinkish_core.windowing.partitioned_state import PartitionedStateStore
-from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService, TimerQueue
+from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService
 from flinkish_core.windowing.trigger import Trigger, TriggerContext
 from flinkish_core.windowing.window import (
     LONG_MAX,
@@ -408,11 +408,61 @@ class WindowOperator:
     # ------------------------------------------------------------------ state as data
 
     def snapshot(self) -> dict[str, Any]:
-        """The operator's whole state as plain data (lists, dicts, ints, strings and the
-        user's keys, elements and accumulators), independent of the live operator."""
+        """The operator's whole state as plain data, independent of the live operator: the
+        clocks, the late count and one :meth:`key_state` entry per key. Lists, dicts, ints and
+        strings, plus the user's keys, elements and accumulators: it pickles, and goes through
+        JSON when those are JSON values (keys must come back hashable: strings or numbers)."""
+        return copy.deepcopy({
+            "format": SNAPSHOT_FORMAT,
+            "watermark": self._timers.current_watermark,
+            "processing_time": self._timers.current_processing_time,
+            "late_records": self.late_records,
+            "timer_seq": [self._timers.event_time_timers.next_seq,
+                          self._timers.processing_time_timers.next_seq],
+            "keys": list(self._key_entries(None).values()),
+        })
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Replaces this operator's state with a :meth:`snapshot` (taken from an operator of the
+        same assigner, function, trigger, lateness and evictor)."""
+        if snapshot.get("format") != SNAPSHOT_FORMAT:
+            raise ValueError(f"unknown window operator snapshot format {snapshot.get('format')!r}")
+        self._timers = InternalTimerService()
+        self._timers.current_watermark = snapshot["watermark"]
+        self._timers.current_processing_time = snapshot["processing_time"]
+        self._trigger_state = PartitionedStateStore()
+        self._ctx = TriggerContext(self._timers, self._trigger_state)
+        self._contents, self._panes, self._merging = {}, {}, {}
+        self.late_records = snapshot["late_records"]
+        for entry in snapshot["keys"]:
+            self._load_key(copy.deepcopy(entry))
+        event_seq, processing_seq = snapshot["timer_seq"]
+        self._timers.event_time_timers.next_seq = event_seq
+        self._timers.processing_time_timers.next_seq = processing_seq
+
+    def key_state(self, key: Any) -> dict[str, Any] | None:
+        """One key's state as plain data (None: the key has none): its windows' contents and
+        pane counters, merging-window mapping, trigger state and timers. This is the unit a
+        keyed state store (Spark's ``transformWithState``) keeps per key."""
+        entry = self._key_entries({key}).get(key)
+        return copy.deepcopy(entry)
+
+    def restore_key_state(self, key: Any, entry: dict[str, Any] | None) -> None:
+        """Replaces one key's state with a :meth:`key_state` entry (None: drops the key's
+        state). The clocks stay this operator's."""
+        self._drop_key(key)
+        if entry is not None:
+            if entry["key"] != key:
+                raise ValueError(f"the state of key {entry['key']!r} cannot restore key {key!r}")
+            self._load_key(copy.deepcopy(entry))
+
+    def _key_entries(self, keys: set[Any] | None) -> dict[Any, dict[str, Any]]:
+        """The plain-data entries of ``keys`` (all keys: None), in one pass over the state."""
         per_key: dict[Any, dict[str, Any]] = {}
 
-        def entry(key: Any) -> dict[str, Any]:
+        def entry(key: Any) -> dict[str, Any] | None:
+            if keys is not None and key not in keys:
+                return None
             if key not in per_key:
                 per_key[key] = {
                     "key": key, "contents": [], "panes": [], "merging_windows": None,
@@ -421,72 +471,61 @@ class WindowOperator:
             return per_key[key]
 
         for (key, window), contents in self._contents.items():
-            entry(key)["contents"].append([window_to_data(window), contents])
+            if (e := entry(key)) is not None:
+                e["contents"].append([window_to_data(window), contents])
         for (key, window), index in self._panes.items():
-            entry(key)["panes"].append([window_to_data(window), index])
+            if (e := entry(key)) is not None:
+                e["panes"].append([window_to_data(window), index])
         for key, merging in self._merging.items():
-            entry(key)["merging_windows"] = merging.to_data()
-        for key in self._trigger_state.key_set():
-            entry(key)["trigger_state"] = [
-                [window_to_data(w), name, value]
-                for w, name, value in self._trigger_state.items_of(key)]
+            if (e := entry(key)) is not None:
+                e["merging_windows"] = merging.to_data()
+        for key, window, name, value in self._trigger_state.items():
+            if (e := entry(key)) is not None:
+                e["trigger_state"].append([window_to_data(window), name, value])
         for name, queue in (("event_timers", self._timers.event_time_timers),
                             ("processing_timers", self._timers.processing_time_timers)):
-            for key in queue.key_set():
-                entry(key)[name] = [
-                    [window_to_data(w), ts, seq] for w, ts, seq in queue.of_key(key)]
-        return copy.deepcopy({
-            "format": SNAPSHOT_FORMAT,
-            "watermark": self._timers.current_watermark,
-            "processing_time": self._timers.current_processing_time,
-            "late_records": self.late_records,
-            "timer_seq": [self._timers.event_time_timers.next_seq,
-                          self._timers.processing_time_timers.next_seq],
-            "keys": list(per_key.values()),
-        })
+            for key, window, timestamp, seq in queue.items():
+                if (e := entry(key)) is not None:
+                    e[name].append([window_to_data(window), timestamp, seq])
+        return per_key
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        """Replaces this operator's state with a :meth:`snapshot` (taken from an operator of the
-        same assigner, function, trigger, lateness and evictor)."""
-        if snapshot.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"unknown window operator snapshot format {snapshot.get('format')!r}")
-        snapshot = copy.deepcopy(snapshot)
-        self._timers = InternalTimerService()
-        self._timers.current_watermark = snapshot["watermark"]
-        self._timers.current_processing_time = snapshot["processing_time"]
-        self._trigger_state = PartitionedStateStore()
-        self._ctx = TriggerContext(self._timers, self._trigger_state)
-        self._contents, self._panes, self._merging = {}, {}, {}
-        self.late_records = snapshot["late_records"]
-        for item in snapshot["keys"]:
-            key = item["key"]
-            for window, contents in item["contents"]:
-                self._contents[(key, window_from_data(window))] = contents
-            for window, index in item["panes"]:
-                self._panes[(key, window_from_data(window))] = index
-            if item["merging_windows"] is not None:
-                assert isinstance(self.assigner, MergingWindowAssigner)
-                self._merging[key] = MergingWindowSet.from_data(
-                    self.assigner, item["merging_windows"])
-            for window, name, value in item["trigger_state"]:
-                self._trigger_state.put(key, window_from_data(window), name, value)
-            _restore_timers(self._timers.event_time_timers, key, item["event_timers"])
-            _restore_timers(self._timers.processing_time_timers, key, item["processing_timers"])
-        event_seq, processing_seq = snapshot["timer_seq"]
-        self._timers.event_time_timers.next_seq = event_seq
-        self._timers.processing_time_timers.next_seq = processing_seq
+    def _load_key(self, entry: dict[str, Any]) -> None:
+        key = entry["key"]
+        for window, contents in entry["contents"]:
+            self._contents[(key, window_from_data(window))] = contents
+        for window, index in entry["panes"]:
+            self._panes[(key, window_from_data(window))] = index
+        if entry["merging_windows"] is not None:
+            assert isinstance(self.assigner, MergingWindowAssigner)
+            self._merging[key] = MergingWindowSet.from_data(
+                self.assigner, entry["merging_windows"])
+        for window, name, value in entry["trigger_state"]:
+            self._trigger_state.put(key, window_from_data(window), name, value)
+        for window, timestamp, seq in entry["event_timers"]:
+            self._timers.event_time_timers.register(key, window_from_data(window), timestamp, seq)
+        for window, timestamp, seq in entry["processing_timers"]:
+            self._timers.processing_time_timers.register(
+                key, window_from_data(window), timestamp, seq)
+
+    def _drop_key(self, key: Any) -> None:
+        for slot in [s for s in self._contents if s[0] == key]:
+            del self._contents[slot]
+        for slot in [s for s in self._panes if s[0] == key]:
+            del self._panes[slot]
+        self._merging.pop(key, None)
+        for k, window, name, _ in list(self._trigger_state.items()):
+            if k == key:
+                self._trigger_state.delete(k, window, name)
+        for queue in (self._timers.event_time_timers, self._timers.processing_time_timers):
+            for k, window, timestamp, _ in list(queue.items()):
+                if k == key:
+                    queue.delete(k, window, timestamp)
 
     # ------------------------------------------------------------------ introspection
 
     def num_keys(self) -> int:
         """Keys with any state (windows, trigger state or timers)."""
-        return len(self._state_keys())
-
-    def _state_keys(self) -> set[Any]:
-        return ({k for k, _ in self._contents} | {k for k, _ in self._panes}
-                | set(self._merging) | self._trigger_state.key_set()
-                | self._timers.event_time_timers.key_set()
-                | self._timers.processing_time_timers.key_set())
+        return len(self._key_entries(None))
 
     def num_event_time_timers(self) -> int:
         return self._timers.num_event_time_timers()
@@ -496,9 +535,4 @@ class WindowOperator:
 
     def num_windows_with_contents(self) -> int:
         return len(self._contents)
-
-
-def _restore_timers(queue: TimerQueue, key: Any, timers: list[Any]) -> None:
-    for window, timestamp, seq in timers:
-        queue.register(key, window_from_data(window), timestamp, seq)
 
