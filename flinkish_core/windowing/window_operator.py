@@ -8,11 +8,12 @@ counters; :meth:`WindowOperator.snapshot` returns all of it as plain data and
 :meth:`WindowOperator.restore` takes it back, so the state can live in Spark's keyed state.
 
 Lateness follows Flink: a window is late when ``max_timestamp() + allowed_lateness <=
-watermark`` (``isWindowLate``); an element none of whose windows take it (all late) goes to the
-late output and is counted. Flink sends it there only if ``timestamp + allowed_lateness <=
-watermark`` too and otherwise drops it silently; here every such element goes to the late
-output. Each window gets a cleanup timer at ``max_timestamp() + allowed_lateness`` (``Long.MAX``
-when that overflows: no timer), which clears all its state.
+watermark`` (``isWindowLate``); an element none of whose windows take it goes to the late output
+and is counted when it is late by its own timestamp (``timestamp + allowed_lateness <=
+watermark``, Flink's ``isElementLate``) or had windows, all late. Flink requires the former and
+drops the rest silently; here no element whose windows were all late is dropped. Each window
+gets a cleanup timer at ``max_timestamp() + allowed_lateness`` (``Long.MAX`` when that
+overflows: no timer), which clears all its state.
 """
 
 from __future__ import annotations
@@ -164,7 +165,12 @@ class WindowOperator:
                     continue
                 skipped = False
                 self._on_element(key, value, timestamp, window, window)
-        if skipped and self.assigner.is_event_time:
+        # Flink side-outputs a skipped element only when it is late by its own timestamp; an
+        # element whose windows were all late goes there too (a point window [t, t) can be late
+        # while t is not), so no late element is dropped without a trace. An element the
+        # assigner gave no window, and that is not late, belongs nowhere: it is dropped.
+        late = windows or self._is_element_late(timestamp)
+        if skipped and self.assigner.is_event_time and late:
             self.late_records += 1
             self._out.late.append(LateElement(key, value, timestamp))
         return self._out
@@ -281,6 +287,11 @@ class WindowOperator:
     def _is_window_late(self, window: Window) -> bool:
         return self.assigner.is_event_time and (
             self._cleanup_time(window) <= self._timers.current_watermark)
+
+    def _is_element_late(self, timestamp: int | None) -> bool:
+        """Flink's ``isElementLate``: ``timestamp + allowed_lateness <= watermark``."""
+        return timestamp is not None and (
+            timestamp + self.allowed_lateness <= self._timers.current_watermark)
 
     def _register_cleanup_timer(self, key: Any, window: Window) -> None:
         cleanup = self._cleanup_time(window)
@@ -526,6 +537,11 @@ class WindowOperator:
     def num_keys(self) -> int:
         """Keys with any state (windows, trigger state or timers)."""
         return len(self._key_entries(None))
+
+    def num_state_entries(self) -> int:
+        """Flink's ``numKeyedStateEntries``: window contents, trigger state values and merging
+        window sets (the pane counters, which Flink has not, aside)."""
+        return len(self._contents) + self._trigger_state.count() + len(self._merging)
 
     def num_event_time_timers(self) -> int:
         return self._timers.num_event_time_timers()
