@@ -70,6 +70,11 @@ _UNANSWERED = frozenset({
 })
 
 
+#: How librdkafka reports a fetch offset the leader does not have: with
+#: ``auto.offset.reset=error`` an _AUTO_OFFSET_RESET event, else OFFSET_OUT_OF_RANGE
+_OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+
+
 class KafkaUnavailableError(RuntimeError):
     """The brokers could not be reached, or answered with an error, within the bounded wait."""
 
@@ -340,7 +345,7 @@ class KafkaMetadata:
                     if key not in waiting:
                         continue
                     err = msg.error()
-                    if err is not None and err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+                    if err is not None and err.code() in _OUT_OF_RANGE:
                         waiting.discard(key)  # records vanished meanwhile; keep the report
                         continue
                     _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
@@ -816,7 +821,7 @@ class RangeReader(PooledRangeReader):
                     self._finish(r)
                 else:  # waited out in read(): librdkafka keeps fetching
                     r.short = r.short or ShortLog(msg.offset())
-            elif err.code() == KafkaError.OFFSET_OUT_OF_RANGE:
+            elif err.code() in _OUT_OF_RANGE:
                 low, high = self._offsets(r.topic, r.partition)
                 self._unassign(r)
                 if low > r.position:  # deleted by retention, or the topic was recreated

@@ -1,0 +1,203 @@
+"""Conformance of the two read paths: librdkafka (:class:`RangeReader`, the default) and the
+native fetch path (:class:`FetchRangeReader`, ``kafkaConsumer.fetch=native``) read the same
+logs from a fault-injecting Kafka-protocol server (tests/kafka_server.py, real confluent-kafka
+clients talking to it) and must give the same rows, or the same clear error.
+
+The server speaks Fetch v4 only, so two cases cannot show librdkafka at its best: a zstd batch
+(Apache Kafka answers Fetch below v10 with UNSUPPORTED_COMPRESSION_TYPE, and librdkafka would
+use v10+ on a real broker) and a broker that refuses Fetch v4 (librdkafka would use a newer
+version). There both paths must end in the same error: the native path hands the range to
+librdkafka (with a WARNING), which is what is asserted.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from kafka_server import FaultyKafka, Log
+from record_batches import BASE_TS, Rec, batch, legacy_set, plain
+
+import flinkish_source.fetch_reader as fetch_reader
+import flinkish_source.kafka_client as kafka_client
+from flinkish_source.fetch_reader import FetchRangeReader
+from flinkish_source.kafka_client import (
+    ConsumerPool,
+    DataLossError,
+    KafkaUnavailableError,
+    RangeReader,
+)
+from flinkish_source.options import parse_options
+
+Row = tuple[int, bytes | None, bytes | None, int]
+PATHS = ("librdkafka", "native")
+
+
+def options(server: FaultyKafka, fetch: str, **extra: str) -> Any:
+    return parse_options({"kafka.bootstrap.servers": server.bootstrap, "subscribe": "t",
+                          "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "1500",
+                          "kafkaConsumer.fetch": fetch, **extra})
+
+
+@pytest.fixture(autouse=True)
+def own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Real consumers, closed after each test (the process-wide pool would keep them)."""
+    pool = ConsumerPool(evict_interval=0)
+    monkeypatch.setattr(kafka_client, "POOL", pool)
+    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
+    yield
+    pool.clear()
+
+
+def read(server: FaultyKafka, fetch: str, start: int, end: int, **extra: str) -> list[Row]:
+    opts = options(server, fetch, **extra)
+    reader = (FetchRangeReader if fetch == "native" else RangeReader)(
+        opts, [("t", 0, start, end)], 1_000)
+    with reader:
+        return [(m.offset(), m.key(), m.value(), m.timestamp()[1])
+                for chunk in reader.read("t", 0, start, end) for m in chunk]
+
+
+def both(server: FaultyKafka, start: int, end: int, reset: Callable[[], None] = lambda: None,
+         **extra: str) -> list[Row]:
+    """The rows both paths read (asserted equal); ``reset`` re-arms the faults between."""
+    rows = {}
+    for fetch in PATHS:
+        reset()
+        rows[fetch] = read(server, fetch, start, end, **extra)
+    assert rows["native"] == rows["librdkafka"]
+    return rows["native"]
+
+
+def expected(offsets: range, timestamp: Callable[[int], int] = lambda o: BASE_TS + o % 10
+             ) -> list[Row]:
+    return [(o, b"k%d" % o, b"v%d" % o, timestamp(o)) for o in offsets]
+
+
+@pytest.fixture
+def server() -> Iterator[FaultyKafka]:
+    log = Log()
+    for base in range(0, 50, 10):
+        log.append(base, base + 9, plain(base, 10))
+    made = FaultyKafka({("t", 0): log}, brokers=2)
+    yield made
+    made.close()
+
+
+def test_plain_batches_cut_by_the_range(server: FaultyKafka) -> None:
+    assert both(server, 3, 47) == expected(range(3, 47))
+
+
+def test_batches_cut_at_the_fetch_size(server: FaultyKafka) -> None:
+    """Each answer holds one whole batch and the next one cut at the partition byte limit."""
+    size = len(plain(0, 10))
+    assert both(server, 0, 50, **{"kafka.max.partition.fetch.bytes": str(size + size // 2)}
+                ) == expected(range(50))
+
+
+@pytest.mark.parametrize("magic", [0, 1])
+@pytest.mark.parametrize("codec", [0, 1, 2])
+def test_old_message_formats(magic: int, codec: int) -> None:
+    """A topic migrated from an old cluster: v0/v1 message sets (plain, or in gzip/snappy
+    wrappers) whose timestamp bytes read negative as a v2 lastOffsetDelta, then v2 batches."""
+    log = Log()
+    log.append(0, 9, legacy_set(0, magic, 10, codec=codec))
+    log.append(10, 19, plain(10, 10))
+    server = FaultyKafka({("t", 0): log})
+    try:
+        rows = both(server, 2, 20)
+    finally:
+        server.close()
+    # v0 has no timestamp (librdkafka says 0, "not available"); v1 carries BASE_TS
+    old = 0 if magic == 0 else BASE_TS
+    assert rows == expected(range(2, 10), lambda o: old) + expected(range(10, 20))
+
+
+@pytest.mark.parametrize("code", [5, 6, 7, 13])  # LEADER_NOT_AVAILABLE, NOT_LEADER, …
+def test_retriable_errors_are_waited_out(server: FaultyKafka, code: int) -> None:
+    answered = {"n": 0}
+
+    def fault(broker: int, topic: str, partition: int, offset: int) -> int | None:
+        answered["n"] += 1
+        return code if offset >= 20 and answered["n"] <= 3 else None
+
+    server.fault = fault
+    assert both(server, 0, 50, reset=lambda: answered.update(n=0)) == expected(range(50))
+
+
+def test_a_high_watermark_below_the_read_position_is_waited_out(server: FaultyKafka) -> None:
+    """A new leader reports high watermark 20 to the first three fetches from offset 30 on
+    (one batch per fetch), after offsets up to 30 were read."""
+    log = server.logs[("t", 0)]
+    answered = {"n": 0}
+
+    def fault(broker: int, topic: str, partition: int, offset: int) -> int | None:
+        answered["n"] += offset >= 30
+        log.high = 20 if offset >= 30 and answered["n"] <= 3 else None
+        return None
+
+    server.fault = fault
+    one_batch = str(len(plain(0, 10)))
+    assert both(server, 0, 50, reset=lambda: answered.update(n=0),
+                **{"kafka.max.partition.fetch.bytes": one_batch}) == expected(range(50))
+    assert answered["n"] > 3
+
+
+def test_a_leader_that_moves_is_followed(server: FaultyKafka) -> None:
+    log = server.logs[("t", 0)]
+
+    def fault(broker: int, topic: str, partition: int, offset: int) -> int | None:
+        if offset >= 20:
+            log.leader = 2  # broker 1 answers NOT_LEADER_OR_FOLLOWER from now on
+        return None
+
+    server.fault = fault
+    assert both(server, 0, 50, reset=lambda: setattr(log, "leader", 1)) == expected(range(50))
+    assert {b for b, api, _ in server.requests if api == 1} == {1, 2}
+
+
+def test_records_deleted_by_retention_are_lost_data_on_both(server: FaultyKafka) -> None:
+    server.logs[("t", 0)].earliest = 30
+    for fetch in PATHS:
+        with pytest.raises(DataLossError, match=r"t/0: offsets 10..29 .*retention"):
+            read(server, fetch, 10, 50)
+    assert both(server, 10, 50, failOnDataLoss="false") == expected(range(30, 50))
+
+
+def test_a_log_shorter_than_the_plan_for_the_whole_wait_is_lost_data_on_both(
+    server: FaultyKafka
+) -> None:
+    server.logs[("t", 0)].high = 40
+    for fetch in PATHS:
+        with pytest.raises(DataLossError, match="offsets 40..49 .*high watermark stayed at 40"):
+            read(server, fetch, 0, 50)
+
+
+def test_zstd_on_fetch_v4_ends_as_librdkafka_ends(
+    server: FaultyKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Apache Kafka answers Fetch v4 for a zstd batch with UNSUPPORTED_COMPRESSION_TYPE."""
+    log = server.logs[("t", 0)]
+    log.entries[2:] = [(20, 29, batch(20, [Rec(i, b"k", b"v") for i in range(10)], codec=4))]
+    caplog.set_level(logging.WARNING)
+    errors = {}
+    for fetch in PATHS:
+        with pytest.raises(KafkaUnavailableError) as failure:
+            read(server, fetch, 12, 30)
+        errors[fetch] = str(failure.value)
+    assert errors["native"] == errors["librdkafka"]
+    assert "reading offsets 12..29 with librdkafka" in caplog.text
+    assert "UNSUPPORTED_COMPRESSION_TYPE (Kafka error code 76)" in caplog.text
+
+
+def test_a_broker_refusing_fetch_v4_ends_as_librdkafka_ends(
+    server: FaultyKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    server.fetch_versions = (12, 17)
+    caplog.set_level(logging.WARNING)
+    for fetch in PATHS:
+        with pytest.raises(KafkaUnavailableError, match="no records between offsets 0 and 10"):
+            read(server, fetch, 0, 10)
+    assert "serves Fetch versions 12..17, not 4" in caplog.text
