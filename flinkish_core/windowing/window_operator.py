@@ -169,7 +169,7 @@ class WindowOperator:
         # element whose windows were all late goes there too (a point window [t, t) can be late
         # while t is not), so no late element is dropped without a trace. An element the
         # assigner gave no window, and that is not late, belongs nowhere: it is dropped.
-        late = windows or self._is_element_late(timestamp)
+        late = bool(windows) or self._is_element_late(timestamp)
         if skipped and self.assigner.is_event_time and late:
             self.late_records += 1
             self._out.late.append(LateElement(key, value, timestamp))
