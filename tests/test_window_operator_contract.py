@@ -124,15 +124,22 @@ class ScriptedTrigger(Trigger):
 
 
 class RecordingFunction(ProcessWindowFunction[int, Any]):
-    """Flink's mocked window function: records (key, window, elements), returns ``outputs``."""
+    """Flink's mocked window function: records (key, window, elements) and the contexts of
+    ``process`` and ``clear``, returns ``outputs``."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, Window, list[int]]] = []
+        self.contexts: list[WindowContext] = []
+        self.clears: list[WindowContext] = []
         self.outputs: list[Any] = []
 
     def process(self, key: Any, context: WindowContext, elements: list[int]) -> list[Any]:
         self.calls.append((key, context.window, list(elements)))
+        self.contexts.append(context)
         return list(self.outputs)
+
+    def clear(self, key: Any, context: WindowContext) -> None:
+        self.clears.append(context)
 
 
 @dataclass(frozen=True)
@@ -770,3 +777,20 @@ def test_state_snapshot_and_restore() -> None:
     # it's also called for the cleanup timers
     assert sorted(trigger.time_calls[True]) == [(0, W02), (0, W24), (1, W02), (3, W24)]
     assert (restored.entries(), restored.operator.num_event_time_timers()) == (0, 0)
+
+
+@pytest.mark.parametrize("domain", DOMAINS)
+def test_current_time_querying(domain: Domain) -> None:
+    """``testEventTimeQuerying`` / ``testProcessingTimeQuerying``: the window function sees
+    the operator's current time, in ``process`` and in ``clear`` at the cleanup."""
+    h = Harness(ScriptedAssigner(domain.event_time, [TimeWindow(0, 20)]), lateness=20)
+    h.trigger.on_element_do = lambda window, ctx: FIRE
+
+    def now(context: WindowContext) -> int:
+        return context.current_watermark if domain.event_time else context.current_processing_time
+    h.advance(domain, 10)
+    h.element(0)
+    assert [now(c) for c in h.function.contexts] == [10]
+    h.advance(domain, 100)
+    assert [now(c) for c in h.function.clears] == [100]
+    assert h.function.clears[0].window == TimeWindow(0, 20)

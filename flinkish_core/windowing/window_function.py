@@ -58,6 +58,10 @@ class ProcessWindowFunction(Generic[IN, OUT]):
     def process(self, key: Any, context: WindowContext, elements: list[IN]) -> Iterable[OUT]:
         raise NotImplementedError
 
+    def clear(self, key: Any, context: WindowContext) -> None:
+        """Called when the window's state is cleared at its cleanup time, for whatever the
+        function keeps of its own about the window."""
+
 
 def _identity(value: Any) -> Any:
     return value

@@ -319,6 +319,8 @@ class WindowOperator:
         self._panes.pop((key, state_window), None)
         self._point(key, window)
         self.trigger.clear(window, self._ctx)
+        if isinstance(self.function, ProcessWindowFunction):
+            self.function.clear(key, self._window_context(key, window))
         if merging is not None:
             assert isinstance(window, TimeWindow)
             merging.retire_window(window)
