@@ -12,7 +12,7 @@ from typing import Any
 from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_core.windowing.partitioned_state import ReducingStateDescriptor
 from flinkish_core.windowing.trigger import Trigger, TriggerContext, TriggerResult
-from flinkish_core.windowing.window import Window, _java_rem
+from flinkish_core.windowing.window import Window, java_remainder
 
 __all__ = [
     "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger", "CountTrigger",
@@ -144,7 +144,7 @@ class ContinuousEventTimeTrigger(Trigger):
         fire_time = ctx.get_partitioned_state(self._fire_time)
         if fire_time.get() is None:
             time = MIN_WATERMARK if timestamp is None else timestamp
-            self._register_next(time - _java_rem(time, self.interval), window, ctx)
+            self._register_next(time - java_remainder(time, self.interval), window, ctx)
         return TriggerResult.CONTINUE
 
     def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
@@ -195,7 +195,7 @@ class ContinuousProcessingTimeTrigger(Trigger):
         fire_time = ctx.get_partitioned_state(self._fire_time)
         if fire_time.get() is None:
             now = ctx.current_processing_time
-            self._register_next(now - _java_rem(now, self.interval), window, ctx)
+            self._register_next(now - java_remainder(now, self.interval), window, ctx)
         return TriggerResult.CONTINUE
 
     def on_processing_time(

@@ -13,8 +13,8 @@ from typing import Any
 from flinkish_core.watermark import MAX_WATERMARK
 
 __all__ = [
-    "GlobalWindow", "TimeWindow", "Window", "get_window_start_with_offset", "merge_time_windows",
-    "window_from_data", "window_to_data",
+    "GlobalWindow", "TimeWindow", "Window", "get_window_start_with_offset", "java_remainder",
+    "merge_time_windows", "window_from_data", "window_to_data",
 ]
 
 LONG_MAX = MAX_WATERMARK
@@ -63,7 +63,7 @@ class GlobalWindow(Window):
         return "GlobalWindow"
 
 
-def _java_rem(dividend: int, divisor: int) -> int:
+def java_remainder(dividend: int, divisor: int) -> int:
     """Java's ``%`` on longs: the remainder takes the sign of the dividend (Python's takes the
     divisor's), so Flink's negative-timestamp branch is reproduced as written."""
     remainder = abs(dividend) % abs(divisor)
@@ -73,7 +73,7 @@ def _java_rem(dividend: int, divisor: int) -> int:
 def get_window_start_with_offset(timestamp: int, offset: int, window_size: int) -> int:
     """Flink's ``TimeWindow.getWindowStartWithOffset``: the start of the window of
     ``window_size`` (aligned to ``offset``) that contains ``timestamp``, negative ones included."""
-    remainder = _java_rem(timestamp - offset, window_size)
+    remainder = java_remainder(timestamp - offset, window_size)
     # handle both positive and negative cases
     if remainder < 0:
         return timestamp - (remainder + window_size)
