@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import pytest
 
+from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_core.windowing import (
     EventTimeSessionWindows,
     GlobalWindow,
@@ -22,6 +23,7 @@ from flinkish_core.windowing import (
     SlidingEventTimeWindows,
     TimeWindow,
     TumblingEventTimeWindows,
+    TumblingProcessingTimeWindows,
 )
 from flinkish_core.windowing.window import LONG_MAX, get_window_start_with_offset
 
@@ -288,6 +290,14 @@ def test_sliding_windows_with_offset() -> None:
 def test_assigner_parameters_are_checked(make: Callable[[], object]) -> None:
     with pytest.raises(ValueError):
         make()
+
+
+def test_processing_time_windows_need_the_processing_time() -> None:
+    class Unknown:
+        current_processing_time = MIN_WATERMARK
+
+    with pytest.raises(ValueError, match="need the processing time"):
+        TumblingProcessingTimeWindows(1000).assign_windows(None, 5, Unknown())
 
 
 def test_event_time_windows_need_a_timestamp() -> None:

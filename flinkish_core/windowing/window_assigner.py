@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_core.windowing.trigger import Trigger
 from flinkish_core.windowing.triggers import EventTimeTrigger, NeverTrigger, ProcessingTimeTrigger
 from flinkish_core.windowing.window import (
@@ -57,6 +58,17 @@ class MergingWindowAssigner(WindowAssigner):
     ) -> None:
         """Calls ``callback(to_be_merged, merge_result)`` for each group of windows to merge."""
         merge_time_windows(windows, callback)
+
+
+def _processing_time(context: WindowAssignerContext) -> int:
+    # the operator's processing time starts unknown (Long.MIN_VALUE) until it is first advanced
+    now = context.current_processing_time
+    if now == MIN_WATERMARK:
+        raise ValueError(
+            "processing-time windows need the processing time: advance it "
+            "(process_processing_time) before the first element"
+        )
+    return now
 
 
 def _require_timestamp(timestamp: int | None) -> int:
@@ -107,7 +119,7 @@ class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
     is_event_time = False
 
     def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return context.current_processing_time
+        return _processing_time(context)
 
     def default_trigger(self) -> Trigger:
         return ProcessingTimeTrigger()
@@ -157,7 +169,7 @@ class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
     is_event_time = False
 
     def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return context.current_processing_time
+        return _processing_time(context)
 
     def default_trigger(self) -> Trigger:
         return ProcessingTimeTrigger()
@@ -211,7 +223,7 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
     is_event_time = False
 
     def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return context.current_processing_time
+        return _processing_time(context)
 
     def default_trigger(self) -> Trigger:
         return ProcessingTimeTrigger()
