@@ -2,9 +2,10 @@
 
 Every firing of a window (key + window) is one pane; all outputs of that firing share it.
 
-- ``index``: 0 for the window's first firing, then 1, 2, ... Counted per key and *state
-  window*, so the count survives a purge (a purge drops contents, not the window) and, when
-  session windows merge, the merged window goes on from the highest index of its parts.
+- ``index``: 0 for the window's first firing that produces output (a firing of an empty window
+  emits nothing and takes no index), then 1, 2, ... Counted per key and *state window*, so
+  the count survives a purge (a purge drops contents, not the window) and, when session
+  windows merge, the merged window goes on from the highest index of its parts.
 - ``timing``, from the window's clock (the watermark for event-time assigners, the processing
   time for processing-time ones and for global windows) and ``max_timestamp()``:
 
@@ -12,8 +13,9 @@ Every firing of a window (key + window) is one pane; all outputs of that firing 
     ``max_timestamp()``: the clock passing the window's end (Flink's ``EventTimeTrigger``
     firing). With the built-in triggers a window has at most one.
   - ``EARLY``: the time the firing stands for is before ``max_timestamp()``: a timer's
-    timestamp, or for a firing on an element or a merge the current clock. Count triggers,
-    continuous triggers and processing-time triggers on event-time windows fire early.
+    timestamp, or for a firing on an element or on a timer of the other clock, the current
+    clock. Count triggers, continuous triggers and processing-time triggers on event-time
+    windows fire early.
   - ``LATE``: any other firing: the clock is at or past ``max_timestamp()`` and it is not the
     end-of-window timer (a late element within the allowed lateness re-firing the window).
 - ``is_last``: the firing is made by the window's cleanup timer (``max_timestamp() +
