@@ -154,23 +154,30 @@ def table(rows: list[EpochRow]) -> Any:
     from rich.table import Table
 
     topics = {n.rsplit("/", 1)[0] for r in rows for n in r.partitions}
+    # event time and processing time are seldom on the same day: a date is left out of a
+    # column only where the caption states it for every value shown
     days = {format_watermark(r.committed_at)[:10] for r in rows if r.committed_at}
+    marks = {format_watermark(r.watermark)[:10] for r in rows
+             if _wm(r.watermark) is not None and r.watermark != MAX_WATERMARK}
+    one_day = len(days) == 1
+    marks_that_day = one_day and marks <= days
     title = "flinkish epochs" + (f" of topic {next(iter(topics))}" if len(topics) == 1 else "")
     spark = any(r.watermark_source == WATERMARK_SPARK for r in rows)
+    day = next(iter(days)) if one_day else ""
     out = Table(title=title, caption="times in UTC" + (
-        f", all on {next(iter(days))}" if len(days) == 1 else "") + (
+        (f", all on {day}" if marks_that_day else f", committed on {day}") if one_day else ""
+    ) + (
         "; *: Spark's event-time watermark of the batch (its rows carried no markers; "
         "through with_watermark it is the combined watermark)" if spark else ""))
     for header in ("epoch", "state", "committed\nat", "combined\nwatermark", "idle\npartitions",
                    "rows", "late\nrows"):
         out.add_column(header, no_wrap=True,
                        justify="right" if header in ("epoch", "rows", "late\nrows") else "left")
-    one_day = len(days) <= 1
     for r in rows:
         out.add_row(
             str(r.epoch), r.state,
             format_watermark(r.committed_at, not one_day)[:-4] if r.committed_at else "-",
-            format_watermark(r.watermark, not one_day)
+            format_watermark(r.watermark, not marks_that_day)
             + (" *" if r.watermark_source == WATERMARK_SPARK else ""),
             _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),

@@ -104,3 +104,21 @@ def test_epochs_without_markers_show_sparks_event_time_watermark(tmp_path: Path)
     out = tmp_path / "wm.png"
     plot(rows, str(out))
     assert out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_watermarks_show_their_date_unless_the_caption_gives_it() -> None:
+    from flinkish.inspect import EpochRow
+
+    def render(watermark: int, committed: int) -> str:
+        row = EpochRow(0, "completed", committed, watermark, "ACTIVE", (), 1, 0)
+        console = Console(record=True, width=120)
+        console.print(table([row]))
+        return console.export_text()
+
+    # event time on another day than the commits: the watermark keeps its date
+    text = render(T, T + 3 * 86_400_000)
+    assert "2023-11-14 22:13:20.000" in text and "committed on 2023-11-17" in text
+    # both on one day: the caption says it once
+    text = render(T, T + 60_000)
+    assert "all on 2023-11-14" in text and "2023-11-14 22:13" not in text
+    assert "22:13:20.000" in text
