@@ -127,12 +127,62 @@ class CountTrigger(Trigger):
         return f"CountTrigger({self.max_count})"
 
 
-class ContinuousEventTimeTrigger(Trigger):
-    """Fires every ``interval`` of event time (early results), and at the window's end."""
+class _ContinuousTrigger(Trigger):
+    """What Flink's two continuous triggers share: the next firing time, aligned to multiples of
+    ``interval`` and capped at the window's end, kept in reducing state (the earliest wins when
+    windows merge) and registered as a timer of the subclass's clock."""
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
         self._fire_time = ReducingStateDescriptor[int]("fire-time", _min)
+
+    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
+        raise NotImplementedError
+
+    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
+        raise NotImplementedError
+
+    def _register_next(self, time: int, window: Window, ctx: TriggerContext) -> None:
+        next_fire = min(time + self.interval, window.max_timestamp())
+        ctx.get_partitioned_state(self._fire_time).add(next_fire)
+        self._register_timer(ctx, next_fire)
+
+    def _take_fire_time(self, time: int, ctx: TriggerContext) -> bool:
+        """Whether ``time`` is the registered firing time (then cleared for the next)."""
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        if fire_time.get() != time:
+            return False
+        fire_time.clear()
+        return True
+
+    def can_merge(self) -> bool:
+        return True
+
+    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
+        ctx.merge_partitioned_state(self._fire_time)
+        next_fire = ctx.get_partitioned_state(self._fire_time).get()
+        if next_fire is not None:
+            self._register_timer(ctx, next_fire)
+
+    def clear(self, window: Window, ctx: TriggerContext) -> None:
+        fire_time = ctx.get_partitioned_state(self._fire_time)
+        time = fire_time.get()
+        if time is not None:
+            self._delete_timer(ctx, time)
+            fire_time.clear()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.interval})"
+
+
+class ContinuousEventTimeTrigger(_ContinuousTrigger):
+    """Fires every ``interval`` of event time (early results), and at the window's end."""
+
+    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.register_event_time_timer(time)
+
+    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.delete_event_time_timer(time)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
@@ -141,8 +191,7 @@ class ContinuousEventTimeTrigger(Trigger):
             # if the watermark is already past the window fire immediately
             return TriggerResult.FIRE
         ctx.register_event_time_timer(window.max_timestamp())
-        fire_time = ctx.get_partitioned_state(self._fire_time)
-        if fire_time.get() is None:
+        if ctx.get_partitioned_state(self._fire_time).get() is None:
             time = MIN_WATERMARK if timestamp is None else timestamp
             self._register_next(time - java_remainder(time, self.interval), window, ctx)
         return TriggerResult.CONTINUE
@@ -150,50 +199,25 @@ class ContinuousEventTimeTrigger(Trigger):
     def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         if time == window.max_timestamp():
             return TriggerResult.FIRE
-        fire_time = ctx.get_partitioned_state(self._fire_time)
-        if fire_time.get() == time:
-            fire_time.clear()
+        if self._take_fire_time(time, ctx):
             self._register_next(time, window, ctx)
             return TriggerResult.FIRE
         return TriggerResult.CONTINUE
 
-    def _register_next(self, time: int, window: Window, ctx: TriggerContext) -> None:
-        next_fire = min(time + self.interval, window.max_timestamp())
-        ctx.get_partitioned_state(self._fire_time).add(next_fire)
-        ctx.register_event_time_timer(next_fire)
 
-    def can_merge(self) -> bool:
-        return True
-
-    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
-        ctx.merge_partitioned_state(self._fire_time)
-        next_fire = ctx.get_partitioned_state(self._fire_time).get()
-        if next_fire is not None:
-            ctx.register_event_time_timer(next_fire)
-
-    def clear(self, window: Window, ctx: TriggerContext) -> None:
-        fire_time = ctx.get_partitioned_state(self._fire_time)
-        time = fire_time.get()
-        if time is not None:
-            ctx.delete_event_time_timer(time)
-            fire_time.clear()
-
-    def __repr__(self) -> str:
-        return f"ContinuousEventTimeTrigger({self.interval})"
-
-
-class ContinuousProcessingTimeTrigger(Trigger):
+class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` of processing time, aligned to multiples of it."""
 
-    def __init__(self, interval: int) -> None:
-        self.interval = interval
-        self._fire_time = ReducingStateDescriptor[int]("fire-time", _min)
+    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.register_processing_time_timer(time)
+
+    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
+        ctx.delete_processing_time_timer(time)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
     ) -> TriggerResult:
-        fire_time = ctx.get_partitioned_state(self._fire_time)
-        if fire_time.get() is None:
+        if ctx.get_partitioned_state(self._fire_time).get() is None:
             now = ctx.current_processing_time
             self._register_next(now - java_remainder(now, self.interval), window, ctx)
         return TriggerResult.CONTINUE
@@ -201,39 +225,13 @@ class ContinuousProcessingTimeTrigger(Trigger):
     def on_processing_time(
         self, time: int, window: Window, ctx: TriggerContext,
     ) -> TriggerResult:
-        fire_time = ctx.get_partitioned_state(self._fire_time)
-        if fire_time.get() == time:
-            fire_time.clear()
+        if self._take_fire_time(time, ctx):
             # the firing at the window's end is the last one: registering min(end + interval,
             # end) again would be a timer already due, firing the window in a loop
             if time < window.max_timestamp():
                 self._register_next(time, window, ctx)
             return TriggerResult.FIRE
         return TriggerResult.CONTINUE
-
-    def _register_next(self, time: int, window: Window, ctx: TriggerContext) -> None:
-        next_fire = min(time + self.interval, window.max_timestamp())
-        ctx.get_partitioned_state(self._fire_time).add(next_fire)
-        ctx.register_processing_time_timer(next_fire)
-
-    def can_merge(self) -> bool:
-        return True
-
-    def on_merge(self, window: Window, ctx: TriggerContext) -> None:
-        ctx.merge_partitioned_state(self._fire_time)
-        next_fire = ctx.get_partitioned_state(self._fire_time).get()
-        if next_fire is not None:
-            ctx.register_processing_time_timer(next_fire)
-
-    def clear(self, window: Window, ctx: TriggerContext) -> None:
-        fire_time = ctx.get_partitioned_state(self._fire_time)
-        time = fire_time.get()
-        if time is not None:
-            ctx.delete_processing_time_timer(time)
-            fire_time.clear()
-
-    def __repr__(self) -> str:
-        return f"ContinuousProcessingTimeTrigger({self.interval})"
 
 
 class PurgingTrigger(Trigger):
