@@ -16,7 +16,7 @@ from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
 from flinkish.session import register
 from flinkish.spark_watermark import with_watermark
 from flinkish_core.errors import OptionError, WorkerEnvironmentError
-from flinkish_source.kafka_client import DataLossError
+from flinkish_source.kafka import DataLossError
 
 __all__ = [
     "CorruptRecordError",

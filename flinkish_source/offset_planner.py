@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flinkish_core.watermark import WatermarkStatus
-from flinkish_source.kafka_client import DataLossError, OffsetRange, TopicPartitionKey
+from flinkish_source.kafka import DataLossError, OffsetRange, TopicPartitionKey
 from flinkish_source.options import EARLIEST, LATEST, OptionError, SourceOptions, display
 from flinkish_source.partition_reader import SlicePlan
 from flinkish_source.watermark_strategy import GeneratorState

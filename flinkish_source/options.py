@@ -33,7 +33,7 @@ class FetchClient(Enum):
     """How read tasks fetch records (option ``kafkaConsumer.fetch``)."""
 
     LIBRDKAFKA = "librdkafka"  # confluent-kafka's consumer, one Message per record (default)
-    # experimental: Fetch requests decoded into Arrow (flinkish_source.kafka_fetch), handing
+    # experimental: Fetch requests decoded into Arrow (flinkish_source.kafka.native), handing
     # whatever it cannot read to librdkafka
     NATIVE = "native"
 

@@ -285,12 +285,12 @@ class _PieceReader:
     def _earlier(self, with_event_times: bool) -> int | None:
         """The offset of the slice's first record before this piece (None: none); with
         ``with_event_times``, fold the event times of all of them into the generator."""
-        from flinkish_source import kafka_client
+        from flinkish_source import kafka
 
         plan, generator = self.plan, self.generator
         first: int | None = None
         chunk = CHUNK if with_event_times else 1
-        for msgs in kafka_client.read_range(self.options, plan.topic, plan.partition,
+        for msgs in kafka.read_range(self.options, plan.topic, plan.partition,
                                             plan.start, self.piece.start, chunk):
             if first is None:
                 first = msgs[0].offset()
@@ -385,11 +385,11 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
     """Stream the slice: [ACTIVE] records/[punctuated watermarks] [watermark] [MAX] [IDLE];
     then record the generator state and the slice's markers at
     ``source/<topic>/<partition>/<end>``."""
-    from flinkish_source import kafka_client
+    from flinkish_source import kafka
 
     reader = _PieceReader(options, SlicePiece.whole(plan))
     yield from reader.begin()
-    for msgs in kafka_client.read_range(options, plan.topic, plan.partition, plan.start,
+    for msgs in kafka.read_range(options, plan.topic, plan.partition, plan.start,
                                         plan.end, CHUNK):
         yield from reader.chunk(msgs)
     yield from reader.finish()
@@ -461,15 +461,15 @@ def _young_collections_spaced() -> Iterator[None]:
 
 
 def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
-    from flinkish_source import kafka_client
+    from flinkish_source import kafka
 
     ranges = [(p.plan.topic, p.plan.partition, p.start, p.end) for p in task.pieces]
     records: list[SliceRecord] = []
-    with kafka_client.reading(options, ranges, CHUNK):
+    with kafka.reading(options, ranges, CHUNK):
         for piece in task.pieces:
             reader = _PieceReader(options, piece)
             yield from reader.begin()
-            for msgs in kafka_client.read_range(options, piece.plan.topic,
+            for msgs in kafka.read_range(options, piece.plan.topic,
                                                 piece.plan.partition, piece.start, piece.end,
                                                 CHUNK):
                 yield from reader.chunk(msgs)

@@ -5,7 +5,7 @@ work. Spark's own Kafka source runs one task per partition; with hundreds of par
 little data, each batch then pays hundreds of task launches, consumers and state files. Here a
 batch runs at most ``maxReadTasks`` tasks (default: :func:`default_read_tasks`), each reading
 the slices of several partitions one after the other with one consumer that fetches ahead
-(:func:`flinkish_source.kafka_client.reading`), like a Flink source reader owning many splits.
+(:func:`flinkish_source.kafka.reading`), like a Flink source reader owning many splits.
 
 ``minPartitions`` keeps the meaning of Spark's Kafka option of that name (Spark's
 ``KafkaOffsetRangeCalculator``): when fewer slices than ``minPartitions`` have records, the

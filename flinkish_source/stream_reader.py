@@ -37,7 +37,7 @@ from flinkish_source.combined_watermark import (
     horizon_limit,
     journal,
 )
-from flinkish_source.kafka_client import KafkaMetadata, TopicPartitionKey
+from flinkish_source.kafka import KafkaMetadata, TopicPartitionKey
 from flinkish_source.offset_planner import OffsetPlanner, Positions, from_json, to_json
 from flinkish_source.options import SourceOptions
 from flinkish_source.partition_reader import ReadTask, SlicePlan, read_slice, read_task
@@ -140,7 +140,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._options.topics.assign:
             missing = sorted(set(self._options.topics.assign) - set(partitions))
             if missing and self._options.fail_on_data_loss:
-                from flinkish_source.kafka_client import DataLossError
+                from flinkish_source.kafka import DataLossError
 
                 raise DataLossError(
                     f"assigned partitions {missing} do not exist in Kafka; create them or fix "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from flinkish_core.epoch_valve import EpochWatermark, channel_name
 from flinkish_core.watermark import MIN_WATERMARK, WatermarkStatus
-from flinkish_source.kafka_client import TopicPartitionKey
+from flinkish_source.kafka.base import TopicPartitionKey
 from flinkish_source.source_state import SourceStateStore
 
 #: Shares a batch's budget: records each partition could read -> records it reads.

@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from confluent_kafka import Producer
 
-from flinkish_source.kafka_client import POOL
+from flinkish_source.kafka import POOL
 
 #: partitions of every topic the mock cluster creates
 MOCK_PARTITIONS = 4

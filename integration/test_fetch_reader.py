@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from confluent_kafka import Producer
 
-from flinkish_source.kafka_client import read_range
-from flinkish_source.kafka_fetch import RecordChunk
+from flinkish_source.kafka import read_range
+from flinkish_source.kafka.protocol import RecordChunk
 from flinkish_source.options import parse_options
 from integration.kafka_helpers import produce, run_available_now, source
 
@@ -60,7 +60,7 @@ def test_native_reads_exactly_what_librdkafka_reads(
     expected, _ = _read(_options(kafka_bootstrap, name, "librdkafka"), name, 0, 100, 2_900)
     assert [r[0] for r in expected] == list(range(100, 2_900))
     assert expected[0][4] == [("trace", b"t100"), ("none", None)] and expected[1][4] is None
-    with caplog.at_level(logging.INFO, logger="flinkish_source.fetch_reader"):
+    with caplog.at_level(logging.INFO, logger="flinkish_source.kafka.native"):
         got, chunks = _read(_options(kafka_bootstrap, name, "native"), name, 0, 100, 2_900)
     assert got == expected
     assert all(isinstance(c, RecordChunk) for c in chunks)  # no record went to librdkafka

@@ -40,20 +40,20 @@ def test_build_makes_a_wheel_with_the_packages_and_the_decoder(tmp_path: Path) -
     for package in PACKAGES:
         assert f"{package}/__init__.py" in names, package
     assert "pyspark_flinkish.py" in names
-    extensions = [n for n in names if n.startswith("flinkish_source/_record_batch.")
+    extensions = [n for n in names if n.startswith("flinkish_source/kafka/_record_batch.")
                   and n.endswith(".so")]
     assert extensions, sorted(names)
     assert "-cp3" in wheel.name  # a platform wheel: it holds compiled code
     assert not any(n.startswith(("tests/", "integration/", "bench/")) for n in names)
     with tarfile.open(sdist) as archive:
         members = {m.name.split("/", 1)[1] for m in archive.getmembers() if "/" in m.name}
-    assert {"flinkish_source/_record_batch.c", "pyspark_flinkish.py", "setup.py",
+    assert {"flinkish_source/kafka/_record_batch.c", "pyspark_flinkish.py", "setup.py",
             "pyproject.toml"} <= members
 
     # the compiled decoder loads from the unpacked wheel
     unpacked = tmp_path / "unpacked"
     zipfile.ZipFile(wheel).extractall(unpacked)
-    _run("-c", "import flinkish_source._record_batch, pyspark_flinkish", cwd=unpacked)
+    _run("-c", "import flinkish_source.kafka._record_batch, pyspark_flinkish", cwd=unpacked)
 
 
 def _setuptools_warnings(output: str) -> list[str]:

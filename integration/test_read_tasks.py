@@ -42,7 +42,7 @@ def per_partition(batches: list[pa.RecordBatch]) -> dict[tuple[str, int], list[A
 def test_grouped_tasks_read_what_one_task_per_partition_reads(
     kafka_bootstrap: str, topic: Any, tmp_path: Any, config: dict[str, str]
 ) -> None:
-    from flinkish_source.kafka_client import KafkaMetadata
+    from flinkish_source.kafka import KafkaMetadata
     from flinkish_source.offset_planner import OffsetPlanner
     from flinkish_source.options import parse_options
     from flinkish_source.partition_reader import read_slice, read_task

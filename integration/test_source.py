@@ -307,7 +307,7 @@ def test_replaying_a_planned_batch_yields_identical_records_and_markers(
     after a crash does: the same rows and the same markers, byte for byte."""
     import pyarrow as pa
 
-    from flinkish_source.kafka_client import KafkaMetadata
+    from flinkish_source.kafka import KafkaMetadata
     from flinkish_source.offset_planner import OffsetPlanner
     from flinkish_source.options import parse_options
     from flinkish_source.partition_reader import read_slice

@@ -13,8 +13,11 @@ from typing import Any, cast
 import pytest
 from confluent_kafka import KafkaError, TopicPartition
 
-import flinkish_source.kafka_client as kafka_client
-from flinkish_source.kafka_client import ConsumerPool, RangeReader, pool_key, read_range, reading
+import flinkish_source.kafka as kafka_source
+import flinkish_source.kafka.base as kafka_base
+from flinkish_source.kafka import read_range, reading
+from flinkish_source.kafka.base import ConsumerPool, pool_key
+from flinkish_source.kafka.librdkafka import RangeReader
 from flinkish_source.options import parse_options
 
 # the librdkafka reader is under test here (the native one: tests/test_fetch_reader.py)
@@ -124,7 +127,7 @@ def logs() -> dict[tuple[str, int], list[int]]:
 def pool(monkeypatch: pytest.MonkeyPatch, logs: dict[tuple[str, int], list[int]]
          ) -> ConsumerPool:
     made = ConsumerPool(factory=lambda config: FakeConsumer(logs, config), evict_interval=0)
-    monkeypatch.setattr(kafka_client, "POOL", made)
+    monkeypatch.setattr(kafka_base, "POOL", made)
     return made
 
 
@@ -179,7 +182,7 @@ def test_a_range_that_lost_records_fails_or_skips(
     """The partition ends at 2 where the plan said 5, for longer than the bounded wait."""
     logs[("t", 0)] = [0, 1]
     started = time.monotonic()
-    with pytest.raises(kafka_client.DataLossError,
+    with pytest.raises(kafka_source.DataLossError,
                        match="offsets 2..4 .*high watermark stayed at 2.*unclean leader"):
         offsets(read_range(OPTIONS, "t", 0, 0, 5, 10))
     assert 2 <= time.monotonic() - started < 4  # kafkaConsumer.pollTimeoutMs=2000
@@ -220,7 +223,7 @@ def test_a_high_watermark_below_the_read_position_is_waited_out(
     monkeypatch: pytest.MonkeyPatch, logs: dict[tuple[str, int], list[int]], out_of_range: bool
 ) -> None:
     made = CatchingUpLeader(logs, out_of_range=out_of_range)
-    monkeypatch.setattr(kafka_client, "POOL",
+    monkeypatch.setattr(kafka_base, "POOL",
                         ConsumerPool(factory=lambda config: made, evict_interval=0))
     assert offsets(read_range(OPTIONS, "t", 0, 5, 20, 100)) == list(range(5, 20))
     # one ListOffsets per OFFSET_OUT_OF_RANGE answer, never a crawl offset by offset
@@ -231,7 +234,7 @@ def test_a_failed_read_closes_its_consumer_instead_of_pooling_it(
     pool: ConsumerPool, logs: dict[tuple[str, int], list[int]]
 ) -> None:
     logs[("t", 0)] = [0, 1]
-    with pytest.raises(kafka_client.DataLossError), reading(OPTIONS, [("t", 0, 0, 5)], 10):
+    with pytest.raises(kafka_source.DataLossError), reading(OPTIONS, [("t", 0, 0, 5)], 10):
         offsets(read_range(OPTIONS, "t", 0, 0, 5, 10))
     assert pool.created == 1 and pool.idle() == 0
     # stopping early is not a failure: the consumer goes back

@@ -22,11 +22,14 @@ import pytest
 from record_batches import Rec, batch, plain
 from test_consumer_pool import FakeConsumer
 
-import flinkish_source.fetch_reader as fetch_reader
-import flinkish_source.kafka_client as kafka_client
-from flinkish_source.fetch_reader import FetchRangeReader, eligible
-from flinkish_source.kafka_client import ConsumerPool, DataLossError, KafkaUnavailableError
-from flinkish_source.kafka_fetch import RecordChunk
+import flinkish_source.kafka as kafka_source
+import flinkish_source.kafka.base as kafka_base
+import flinkish_source.kafka.native as native
+from flinkish_source.kafka import DataLossError, KafkaUnavailableError
+from flinkish_source.kafka.base import ConsumerPool
+from flinkish_source.kafka.librdkafka import RangeReader
+from flinkish_source.kafka.native import FetchRangeReader, eligible
+from flinkish_source.kafka.protocol import RecordChunk
 from flinkish_source.options import parse_options
 
 #: what the broker answers for one partition: (error code, high watermark, records)
@@ -199,7 +202,7 @@ def broker() -> Iterator[FakeBroker]:
 def consumer(broker: FakeBroker, monkeypatch: pytest.MonkeyPatch) -> MetadataConsumer:
     made = MetadataConsumer(lambda: Node("127.0.0.1", broker.port))
     pool = ConsumerPool(factory=lambda config: made, evict_interval=0)
-    monkeypatch.setattr(kafka_client, "POOL", pool)
+    monkeypatch.setattr(kafka_base, "POOL", pool)
     return made
 
 
@@ -306,10 +309,10 @@ def test_an_error_the_reader_cannot_wait_out_hands_the_range_to_librdkafka(
     broker.answer = lambda t, p, o: (0, 20, plain(o, 10 - o)) if o < 10 else (code, 20, b"")
     made = LibrdkafkaToo({("t", 0): list(range(20))}, leader=lambda: Node("127.0.0.1",
                                                                           broker.port))
-    monkeypatch.setattr(kafka_client, "POOL",
+    monkeypatch.setattr(kafka_base, "POOL",
                         ConsumerPool(factory=lambda config: made, evict_interval=0))
-    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
-    caplog.set_level(logging.WARNING, logger="flinkish_source.fetch_reader")
+    monkeypatch.setattr(native, "_FELL_BACK", set())
+    caplog.set_level(logging.WARNING, logger="flinkish_source.kafka.native")
     started = time.monotonic()
     with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
         assert read(reader, "t", 0, 0, 20) == list(range(20))
@@ -352,10 +355,10 @@ def test_a_broker_refusing_fetch_v4_or_answering_too_much_hands_over_to_librdkaf
         extra = {"kafka.receive.message.max.bytes": "100"}
     made = LibrdkafkaToo({("t", 0): list(range(20))}, leader=lambda: Node("127.0.0.1",
                                                                           broker.port))
-    monkeypatch.setattr(kafka_client, "POOL",
+    monkeypatch.setattr(kafka_base, "POOL",
                         ConsumerPool(factory=lambda config: made, evict_interval=0))
-    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
-    caplog.set_level(logging.WARNING, logger="flinkish_source.fetch_reader")
+    monkeypatch.setattr(native, "_FELL_BACK", set())
+    caplog.set_level(logging.WARNING, logger="flinkish_source.kafka.native")
     started = time.monotonic()
     with FetchRangeReader(options(**extra), [("t", 0, 0, 20)], 100) as reader:
         assert read(reader, "t", 0, 0, 20) == list(range(20))
@@ -412,10 +415,10 @@ def test_a_batch_it_cannot_decode_hands_the_rest_of_the_range_to_librdkafka(
                                                 magic=1))
     made = LibrdkafkaToo({("t", 0): list(range(20))}, leader=lambda: Node("127.0.0.1",
                                                                           broker.port))
-    monkeypatch.setattr(kafka_client, "POOL",
+    monkeypatch.setattr(kafka_base, "POOL",
                         ConsumerPool(factory=lambda config: made, evict_interval=0))
-    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
-    caplog.set_level(logging.WARNING, logger="flinkish_source.fetch_reader")
+    monkeypatch.setattr(native, "_FELL_BACK", set())
+    caplog.set_level(logging.WARNING, logger="flinkish_source.kafka.native")
     with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
         chunks = list(reader.read("t", 0, 0, 20))
     assert [m.offset() for c in chunks for m in c] == list(range(20))
@@ -434,7 +437,7 @@ def test_librdkafka_reads_by_default_and_native_is_opt_in() -> None:
     default = parse_options({"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
                              "includeMarkers": "false"})
     assert default.fetch_client is FetchClient.LIBRDKAFKA
-    assert isinstance(kafka_client.range_reader(default, [("t", 0, 0, 5)], 10),
-                      kafka_client.RangeReader)
-    assert isinstance(kafka_client.range_reader(options(), [("t", 0, 0, 5)], 10),
+    assert isinstance(kafka_source.range_reader(default, [("t", 0, 0, 5)], 10),
+                      RangeReader)
+    assert isinstance(kafka_source.range_reader(options(), [("t", 0, 0, 5)], 10),
                       FetchRangeReader)

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from record_batches import BASE_TS, Rec, batch, control, legacy_set, plain
 
-from flinkish_source import _record_batch  # type: ignore[attr-defined]
-from flinkish_source.kafka_fetch import (
+from flinkish_source.kafka import _record_batch  # type: ignore[attr-defined]
+from flinkish_source.kafka.protocol import (
     FetchWant,
     PartitionDecoder,
     PartitionFetch,
@@ -124,7 +124,7 @@ def test_a_payload_its_codec_cannot_decompress_is_left_to_librdkafka(codec: int)
 
 
 def read_chunk(c: object) -> list[tuple]:
-    from flinkish_source.kafka_fetch import Columns
+    from flinkish_source.kafka.protocol import Columns
 
     assert isinstance(c, Columns)
     return list(zip(c.offsets.to_pylist(), c.keys.to_pylist(), strict=True))

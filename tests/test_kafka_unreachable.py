@@ -11,13 +11,8 @@ import time
 
 import pytest
 
-from flinkish_source.kafka_client import (
-    WAIT_OPTION,
-    BrokerWait,
-    KafkaMetadata,
-    KafkaUnavailableError,
-    read_range,
-)
+from flinkish_source.kafka import KafkaMetadata, KafkaUnavailableError, read_range
+from flinkish_source.kafka.base import WAIT_OPTION, BrokerWait
 from flinkish_source.options import SourceOptions, parse_options
 
 SECRET = "sasl-S3cret-never-logged"
@@ -46,7 +41,7 @@ def _options(servers: str, **extra: str) -> SourceOptions:
 def _check(caplog: pytest.LogCaptureFixture, failure: KafkaUnavailableError, servers: str,
            what: str, took: float) -> None:
     warnings = [r.getMessage() for r in caplog.records
-                if r.levelno == logging.WARNING and r.name == "flinkish_source.kafka_client"]
+                if r.levelno == logging.WARNING and r.name.startswith("flinkish_source.kafka")]
     assert warnings, "no warning while waiting"
     first = warnings[0]
     assert what in first and repr(servers) in first

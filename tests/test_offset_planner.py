@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flinkish_source.kafka_client import DataLossError, OffsetRange, TopicPartitionKey
+from flinkish_source.kafka import DataLossError, OffsetRange, TopicPartitionKey
 from flinkish_source.offset_planner import (
     ACTIVE,
     FORMAT_VERSION,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from flinkish_source.kafka_client import KafkaMetadata, OffsetRange
+from flinkish_source.kafka import KafkaMetadata, OffsetRange
 from flinkish_source.options import parse_options
 
 

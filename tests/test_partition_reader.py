@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import flinkish_source.kafka_client as kafka_client
+import flinkish_source.kafka as kafka_source
 from flinkish_source import partition_reader
 from flinkish_source.event_time import EventTimeError
 from flinkish_source.options import SourceOptions, parse_options
@@ -63,7 +63,7 @@ class FakeMessage:
 
 @dataclass
 class FakeKafka:
-    """Replaces kafka_client.read_range: serves ``messages`` in chunks of ``chunk``."""
+    """Replaces flinkish_source.kafka.read_range: serves ``messages`` in chunks of ``chunk``."""
 
     messages: list[FakeMessage] = field(default_factory=list)
     chunk: int = 1000
@@ -81,7 +81,7 @@ class FakeKafka:
 @pytest.fixture
 def kafka(monkeypatch: pytest.MonkeyPatch) -> FakeKafka:
     fake = FakeKafka()
-    monkeypatch.setattr(kafka_client, "read_range", fake.read_range)
+    monkeypatch.setattr(kafka_source, "read_range", fake.read_range)
     return fake
 
 
@@ -499,7 +499,7 @@ def test_chunk_size_passed_to_kafka(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         seen.append(chunk)
         yield [FakeMessage(start, 5)]
 
-    monkeypatch.setattr(kafka_client, "read_range", fake)
+    monkeypatch.setattr(kafka_source, "read_range", fake)
     plan = SlicePlan("t", 0, 0, 1, ACTIVE, ACTIVE, GeneratorState(0), None)
     assert rows(run(opts(tmp_path), plan)) == [rec(0), wm(1, 4)]
     assert seen == [partition_reader.CHUNK]

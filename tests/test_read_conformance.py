@@ -20,15 +20,12 @@ import pytest
 from kafka_server import FaultyKafka, Log
 from record_batches import BASE_TS, Rec, batch, legacy_set, plain
 
-import flinkish_source.fetch_reader as fetch_reader
-import flinkish_source.kafka_client as kafka_client
-from flinkish_source.fetch_reader import FetchRangeReader
-from flinkish_source.kafka_client import (
-    ConsumerPool,
-    DataLossError,
-    KafkaUnavailableError,
-    RangeReader,
-)
+import flinkish_source.kafka.base as kafka_base
+import flinkish_source.kafka.native as native
+from flinkish_source.kafka import DataLossError, KafkaUnavailableError
+from flinkish_source.kafka.base import ConsumerPool
+from flinkish_source.kafka.librdkafka import RangeReader
+from flinkish_source.kafka.native import FetchRangeReader
 from flinkish_source.options import parse_options
 
 Row = tuple[int, bytes | None, bytes | None, int]
@@ -45,8 +42,8 @@ def options(server: FaultyKafka, fetch: str, **extra: str) -> Any:
 def own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Real consumers, closed after each test (the process-wide pool would keep them)."""
     pool = ConsumerPool(evict_interval=0)
-    monkeypatch.setattr(kafka_client, "POOL", pool)
-    monkeypatch.setattr(fetch_reader, "_FELL_BACK", set())
+    monkeypatch.setattr(kafka_base, "POOL", pool)
+    monkeypatch.setattr(native, "_FELL_BACK", set())
     yield
     pool.clear()
 

@@ -16,12 +16,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-import flinkish_source.kafka_client as kafka_client
+import flinkish_source.kafka as kafka_source
 from flinkish_core.epoch_valve import EpochWatermark, advance, initial
 from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
 from flinkish_source import stream_reader
 from flinkish_source.combined_watermark import OFFSET_KEY
-from flinkish_source.kafka_client import OffsetRange
+from flinkish_source.kafka import OffsetRange
 from flinkish_source.options import parse_options
 from flinkish_source.source_state import TASKS_DIR
 from flinkish_source.stream_reader import (
@@ -131,7 +131,7 @@ class Run:
 @pytest.fixture
 def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
     fake = Cluster(12)
-    monkeypatch.setattr(kafka_client, "read_range", fake.read_range)
+    monkeypatch.setattr(kafka_source, "read_range", fake.read_range)
     monkeypatch.setattr(stream_reader, "_now_ms", lambda: fake.now)
     monkeypatch.setattr(FlinkishStreamReader, "_cluster", lambda self: fake.ranges())
     return fake

@@ -15,7 +15,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-import flinkish_source.kafka_client as kafka_client
+import flinkish_source.kafka as kafka_source
 from flinkish_source.options import SourceOptions, parse_options
 from flinkish_source.partition_reader import (
     COALESCE_ROWS,
@@ -97,7 +97,7 @@ class Logs:
 @pytest.fixture
 def kafka(monkeypatch: pytest.MonkeyPatch) -> Logs:
     fake = Logs()
-    monkeypatch.setattr(kafka_client, "read_range", fake.read_range)
+    monkeypatch.setattr(kafka_source, "read_range", fake.read_range)
     return fake
 
 

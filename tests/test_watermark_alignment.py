@@ -68,7 +68,7 @@ def test_partitions_not_yet_announced_are_neither_held_nor_a_reference() -> None
 
 
 def test_the_planner_gives_a_held_partition_nothing_and_its_budget_to_the_others() -> None:
-    from flinkish_source.kafka_client import OffsetRange
+    from flinkish_source.kafka import OffsetRange
     from flinkish_source.offset_planner import OffsetPlanner, from_json, to_json
     from flinkish_source.options import parse_options
 

@@ -4,13 +4,13 @@ Why: librdkafka hands Python one ``Message`` object per record, and taking them 
 more CPU than Spark spends on the rows (about 0.9 CPU-seconds per million records for
 ``consume()`` alone, before a column is built). Here a read task sends Fetch (version 4, which
 every broker since Kafka 0.11 answers and Kafka 4 still does) to the partition's leader and
-:mod:`flinkish_source._record_batch` (C) decodes the response's record batches into the
+:mod:`flinkish_source.kafka._record_batch` (C) decodes the response's record batches into the
 buffers of the key, value, offset and timestamp columns (and the headers', when the query reads
 them).
 
 Only what a read needs is spoken here: metadata, offsets and everything else stay with
-librdkafka (:mod:`flinkish_source.kafka_client`), which also reads whatever this path does not:
-a client configured for TLS or SASL (see :func:`flinkish_source.fetch_reader.eligible`) and
+librdkafka (:mod:`flinkish_source.kafka.librdkafka`), which also reads whatever this path does not:
+a client configured for TLS or SASL (see :func:`flinkish_source.kafka.native.eligible`) and
 batches in an old message format. Every
 codec Kafka defines is decompressed here (gzip with zlib; snappy, lz4 and zstd with cramjam).
 
@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flinkish_source import _record_batch  # type: ignore[attr-defined]
+from flinkish_source.kafka import _record_batch  # type: ignore[attr-defined]
 from flinkish_source.schema import arrow_schema
 
 FETCH = 1

@@ -1,8 +1,9 @@
 """Read tasks' offset ranges through Kafka Fetch requests decoded into Arrow
-(:mod:`flinkish_source.kafka_fetch`), with :class:`~flinkish_source.kafka_client.RangeReader`'s
-contract: records ``start <= offset < end`` of each announced range, in chunks, the end reached
-even across transaction markers and compacted offsets, lost offsets per ``failOnDataLoss``, and
-every wait for the brokers bounded by ``kafkaConsumer.pollTimeoutMs`` with a warning per slice.
+(:mod:`flinkish_source.kafka.protocol`), ``kafkaConsumer.fetch=native`` (experimental), with
+:class:`~flinkish_source.kafka.librdkafka.RangeReader`'s contract: records
+``start <= offset < end`` of each announced range, in chunks, the end reached even across
+transaction markers and compacted offsets, lost offsets per ``failOnDataLoss``, and every wait
+for the brokers bounded by ``kafkaConsumer.pollTimeoutMs`` with a warning per slice.
 
 Partition leaders and earliest offsets come from a pooled librdkafka consumer, which knows the
 cluster; records come over one plain socket per leader. One Fetch request asks for the range
@@ -24,13 +25,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flinkish_core.secrets import scrub
-from flinkish_source import kafka_client
-from flinkish_source.kafka_client import (
+from flinkish_source.kafka.base import (
+    SHORT_LOG_PAUSE_S,
     BrokerWait,
     ConsumerPool,
     PooledRangeReader,
     RangeKey,
+    ShortLog,
+    retention_loss,
 )
+from flinkish_source.kafka.librdkafka import RangeReader
 from flinkish_source.options import SourceOptions
 
 logger = logging.getLogger(__name__)
@@ -105,9 +109,9 @@ class FetchSettings:
 def eligible(options: SourceOptions) -> str | None:
     """None when read tasks of a ``kafkaConsumer.fetch=native`` query can fetch natively;
     otherwise why not."""
-    protocol = str(options.kafka_config.get("security.protocol", "")).strip()
-    if protocol.lower() not in _PLAIN_PROTOCOLS:
-        return f"kafka.security.protocol={protocol} (only plaintext connections are native)"
+    security = str(options.kafka_config.get("security.protocol", "")).strip()
+    if security.lower() not in _PLAIN_PROTOCOLS:
+        return f"kafka.security.protocol={security} (only plaintext connections are native)"
     if any(k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
         return "kafka.sasl.*/kafka.ssl.* settings (only plaintext connections are native)"
     if str(options.kafka_config.get("check.crcs", "false")).strip().lower() == "true":
@@ -116,7 +120,7 @@ def eligible(options: SourceOptions) -> str | None:
         return ("kafka.client.rack (fetching from the closest replica, KIP-392, needs Fetch "
                 "v11; the native path sends v4 to the leader)")
     try:
-        from flinkish_source import kafka_fetch  # noqa: F401  (needs the compiled decoder)
+        from flinkish_source.kafka import protocol  # noqa: F401  (needs the compiled decoder)
     except ImportError as exc:
         return f"the record batch decoder is not built ({exc})"
     return None
@@ -128,12 +132,12 @@ class _FetchRange:
     partition: int
     start: int
     end: int
-    decoder: Any  # kafka_fetch.PartitionDecoder
+    decoder: Any  # protocol.PartitionDecoder
     chunks: deque[Any] = field(default_factory=deque)  # decoded, not yet served
     buffered: int = 0
     opened: bool = False
     fallback: str | None = None  # why the rest is read with librdkafka
-    short: kafka_client.ShortLog | None = None  # the log ends before position (for now)
+    short: ShortLog | None = None  # the log ends before position (for now)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -145,7 +149,7 @@ class FetchRangeReader(PooledRangeReader):
 
     def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
                  pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
-        from flinkish_source.kafka_fetch import PartitionDecoder
+        from flinkish_source.kafka.protocol import PartitionDecoder
 
         super().__init__(options, chunk, pool, lookahead)
         headers = bool(options.include_headers or options.event_time_header
@@ -167,7 +171,7 @@ class FetchRangeReader(PooledRangeReader):
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Any]:
         """Records of one announced range, ``start <= offset < end``, in chunks
-        (:class:`~flinkish_source.kafka_fetch.RecordChunk`)."""
+        (:class:`~flinkish_source.kafka.protocol.RecordChunk`)."""
         r = self._open(self._by_key, topic, partition, start, end)
         if r is None:
             return
@@ -192,11 +196,11 @@ class FetchRangeReader(PooledRangeReader):
             if r.chunks or r.decoder.position != position or r.fallback is not None:
                 r.short = None if r.decoder.position != position else r.short
                 continue
-            if r.short is not None:  # its own bounded wait (kafka_client.ShortLog)
+            if r.short is not None:  # its own bounded wait (ShortLog)
                 skipped_to = r.short.wait(self._options, topic, partition, position, end)
                 if skipped_to is not None:  # failOnDataLoss=false: the rest is gone
                     r.decoder.position, r.short = skipped_to, None
-                time.sleep(kafka_client.SHORT_LOG_PAUSE_S)
+                time.sleep(SHORT_LOG_PAUSE_S)
                 continue
             if time.monotonic() >= next_warning or wait.remaining() <= 0:
                 wait.unanswered(why or f"no records between offsets {position} and {end} yet")
@@ -208,7 +212,7 @@ class FetchRangeReader(PooledRangeReader):
                       f"reading offsets {r.decoder.position}..{r.end - 1} with librdkafka "
                       f"({r.fallback})")
         rest = (r.topic, r.partition, r.decoder.position, r.end)
-        with kafka_client.RangeReader(self._options, [rest], self._chunk, self._pool) as own:
+        with RangeReader(self._options, [rest], self._chunk, self._pool) as own:
             yield from own.read(*rest)
 
     def _companions(self, r: _FetchRange, leader: tuple[str, int]) -> list[_FetchRange]:
@@ -235,7 +239,7 @@ class FetchRangeReader(PooledRangeReader):
         """One Fetch for ``r`` (and its companions); what comes back is decoded and buffered.
         Returns why ``r`` got no answer (a failed connection, a leader that moved), if so:
         the caller tries again within its bounded wait."""
-        from flinkish_source.kafka_fetch import (
+        from flinkish_source.kafka.protocol import (
             OFFSET_OUT_OF_RANGE,
             BrokerError,
             FetchRefused,
@@ -296,28 +300,28 @@ class FetchRangeReader(PooledRangeReader):
         return why
 
     def _keep(self, r: _FetchRange, columns: Any) -> None:
-        from flinkish_source.kafka_fetch import RecordChunk
+        from flinkish_source.kafka.protocol import RecordChunk
 
         r.chunks.append(RecordChunk(r.topic, r.partition, columns))
         r.buffered += len(columns)
 
     def _at_end_of_log(self, r: _FetchRange, fetched: Any) -> None:
         """Nothing came back from ``position``: the log ending before it is waited out
-        (:class:`~flinkish_source.kafka_client.ShortLog`); below the high watermark (a
+        (:class:`~flinkish_source.ShortLog`); below the high watermark (a
         transaction still open under read_committed), the caller waits too."""
         if fetched.high_watermark <= r.decoder.position < r.end and r.short is None:
-            r.short = kafka_client.ShortLog(fetched.high_watermark)
+            r.short = ShortLog(fetched.high_watermark)
 
     def _out_of_range(self, r: _FetchRange) -> None:
         """The leader has no offset ``position``: one ListOffsets says whether retention
         deleted it (earliest past it: lost) or the log ends before it (waited out)."""
         low, high = self._offsets(r.topic, r.partition)
         if low > r.decoder.position:
-            r.decoder.position = kafka_client.retention_loss(
+            r.decoder.position = retention_loss(
                 self._options, r.topic, r.partition, r.decoder.position, low, r.end)
             r.short = None
         elif r.short is None:
-            r.short = kafka_client.ShortLog(high)
+            r.short = ShortLog(high)
 
     def _leader(self, r: _FetchRange) -> tuple[str, int] | None:
         """The host and port of the partition's leader (the cluster's metadata, once per
@@ -339,7 +343,7 @@ class FetchRangeReader(PooledRangeReader):
         return self._leaders.get(r.key)
 
     def _connection(self, leader: tuple[str, int]) -> Any:
-        from flinkish_source.kafka_fetch import BrokerConnection
+        from flinkish_source.kafka.protocol import BrokerConnection
 
         connection = self._connections.get(leader)
         if connection is None:

@@ -1,0 +1,478 @@
+"""What both read paths share: the interface of a task's range reader
+(:class:`PooledRangeReader`), the consumer pool it borrows from, the bounded waits for the
+brokers, and the rules for records that are gone (:func:`lost_offsets`, :class:`ShortLog`).
+
+librdkafka needs a ``group.id`` even for manually assigned consumers, so each consumer gets a
+throwaway one and never commits. Consumers come from a per-process :class:`ConsumerPool`, so
+the tasks a reused Python worker runs share them (as Spark's Kafka consumer cache does), never
+two tasks at once.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+from flinkish_core.secrets import scrub
+from flinkish_source.options import SourceOptions
+
+TopicPartitionKey = tuple[str, int]
+RangeKey = tuple[str, int, int, int]  # topic, partition, start, end
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
+_R = TypeVar("_R", bound="PooledRangeReader")
+_Opened = TypeVar("_Opened", bound="_Readable")
+
+
+class _Readable(Protocol):
+    opened: bool
+
+
+class KafkaUnavailableError(RuntimeError):
+    """The brokers could not be reached, or answered with an error, within the bounded wait."""
+
+
+class DataLossError(RuntimeError):
+    """Offsets the query needs are gone (retention, deleted topic); see ``failOnDataLoss``."""
+
+
+#: How librdkafka reports a fetch offset the leader does not have: with
+#: ``auto.offset.reset=error`` an _AUTO_OFFSET_RESET event, else OFFSET_OUT_OF_RANGE
+OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
+
+
+#: The option that bounds every wait for the brokers (see :class:`BrokerWait`).
+WAIT_OPTION = "kafkaConsumer.pollTimeoutMs"
+#: Errors that mean "no broker answered (yet)": waited out up to the bound, with a warning per
+#: slice. Anything else (authentication, an unknown partition …) fails at once.
+_UNANSWERED = frozenset({
+    KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
+    KafkaError._TIMED_OUT_QUEUE, KafkaError._RESOLVE, KafkaError._WAIT_COORD,
+    KafkaError._NODE_UPDATE, KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT,
+    KafkaError.BROKER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION,
+})
+
+
+
+
+
+
+
+
+def servers(options: SourceOptions) -> str:
+    return str(options.kafka_config.get("bootstrap.servers"))
+
+
+def error_hint(options: SourceOptions) -> str:
+    """What to check, with the client settings in use (secrets masked)."""
+    return (
+        f"bootstrap servers {servers(options)!r}; check "
+        "kafka.bootstrap.servers and the kafka.security.*/sasl.*/ssl.* settings "
+        f"({WAIT_OPTION} sets how long to wait); client settings: "
+        f"{options.safe_kafka_config}"
+    )
+
+
+def retry_step(bound_s: float) -> float:
+    """How long one attempt may wait before the source says, in the log, that it is waiting:
+    a sixth of the bound, between 0.5 and 10 s (about a dozen warnings before it gives up)."""
+    return min(10.0, max(0.5, bound_s / 6))
+
+
+class BrokerWait:
+    """One bounded wait for the brokers (``kafkaConsumer.pollTimeoutMs``), split into slices.
+
+    Each unanswered slice logs a warning saying what the source waits for, from which servers
+    (client settings masked), how long it has waited and how long it will still wait; at the
+    bound it raises :class:`KafkaUnavailableError` naming the servers and the option. Errors
+    that are not "no answer yet" (e.g. failed authentication) raise at once. ``complaints``
+    returns the client's latest own report (its ``error_cb``, e.g. ``Connect to
+    ipv4#127.0.0.1:1 failed: Connection refused``), more telling than the call's error.
+    """
+
+    def __init__(
+        self, options: SourceOptions, what: str,
+        complaints: Callable[[], str | None] | None = None,
+    ) -> None:
+        self._options = options
+        self.what = what
+        self.bound = options.poll_timeout_ms / 1000
+        self.step = retry_step(self.bound)
+        self.started = time.monotonic()
+        self._complaints = complaints
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def remaining(self) -> float:
+        return max(0.0, self.bound - self.elapsed())
+
+    def call(self, attempt: Callable[[float], _T]) -> _T:
+        """``attempt(timeout_s)`` until it answers, retrying unanswered slices to the bound."""
+        while True:
+            begun = time.monotonic()
+            try:
+                return attempt(max(0.001, min(self.step, self.remaining())))
+            except KafkaException as exc:
+                error = exc.args[0] if exc.args else None
+                code = error.code() if isinstance(error, KafkaError) else None
+                reason = scrub(
+                    error.str() if isinstance(error, KafkaError) else str(exc),
+                    self._options.kafka_secrets,
+                )
+                if code not in _UNANSWERED:
+                    raise KafkaUnavailableError(
+                        f"{self.what}: the brokers answered with an error: {reason}; "
+                        + error_hint(self._options)
+                    ) from exc
+            # a call that failed fast must not spin: one attempt per slice
+            time.sleep(max(0.0, min(self.step - (time.monotonic() - begun), self.remaining())))
+            self.unanswered(reason)
+
+    def unanswered(self, reason: str | None = None) -> None:
+        """One slice went unanswered: log a warning, or raise at the bound."""
+        complaint = self._complaints() if self._complaints is not None else None
+        detail = "; ".join(dict.fromkeys(
+            scrub(r, self._options.kafka_secrets) for r in (complaint, reason) if r
+        )) or "no answer"
+        if self.remaining() <= 0:
+            raise KafkaUnavailableError(
+                f"{self.what}: no answer from bootstrap servers {servers(self._options)!r} "
+                f"within {self.bound:g} s (option {WAIT_OPTION}="
+                f"{self._options.poll_timeout_ms} bounds this wait; last error: {detail}); "
+                + error_hint(self._options)
+            )
+        logger.warning(
+            "%s: still waiting for bootstrap servers %r after %.1f s, giving up in %.1f s "
+            "(option %s=%d bounds the wait); last error: %s; client settings: %s",
+            self.what, servers(self._options), self.elapsed(), self.remaining(), WAIT_OPTION,
+            self._options.poll_timeout_ms, detail, self._options.safe_kafka_config,
+        )
+
+
+def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
+    """librdkafka settings for a manually assigned, never-committing consumer."""
+    config: dict[str, Any] = dict(options.kafka_config)
+    config.update(
+        {
+            "group.id": f"flinkish-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "socket.timeout.ms": min(60_000, max(1_000, options.poll_timeout_ms)),
+            "log_level": 3,
+        }
+    )
+    config.update(overrides)
+    return config
+
+
+#: Idle consumers a process keeps per client configuration, and for how long: Spark's Kafka
+#: consumer cache closes consumers idle for ``spark.kafka.consumer.cache.timeout`` (5 min).
+POOL_CAPACITY = 4
+POOL_IDLE_TIMEOUT_S = 300.0
+#: How often the pool's daemon thread closes expired idle consumers (Spark: 1 min).
+POOL_EVICT_INTERVAL_S = 60.0
+
+PoolKey = tuple[tuple[str, str], ...]
+
+
+def pool_key(config: dict[str, Any]) -> PoolKey:
+    """Consumers are interchangeable when their settings are; ``group.id`` is a throwaway."""
+    return tuple(sorted((k, repr(v)) for k, v in config.items() if k != "group.id"))
+
+
+@dataclass
+class ConsumerPool:
+    """Idle consumers of this process, keyed by client configuration (:func:`pool_key`).
+
+    :meth:`borrow` hands out an idle consumer of the same configuration or a new one, and takes
+    it back when the borrower is done, with its assignment cleared; one that saw an error is
+    closed instead. A borrowed consumer is in no idle list, so no two borrowers ever share
+    one. Idle consumers are closed after ``idle_timeout`` seconds, and beyond ``capacity`` per
+    configuration. A forked child starts with an empty pool (a client's threads do not
+    survive a fork, so the parent's consumers are left alone, never closed in the child).
+    """
+
+    capacity: int = POOL_CAPACITY
+    idle_timeout: float = POOL_IDLE_TIMEOUT_S
+    evict_interval: float = POOL_EVICT_INTERVAL_S
+    factory: Callable[[dict[str, Any]], Any] = Consumer
+    clock: Callable[[], float] = time.monotonic
+    created: int = 0
+    _idle: dict[PoolKey, list[tuple[Any, float]]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _pid: int = field(default_factory=os.getpid)
+    _evictor: threading.Thread | None = None
+    _forked: list[Any] = field(default_factory=list)
+
+    def _check_fork(self) -> None:
+        if self._pid != os.getpid():
+            self._forked.extend(c for idle in self._idle.values() for c, _ in idle)
+            self._idle, self._pid, self._evictor = {}, os.getpid(), None
+            self._lock = threading.Lock()
+
+    def acquire(self, config: dict[str, Any]) -> Any:
+        """An idle consumer of this configuration, or a new one; hand it back with
+        :meth:`release`."""
+        consumer = self._take(pool_key(config))
+        if consumer is None:
+            consumer = self.factory(config)
+            with self._lock:
+                self.created += 1
+        return consumer
+
+    def release(self, config: dict[str, Any], consumer: Any, clean: bool = True) -> None:
+        """Take a consumer back: kept for the next borrower with its assignment cleared, or
+        closed if the borrower failed (``clean`` false) or the reset fails."""
+        if clean and _reset(consumer):
+            self._give_back(pool_key(config), consumer)
+        else:
+            _close(consumer)
+
+    @contextlib.contextmanager
+    def borrow(self, config: dict[str, Any]) -> Iterator[Any]:
+        """:meth:`acquire` and :meth:`release` around a block (closed if the block fails)."""
+        consumer = self.acquire(config)
+        clean = False
+        try:
+            yield consumer
+            clean = True
+        except GeneratorExit:  # the borrower stopped early; the consumer itself is fine
+            clean = True
+            raise
+        finally:
+            self.release(config, consumer, clean)
+
+    def _take(self, key: PoolKey) -> Any | None:
+        expired: list[Any] = []
+        with self._lock:
+            self._check_fork()
+            expired = self._expire_locked()
+            idle = self._idle.get(key)
+            consumer = idle.pop()[0] if idle else None
+        for c in expired:
+            _close(c)
+        return consumer
+
+    def _give_back(self, key: PoolKey, consumer: Any) -> None:
+        with self._lock:
+            self._check_fork()
+            idle = self._idle.setdefault(key, [])
+            idle.append((consumer, self.clock()))
+            surplus = [c for c, _ in idle[: max(0, len(idle) - self.capacity)]]
+            del idle[: len(surplus)]
+            expired = self._expire_locked() + surplus
+            if self._evictor is None and self.evict_interval > 0:
+                self._evictor = threading.Thread(
+                    target=self._evict_forever, name="flinkish-consumer-pool", daemon=True
+                )
+                self._evictor.start()
+        for c in expired:
+            _close(c)
+
+    def _expire_locked(self) -> list[Any]:
+        now = self.clock()
+        expired: list[Any] = []
+        for key in list(self._idle):
+            keep = [(c, t) for c, t in self._idle[key] if now - t < self.idle_timeout]
+            expired.extend(c for c, t in self._idle[key] if now - t >= self.idle_timeout)
+            if keep:
+                self._idle[key] = keep
+            else:
+                del self._idle[key]
+        return expired
+
+    def evict(self) -> int:
+        """Close the consumers idle for longer than ``idle_timeout``; how many."""
+        with self._lock:
+            self._check_fork()
+            expired = self._expire_locked()
+        for c in expired:
+            _close(c)
+        return len(expired)
+
+    def _evict_forever(self) -> None:
+        me = threading.current_thread()
+        while self._evictor is me and self._pid == os.getpid():
+            time.sleep(self.evict_interval)
+            self.evict()
+
+    def idle(self) -> int:
+        with self._lock:
+            self._check_fork()
+            return sum(len(v) for v in self._idle.values())
+
+    def clear(self) -> None:
+        """Close every idle consumer."""
+        with self._lock:
+            self._check_fork()
+            idle = [c for v in self._idle.values() for c, _ in v]
+            self._idle = {}
+        for c in idle:
+            _close(c)
+
+
+def _reset(consumer: Any) -> bool:
+    """Clear a consumer's assignment so the next borrower starts clean; False if it failed."""
+    try:
+        consumer.unassign()
+        return True
+    except Exception:
+        return False
+
+
+def _close(consumer: Any) -> None:
+    with contextlib.suppress(Exception):
+        consumer.close()
+
+
+#: This process's consumers (a Python worker runs one task at a time, and Spark reuses it).
+POOL = ConsumerPool()
+atexit.register(POOL.clear)
+
+
+def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
+    """Settings of the consumers that read records (every read of one query shares them)."""
+    prefetch = {
+        # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
+        # reaches queued.min.messages, librdkafka postpones the partition's next fetch by
+        # fetch.queue.backoff.ms (1 s by default), which stalls a reader that drains the queue
+        # a chunk at a time; and a fetch held at most 50 ms (librdkafka: 500). A user's
+        # kafka.* setting of any of them wins.
+        "queued.min.messages": 100_000,
+        "fetch.queue.backoff.ms": 10,
+        "fetch.wait.max.ms": 50,
+    }
+    overrides = {k: v for k, v in prefetch.items() if k not in options.kafka_config}
+    return consumer_config(options, **overrides)
+
+
+class PooledRangeReader:
+    """What both range readers share: the task's announced ranges, each read once, and one
+    consumer borrowed from the pool (handed back on close, or closed if reading failed)."""
+
+    def __init__(self, options: SourceOptions, chunk: int, pool: ConsumerPool | None,
+                 lookahead: int | None) -> None:
+        self._options = options
+        self._chunk = chunk
+        self._pool = pool or POOL
+        self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
+        self._config: dict[str, Any] | None = None
+        self._consumer: Any = None
+
+    def __enter__(self: _R) -> _R:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
+
+    def close(self, failed: bool = False) -> None:
+        """Hand the consumer back to the pool (closed instead if reading ``failed``)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            assert self._config is not None
+            self._pool.release(self._config, consumer, clean=not failed)
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            self._config = read_consumer_config(self._options)
+            self._consumer = self._pool.acquire(self._config)
+        return self._consumer
+
+    def _offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's earliest and latest offset now, from one ListOffsets."""
+        consumer, tp = self._client(), TopicPartition(topic, partition)
+        low, high = BrokerWait(
+            self._options, f"could not read the offsets of {topic}/{partition}"
+        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
+        return int(low), int(high)
+
+    @staticmethod
+    def _open(by_key: Mapping[RangeKey, _Opened], topic: str, partition: int, start: int,
+              end: int) -> _Opened | None:
+        """The announced range about to be read (None: an empty one, nothing to read)."""
+        r = by_key.get((topic, partition, start, end))
+        if r is None:
+            if end > start:
+                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
+            return None
+        if r.opened:
+            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
+        r.opened = True
+        return r
+
+
+#: How long a reader pauses before fetching again from an offset the leader said was out of
+#: range while its earliest offset is not past it (a new leader still catching up)
+SHORT_LOG_PAUSE_S = 0.05
+
+
+@dataclass
+class ShortLog:
+    """A partition whose log ends (``high``: its high watermark) before offsets a range still
+    needs, seen first at ``since``. After a leader change the new leader may briefly report a
+    high watermark below offsets already read (what KIP-320's leader epochs exist for), so
+    Kafka's consumer waits, and so do the readers: up to ``kafkaConsumer.pollTimeoutMs``, with
+    a warning per slice, before the offsets count as lost (an unclean leader election
+    truncated the log, or the topic was recreated)."""
+
+    high: int
+    since: float = field(default_factory=time.monotonic)
+    next_warning: float = 0.0
+
+    def wait(self, options: SourceOptions, topic: str, partition: int, position: int,
+             end: int) -> int | None:
+        """None: keep waiting; else the bound passed and this is where reading resumes
+        (:func:`lost_offsets`: raises unless ``failOnDataLoss`` is false)."""
+        waited, bound = time.monotonic() - self.since, options.poll_timeout_ms / 1000
+        if waited >= bound:
+            return lost_offsets(
+                options, topic, partition, position, end,
+                f"its high watermark stayed at {self.high}, below the planned offsets, for "
+                f"{waited:.1f} s (option {WAIT_OPTION}={options.poll_timeout_ms} bounds this "
+                "wait): an unclean leader election truncated the log, or the topic was "
+                "recreated")
+        if time.monotonic() >= self.next_warning:
+            logger.warning(
+                "%s/%d: the leader reports high watermark %d, below offset %d still to read: "
+                "waiting for it to catch up (a leader change), %.1f s so far, giving up in "
+                "%.1f s (option %s)", topic, partition, self.high, position, waited,
+                bound - waited, WAIT_OPTION)
+            self.next_warning = time.monotonic() + retry_step(bound)
+        return None
+
+
+def retention_loss(options: SourceOptions, topic: str, partition: int, position: int,
+                   earliest: int, end: int) -> int:
+    """The partition's earliest offset passed ``position``: records the query still needs
+    were deleted (the only case Spark's Kafka source, too, reports as data loss at once)."""
+    return min(end, lost_offsets(options, topic, partition, position, min(earliest, end),
+                                 "deleted by retention or the topic was recreated"))
+
+
+def lost_offsets(
+    options: SourceOptions, topic: str, partition: int, first: int, resume: int, why: str
+) -> int:
+    """Offsets ``first..resume-1`` are gone: fail, or (failOnDataLoss=false) say so and skip."""
+    message = (
+        f"{topic}/{partition}: offsets {first}..{resume - 1} planned for this micro-batch are no "
+        f"longer in Kafka ({why})"
+    )
+    if options.fail_on_data_loss:
+        raise DataLossError(
+            message + "; set failOnDataLoss=false to skip lost offsets and continue"
+        )
+    logger.warning("%s; skipping them because failOnDataLoss=false", message)
+    return resume

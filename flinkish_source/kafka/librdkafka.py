@@ -1,0 +1,281 @@
+"""Range reads through confluent-kafka's consumer (``kafkaConsumer.fetch=librdkafka``, the
+default): one Message per record, on any cluster librdkafka reaches (TLS and SASL included).
+
+A task that reads several partitions announces its ranges first; :class:`RangeReader` then
+serves them, in the announced order, from one consumer that fetches the next ranges while the
+current one is read (a fetch round trip per partition otherwise: ~50 ms each on a loopback
+broker).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_END, KafkaError, Message, TopicPartition
+
+from flinkish_source.kafka.base import (
+    OUT_OF_RANGE,
+    SHORT_LOG_PAUSE_S,
+    WAIT_OPTION,
+    ConsumerPool,
+    KafkaUnavailableError,
+    PooledRangeReader,
+    RangeKey,
+    ShortLog,
+    error_hint,
+    retention_loss,
+    retry_step,
+    servers,
+)
+from flinkish_source.options import SourceOptions
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class _Range:
+    topic: str
+    partition: int
+    start: int
+    end: int
+    position: int  # the next offset this range expects from the consumer
+    chunks: deque[list[Message]] = field(default_factory=deque)  # read, not yet served
+    buffered: int = 0
+    assigned: bool = False
+    done: bool = False
+    opened: bool = False  # read() was called
+    short: ShortLog | None = None  # the partition's log ends before position (for now)
+
+    @property
+    def tp(self) -> TopicPartition:
+        return TopicPartition(self.topic, self.partition)
+
+
+class RangeReader(PooledRangeReader):
+    """Reads offset ranges of several partitions with one pooled consumer.
+
+    :meth:`read` serves one range; it may be called for the ranges in any order, but the
+    consumer fetches ahead in the announced order: while a range is read, the next ones are
+    assigned as long as the offsets still to serve before them stay within ``lookahead``, so
+    a task of many small ranges fetches them all in one round trip, and a large range does not
+    pile up in memory. A finished range's partition is unassigned at once, so nothing is
+    fetched past its end. Ranges of one partition are read one after the other.
+    """
+
+    def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
+                 pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
+        super().__init__(options, chunk, pool, lookahead)
+        self._ranges = [_Range(t, p, s, e, s) for t, p, s, e in ranges if e > s]
+        self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
+        self._assigned: dict[tuple[str, int], _Range] = {}
+        self._cursor = 0  # ranges before it were assigned once (or are being read)
+        self._buffered = 0  # messages read and not yet served, all ranges
+        self._current: _Range | None = None
+
+    def _assign(self, ranges: list[_Range]) -> None:
+        """Assign ranges in one call (one call per range delays the later ones' first fetch)."""
+        todo = []
+        for r in ranges:
+            if not (r.assigned or r.done or (r.topic, r.partition) in self._assigned):
+                r.assigned = True
+                self._assigned[(r.topic, r.partition)] = r
+                todo.append(TopicPartition(r.topic, r.partition, r.position))
+        if todo:
+            self._client().incremental_assign(todo)
+
+    def _unassign(self, r: _Range) -> None:
+        if r.assigned:
+            r.assigned = False
+            del self._assigned[(r.topic, r.partition)]
+            self._client().incremental_unassign([r.tp])
+
+    def _finish(self, r: _Range) -> None:
+        r.done = True
+        self._unassign(r)
+
+    def _fetch_ahead(self) -> None:
+        """Assign the current range, and the ranges after the ones already assigned while the
+        offsets still to serve (read or not) stay under ``lookahead``."""
+        current = self._current
+        todo = [] if current is None or current.done or current.assigned else [current]
+        ahead = self._buffered + sum(r.end - r.position for r in self._assigned.values())
+        if current is not None and not current.assigned and not current.done:
+            ahead += current.end - current.position
+        taken = {(r.topic, r.partition) for r in todo}
+        while self._cursor < len(self._ranges) and ahead < self._lookahead:
+            r = self._ranges[self._cursor]
+            if r.assigned or r.done or r is current or r.position != r.start:
+                self._cursor += 1  # assigned before, or read out of turn
+                continue
+            key = (r.topic, r.partition)
+            if key in self._assigned or key in taken:
+                break  # another range of its partition first
+            todo.append(r)
+            taken.add(key)
+            ahead += r.end - r.position
+            self._cursor += 1
+        self._assign(todo)
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[list[Message]]:
+        """Records of one announced range, ``start <= offset < end``, in chunks (see
+        :func:`read_range` for how the end, lost offsets and silence are handled)."""
+        r = self._open(self._by_key, topic, partition, start, end)
+        if r is None:
+            return
+        options = self._options
+        timeout = options.poll_timeout_ms / 1000
+        step = retry_step(timeout)
+        self._current = r
+        last_progress = time.monotonic()
+        next_warning = last_progress + step
+        while True:
+            if r.chunks:
+                yield self._serve(r)
+                last_progress = time.monotonic()
+                next_warning = last_progress + step
+                continue
+            if r.done:
+                break
+            if (r.topic, r.partition) in self._assigned and self._assigned[
+                    (r.topic, r.partition)] is not r:
+                self._finish_other(self._assigned[(r.topic, r.partition)])
+            self._fetch_ahead()
+            self._poll()
+            if r.chunks or r.done:
+                continue
+            fetch_pos = self._client().position([r.tp])[0].offset
+            waited = time.monotonic() - last_progress
+            if fetch_pos != OFFSET_END and fetch_pos >= r.end:
+                self._finish(r)  # only transaction markers were left
+            elif r.short is not None:
+                skipped_to = r.short.wait(options, topic, partition, r.position, end)
+                if skipped_to is not None:  # failOnDataLoss=false: the rest is gone
+                    r.position, r.short = skipped_to, None
+                    self._finish(r)
+            elif waited > timeout:
+                raise KafkaUnavailableError(
+                    f"{topic}/{partition}: no records between offsets {r.position} and "
+                    f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
+                    + error_hint(options)
+                )
+            elif time.monotonic() >= next_warning:
+                logger.warning(
+                    "%s/%d: still waiting for records between offsets %d and %d from "
+                    "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
+                    "bounds the wait)", topic, partition, r.position, end, servers(options),
+                    waited, timeout - waited, WAIT_OPTION, options.poll_timeout_ms,
+                )
+                next_warning = time.monotonic() + step
+        self._current = None
+        self._fetch_ahead()
+
+    def _finish_other(self, other: _Range) -> None:
+        """Another range of the same partition holds the assignment: it keeps what it has
+        read so far and is fetched again when its turn comes."""
+        self._unassign(other)
+
+    def _serve(self, r: _Range) -> list[Message]:
+        """The range's next chunk: its buffered chunks merged up to ``chunk`` messages."""
+        out = r.chunks.popleft()
+        while r.chunks and len(out) + len(r.chunks[0]) <= self._chunk:
+            out = out + r.chunks.popleft()
+        r.buffered -= len(out)
+        self._buffered -= len(out)
+        return out
+
+    def _poll(self) -> None:
+        """One consume call; its messages go to their ranges."""
+        consumer = self._client()
+        pending = sum(r.end - r.position for r in self._assigned.values())
+        msgs = consumer.consume(num_messages=max(1, min(self._chunk, pending)), timeout=0.1)
+        if not msgs:
+            return
+        topics = {r.topic for r in self._assigned.values()}
+        if len(topics) == 1:
+            # librdkafka hands out a partition's messages in runs: split at partition changes
+            (topic,) = topics
+            parts = [m.partition() for m in msgs]
+            if parts.count(parts[0]) == len(parts):
+                bounds = [0, len(msgs)]
+            else:
+                bounds = [0] + [i for i in range(1, len(parts)) if parts[i] != parts[i - 1]]
+                bounds.append(len(msgs))
+            for i, j in zip(bounds, bounds[1:], strict=False):
+                owner = self._assigned.get((topic, parts[i]))
+                if owner is not None and msgs[i].topic() == topic:
+                    self._take(owner, msgs if j - i == len(msgs) else msgs[i:j])
+            return
+        by_partition: dict[tuple[str, int], list[Message]] = {}
+        for msg in msgs:
+            by_partition.setdefault((msg.topic(), msg.partition()), []).append(msg)
+        for key, part in by_partition.items():
+            owner = self._assigned.get(key)
+            if owner is not None:
+                self._take(owner, part)
+
+    def _take(self, r: _Range, msgs: list[Message]) -> None:
+        """Messages of one partition, in order: records of the range, end and error events."""
+        options = self._options
+        end = r.end
+        first, last = msgs[0], msgs[-1]
+        if not r.done and first.error() is None and last.error() is None:
+            low, high = first.offset(), last.offset()
+            errors = [m.error() for m in msgs]
+            if low >= r.position and high < end and errors.count(None) == len(errors):
+                # the common case: records only, all within the range (offsets only grow)
+                self._keep(r, msgs)
+                r.position, r.short = high + 1, None
+                if r.position >= end:
+                    self._finish(r)
+                return
+        out: list[Message] = []
+        for msg in msgs:
+            if r.done:
+                break
+            err = msg.error()
+            if err is None:
+                offset = msg.offset()
+                if offset < r.position:
+                    continue  # already read (a fetch from before a re-positioning)
+                if offset >= end:
+                    r.position = end
+                    self._finish(r)
+                    break
+                out.append(msg)
+                r.position, r.short = offset + 1, None
+                if r.position >= end:
+                    self._finish(r)
+            elif err.code() == KafkaError._PARTITION_EOF:
+                if msg.offset() >= end:
+                    r.position = end
+                    self._finish(r)
+                else:  # waited out in read(): librdkafka keeps fetching
+                    r.short = r.short or ShortLog(msg.offset())
+            elif err.code() in OUT_OF_RANGE:
+                low, high = self._offsets(r.topic, r.partition)
+                self._unassign(r)
+                if low > r.position:  # deleted by retention, or the topic was recreated
+                    r.position = retention_loss(options, r.topic, r.partition, r.position,
+                                                low, end)
+                    r.short = None
+                else:  # the log ends before position, for now: fetched again after a pause
+                    r.short = r.short or ShortLog(high)
+                    time.sleep(SHORT_LOG_PAUSE_S)
+                if r.position < end:
+                    self._assign([r])
+                else:
+                    r.done = True
+                break
+            else:
+                raise KafkaUnavailableError(f"{r.topic}/{r.partition}: {err.str()}")
+        if out:
+            self._keep(r, out)
+
+    def _keep(self, r: _Range, msgs: list[Message]) -> None:
+        r.chunks.append(msgs)
+        r.buffered += len(msgs)
+        self._buffered += len(msgs)

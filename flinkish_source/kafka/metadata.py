@@ -1,0 +1,196 @@
+"""Driver-side view of the cluster: which partitions exist and which offsets they hold.
+
+"Latest offset" is ListOffsets' answer, raised to the high watermark a fetch response carries
+where that is higher: some Kafka-protocol brokers (Tansu, the broker ``flinkish.demo`` embeds
+when there is no Docker, is one) answer ListOffsets "latest" with the last record batch's base
+offset + 1, which would hide the tail of a multi-record batch. On Kafka both agree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from flinkish_source.kafka.base import (
+    OUT_OF_RANGE,
+    BrokerWait,
+    TopicPartitionKey,
+    consumer_config,
+)
+from flinkish_source.options import SourceOptions
+
+
+@dataclass(frozen=True)
+class OffsetRange:
+    earliest: int
+    latest: int
+
+
+class KafkaMetadata:
+    """Driver-side view of the cluster: which partitions exist and which offsets they hold.
+
+    Every call waits for the brokers at most ``kafkaConsumer.pollTimeoutMs`` (see
+    :class:`BrokerWait`), logging a warning per unanswered slice of the wait."""
+
+    def __init__(self, options: SourceOptions) -> None:
+        self._options = options
+        self._consumer: Consumer | None = None
+        self._admin: AdminClient | None = None
+        self._complaint: str | None = None
+        # per partition: the latest offset ListOffsets reported, and the high watermark the
+        # fetch probe found for it (see offset_ranges)
+        self._probed: dict[TopicPartitionKey, tuple[int, int]] = {}
+
+    def _client(self) -> Consumer:
+        if self._consumer is None:
+            self._consumer = Consumer(
+                consumer_config(
+                    self._options, **{"fetch.wait.max.ms": 10, "error_cb": self._noticed}
+                )
+            )
+        return self._consumer
+
+    def _admin_client(self) -> AdminClient:
+        """For ListOffsets: one request per broker for all partitions (a consumer's
+        ``get_watermark_offsets`` costs a round trip per partition, ~1.5 ms each)."""
+        if self._admin is None:
+            config: dict[str, Any] = dict(self._options.kafka_config)
+            config.update({
+                "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
+                "log_level": 3,  # consumer settings among kafka.* only draw warnings here
+                "error_cb": self._noticed,
+            })
+            self._admin = AdminClient(config)
+        return self._admin
+
+    def _noticed(self, error: KafkaError) -> None:
+        self._complaint = error.str()
+
+    def _complaints(self) -> str | None:
+        """The clients' latest own error report since the last call (served by a poll: the
+        consumer has no assignment outside :meth:`_probe_high_watermarks`, so a poll takes no
+        records)."""
+        if self._consumer is not None:
+            self._consumer.poll(0)
+        if self._admin is not None:
+            self._admin.poll(0)
+        complaint, self._complaint = self._complaint, None
+        return complaint
+
+    def _wait(self, what: str) -> BrokerWait:
+        return BrokerWait(self._options, what, self._complaints)
+
+    def close(self) -> None:
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+        self._admin = None  # an AdminClient has no close(); dropping it destroys the handle
+
+    def partitions(self) -> list[TopicPartitionKey]:
+        """Every partition the topic selection names right now, sorted."""
+        selection = self._options.topics
+        client = self._client()
+        metadata = self._wait("could not list Kafka topics (metadata request)").call(
+            lambda timeout: client.list_topics(timeout=timeout)
+        )
+        found: list[TopicPartitionKey] = []
+        for name, topic in metadata.topics.items():
+            if not selection.matches(name) or topic.error is not None:
+                continue
+            found.extend((name, p) for p in topic.partitions)
+        if selection.assign:
+            found = [tp for tp in found if tp in set(selection.assign)]
+        return sorted(found)
+
+    def offset_ranges(
+        self, partitions: list[TopicPartitionKey]
+    ) -> dict[TopicPartitionKey, OffsetRange]:
+        """Earliest and true latest offset of each partition (see the module docstring)."""
+        if not partitions:
+            return {}
+        wait = self._wait(f"could not read the offsets of {len(partitions)} partition(s)")
+        earliest = wait.call(lambda timeout: self._list_offsets(partitions, "earliest", timeout))
+        latest = wait.call(lambda timeout: self._list_offsets(partitions, "latest", timeout))
+        reported = {tp: OffsetRange(earliest[tp], latest[tp]) for tp in partitions}
+        # A partition whose reported latest offset did not move since its last probe got no new
+        # record batch, so its high watermark did not move either: probe only the others.
+        true_high = {tp: self._probed[tp][1] for tp, r in reported.items()
+                     if tp in self._probed and self._probed[tp][0] == r.latest}
+        to_probe = {tp: r for tp, r in reported.items()
+                    if r.latest > r.earliest and tp not in true_high}
+        if to_probe:
+            found = self._probe_high_watermarks(self._client(), to_probe)
+            for tp, high in found.items():
+                self._probed[tp] = (reported[tp].latest, high)
+            true_high.update(found)
+        return {
+            tp: OffsetRange(r.earliest, max(r.latest, true_high.get(tp, r.latest)))
+            for tp, r in reported.items()
+        }
+
+    def _list_offsets(
+        self, partitions: list[TopicPartitionKey], which: str, timeout: float
+    ) -> dict[TopicPartitionKey, int]:
+        """ListOffsets for every partition at once, at the consumers' isolation level (a
+        read_committed consumer cannot read past the last stable offset)."""
+        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
+        futures = self._admin_client().list_offsets(
+            {TopicPartition(t, p): spec for t, p in partitions},
+            isolation_level=(
+                IsolationLevel.READ_COMMITTED if self._options.read_committed
+                else IsolationLevel.READ_UNCOMMITTED
+            ),
+            request_timeout=timeout,
+        )
+        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+
+    def _probe_high_watermarks(
+        self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
+    ) -> dict[TopicPartitionKey, int]:
+        """Fetch from the last reported offset; the fetch response carries the high watermark.
+
+        The first message of a partition (a record or the end-of-partition event) comes from a
+        fetch response whose high watermark librdkafka has cached by then
+        (``get_watermark_offsets(cached=True)``): waiting for the end-of-partition event
+        instead stalls planning under a steady producer, whose records keep every fetch
+        non-empty."""
+        consumer.assign(
+            [TopicPartition(t, p, max(r.latest - 1, r.earliest)) for (t, p), r in ranges.items()]
+        )
+        waiting = set(ranges)
+        found: dict[TopicPartitionKey, int] = {}
+        # consume() serves error_cb itself, so the complaint is read without a poll
+        wait = BrokerWait(
+            self._options, f"could not probe the high watermarks of {len(ranges)} partition(s)",
+            lambda: self._complaint,
+        )
+        next_warning = time.monotonic() + wait.step
+        try:
+            while waiting:
+                # a short wait per call: consume() blocks until num_messages or the timeout
+                answered = {(m.topic(), m.partition()): m
+                            for m in consumer.consume(num_messages=1000, timeout=0.01)}
+                for key, msg in answered.items():
+                    if key not in waiting:
+                        continue
+                    err = msg.error()
+                    if err is not None and err.code() in OUT_OF_RANGE:
+                        waiting.discard(key)  # records vanished meanwhile; keep the report
+                        continue
+                    _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
+                    if high >= 0:
+                        found[key] = int(high)
+                        waiting.discard(key)
+                    elif err is not None and err.code() == KafkaError._PARTITION_EOF:
+                        found[key] = msg.offset()
+                        waiting.discard(key)
+                if waiting and (time.monotonic() >= next_warning or wait.remaining() <= 0):
+                    wait.unanswered(f"no fetch answer yet for {sorted(waiting)[:5]}")
+                    next_warning = time.monotonic() + wait.step
+        finally:
+            consumer.unassign()
+        return found
