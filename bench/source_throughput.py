@@ -37,9 +37,9 @@ What is measured, and why:
   query runs (``maxReadTasks``' default, at most one per partition). It reads no Kafka and
   computes nothing, so the gap to it is what flinkish adds to Spark's own cost of taking rows
   from Python. ``ratio_vs_bare = flinkish_rps / bare_source_rps``; the target is 0.85.
-* ``flinkish_rps`` reads with the default ``kafkaConsumer.fetch=native`` (Fetch requests
-  decoded into Arrow); ``flinkish_librdkafka_rps`` is the same query with
-  ``kafkaConsumer.fetch=librdkafka`` (one confluent-kafka ``Message`` per record), measured in
+* ``flinkish_rps`` reads with the default ``kafkaConsumer.fetch=librdkafka`` (one
+  confluent-kafka ``Message`` per record); ``flinkish_native_rps`` is the same query with the
+  experimental ``kafkaConsumer.fetch=native`` (Fetch requests decoded into Arrow), measured in
   the same run, and ``native_vs_librdkafka`` their ratio.
 * ``kafka_floor_rps`` is the ceiling of any Kafka source written on PySpark's Python data source
   API with confluent-kafka: ``records / seconds`` of one ``Trigger.AvailableNow`` query of
@@ -49,7 +49,10 @@ What is measured, and why:
   batch of the flinkish schema with the fewest steps (no markers, no watermark state, no
   offset checks), with the cyclic collector spaced as flinkish's read tasks space it. The gap
   from it to the bare source is what reading Kafka in Python costs on these cores;
-  ``ratio_vs_kafka_floor = flinkish_rps / kafka_floor_rps`` is what flinkish adds to that.
+  ``ratio_vs_kafka_floor = flinkish_rps / kafka_floor_rps`` is what flinkish adds to that
+  (target 0.95). ``worker_cpu_s_per_million`` and ``floor_worker_cpu_s_per_million`` are the
+  CPU-seconds Spark's Python processes spent per million records in the flinkish query and in
+  the floor's; ``cpu_vs_floor`` is their ratio (target at most 1.3).
 * ``ratio`` = ``flinkish_rps / raw_consume_tuned_rps``: against what the broker can deliver to
   one consumer (the ceiling); ``ratio_vs_default_consumer`` is against the consumer with
   librdkafka's default settings, which a 1 s fetch backoff throttles (a ceiling that flatters).
@@ -101,6 +104,10 @@ from pyspark.sql.streaming.datasource import SupportsTriggerAvailableNow  # noqa
 
 MAX_OUT_OF_ORDERNESS = "2 seconds"
 TARGET_RATIO_VS_BARE = 0.85
+#: targets for the default read path: rows/s against the Kafka floor, and Python workers'
+#: CPU per record against the floor's
+TARGET_RATIO_VS_FLOOR = 0.95
+TARGET_CPU_VS_FLOOR = 1.3
 BARE_CHUNK = 20_000  # rows per prebuilt batch, as the flinkish reader's chunks
 #: librdkafka postpones a partition's next fetch by fetch.queue.backoff.ms (configurable since
 #: librdkafka 2.2; 1 s by default) whenever its prefetch queue reaches queued.min.messages
@@ -359,10 +366,10 @@ def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Pa
 
 def run_flinkish(
     spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float,
-    fetch: str = "native",
+    fetch: str | None = None,
 ) -> tuple[float, int]:
     """One AvailableNow query into the noop sink, read tasks fetching with ``fetch``
-    (``kafkaConsumer.fetch``); (seconds, rows the source produced)."""
+    (``kafkaConsumer.fetch``; None: the default); (seconds, rows the source produced)."""
     run = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     df = (
         spark.readStream.format("flinkish")
@@ -372,9 +379,10 @@ def run_flinkish(
         .option("includeMarkers", "true")
         .option("watermark.maxOutOfOrderness", MAX_OUT_OF_ORDERNESS)
         .option("checkpointing.location", str(run / "state"))
-        .option("kafkaConsumer.fetch", fetch)
-        .load()
     )
+    if fetch is not None:
+        df = df.option("kafkaConsumer.fetch", fetch)
+    df = df.load()
     writer = (
         df.writeStream.format("noop")
         .trigger(availableNow=True)
@@ -434,7 +442,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare_runs: list[float] = []
     bare_seconds_runs: list[float] = []
     floor_runs: list[float] = []
-    librdkafka_runs: list[float] = []
+    floor_cpu_runs: list[dict[str, float]] = []
+    native_runs: list[float] = []
     peak_mb = 0.0
     rows = 0
     with bench_environment("flinkish-bench-") as env:
@@ -449,8 +458,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
         log(f"warm-up query took {seconds:.1f} s")
         seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout,
-                                  "librdkafka")
-        log(f"warm-up query with kafkaConsumer.fetch=librdkafka took {seconds:.1f} s")
+                                  "native")
+        log(f"warm-up query with kafkaConsumer.fetch=native took {seconds:.1f} s")
         from flinkish_source.read_plan import default_read_tasks
 
         tasks = min(args.partitions, default_read_tasks())
@@ -501,20 +510,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             log(f"run {run}/{args.repeat}: Kafka floor source "
                 f"{args.records / floor_seconds:,.0f} rows/s ({floor_seconds:.2f} s); flinkish / "
                 f"floor {floor_seconds / seconds:.2f}; CPU seconds: {floor_cpu.seconds}")
-            with CpuMeter() as librdkafka_cpu:
-                librdkafka_seconds, _ = run_flinkish(spark, bootstrap, topic, workdir,
-                                                     args.timeout, "librdkafka")
-            librdkafka_runs.append(args.records / librdkafka_seconds)
-            log(f"run {run}/{args.repeat}: flinkish with kafkaConsumer.fetch=librdkafka "
-                f"{args.records / librdkafka_seconds:,.0f} rows/s ({librdkafka_seconds:.2f} s); "
-                f"CPU seconds: {librdkafka_cpu.seconds}")
+            floor_cpu_runs.append(floor_cpu.seconds)
+            with CpuMeter() as native_cpu:
+                native_seconds, _ = run_flinkish(spark, bootstrap, topic, workdir,
+                                                 args.timeout, "native")
+            native_runs.append(args.records / native_seconds)
+            log(f"run {run}/{args.repeat}: flinkish with kafkaConsumer.fetch=native "
+                f"{args.records / native_seconds:,.0f} rows/s ({native_seconds:.2f} s); "
+                f"CPU seconds: {native_cpu.seconds}")
 
     raw, tuned, flinkish = median(raw_runs), median(tuned_runs), median(flinkish_runs)
     bare, floor = median(bare_runs), median(floor_runs)
-    librdkafka = median(librdkafka_runs)
+    native = median(native_runs)
     middle = sorted(range(len(flinkish_runs)), key=flinkish_runs.__getitem__)[
         (len(flinkish_runs) - 1) // 2
     ]
+    millions = args.records / 1e6
+    worker_cpu = median([c.get("python_workers", 0.0) for c in cpu_runs]) / millions
+    floor_worker_cpu = median([c.get("python_workers", 0.0) for c in floor_cpu_runs]) / millions
     print_result(
         {
             "bench": "source_throughput",
@@ -527,10 +540,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bare_source_rps": round(bare),
             "ratio_vs_bare": round(flinkish / bare, 3),
             "target_ratio_vs_bare": TARGET_RATIO_VS_BARE,
-            "flinkish_librdkafka_rps": round(librdkafka),
-            "native_vs_librdkafka": round(flinkish / librdkafka, 3),
+            "flinkish_native_rps": round(native),
+            "native_vs_librdkafka": round(native / flinkish, 3),
             "kafka_floor_rps": round(floor),
             "ratio_vs_kafka_floor": round(flinkish / floor, 3),
+            "target_ratio_vs_kafka_floor": TARGET_RATIO_VS_FLOOR,
+            "worker_cpu_s_per_million": round(worker_cpu, 3),
+            "floor_worker_cpu_s_per_million": round(floor_worker_cpu, 3),
+            "cpu_vs_floor": round(worker_cpu / floor_worker_cpu, 3) if floor_worker_cpu else None,
+            "target_cpu_vs_floor": TARGET_CPU_VS_FLOOR,
             "floor_vs_bare": round(floor / bare, 3),
             "raw_consume_tuned_rps": round(tuned),
             "ratio": round(flinkish / tuned, 3),
@@ -549,7 +567,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "flinkish_rps_runs": [round(r) for r in flinkish_runs],
             "bare_source_rps_runs": [round(r) for r in bare_runs],
             "kafka_floor_rps_runs": [round(r) for r in floor_runs],
-            "flinkish_librdkafka_rps_runs": [round(r) for r in librdkafka_runs],
+            "flinkish_native_rps_runs": [round(r) for r in native_runs],
+            "kafka_floor_cpu_seconds": floor_cpu_runs[middle],
             "excluded_from_flinkish_rps": (
                 "SparkSession start-up and JVM/Python-worker start-up (a "
                 f"{args.warmup_records}-record warm-up query on another topic ran first)"
