@@ -23,8 +23,9 @@ def test_only_partitions_whose_reported_latest_moved_are_probed(
     true_high = {("t", 0): 8, ("t", 1): 12}
     probed: list[list[tuple[str, int]]] = []
 
-    def list_offsets(partitions: Any, which: str, timeout: float) -> dict[Any, int]:
-        return {tp: reported[tp][0 if which == "earliest" else 1] for tp in partitions}
+    def list_offsets(partitions: Any, timeout: float) -> tuple[dict[Any, int], dict[Any, int]]:
+        return ({tp: reported[tp][0] for tp in partitions},
+                {tp: reported[tp][1] for tp in partitions})
 
     def probe(consumer: Any, ranges: dict[Any, OffsetRange]) -> dict[Any, int]:
         probed.append(sorted(ranges))

@@ -198,3 +198,19 @@ def test_a_broker_refusing_fetch_v4_ends_as_librdkafka_ends(
         with pytest.raises(KafkaUnavailableError, match="no records between offsets 0 and 10"):
             read(server, fetch, 0, 10)
     assert "serves Fetch versions 12..17, not 4" in caplog.text
+
+
+def test_planning_reads_the_offsets_from_listoffsets_and_the_fetch_high_watermark(
+    server: FaultyKafka
+) -> None:
+    """The driver's metadata (AdminClient ListOffsets, then a fetch for the high watermark
+    librdkafka caches from the first answer) against the same server."""
+    from flinkish_source.kafka import KafkaMetadata, OffsetRange
+
+    server.logs[("t", 0)].earliest = 5
+    metadata = KafkaMetadata(options(server, "librdkafka"))
+    try:
+        assert metadata.partitions() == [("t", 0)]
+        assert metadata.offset_ranges([("t", 0)]) == {("t", 0): OffsetRange(5, 50)}
+    finally:
+        metadata.close()

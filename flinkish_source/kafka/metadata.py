@@ -113,8 +113,7 @@ class KafkaMetadata:
         if not partitions:
             return {}
         wait = self._wait(f"could not read the offsets of {len(partitions)} partition(s)")
-        earliest = wait.call(lambda timeout: self._list_offsets(partitions, "earliest", timeout))
-        latest = wait.call(lambda timeout: self._list_offsets(partitions, "latest", timeout))
+        earliest, latest = wait.call(lambda timeout: self._list_offsets(partitions, timeout))
         reported = {tp: OffsetRange(earliest[tp], latest[tp]) for tp in partitions}
         # A partition whose reported latest offset did not move since its last probe got no new
         # record batch, so its high watermark did not move either: probe only the others.
@@ -133,20 +132,24 @@ class KafkaMetadata:
         }
 
     def _list_offsets(
-        self, partitions: list[TopicPartitionKey], which: str, timeout: float
-    ) -> dict[TopicPartitionKey, int]:
-        """ListOffsets for every partition at once, at the consumers' isolation level (a
-        read_committed consumer cannot read past the last stable offset)."""
-        spec = OffsetSpec.earliest() if which == "earliest" else OffsetSpec.latest()
-        futures = self._admin_client().list_offsets(
-            {TopicPartition(t, p): spec for t, p in partitions},
-            isolation_level=(
-                IsolationLevel.READ_COMMITTED if self._options.read_committed
-                else IsolationLevel.READ_UNCOMMITTED
-            ),
-            request_timeout=timeout,
+        self, partitions: list[TopicPartitionKey], timeout: float
+    ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, int]]:
+        """Earliest and latest offsets by ListOffsets for every partition at once, at the
+        consumers' isolation level (a read_committed consumer cannot read past the last stable
+        offset); both requests are in flight together (planning waits one round trip)."""
+        isolation = (IsolationLevel.READ_COMMITTED if self._options.read_committed
+                     else IsolationLevel.READ_UNCOMMITTED)
+        asked = [
+            self._admin_client().list_offsets(
+                {TopicPartition(t, p): spec for t, p in partitions},
+                isolation_level=isolation, request_timeout=timeout)
+            for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
+        ]
+        earliest, latest = (
+            {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+            for futures in asked
         )
-        return {(tp.topic, tp.partition): int(f.result().offset) for tp, f in futures.items()}
+        return earliest, latest
 
     def _probe_high_watermarks(
         self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
