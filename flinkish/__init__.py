@@ -6,12 +6,14 @@ two-phase-commit sinks for Spark Structured Streaming.
 - :func:`with_watermark`: Spark's own stateful operators on the valve's combined watermark;
 - ``df.writeStream.format("flinkish")``: the two-phase-commit sink (PostgreSQL, Parquet);
 - :class:`ValveForEachBatch`: the valve for any other sink;
+- :mod:`flinkish.windows`: Flink's window operator (triggers, lateness, late output, panes);
 - :func:`register`: call once per driver before starting flinkish queries.
 """
 
 from __future__ import annotations
 
 from checkpointing import CorruptRecordError, FencedError
+from flinkish import windows
 from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
 from flinkish.session import register
 from flinkish.spark_watermark import with_watermark
@@ -27,5 +29,6 @@ __all__ = [
     "WatermarkedBatch",
     "WorkerEnvironmentError",
     "register",
+    "windows",
     "with_watermark",
 ]

@@ -1,0 +1,328 @@
+"""Flink's window operator on Spark: ``flinkish.windows.window(df, key=..., assigner=...)``.
+
+The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allowed lateness,
+late output, evictors, panes) runs as one ``transformWithStateInPandas`` operator keyed by the
+user's key columns, in ``EventTime`` mode, on the watermark of :func:`flinkish.with_watermark`
+(the valve's combined watermark). Per key, the core's state lives in one value state (JSON);
+the core's event-time timers are mirrored as the state store's timers, so a key with nothing
+new still fires and cleans up when the watermark passes.
+
+The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
+(window bounds, result, pane) and ``'late'`` rows are the late side output (the element's
+event time and value). :func:`split` separates them.
+
+Lateness is judged at the batch's watermark W (the combined watermark before the batch's
+records were read, as Flink would see the records after that watermark): a record reaches the
+operator whatever its event time, because the operator receives the event time as a plain
+column, not the watermarked one, so Spark's own late-row filter (which drops rows at or below
+the previous batch's watermark, silently) does not apply. Every late record therefore comes
+out as a ``'late'`` row or re-fires its window within the allowed lateness; none is dropped.
+
+One time mode per operator: event time. Processing-time triggers on these event-time windows
+(``ContinuousProcessingTimeTrigger``, ``ProcessingTimeTrigger``) see the batch's processing
+time whenever the key is visited (its records, or one of its event-time timers), so their
+timers fire at the first such visit at or after their time, not on their own. Processing-time
+assigners are refused: their windows would close only when the key is visited.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from pyspark.sql.streaming import StatefulProcessor
+
+from flinkish_core.durations import parse_duration_ms
+from flinkish_core.errors import OptionError
+from flinkish_core.windowing import (
+    AggregateFunction,
+    Avg,
+    ContinuousEventTimeTrigger,
+    ContinuousProcessingTimeTrigger,
+    Count,
+    CountEvictor,
+    CountTrigger,
+    DeltaEvictor,
+    EventTimeSessionWindows,
+    EventTimeTrigger,
+    Evictor,
+    GlobalWindow,
+    GlobalWindows,
+    Max,
+    Min,
+    ProcessingTimeTrigger,
+    ProcessWindowFunction,
+    PurgingTrigger,
+    ReduceFunction,
+    SlidingEventTimeWindows,
+    Sum,
+    TimeEvictor,
+    TimeWindow,
+    Trigger,
+    TriggerResult,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+    WindowContext,
+    WindowOperator,
+    WindowOutput,
+)
+
+__all__ = [
+    "AggregateFunction", "Avg", "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger",
+    "Count", "CountEvictor", "CountTrigger", "DeltaEvictor", "EventTimeTrigger", "Evictor",
+    "Max", "Min", "ProcessWindowFunction", "ProcessingTimeTrigger", "PurgingTrigger",
+    "ReduceFunction", "Sum", "TimeEvictor", "Trigger", "TriggerResult", "WindowAssigner",
+    "WindowContext", "global_windows", "ms", "session", "sliding", "split", "tumbling", "window",
+]
+
+#: Where Spark keeps a column's watermark delay (``EventTimeWatermark.delayKey``).
+_SPARK_DELAY_KEY = "spark.watermarkDelayMs"
+#: The event time (ms) handed to the operator: a plain column, so Spark's late filter skips it.
+_TIME = "__flinkish_event_ms"
+_VALUE = "__flinkish_value"
+
+RESULT, LATE = "result", "late"
+PANE_COLUMNS = ("window_start", "window_end", "result", "pane_index", "pane_timing",
+                "pane_is_last")
+
+
+def ms(duration: str | int) -> int:
+    """A duration as milliseconds: ``"10 seconds"``, ``"500 ms"`` or an int (ms)."""
+    if isinstance(duration, int):
+        return duration
+    return parse_duration_ms("duration", duration)
+
+
+def tumbling(size: str | int, offset: str | int = 0) -> TumblingEventTimeWindows:
+    """Flink's ``TumblingEventTimeWindows.of(size, offset)``."""
+    return TumblingEventTimeWindows(ms(size), ms(offset))
+
+
+def sliding(size: str | int, slide: str | int, offset: str | int = 0) -> SlidingEventTimeWindows:
+    """Flink's ``SlidingEventTimeWindows.of(size, slide, offset)``."""
+    return SlidingEventTimeWindows(ms(size), ms(slide), ms(offset))
+
+
+def session(gap: str | int) -> EventTimeSessionWindows:
+    """Flink's ``EventTimeSessionWindows.withGap(gap)``: merging session windows."""
+    return EventTimeSessionWindows(ms(gap))
+
+
+def global_windows() -> GlobalWindows:
+    """Flink's ``GlobalWindows.create()``: one window per key, fired only by a trigger."""
+    return GlobalWindows()
+
+
+def _result_type(function: Any, value_type: str | None, result_type: str | None) -> str:
+    """The result column's Spark type: given, or what a built-in aggregate yields."""
+    if result_type is not None:
+        return result_type
+    if isinstance(function, Count):
+        return "long"
+    if isinstance(function, Avg):
+        return "double"
+    if isinstance(function, Sum | Min | Max) and value_type is not None:
+        if value_type in ("tinyint", "smallint", "int", "bigint"):
+            return "long"
+        if value_type in ("float", "double"):
+            return "double"
+        if not isinstance(function, Sum):
+            return value_type
+    raise OptionError(
+        f"window: give result_type (a Spark type such as 'long' or 'struct<...>') for "
+        f"{type(function).__name__}; it is inferred only for Count, Avg, and Sum, Min, Max "
+        "of a numeric value column (Min and Max of any value column)"
+    )
+
+
+def window(
+    df: Any,
+    key: str | Sequence[str],
+    assigner: WindowAssigner,
+    *,
+    aggregate: AggregateFunction[Any, Any, Any] | None = None,
+    process: ProcessWindowFunction[Any, Any] | None = None,
+    value: str | None = None,
+    result_type: str | None = None,
+    trigger: Trigger | None = None,
+    allowed_lateness: str | int = 0,
+    evictor: Evictor | None = None,
+    event_time: str = "eventTime",
+) -> Any:
+    """Windows of ``df`` per ``key``, as Flink's ``keyBy(key).window(assigner)``
+    ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
+    ``.process(...)``) with ``sideOutputLateData``.
+
+    ``df`` comes from :func:`flinkish.with_watermark`: its ``event_time`` column must carry
+    the watermark. Each element handed to the window function is the ``value`` column's value
+    (None without one). The returned DataFrame (output mode append) has the key columns,
+    ``kind`` (``'result'`` or ``'late'``), the firing's ``window_start``, ``window_end``
+    (null for global windows), ``result`` (``result_type``), ``pane_index``, ``pane_timing``
+    (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows the element's
+    ``event_time`` column and ``value`` column. See :func:`split`.
+    """
+    from pyspark.sql import functions as F
+
+    keys = [key] if isinstance(key, str) else list(key)
+    if (aggregate is None) == (process is None):
+        raise OptionError("window: give exactly one of aggregate= or process=")
+    function: Any = aggregate if aggregate is not None else process
+    if not assigner.is_event_time and not isinstance(assigner, GlobalWindows):
+        raise OptionError(
+            f"window: {assigner!r} is a processing-time assigner; flinkish.windows runs in "
+            "event time (use tumbling, sliding, session or global_windows)"
+        )
+    for name in [*keys, event_time, *([value] if value is not None else [])]:
+        if name not in df.columns:
+            raise OptionError(f"window: no column {name!r} in {df.columns}")
+    if _SPARK_DELAY_KEY not in (df.schema[event_time].metadata or {}):
+        raise OptionError(
+            f"window: column {event_time!r} carries no watermark; apply "
+            "flinkish.with_watermark to the source's DataFrame first (its event_time is this "
+            "column)"
+        )
+    lateness = ms(allowed_lateness)
+    # built now so a wrong combination (a trigger that cannot merge, a negative lateness)
+    # fails here, not in the first batch
+    WindowOperator(assigner, function, trigger, lateness, evictor)
+    value_type = df.schema[value].dataType.simpleString() if value is not None else None
+    schema = ", ".join(
+        [f"`{k}` {df.schema[k].dataType.simpleString()}" for k in keys]
+        + ["kind string", "window_start timestamp", "window_end timestamp",
+           f"result {_result_type(function, value_type, result_type)}", "pane_index int",
+           "pane_timing string", "pane_is_last boolean", f"`{event_time}` timestamp"]
+        + ([f"`{value}` {value_type}"] if value is not None else []))
+    processor = WindowProcessor(assigner, function, trigger, lateness, evictor,
+                                keys, event_time, value)
+    columns = [*(F.col(k) for k in keys), F.unix_millis(F.col(event_time)).alias(_TIME)]
+    if value is not None:
+        columns.append(F.col(value).alias(_VALUE))
+    return (df.select(*columns).groupBy(*keys)
+            .transformWithStateInPandas(statefulProcessor=processor, outputStructType=schema,
+                                        outputMode="Append", timeMode="EventTime"))
+
+
+def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> tuple[Any, Any]:
+    """(results, late) of a :func:`window` DataFrame: the firings (key columns and
+    :data:`PANE_COLUMNS`) and the late side output (key columns, ``event_time``, ``value``).
+    Both are filters of the same stream: write each with its own query, or use the whole
+    DataFrame in one query and route by ``kind``."""
+    extra = [event_time, *([value] if value is not None else [])]
+    keys = [c for c in df.columns if c not in ("kind", *PANE_COLUMNS, *extra)]
+    return (df.filter(df.kind == RESULT).select(*keys, *PANE_COLUMNS),
+            df.filter(df.kind == LATE).select(*keys, *extra))
+
+
+class WindowProcessor(StatefulProcessor):
+    """The ``StatefulProcessor`` running a :class:`WindowOperator` per key: restores the key's
+    state, brings the core to the batch's watermark and processing time, feeds the key's
+    records (in event-time order, so a replayed batch fires the same panes), stores the state
+    and mirrors the core's event-time timers as the state store's timers."""
+
+    def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
+                 allowed_lateness: int, evictor: Evictor | None, keys: list[str],
+                 event_time: str, value: str | None) -> None:
+        self.config = (assigner, function, trigger, allowed_lateness, evictor)
+        self.keys, self.event_time, self.value = keys, event_time, value
+
+    def init(self, handle: Any) -> None:
+        self.handle = handle
+        # the core's key state (JSON) and the event-time timers registered for it
+        self.state = handle.getValueState("window", "state string, timers array<long>")
+        self.operator = WindowOperator(*self.config)
+
+    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        registered = self._restore(key, timerValues)
+        outputs = self._advance(timerValues)
+        # Spark renames the columns it hands over; they come in the order window() selects:
+        # the keys, the event time, the value
+        records = pd.concat(list(rows))
+        records = records.iloc[records.iloc[:, len(self.keys)].argsort(kind="stable")]
+        times = records.iloc[:, len(self.keys)].tolist()
+        values = (records.iloc[:, len(self.keys) + 1].tolist() if self.value is not None
+                  else [None] * len(times))
+        for value, time in zip(values, times, strict=True):
+            outputs.append(self.operator.process_element(key, value, time))
+        self._store(key, registered)
+        yield from self._rows(key, outputs)
+
+    def handleExpiredTimer(self, key: Any, timerValues: Any,
+                           expiredTimerInfo: Any) -> Iterator[Any]:
+        registered = self._restore(key, timerValues)
+        # Spark deletes the expired timer after this call; every core timer at or below the
+        # watermark fires now, so the core wants none of them any more
+        registered.discard(expiredTimerInfo.getExpiryTimeInMs())
+        outputs = self._advance(timerValues)
+        self._store(key, registered)
+        yield from self._rows(key, outputs)
+
+    def close(self) -> None:
+        pass
+
+    def _restore(self, key: Any, timer_values: Any) -> set[int]:
+        """Loads the key's state into the core; the Spark timers registered for it."""
+        if not self.state.exists():
+            self.operator.restore_key_state(key, None)
+            return set()
+        text, timers = self.state.get()
+        entry = json.loads(text)
+        entry["key"] = key  # stored without it: Spark keys the state
+        self.operator.restore_key_state(key, entry)
+        return set(timers)
+
+    def _advance(self, timer_values: Any) -> list[WindowOutput]:
+        return [self.operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
+                self.operator.process_processing_time(
+                    timer_values.getCurrentProcessingTimeInMs())]
+
+    def _store(self, key: Any, registered: set[int]) -> None:
+        """Saves the key's state and makes the Spark timers those the core wants."""
+        entry = self.operator.key_state(key)
+        self.operator.restore_key_state(key, None)  # one key in memory at a time
+        wanted = {timestamp for _, timestamp, _ in entry["event_timers"]} if entry else set()
+        for timestamp in registered - wanted:
+            self.handle.deleteTimer(timestamp)
+        for timestamp in wanted - registered:
+            self.handle.registerTimer(timestamp)
+        if entry is None:
+            self.state.clear()
+        else:
+            entry["key"] = None
+            self.state.update((json.dumps(entry), sorted(wanted)))
+
+    def _rows(self, key: Any, outputs: list[WindowOutput]) -> Iterator[Any]:
+        """The outputs as one pandas DataFrame in the operator's output schema."""
+        import pandas as pd
+
+        results = [r for out in outputs for r in out.results]
+        late = [e for out in outputs for e in out.late]
+        if not results and not late:
+            return
+        windows = [r.window for r in results]
+        n = len(results) + len(late)
+
+        def times(values: Sequence[int | None]) -> Any:
+            return pd.to_datetime(pd.Series(values, dtype="Int64"), unit="ms", utc=True)
+
+        def bound(w: Any, end: bool) -> int | None:
+            if isinstance(w, GlobalWindow):
+                return None
+            assert isinstance(w, TimeWindow)
+            return w.end if end else w.start
+
+        columns: dict[str, Any] = {k: [key[i]] * n for i, k in enumerate(self.keys)}
+        columns["kind"] = [RESULT] * len(results) + [LATE] * len(late)
+        columns["window_start"] = times([bound(w, False) for w in windows] + [None] * len(late))
+        columns["window_end"] = times([bound(w, True) for w in windows] + [None] * len(late))
+        columns["result"] = [r.result for r in results] + [None] * len(late)
+        columns["pane_index"] = [r.pane.index for r in results] + [None] * len(late)
+        columns["pane_timing"] = [r.pane.timing.value for r in results] + [None] * len(late)
+        columns["pane_is_last"] = [r.pane.is_last for r in results] + [None] * len(late)
+        late_times: list[int | None] = [None] * len(results)
+        columns[self.event_time] = times(late_times + [e.timestamp for e in late])
+        if self.value is not None:
+            columns[self.value] = [None] * len(results) + [e.value for e in late]
+        yield pd.DataFrame(columns)

@@ -1,0 +1,211 @@
+"""``flinkish.windows`` through Spark on a real broker: Flink's window operator as one
+``transformWithStateInPandas`` on the combined watermark (``flinkish.with_watermark``).
+
+* a tumbling count over a lagging partition: exact counts, one ON_TIME pane per window;
+* allowed lateness, one record per micro-batch under a punctuated watermark so that W is known
+  in every batch: a late record re-fires its window (a LATE pane), one beyond the lateness comes
+  out as a late row, although Spark's own late-row filter would have dropped it;
+* early firings (``ContinuousEventTimeTrigger``): EARLY panes, then the ON_TIME one;
+* session windows merged by a record that arrives in a later batch between two sessions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import flinkish
+from flinkish import windows
+from integration.kafka_helpers import Collector, produce, source
+
+pytestmark = pytest.mark.integration
+
+BASE = 1_700_000_000_000  # a multiple of the 10 s window
+WINDOW_MS = 10_000
+END = BASE + WINDOW_MS  # the end of window [BASE, END)
+LAG_MS = {0: 0, 1: 60_000}  # partition 1 lags a minute behind partition 0
+RECORDS = 40  # per partition, one a second
+DEADLINE = 240  # s for one AvailableNow run
+FLAG, PLAIN = b'{"p": true}', b"{}"
+
+
+def lagging(partitions: tuple[int, ...] = (0, 1)) -> list[tuple[int, bytes, bytes, int]]:
+    """RECORDS records a second apart per partition, keyed by partition, partition 1 a minute
+    behind partition 0."""
+    return [(p, f"k{p}".encode(), PLAIN, BASE - LAG_MS[p] + i * 1_000)
+            for i in range(RECORDS) for p in partitions]
+
+
+def ms(timestamp: Any) -> int:
+    return round(timestamp.timestamp() * 1000)
+
+
+def run(df: Any, checkpoint: Path) -> tuple[Any, list[tuple[int, Any]]]:
+    """Runs ``df`` AvailableNow into a collector: the stopped query, (batch id, row)s."""
+    collector = Collector()
+    query = (df.writeStream.foreachBatch(collector).outputMode("append")
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        query.awaitTermination(DEADLINE)
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    return query, collector.rows
+
+
+def dropped(query: Any) -> int:
+    return sum(op.get("numRowsDroppedByWatermark", 0)
+               for p in query.recentProgress for op in p.get("stateOperators", []))
+
+
+def panes(rows: list[tuple[int, Any]]) -> list[tuple[str, int, int, int, int, str, bool]]:
+    """(key, window start, window end, result, pane index, timing, last) of the result rows,
+    in emission order."""
+    return [(r.key, ms(r.window_start), ms(r.window_end), r.result, r.pane_index,
+             r.pane_timing, r.pane_is_last) for _, r in rows if r.kind == "result"]
+
+
+def keyed(events: Any) -> Any:
+    return flinkish.with_watermark(events).selectExpr("CAST(key AS STRING) AS key", "eventTime")
+
+
+def test_a_tumbling_count_over_a_lagging_partition_fires_every_window_on_time(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+) -> None:
+    name = topic(2)
+    records = lagging()
+    produce(kafka_bootstrap, name, records)
+    flinkish.register(spark)
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"), **{
+        "watermark.maxOutOfOrderness": "1 second", "maxOffsetsPerTrigger": "20",
+        "endingOffsets": "latest"})  # bounded: at the end W is MAX and every window closes
+    counts = windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                            aggregate=windows.Count())
+    query, rows = run(counts, tmp_path / "ck")
+    truth = Counter((k.decode(), ts - ts % WINDOW_MS) for _, k, _, ts in records)
+    fired = panes(rows)
+    assert sorted(fired) == sorted(
+        (k, start, start + WINDOW_MS, n, 0, "ON_TIME", True) for (k, start), n in truth.items())
+    assert [r for _, r in rows if r.kind != "result"] == []
+    assert dropped(query) == 0
+    # the lagging partition's windows closed batch by batch as the combined watermark passed
+    # them, while partition 0's (a minute ahead) waited for the end
+    assert len({b for b, r in rows if r.key == "k1"}) > 1
+
+
+def punctuated(spark: Any, bootstrap: str, name: str, state: Path,
+               rows: list[tuple[int, bytes]]) -> Any:
+    """One record of key k per micro-batch, in ``rows`` order (offset o in batch o); a record
+    whose value is FLAG sets the watermark to its own event time: read in batch n, its
+    watermark is in batch n's carrier, and Spark's watermark from batch n + 2 on."""
+    produce(bootstrap, name, [(0, b"k", value, ts) for ts, value in rows])
+    flinkish.register(spark)
+    return source(spark, bootstrap, name, str(state), **{
+        "watermark.strategy": "punctuated", "watermark.punctuation.field": "p",
+        "maxOffsetsPerTrigger": "1"})
+
+
+def test_allowed_lateness_refires_a_late_window_and_sends_what_is_too_late_to_the_late_rows(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+) -> None:
+    lateness = 5_000
+    cleanup = END - 1 + lateness  # [BASE, END) is cleared when W reaches this
+    rows = [(BASE + 1_000, PLAIN),
+            (END - 1, FLAG),  # batch n's carrier brings it; W = END - 1 from batch n + 2 on
+            (END + 5_000, PLAIN),
+            (BASE + 2_000, PLAIN),  # W = END - 1: [BASE, END) fires ON_TIME, then LATE with it
+            (cleanup, FLAG),  # W = cleanup from batch 6 on: [BASE, END) is gone
+            (END + 6_000, PLAIN),
+            (BASE + 3_000, PLAIN),  # beyond the lateness, and <= the previous batch's W
+            (END + 2_000, PLAIN),
+            (END + 20_000, FLAG),  # closes [END, END + 10 s) in batch 10
+            (END + 20_001, PLAIN),
+            (END + 20_002, PLAIN)]
+    events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", rows)
+    fired = windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                           aggregate=windows.Count(), allowed_lateness="5 seconds")
+    query, out = run(fired, tmp_path / "ck")
+    assert panes(out) == [("k", BASE, END, 2, 0, "ON_TIME", False),
+                          ("k", BASE, END, 3, 1, "LATE", False),
+                          ("k", END, END + WINDOW_MS, 4, 0, "ON_TIME", False)]
+    results, late = windows.split(fired)
+    assert results.columns == ["key", *windows.PANE_COLUMNS]
+    assert late.columns == ["key", "eventTime"]
+    late_rows = [r for _, r in out if r.kind == "late"]
+    assert [(r.key, ms(r.eventTime), r.result) for r in late_rows] == [("k", BASE + 3_000, None)]
+    # offset o is read in batch o: the record at BASE + 3 s came in batch 6, whose previous
+    # batch ran with W = END - 1 >= BASE + 3 s; Spark's late-row filter would have dropped it
+    # silently, but it reached the operator: nothing was dropped
+    assert [b for b, r in out if r.kind == "late"] == [6]
+    assert dropped(query) == 0
+
+
+def test_early_firings_then_the_on_time_pane(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+) -> None:
+    name = topic(2)
+    records = lagging()
+    produce(kafka_bootstrap, name, records)
+    flinkish.register(spark)
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"), **{
+        "watermark.maxOutOfOrderness": "1 second", "maxOffsetsPerTrigger": "10",
+        "endingOffsets": "latest"})
+    counts = windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                            aggregate=windows.Count(),
+                            trigger=windows.ContinuousEventTimeTrigger(windows.ms("3 seconds")))
+    query, rows = run(counts, tmp_path / "ck")
+    truth = Counter((k.decode(), ts - ts % WINDOW_MS) for _, k, _, ts in records)
+    by_window: dict[tuple[str, int], list[tuple[int, int, str, bool]]] = {}
+    for key, start, _, n, index, timing, last in panes(rows):
+        by_window.setdefault((key, start), []).append((index, n, timing, last))
+    assert set(by_window) == set(truth)
+    for window, fired in by_window.items():
+        # panes 0, 1, ... in order; EARLY ones with growing counts, the last ON_TIME and exact
+        assert [index for index, _, _, _ in fired] == list(range(len(fired)))
+        assert [t for _, _, t, _ in fired] == ["EARLY"] * (len(fired) - 1) + ["ON_TIME"]
+        counts_seen = [n for _, n, _, _ in fired]
+        assert counts_seen == sorted(counts_seen) and counts_seen[-1] == truth[window]
+        assert [last for _, _, _, last in fired] == [False] * (len(fired) - 1) + [True]
+    assert any(len(fired) > 1 for fired in by_window.values())
+    assert dropped(query) == 0
+
+
+def test_session_windows_merge_when_a_later_record_bridges_them(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+) -> None:
+    rows = [(BASE, PLAIN),  # session [BASE, BASE + 5 s)
+            (BASE + 8_000, PLAIN),  # a second one, [BASE + 8 s, BASE + 13 s)
+            (BASE + 4_000, PLAIN),  # [BASE + 4 s, BASE + 9 s) overlaps both: one session
+            (BASE + 30_000, PLAIN),  # a session of its own
+            (BASE + 20_000, FLAG),  # W = BASE + 20 s from batch 6: the merged session closes
+            (BASE + 20_001, PLAIN),
+            (BASE + 20_002, PLAIN)]
+    events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", rows)
+    sessions = windows.window(keyed(events), key="key", assigner=windows.session("5 seconds"),
+                              aggregate=windows.Count())
+    query, out = run(sessions, tmp_path / "ck")
+    assert panes(out) == [("k", BASE, BASE + 13_000, 3, 0, "ON_TIME", True)]
+    assert [b for b, _ in out] == [6]
+    assert dropped(query) == 0
+
+
+def test_plan_time_guards(spark: Any, kafka_bootstrap: str, tmp_path: Path) -> None:
+    from flinkish_core.errors import OptionError
+
+    events = source(spark, kafka_bootstrap, "guards", str(tmp_path / "state"))
+    records = events.filter("kind = 'record'").select("key", "eventTime")
+    with pytest.raises(OptionError, match="carries no watermark"):
+        windows.window(records, key="key", assigner=windows.tumbling("1 minute"),
+                       aggregate=windows.Count())
+    watermarked = flinkish.with_watermark(events)
+    with pytest.raises(OptionError, match="exactly one of aggregate= or process="):
+        windows.window(watermarked, key="key", assigner=windows.tumbling("1 minute"))
+    with pytest.raises(OptionError, match="give result_type"):
+        windows.window(watermarked, key="key", assigner=windows.tumbling("1 minute"),
+                       aggregate=windows.ReduceFunction(max), value="offset")
+    with pytest.raises(ValueError, match="cannot be used with merging windows"):
+        windows.window(watermarked, key="key", assigner=windows.session("1 minute"),
+                       aggregate=windows.Count(), trigger=windows.Trigger())

@@ -1,0 +1,162 @@
+"""``flinkish.windows.WindowProcessor`` without Spark: a stand-in for Spark's keyed state and
+timers drives it as ``transformWithStateInPandas`` would (per key: the key's rows or one expired
+timer, with the batch's watermark), and checks the firings, the late rows, the state kept per
+key and the timers mirrored to Spark."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from flinkish import windows
+from flinkish_core.errors import OptionError
+
+KEYS = ["key"]
+
+
+class KeyedHandle:
+    """Spark's per-key value state and event-time timers; ``key`` is the implicit key."""
+
+    def __init__(self) -> None:
+        self.key: Any = None
+        self.values: dict[Any, tuple[Any, ...]] = {}
+        self.timers: dict[Any, set[int]] = {}
+
+    def getValueState(self, name: str, schema: str) -> Any:
+        handle = self
+
+        class State:
+            def exists(self) -> bool:
+                return handle.key in handle.values
+
+            def get(self) -> tuple[Any, ...]:
+                return handle.values[handle.key]
+
+            def update(self, value: tuple[Any, ...]) -> None:
+                handle.values[handle.key] = value
+
+            def clear(self) -> None:
+                handle.values.pop(handle.key, None)
+
+        return State()
+
+    def registerTimer(self, timestamp: int) -> None:
+        self.timers.setdefault(self.key, set()).add(timestamp)
+
+    def deleteTimer(self, timestamp: int) -> None:
+        self.timers.get(self.key, set()).discard(timestamp)
+
+
+class Values:
+    def __init__(self, watermark: int, processing_time: int = 0) -> None:
+        self.watermark, self.processing_time = watermark, processing_time
+
+    def getCurrentWatermarkInMs(self) -> int:
+        return self.watermark
+
+    def getCurrentProcessingTimeInMs(self) -> int:
+        return self.processing_time
+
+
+class Expired:
+    def __init__(self, timestamp: int) -> None:
+        self.timestamp = timestamp
+
+    def getExpiryTimeInMs(self) -> int:
+        return self.timestamp
+
+
+class Runner:
+    """Drives a processor batch by batch as Spark does: every key's rows, then every key's
+    expired timers (each once), with the batch's watermark."""
+
+    def __init__(self, processor: windows.WindowProcessor) -> None:
+        self.handle = KeyedHandle()
+        self.processor = processor
+        processor.init(self.handle)
+
+    def batch(self, watermark: int, rows: list[tuple[str, int, Any]]) -> list[dict[str, Any]]:
+        values = Values(watermark)
+        out: list[pd.DataFrame] = []
+        for key in dict.fromkeys(k for k, _, _ in rows):
+            self.handle.key = (key,)
+            # Spark renames the columns: only their order counts
+            pdf = pd.DataFrame([(k, t, v) for k, t, v in rows if k == key],
+                               columns=["a", "_1", "_2"])
+            out += self.processor.handleInputRows((key,), iter([pdf]), values)
+        for key, timers in list(self.handle.timers.items()):
+            for timestamp in sorted(t for t in timers if t <= watermark):
+                self.handle.key = key
+                out += self.processor.handleExpiredTimer(key, values, Expired(timestamp))
+                self.handle.timers[key].discard(timestamp)
+        return [row for pdf in out for row in pdf.to_dict("records")]
+
+
+def fired(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
+    return [(r["key"], r["window_start"].value // 1_000_000, r["result"], r["pane_index"],
+             r["pane_timing"], r["pane_is_last"]) for r in rows if r["kind"] == "result"]
+
+
+def processor(assigner: Any, function: Any, value: str | None = "v", **kw: Any) -> Any:
+    return windows.WindowProcessor(assigner, function, kw.get("trigger"),
+                                   kw.get("allowed_lateness", 0), kw.get("evictor"), KEYS,
+                                   "eventTime", value)
+
+
+def test_windows_fire_by_timer_when_the_key_has_nothing_new_and_state_is_dropped() -> None:
+    run = Runner(processor(windows.tumbling("10 s"), windows.Sum()))
+    assert run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("b", 3_000, 7)]) == []
+    assert run.handle.timers == {("a",): {9_999, 19_999}, ("b",): {9_999}}
+    out = run.batch(9_999, [("a", 15_000, 1)])
+    assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
+    # window [0, 10 s) is gone from both keys' state and timers; b has nothing left at all
+    assert run.handle.timers == {("a",): {19_999}, ("b",): set()}
+    assert ("b",) not in run.handle.values
+    assert fired(run.batch(20_000, [])) == [("a", 10_000, 6, 0, "ON_TIME", True)]
+    assert run.handle.values == {}
+
+
+def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it() -> None:
+    run = Runner(processor(windows.tumbling("10 s"), windows.Count(), allowed_lateness=5_000))
+    run.batch(-1, [("a", 1_000, 0)])
+    assert fired(run.batch(9_999, [])) == [("a", 0, 1, 0, "ON_TIME", False)]
+    # the batch's watermark is applied before its rows: 2 s is late, within the lateness
+    assert fired(run.batch(9_999, [("a", 2_000, 0)])) == [("a", 0, 2, 1, "LATE", False)]
+    assert run.batch(14_999, []) == []  # cleanup: no firing, the window's state goes
+    out = run.batch(14_999, [("a", 3_000, 42)])
+    assert [(r["kind"], r["eventTime"].value // 1_000_000, r["v"]) for r in out] == [
+        ("late", 3_000, 42)]
+    assert out[0]["window_start"] is pd.NaT and out[0]["result"] is None
+
+
+def test_rows_of_a_batch_are_fed_in_event_time_order() -> None:
+    run = Runner(processor(windows.tumbling("10 s"), windows.Max(),
+                           trigger=windows.CountTrigger(2)))
+    # CountTrigger(2) fires at the second element by event time, whatever the order in the
+    # batch: the max of the first two is 30, not 50
+    out = run.batch(-1, [("a", 5_000, 50), ("a", 1_000, 10), ("a", 3_000, 30)])
+    assert fired(out) == [("a", 0, 30, 0, "EARLY", False)]
+
+
+def test_sessions_merge_across_batches() -> None:
+    run = Runner(processor(windows.session("5 s"), windows.Count()))
+    run.batch(-1, [("a", 0, 0), ("a", 8_000, 0)])
+    assert run.handle.timers == {("a",): {4_999, 12_999}}
+    run.batch(-1, [("a", 4_000, 0)])
+    assert run.handle.timers == {("a",): {12_999}}
+    assert fired(run.batch(13_000, [])) == [("a", 0, 3, 0, "ON_TIME", True)]
+
+
+def test_result_types_and_durations() -> None:
+    result_type = windows._result_type
+    assert result_type(windows.Count(), None, None) == "long"
+    assert result_type(windows.Sum(), "int", None) == "long"
+    assert result_type(windows.Avg(), "int", None) == "double"
+    assert result_type(windows.Max(), "string", None) == "string"
+    assert result_type(windows.ReduceFunction(max), "int", "int") == "int"
+    with pytest.raises(OptionError, match="give result_type"):
+        result_type(windows.Sum(), "string", None)
+    assert windows.ms("1 minute") == 60_000 and windows.ms(250) == 250
+    assert windows.sliding("1 min", "10 s").slide == 10_000
