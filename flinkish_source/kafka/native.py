@@ -58,18 +58,22 @@ _SECURE_PREFIXES = ("sasl.", "ssl.")
 _PLAIN_PROTOCOLS = ("plaintext", "")
 
 
-#: partitions whose hand-over to librdkafka this process has reported (once is enough to
-#: tell the operator; the rest would flood the log of a query that reads an old topic)
-_FELL_BACK: set[tuple[str, int]] = set()
+#: (query, topic, partition) whose hand-over to librdkafka this process has reported: once is
+#: enough to tell the operator, the rest would flood the log of a query reading an old topic.
+#: A query is known here by its checkpointing.location (its bootstrap servers without one).
+_FELL_BACK: set[tuple[str, str, int]] = set()
 
 
-def warn_fallback(topic: str, partition: int, what: str) -> None:
-    """A WARNING, once per process and partition: the native path hands a range to librdkafka
-    (records are neither skipped nor failed, but the operator should know why it is slower)."""
-    if (topic, partition) in _FELL_BACK:
+def warn_fallback(options: SourceOptions, topic: str, partition: int, what: str) -> None:
+    """A WARNING, once per query and partition (in each worker process): the native path hands
+    a range to librdkafka (no record is skipped or failed, but the operator should know why
+    it is slower)."""
+    key = (options.state_location or str(options.kafka_config.get("bootstrap.servers")),
+           topic, partition)
+    if key in _FELL_BACK:
         logger.debug("%s/%d: %s", topic, partition, what)
         return
-    _FELL_BACK.add((topic, partition))
+    _FELL_BACK.add(key)
     logger.warning("%s/%d: %s; further hand-overs of this partition are logged at DEBUG",
                    topic, partition, what)
 
@@ -208,7 +212,7 @@ class FetchRangeReader(PooledRangeReader):
             time.sleep(min(0.05, wait.remaining()))
 
     def _read_with_librdkafka(self, r: _FetchRange) -> Iterator[Any]:
-        warn_fallback(r.topic, r.partition,
+        warn_fallback(self._options, r.topic, r.partition,
                       f"reading offsets {r.decoder.position}..{r.end - 1} with librdkafka "
                       f"({r.fallback})")
         rest = (r.topic, r.partition, r.decoder.position, r.end)
