@@ -33,7 +33,7 @@ _NAMES = (
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
     "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
-    "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
+    "upsertKey", "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
 )
 _KNOWN = {name.lower(): name for name in _NAMES}
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
@@ -63,6 +63,8 @@ class SinkOptions:
     #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
     #: PostgreSQL's VACUUM from cleaning up
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    #: the table's columns on which a row replaces the row of the same key (PostgreSQL only)
+    upsert_key: tuple[str, ...] = ()
 
     def __repr__(self) -> str:
         masked = {
@@ -159,6 +161,13 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                 "positive duration (how old a lingering pre-commit may get before the sink "
                 "warns), e.g. '15 min'"
             )
+    upsert_key = tuple(c.strip() for c in options.get("upsertkey", "").split(",") if c.strip())
+    if "upsertkey" in options and (target != "postgres" or not upsert_key):
+        raise OptionError(
+            "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
+            "target postgres (Parquet files only append: a window's rows carry its pane, whose "
+            "highest index is the latest)"
+        )
     # Parquet files are staged by the write tasks and moved into place by the driver (the
     # store, by contrast, is the driver's alone)
     for key, given in (("path", options.get("path")), ("lateData.path", late_path)):
@@ -191,4 +200,5 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         prefix=prefix,
         epochs_table=options.get("epochstable") or None,
         transaction_timeout_ms=timeout_ms,
+        upsert_key=upsert_key,
     )

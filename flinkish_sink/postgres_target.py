@@ -10,12 +10,19 @@ prepared in ``pg_prepared_xacts`` and decides each one from the epoch it names.
 Rows travel as binary ``COPY`` built from the Arrow buffers by Arrow compute kernels (no Python
 object per row): the wire format is a 2-byte field count per row, then per field a 4-byte
 length (-1 for NULL) and the value in PostgreSQL's binary ``*_send`` representation.
+
+With an upsert key (``upsertKey``), a row replaces the table's row of the same key instead of
+adding one (a window's later pane overwrites its earlier one): the rows are copied into a
+staging table created and dropped inside the same transaction, then moved with one
+``INSERT … ON CONFLICT (key) DO UPDATE``. A prepared transaction may not touch temporary
+tables, so the staging table is an ordinary one that only this transaction ever sees.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, time
@@ -312,12 +319,53 @@ def _copy_into(
         copy.write(COPY_TRAILER)
 
 
+_STAGING_ORDER = "flinkish_row"  # the staging table's row order: of one key the last row wins
+
+
+def _upsert_into(
+    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, kept: frozenset[str],
+    key: tuple[str, ...],
+) -> None:
+    """Upserts ``batch`` into ``table`` on the columns ``key`` (see the module docstring),
+    inside the caller's transaction. Of several rows with one key, the last one wins (one
+    statement may not update a row twice)."""
+    batch = table_batch(batch, kept)
+    if batch.num_rows == 0:
+        return
+    staging = sql.Identifier(f"flinkish_staging_{uuid.uuid4().hex}")
+    order = sql.Identifier(_STAGING_ORDER)
+    conn.execute(sql.SQL("CREATE TABLE {} (LIKE {}, {} bigserial)").format(
+        staging, table, order))
+    _copy_into(conn, staging, batch, frozenset())
+    columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
+    keys = sql.SQL(", ").join(sql.Identifier(name) for name in key)
+    updates = [name for name in batch.schema.names if name not in key]
+    action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
+        sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(n), sql.Identifier(n))
+        for n in updates)) if updates else sql.SQL("DO NOTHING")
+    conn.execute(sql.SQL(
+        "INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, {} DESC "
+        "ON CONFLICT ({}) {}").format(table, columns, keys, columns, staging, keys, order,
+                                      keys, action))
+    conn.execute(sql.SQL("DROP TABLE {}").format(staging))
+
+
 def _identifier(name: str) -> sql.Identifier:
     """``table`` or ``schema.table`` as a quoted identifier."""
     parts = name.split(".")
     if len(parts) > 2 or not all(parts):
         raise ValueError(f"table name {name!r} must be 'table' or 'schema.table'")
     return sql.Identifier(*parts)
+
+
+def _write(
+    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, kept: frozenset[str],
+    upsert_key: tuple[str, ...],
+) -> None:
+    if upsert_key:
+        _upsert_into(conn, table, batch, kept, upsert_key)
+    else:
+        _copy_into(conn, table, batch, kept)
 
 
 class PostgresConnectError(RuntimeError):
@@ -349,12 +397,14 @@ class PostgresTransaction:
 
     def __init__(
         self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
-        kept: frozenset[str] | None = None,
+        kept: frozenset[str] | None = None, upsert_key: tuple[str, ...] = (),
     ) -> None:
-        """``kept``: the windows the table keeps as jsonb (None: look them up here)."""
+        """``kept``: the windows the table keeps as jsonb (None: look them up here);
+        ``upsert_key``: upsert on these columns instead of appending."""
         postgres_types(table_schema(schema))  # fail before connecting if a column cannot be stored
         self.txn = txn
         self._table = table
+        self._upsert_key = upsert_key
         self._types = schema.types
         self._rows = 0
         self._prepared = False
@@ -370,7 +420,7 @@ class PostgresTransaction:
             raise ValueError(
                 f"batch types {batch.schema.types} differ from the transaction's {self._types}"
             )
-        _copy_into(self._conn, self._table, batch, self._kept)
+        _write(self._conn, self._table, batch, self._kept, self._upsert_key)
         self._rows += batch.num_rows
 
     def pre_commit(self) -> PreCommit:
@@ -420,10 +470,14 @@ class PostgresTarget:
     """
 
     def __init__(
-        self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True
+        self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True,
+        upsert_key: tuple[str, ...] = (),
     ) -> None:
+        """``upsert_key``: the columns (of the table: a window ``w`` is ``w_start``,
+        ``w_end``) on which a row replaces the table's row instead of adding one."""
         self.dsn = dsn
         self.table = table
+        self.upsert_key = upsert_key
         self.two_phase = two_phase  # at-least-once writes directly: no PREPARE needed
         self.epochs_table = epochs_table or f"{table}_flinkish_epochs"
         self._table = _identifier(table)
@@ -459,18 +513,50 @@ class PostgresTarget:
         self._kept = kept_windows(conn, self._table, schema)
         schema = table_schema(schema, self._kept)
         types = postgres_types(schema)
+        missing = [name for name in self.upsert_key if name not in schema.names]
+        if missing:
+            raise ValueError(
+                f"option upsertKey: {missing} are not columns of table {self.table} (its "
+                f"columns for this stream: {schema.names}; a window w is w_start and w_end)"
+            )
         found = conn.execute(
             "SELECT to_regclass(%s)::oid", [self._table.as_string(conn)]
         ).fetchone()
         if found is None or found[0] is None:
-            columns = sql.SQL(", ").join(
+            parts = [
                 sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(kind.ddl))
                 for field, kind in zip(schema, types, strict=True)
-            )
-            conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table, columns))
+            ]
+            if self.upsert_key:
+                parts.append(sql.SQL("PRIMARY KEY ({})").format(
+                    sql.SQL(", ").join(sql.Identifier(name) for name in self.upsert_key)))
+            conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table,
+                                                                sql.SQL(", ").join(parts)))
         else:
             self._check_columns(conn, found[0], schema, types)
+            self._check_upsert_key(conn, found[0])
         self._ensure_epochs_table()
+
+    def _check_upsert_key(self, conn: Connection, oid: int) -> None:
+        """ON CONFLICT needs a unique index on exactly the upsert key's columns."""
+        if not self.upsert_key:
+            return
+        unique = conn.execute(
+            """
+            SELECT 1 FROM pg_index i
+            WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL
+              AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
+                   WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)) = %s
+            """,
+            [oid, sorted(self.upsert_key)],
+        ).fetchone()
+        if unique is None:
+            columns = ", ".join(self.upsert_key)
+            raise ValueError(
+                f"option upsertKey: table {self.table} has no unique index on ({columns}), "
+                "which INSERT … ON CONFLICT needs; create one (CREATE UNIQUE INDEX ON "
+                f"{self.table} ({columns})) or let the sink create the table"
+            )
 
     def _check_columns(
         self, conn: Connection, oid: int, schema: pa.Schema, types: list[ColumnType]
@@ -514,14 +600,16 @@ class PostgresTarget:
         return self._max_pending
 
     def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> PostgresTransaction:
-        return PostgresTransaction(self.dsn, self._table, txn, schema, self._kept)
+        return PostgresTransaction(self.dsn, self._table, txn, schema, self._kept,
+                                   self.upsert_key)
 
     def write_direct(self, batch: pa.RecordBatch) -> None:
-        """One COPY in autocommit mode: the batch commits as a whole, at once."""
+        """One transaction of its own: the batch commits as a whole, at once."""
         conn = self._connection()
         if self._kept is None:
             self._kept = kept_windows(conn, self._table, batch.schema)
-        _copy_into(conn, self._table, batch, self._kept)
+        with conn.transaction():
+            _write(conn, self._table, batch, self._kept, self.upsert_key)
 
     def commit(self, pre_commit: PreCommit) -> None:
         """COMMIT PREPARED; a gid that is no longer prepared was committed before.

@@ -147,6 +147,7 @@ def make_target(options: SinkOptions, late: bool = False) -> Target:
         return PostgresTarget(
             options.dsn, table, epochs_table=options.epochs_table,
             two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
+            upsert_key=() if late else options.upsert_key,  # late rows append
         )
     from flinkish_sink.parquet_target import ParquetTarget
 

@@ -453,3 +453,61 @@ def test_postgres_for_tests_prefers_an_external_server(monkeypatch: pytest.Monke
     monkeypatch.setenv(DSN_ENV, "host=db.example port=5433 user=ci")
     with postgres_for_tests() as dsn:
         assert dsn == "host=db.example port=5433 user=ci"
+
+
+# --- upsert mode --------------------------------------------------------------------------
+
+PANES = pa.schema([("k", pa.string()), ("start", pa.int64()), ("n", pa.int64()),
+                   ("pane", pa.int32())])
+
+
+def panes(*rows: tuple[str, int, int, int]) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist(
+        [dict(zip(PANES.names, row, strict=True)) for row in rows], schema=PANES)
+
+
+def staging_tables(dsn: str) -> list[tuple[Any, ...]]:
+    return query_all(dsn, "SELECT tablename FROM pg_tables WHERE tablename LIKE "
+                          "'flinkish_staging_%%'")
+
+
+def test_upsert_overwrites_a_keys_row_inside_the_prepared_transaction(env: Env) -> None:
+    target = PostgresTarget(env.dsn, env.table, upsert_key=("k", "start"))
+    env.targets.append(target)
+    target.check(PANES)  # creates the table with the key as primary key
+    txn = target.begin_transaction(env.txn(1), PANES)
+    # two panes of window (a, 0) in one batch: the later wins
+    txn.write(panes(("a", 0, 1, 0), ("b", 0, 5, 0), ("a", 0, 2, 1)))
+    txn.write(panes(("a", 10, 7, 0)))
+    pre_commit = txn.pre_commit()
+    assert env.count() == 0  # prepared: invisible
+    target.commit(pre_commit)
+    rows = sql.SQL("SELECT k, start, n, pane FROM {} ORDER BY k, start").format(
+        sql.Identifier(env.table))
+    assert query_all(env.dsn, rows) == [("a", 0, 2, 1), ("a", 10, 7, 0), ("b", 0, 5, 0)]
+
+    txn = target.begin_transaction(env.txn(2), PANES)
+    txn.write(panes(("a", 0, 3, 2), ("c", 0, 1, 0)))
+    target.rollback(txn.pre_commit().txn)  # a rolled-back epoch changes nothing
+    txn = target.begin_transaction(env.txn(2, attempt=1), PANES)
+    txn.write(panes(("a", 0, 4, 2), ("c", 0, 1, 0)))
+    target.commit(txn.pre_commit())
+    assert query_all(env.dsn, rows) == [("a", 0, 4, 2), ("a", 10, 7, 0), ("b", 0, 5, 0),
+                                        ("c", 0, 1, 0)]
+    target.write_direct(panes(("b", 0, 6, 1)))  # at-least-once: its own transaction
+    assert ("b", 0, 6, 1) in query_all(env.dsn, rows)
+    assert staging_tables(env.dsn) == []
+
+
+def test_upsert_key_must_name_columns_with_a_unique_index(env: Env) -> None:
+    plain = env.target()
+    plain.check(PANES)  # a table without any index
+    target = PostgresTarget(env.dsn, env.table, upsert_key=("k", "start"))
+    with pytest.raises(ValueError, match=r"no unique index on \(k, start\)"):
+        target.check(PANES)
+    execute(env.dsn, sql.SQL("CREATE UNIQUE INDEX ON {} (start, k)").format(
+        sql.Identifier(env.table)))
+    target.check(PANES)  # any column order
+    with pytest.raises(ValueError, match=r"\['window_start'\] are not columns"):
+        PostgresTarget(env.dsn, env.table, upsert_key=("k", "window_start")).check(PANES)
+    target.close()

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -108,25 +109,31 @@ def punctuated(spark: Any, bootstrap: str, name: str, state: Path,
         "maxOffsetsPerTrigger": "1"})
 
 
+LATENESS_MS = 5_000
+CLEANUP = END - 1 + LATENESS_MS  # [BASE, END) is cleared when W reaches this
+LATE_ROWS = [(BASE + 1_000, PLAIN),
+             (END - 1, FLAG),  # batch n's carrier brings it; W = END - 1 from batch n + 2 on
+             (END + 5_000, PLAIN),
+             (BASE + 2_000, PLAIN),  # W = END - 1: [BASE, END) fires ON_TIME, then LATE with it
+             (CLEANUP, FLAG),  # W = CLEANUP from batch 6 on: [BASE, END) is gone
+             (END + 6_000, PLAIN),
+             (BASE + 3_000, PLAIN),  # beyond the lateness, and <= the previous batch's W
+             (END + 2_000, PLAIN),
+             (END + 20_000, FLAG),  # closes [END, END + 10 s) in batch 10
+             (END + 20_001, PLAIN),
+             (END + 20_002, PLAIN)]
+
+
+def late_counts(events: Any) -> Any:
+    return windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                          aggregate=windows.Count(), allowed_lateness="5 seconds")
+
+
 def test_allowed_lateness_refires_a_late_window_and_sends_what_is_too_late_to_the_late_rows(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
 ) -> None:
-    lateness = 5_000
-    cleanup = END - 1 + lateness  # [BASE, END) is cleared when W reaches this
-    rows = [(BASE + 1_000, PLAIN),
-            (END - 1, FLAG),  # batch n's carrier brings it; W = END - 1 from batch n + 2 on
-            (END + 5_000, PLAIN),
-            (BASE + 2_000, PLAIN),  # W = END - 1: [BASE, END) fires ON_TIME, then LATE with it
-            (cleanup, FLAG),  # W = cleanup from batch 6 on: [BASE, END) is gone
-            (END + 6_000, PLAIN),
-            (BASE + 3_000, PLAIN),  # beyond the lateness, and <= the previous batch's W
-            (END + 2_000, PLAIN),
-            (END + 20_000, FLAG),  # closes [END, END + 10 s) in batch 10
-            (END + 20_001, PLAIN),
-            (END + 20_002, PLAIN)]
-    events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", rows)
-    fired = windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
-                           aggregate=windows.Count(), allowed_lateness="5 seconds")
+    events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", LATE_ROWS)
+    fired = late_counts(events)
     query, out = run(fired, tmp_path / "ck")
     assert panes(out) == [("k", BASE, END, 2, 0, "ON_TIME", False),
                           ("k", BASE, END, 3, 1, "LATE", False),
@@ -141,6 +148,35 @@ def test_allowed_lateness_refires_a_late_window_and_sends_what_is_too_late_to_th
     # silently, but it reached the operator: nothing was dropped
     assert [b for b, r in out if r.kind == "late"] == [6]
     assert dropped(query) == 0
+
+
+def test_the_sinks_upsert_mode_keeps_each_windows_latest_pane_exactly_once(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
+    postgres_dsn: str,
+) -> None:
+    import psycopg
+
+    events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", LATE_ROWS)
+    results, late = windows.split(late_counts(events))
+    table = f"panes_{uuid.uuid4().hex[:8]}"
+    query = (results.writeStream.format("flinkish").option("target", "postgres")
+             .option("dsn", postgres_dsn).option("table", table)
+             .option("upsertKey", "key,window_start,window_end")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    try:
+        query.awaitTermination(DEADLINE)
+    finally:
+        query.stop()
+    assert query.exception() is None, query.exception()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT key, (extract(epoch FROM window_start) * 1000)::bigint, result, pane_index, "
+            f"pane_timing FROM {table} ORDER BY 2").fetchall()
+        epochs = conn.execute(f"SELECT sum(rows) FROM {table}_flinkish_epochs").fetchone()
+    # [BASE, END)'s ON_TIME and LATE panes came in one batch: the LATE one is the row
+    assert rows == [("k", BASE, 3, 1, "LATE"), ("k", END, 4, 0, "ON_TIME")]
+    assert epochs == (3,)  # three panes written, each once
 
 
 def test_early_firings_then_the_on_time_pane(

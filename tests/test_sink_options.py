@@ -33,3 +33,14 @@ def test_camel_case_keys_are_read_in_any_case() -> None:
     options = parse_sink_options({**BASE, "DELIVERYGUARANTEE": "at-least-once",
                                   "eventtimecolumn": "ts"})
     assert options.guarantee.value == "at-least-once" and options.event_time_column == "ts"
+
+
+def test_upsert_key_is_a_comma_separated_list_for_postgres_only() -> None:
+    postgres = {"target": "postgres", "dsn": "host=x", "table": "t",
+                "checkpointLocation": "/tmp/ck"}
+    options = parse_sink_options({**postgres, "upsertkey": " k, window_start "})
+    assert options.upsert_key == ("k", "window_start")
+    assert parse_sink_options(postgres).upsert_key == ()
+    for bad in ({**postgres, "upsertKey": " , "}, {**BASE, "upsertKey": "k"}):
+        with pytest.raises(OptionError, match="option upsertKey: the key columns"):
+            parse_sink_options(bad)
