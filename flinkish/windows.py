@@ -1,9 +1,11 @@
 """Flink's window operator on Spark: ``flinkish.windows.window(df, key=..., assigner=...)``.
 
 The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allowed lateness,
-late output, evictors, panes) runs as one ``transformWithStateInPandas`` operator keyed by the
-user's key columns, in ``EventTime`` mode, on the watermark of :func:`flinkish.with_watermark`
-(the valve's combined watermark). Per key, the core's state lives in one value state (JSON);
+late output, evictors, panes) runs as one ``transformWithState`` operator keyed by the user's
+key columns, in ``EventTime`` mode, on the watermark of :func:`flinkish.with_watermark` (the
+valve's combined watermark). ``transformWithState`` is the Row flavour of
+``transformWithStateInPandas``, the same stateful operator: a pandas DataFrame per key made
+``bench/windows.py`` ~1.3x slower. Per key, the core's state lives in one value state (JSON);
 the core's event-time timers are mirrored as the state store's timers, so a key with nothing
 new still fires and cleans up when the watermark passes.
 
@@ -187,20 +189,25 @@ def window(
     # fails here, not in the first batch
     WindowOperator(assigner, function, trigger, lateness, evictor)
     value_type = df.schema[value].dataType.simpleString() if value is not None else None
+    # times leave the processor as epoch milliseconds and become timestamps in the JVM, after
+    # the operator (cheaper than building datetimes in Python)
     schema = ", ".join(
         [f"`{k}` {df.schema[k].dataType.simpleString()}" for k in keys]
-        + ["kind string", "window_start timestamp", "window_end timestamp",
+        + ["kind string", "window_start long", "window_end long",
            f"result {_result_type(function, value_type, result_type)}", "pane_index int",
-           "pane_timing string", "pane_is_last boolean", f"`{event_time}` timestamp"]
+           "pane_timing string", "pane_is_last boolean", f"`{event_time}` long"]
         + ([f"`{value}` {value_type}"] if value is not None else []))
     processor = WindowProcessor(assigner, function, trigger, lateness, evictor,
                                 keys, event_time, value)
     columns = [*(F.col(k) for k in keys), F.unix_millis(F.col(event_time)).alias(_TIME)]
     if value is not None:
         columns.append(F.col(value).alias(_VALUE))
-    return (df.select(*columns).groupBy(*keys)
-            .transformWithStateInPandas(statefulProcessor=processor, outputStructType=schema,
-                                        outputMode="Append", timeMode="EventTime"))
+    fired = (df.select(*columns).groupBy(*keys)
+             .transformWithState(statefulProcessor=processor, outputStructType=schema,
+                                 outputMode="Append", timeMode="EventTime"))
+    times = {"window_start", "window_end", event_time}
+    return fired.select(*(F.timestamp_millis(F.col(c)).alias(c) if c in times else F.col(c)
+                          for c in fired.columns))
 
 
 def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> tuple[Any, Any]:
@@ -212,6 +219,14 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
     keys = [c for c in df.columns if c not in ("kind", *PANE_COLUMNS, *extra)]
     return (df.filter(df.kind == RESULT).select(*keys, *PANE_COLUMNS),
             df.filter(df.kind == LATE).select(*keys, *extra))
+
+
+def _bound(window: Any, end: bool) -> int | None:
+    """A window's start or end (ms); None for the global window."""
+    if isinstance(window, GlobalWindow):
+        return None
+    assert isinstance(window, TimeWindow)
+    return window.end if end else window.start
 
 
 class WindowProcessor(StatefulProcessor):
@@ -233,25 +248,23 @@ class WindowProcessor(StatefulProcessor):
         self.operator = WindowOperator(*self.config)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        import pandas as pd
-
-        registered = self._restore(key, timerValues)
+        registered = self._restore(key)
         outputs = self._advance(timerValues)
-        # Spark renames the columns it hands over; they come in the order window() selects:
-        # the keys, the event time, the value
-        records = pd.concat(list(rows))
-        records = records.iloc[records.iloc[:, len(self.keys)].argsort(kind="stable")]
-        times = records.iloc[:, len(self.keys)].tolist()
-        values = (records.iloc[:, len(self.keys) + 1].tolist() if self.value is not None
-                  else [None] * len(times))
-        for value, time in zip(values, times, strict=True):
-            outputs.append(self.operator.process_element(key, value, time))
+        # by position: the keys, the event time, the value (the order window() selects)
+        times: list[int] = []
+        values: list[Any] = []
+        t = len(self.keys)
+        for row in rows:
+            times.append(row[t])
+            values.append(row[t + 1] if self.value is not None else None)
+        for i in sorted(range(len(times)), key=times.__getitem__):
+            outputs.append(self.operator.process_element(key, values[i], times[i]))
         self._store(key, registered)
         yield from self._rows(key, outputs)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[Any]:
-        registered = self._restore(key, timerValues)
+        registered = self._restore(key)
         # Spark deletes the expired timer after this call; every core timer at or below the
         # watermark fires now, so the core wants none of them any more
         registered.discard(expiredTimerInfo.getExpiryTimeInMs())
@@ -262,12 +275,13 @@ class WindowProcessor(StatefulProcessor):
     def close(self) -> None:
         pass
 
-    def _restore(self, key: Any, timer_values: Any) -> set[int]:
+    def _restore(self, key: Any) -> set[int]:
         """Loads the key's state into the core; the Spark timers registered for it."""
-        if not self.state.exists():
+        stored = self.state.get()  # None when the key has no state (one call, not two)
+        if stored is None:
             self.operator.restore_key_state(key, None)
             return set()
-        text, timers = self.state.get()
+        text, timers = stored
         entry = json.loads(text)
         entry["key"] = key  # stored without it: Spark keys the state
         self.operator.restore_key_state(key, entry)
@@ -294,35 +308,19 @@ class WindowProcessor(StatefulProcessor):
             self.state.update((json.dumps(entry), sorted(wanted)))
 
     def _rows(self, key: Any, outputs: list[WindowOutput]) -> Iterator[Any]:
-        """The outputs as one pandas DataFrame in the operator's output schema."""
-        import pandas as pd
+        """The outputs as Rows of the operator's output schema."""
+        from pyspark.sql import Row
 
-        results = [r for out in outputs for r in out.results]
-        late = [e for out in outputs for e in out.late]
-        if not results and not late:
-            return
-        windows = [r.window for r in results]
-        n = len(results) + len(late)
-
-        def times(values: Sequence[int | None]) -> Any:
-            return pd.to_datetime(pd.Series(values, dtype="Int64"), unit="ms", utc=True)
-
-        def bound(w: Any, end: bool) -> int | None:
-            if isinstance(w, GlobalWindow):
-                return None
-            assert isinstance(w, TimeWindow)
-            return w.end if end else w.start
-
-        columns: dict[str, Any] = {k: [key[i]] * n for i, k in enumerate(self.keys)}
-        columns["kind"] = [RESULT] * len(results) + [LATE] * len(late)
-        columns["window_start"] = times([bound(w, False) for w in windows] + [None] * len(late))
-        columns["window_end"] = times([bound(w, True) for w in windows] + [None] * len(late))
-        columns["result"] = [r.result for r in results] + [None] * len(late)
-        columns["pane_index"] = [r.pane.index for r in results] + [None] * len(late)
-        columns["pane_timing"] = [r.pane.timing.value for r in results] + [None] * len(late)
-        columns["pane_is_last"] = [r.pane.is_last for r in results] + [None] * len(late)
-        late_times: list[int | None] = [None] * len(results)
-        columns[self.event_time] = times(late_times + [e.timestamp for e in late])
-        if self.value is not None:
-            columns[self.value] = [None] * len(results) + [e.value for e in late]
-        yield pd.DataFrame(columns)
+        keys = dict(zip(self.keys, key, strict=True))
+        value = {self.value: None} if self.value is not None else {}
+        for out in outputs:
+            for r in out.results:
+                yield Row(**keys, kind=RESULT, window_start=_bound(r.window, False),
+                          window_end=_bound(r.window, True), result=r.result,
+                          pane_index=r.pane.index, pane_timing=r.pane.timing.value,
+                          pane_is_last=r.pane.is_last, **{self.event_time: None}, **value)
+            for e in out.late:
+                late_value = {self.value: e.value} if self.value is not None else {}
+                yield Row(**keys, kind=LATE, window_start=None, window_end=None, result=None,
+                          pane_index=None, pane_timing=None, pane_is_last=None,
+                          **{self.event_time: e.timestamp}, **late_value)

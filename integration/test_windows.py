@@ -1,5 +1,5 @@
 """``flinkish.windows`` through Spark on a real broker: Flink's window operator as one
-``transformWithStateInPandas`` on the combined watermark (``flinkish.with_watermark``).
+``transformWithState`` on the combined watermark (``flinkish.with_watermark``).
 
 * a tumbling count over a lagging partition: exact counts, one ON_TIME pane per window;
 * allowed lateness, one record per micro-batch under a punctuated watermark so that W is known

@@ -1,5 +1,5 @@
 """``flinkish.windows.WindowProcessor`` without Spark: a stand-in for Spark's keyed state and
-timers drives it as ``transformWithStateInPandas`` would (per key: the key's rows or one expired
+timers drives it as ``transformWithState`` would (per key: the key's rows or one expired
 timer, with the batch's watermark), and checks the firings, the late rows, the state kept per
 key and the timers mirrored to Spark."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
-import pandas as pd
 import pytest
+from pyspark.sql import Row
 
 from flinkish import windows
 from flinkish_core.errors import OptionError
@@ -28,11 +28,8 @@ class KeyedHandle:
         handle = self
 
         class State:
-            def exists(self) -> bool:
-                return handle.key in handle.values
-
-            def get(self) -> tuple[Any, ...]:
-                return handle.values[handle.key]
+            def get(self) -> tuple[Any, ...] | None:
+                return handle.values.get(handle.key)
 
             def update(self, value: tuple[Any, ...]) -> None:
                 handle.values[handle.key] = value
@@ -79,23 +76,21 @@ class Runner:
 
     def batch(self, watermark: int, rows: list[tuple[str, int, Any]]) -> list[dict[str, Any]]:
         values = Values(watermark)
-        out: list[pd.DataFrame] = []
+        out: list[Row] = []
         for key in dict.fromkeys(k for k, _, _ in rows):
             self.handle.key = (key,)
-            # Spark renames the columns: only their order counts
-            pdf = pd.DataFrame([(k, t, v) for k, t, v in rows if k == key],
-                               columns=["a", "_1", "_2"])
-            out += self.processor.handleInputRows((key,), iter([pdf]), values)
+            mine = [Row(k, t, v) for k, t, v in rows if k == key]
+            out += self.processor.handleInputRows((key,), iter(mine), values)
         for key, timers in list(self.handle.timers.items()):
             for timestamp in sorted(t for t in timers if t <= watermark):
                 self.handle.key = key
                 out += self.processor.handleExpiredTimer(key, values, Expired(timestamp))
                 self.handle.timers[key].discard(timestamp)
-        return [row for pdf in out for row in pdf.to_dict("records")]
+        return [row.asDict() for row in out]
 
 
 def fired(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
-    return [(r["key"], r["window_start"].value // 1_000_000, r["result"], r["pane_index"],
+    return [(r["key"], r["window_start"], r["result"], r["pane_index"],
              r["pane_timing"], r["pane_is_last"]) for r in rows if r["kind"] == "result"]
 
 
@@ -126,9 +121,8 @@ def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it(
     assert fired(run.batch(9_999, [("a", 2_000, 0)])) == [("a", 0, 2, 1, "LATE", False)]
     assert run.batch(14_999, []) == []  # cleanup: no firing, the window's state goes
     out = run.batch(14_999, [("a", 3_000, 42)])
-    assert [(r["kind"], r["eventTime"].value // 1_000_000, r["v"]) for r in out] == [
-        ("late", 3_000, 42)]
-    assert out[0]["window_start"] is pd.NaT and out[0]["result"] is None
+    assert [(r["kind"], r["eventTime"], r["v"]) for r in out] == [("late", 3_000, 42)]
+    assert out[0]["window_start"] is None and out[0]["result"] is None
 
 
 def test_rows_of_a_batch_are_fed_in_event_time_order() -> None:

@@ -1,0 +1,137 @@
+"""Benchmark: a keyed tumbling count through ``flinkish.windows`` (Flink's window operator as one
+``transformWithStateInPandas``) against Spark's own ``groupBy(window(...), key).count()``.
+
+Run from the repository root: ``python bench/windows.py [--records N] [--keys K]``.
+
+One topic (4 partitions, records 1 ms apart per partition with up to 1 s of jitter, so
+``--records`` / 4 ms of event time) is read by both queries in one Spark session, each through
+the flinkish source and ``flinkish.with_watermark`` (bounded: ``endingOffsets``, so every
+window closes), ``maxOffsetsPerTrigger`` = ``--batch``, ``Trigger.AvailableNow``, both on the
+RocksDB state store (``transformWithState`` needs it). A record's key is one of ``--keys``
+(from its partition and offset); windows are 10 s. Each query's firings are summed per batch
+(``foreachBatch``): both must count every record. Figures: records per second of each query
+(start to end, after an untimed warm-up of both on a small topic), their ratio
+(``ratio_vs_spark_window``, target >= 0.5) and the peak state rows of each (``numRowsTotal``:
+for Spark one row per open window and key; for flinkish one value-state row per key with open
+windows plus its timers). The last line printed is JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from _common import bench_environment, log, print_result, run_to_end  # noqa: E402
+
+PARTITIONS = 4
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+
+
+class Totals:
+    """A foreachBatch sink summing the firings' counts and counting the windows."""
+
+    def __init__(self, count_column: str, kind: str | None) -> None:
+        self.count_column, self.kind = count_column, kind
+        self.records = self.windows = 0
+        self.lock = threading.Lock()
+
+    def __call__(self, batch: Any, batch_id: int) -> None:
+        from pyspark.sql import functions as F
+
+        if self.kind is not None:
+            batch = batch.filter(F.col("kind") == self.kind)
+        windows, records = batch.agg(F.count("*"), F.sum(self.count_column)).first()
+        with self.lock:
+            self.windows += windows
+            self.records += records or 0
+
+
+def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
+         flinkish_windows: bool) -> dict[str, float]:
+    from pyspark.sql import functions as F
+
+    import flinkish
+    from flinkish import windows
+
+    events = (
+        spark.readStream.format("flinkish")
+        .option("kafka.bootstrap.servers", env.bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+        .option("endingOffsets", "latest")
+        .option("maxOffsetsPerTrigger", str(args.batch))
+        .option("watermark.maxOutOfOrderness", "1 second")
+        .option("checkpointing.location", str(env.workdir / f"{name}-state"))
+        .load()
+    )
+    keyed = flinkish.with_watermark(events).select(
+        (F.pmod(F.col("offset"), args.keys // PARTITIONS) * PARTITIONS + F.col("partition"))
+        .alias("k"), "eventTime")
+    if flinkish_windows:
+        counts = windows.window(keyed, key="k", assigner=windows.tumbling("10 seconds"),
+                                aggregate=windows.Count())
+        totals = Totals("result", "result")
+    else:
+        counts = keyed.groupBy(F.window("eventTime", "10 seconds"), "k").count()
+        totals = Totals("count", None)
+    writer = (counts.writeStream.foreachBatch(totals).outputMode("append")
+              .option("checkpointLocation", str(env.workdir / f"{name}-ck"))
+              .trigger(availableNow=True))
+    run = run_to_end(writer, f"{name} query", 3600)
+    peak = max((op.get("numRowsTotal", 0) for p in run.progress
+                for op in p.get("stateOperators", [])), default=0)
+    log(f"{name}: {run.seconds:.1f} s, {len(run.progress)} batches, {totals.windows:,} windows "
+        f"counting {totals.records:,} records, peak state rows {peak:,}")
+    return {"seconds": run.seconds, "records": float(totals.records),
+            "windows": float(totals.windows), "peak_state_rows": float(peak)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument("--keys", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
+    args = parser.parse_args()
+    if args.keys % PARTITIONS:
+        parser.error(f"--keys must be a multiple of {PARTITIONS}")
+
+    with bench_environment("flinkish-bench-windows-") as env:
+        env.prepare_topics(PARTITIONS, 100, ("windows", args.records),
+                           ("windows-warmup", args.batch), "both queries read this topic")
+        spark, _ = env.start_spark("flinkish-bench-windows", 2)
+        spark.conf.set("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+        import flinkish
+
+        flinkish.register(spark)
+        for name, flinkish_windows in (("warmup-spark", False), ("warmup-flinkish", True)):
+            _run(spark, env, "windows-warmup", name, args, flinkish_windows)
+        ours = _run(spark, env, "windows", "flinkish", args, True)
+        theirs = _run(spark, env, "windows", "spark", args, False)
+    if ours["records"] != args.records or theirs["records"] != args.records:
+        raise SystemExit(f"a query lost records: flinkish counted {ours['records']:,.0f}, "
+                         f"Spark {theirs['records']:,.0f} of {args.records:,}")
+    flinkish_rps = args.records / ours["seconds"]
+    spark_rps = args.records / theirs["seconds"]
+    print_result({
+        "bench": "windows",
+        "records": args.records,
+        "keys": args.keys,
+        "max_offsets_per_trigger": args.batch,
+        "windows_fired": ours["windows"],
+        "flinkish_windows_rps": round(flinkish_rps),
+        "spark_window_rps": round(spark_rps),
+        "ratio_vs_spark_window": round(flinkish_rps / spark_rps, 3),
+        "ratio_target": 0.5,
+        "peak_state_rows_flinkish": ours["peak_state_rows"],
+        "peak_state_rows_spark": theirs["peak_state_rows"],
+    })
+
+
+if __name__ == "__main__":
+    main()
