@@ -9,6 +9,7 @@ Option names follow Spark's own Kafka source (``kafka.*``, ``subscribe``, ``star
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -57,7 +58,6 @@ _FORBIDDEN_KAFKA = {
     "enable.auto.commit": "offsets are tracked in Spark's checkpoint, not committed to Kafka",
     "auto.offset.reset": "use the startingOffsets option instead",
     "enable.partition.eof": "the source sets it itself",
-    "group.id": "the source assigns partitions itself; it does not join a consumer group",
 }
 
 _KNOWN = {
@@ -69,6 +69,7 @@ _KNOWN = {
     "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
     "watermark.alignment.maxdrift",
     "maxreadtasks", "minpartitions", "kafkaconsumer.fetch",
+    "minoffsetspertrigger", "maxtriggerdelay", "groupidprefix", "commitoffsetsoncheckpoint",
 }
 _DISPLAY = {
     "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
@@ -86,7 +87,12 @@ _DISPLAY = {
     "watermark.alignment.maxdrift": "watermark.alignment.maxDrift",
     "maxreadtasks": "maxReadTasks", "minpartitions": "minPartitions",
     "kafkaconsumer.fetch": "kafkaConsumer.fetch",
+    "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
+    "groupidprefix": "groupIdPrefix", "commitoffsetsoncheckpoint": "commitOffsetsOnCheckpoint",
 }
+
+#: Spark's Kafka source waits at most this long for minOffsetsPerTrigger (maxTriggerDelay).
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
 
 def display(key: str) -> str:
@@ -143,6 +149,12 @@ class SourceOptions:
     max_read_tasks: int | None = None
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
     fetch_client: FetchClient = FetchClient.LIBRDKAFKA
+    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
+    # None: no commits); never in kafka_config, so read consumers never join or commit to it
+    commit_group: str | None = None
 
     @property
     def read_committed(self) -> bool:
@@ -208,6 +220,49 @@ def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[in
                 )
             out[topic][int(part)] = offset
     return out
+
+
+def _positive(options: Mapping[str, str], key: str) -> int | None:
+    """A positive whole number option, or None when it is not given."""
+    if key not in options:
+        return None
+    given = options[key].strip()
+    if not given.isdigit() or int(given) <= 0:
+        raise OptionError(f"option {display(key)}: {given!r} is not a positive whole number")
+    return int(given)
+
+
+def _commit_group(options: Mapping[str, str], kafka: dict[str, str]) -> str | None:
+    """The consumer group completed epochs' offsets are committed to: ``kafka.group.id``, or
+    ``groupIdPrefix`` plus a digest of ``checkpointing.location`` (one group per query, the same
+    across restarts, as Spark's Kafka source names its groups from the query's checkpoint);
+    None when the query names no group or sets ``commitOffsetsOnCheckpoint=false``. Takes
+    ``group.id`` out of ``kafka``: the read consumers must not carry it."""
+    group = kafka.pop("group.id", None)
+    prefix = options.get("groupidprefix")
+    if group is not None and prefix is not None:
+        raise OptionError(
+            "options kafka.group.id and groupIdPrefix conflict: name the group, or let the "
+            "source derive one from the prefix"
+        )
+    if prefix is not None:
+        location = options.get("checkpointing.location")
+        if not location:
+            raise OptionError(
+                "option groupIdPrefix needs checkpointing.location (the group is named after "
+                "it, so that a restarted query commits to the same group); or give "
+                "kafka.group.id"
+            )
+        digest = hashlib.sha256(location.encode()).hexdigest()[:12]
+        group = f"{prefix.strip()}-{digest}"
+    if not _bool(options, "commitoffsetsoncheckpoint", True):
+        return None
+    if "commitoffsetsoncheckpoint" in options and group is None:
+        raise OptionError(
+            "option commitOffsetsOnCheckpoint needs a consumer group: give kafka.group.id or "
+            "groupIdPrefix"
+        )
+    return group
 
 
 def _topics(options: Mapping[str, str]) -> TopicSelection:
@@ -289,14 +344,26 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
                     "subscribe or assign"
                 )
 
-    max_per_trigger = None
-    if "maxoffsetspertrigger" in options:
-        text = options["maxoffsetspertrigger"].strip()
-        if not text.isdigit() or int(text) <= 0:
+    max_per_trigger, min_per_trigger = (
+        _positive(options, key) for key in ("maxoffsetspertrigger", "minoffsetspertrigger"))
+    if max_per_trigger is not None and min_per_trigger is not None and (
+            min_per_trigger > max_per_trigger):
+        raise OptionError(
+            f"options minOffsetsPerTrigger ({min_per_trigger}) and maxOffsetsPerTrigger "
+            f"({max_per_trigger}) conflict: a batch cannot hold more than the maximum"
+        )
+    max_delay = DEFAULT_MAX_TRIGGER_DELAY_MS
+    if "maxtriggerdelay" in options:
+        if min_per_trigger is None:
             raise OptionError(
-                f"option maxOffsetsPerTrigger: {text!r} is not a positive whole number"
+                "option maxTriggerDelay only applies with minOffsetsPerTrigger (how long a "
+                "batch may wait for that many records)"
             )
-        max_per_trigger = int(text)
+        max_delay = parse_duration_ms("maxTriggerDelay", options["maxtriggerdelay"])
+        if max_delay <= 0:
+            raise OptionError("option maxTriggerDelay must be a positive duration")
+
+    commit_group = _commit_group(options, kafka)
 
     et_field = options.get("eventtime.field") or None
     et_header = options.get("eventtime.header") or None
@@ -394,13 +461,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "read)"
         )
 
-    counts: dict[str, int | None] = {}
-    for key in ("maxreadtasks", "minpartitions"):
-        given = options[key].strip() if key in options else None
-        if given is not None and (not given.isdigit() or int(given) <= 0):
-            raise OptionError(f"option {display(key)}: {given!r} is not a positive whole number")
-        counts[key] = None if given is None else int(given)
-    max_tasks, min_partitions = counts["maxreadtasks"], counts["minpartitions"]
+    max_tasks, min_partitions = (
+        _positive(options, key) for key in ("maxreadtasks", "minpartitions"))
     if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
         raise OptionError(
             f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
@@ -432,6 +494,9 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         max_read_tasks=max_tasks,
         min_partitions=min_partitions,
         fetch_client=FetchClient(fetch_text),
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=max_delay,
+        commit_group=commit_group,
     )
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(
