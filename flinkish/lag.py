@@ -94,7 +94,7 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
                     watermarks[name] = lag
                 if pos.get("status") == "IDLE":
                     idle[name] = max(0, now_ms - int(pos["progressAt"]))
-        valve = end.get("valve") if isinstance(end.get("valve"), Mapping) else {}
+        valve: Mapping[str, Any] = end["valve"] if isinstance(end.get("valve"), Mapping) else {}
         values = list(behind.values()) or [0]
         out.append(SourceLag(
             batch_id=int(progress.get("batchId", -1)),
