@@ -70,6 +70,8 @@ _KNOWN = {
     "watermark.alignment.maxdrift",
     "maxreadtasks", "minpartitions", "kafkaconsumer.fetch",
     "minoffsetspertrigger", "maxtriggerdelay", "groupidprefix", "commitoffsetsoncheckpoint",
+    "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
+    "endingtimestamp", "endingoffsetsbytimestamp",
 }
 _DISPLAY = {
     "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
@@ -89,6 +91,10 @@ _DISPLAY = {
     "kafkaconsumer.fetch": "kafkaConsumer.fetch",
     "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
     "groupidprefix": "groupIdPrefix", "commitoffsetsoncheckpoint": "commitOffsetsOnCheckpoint",
+    "startingtimestamp": "startingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
+    "endingtimestamp": "endingTimestamp", "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
 }
 
 #: Spark's Kafka source waits at most this long for minOffsetsPerTrigger (maxTriggerDelay).
@@ -155,6 +161,18 @@ class SourceOptions:
     # the consumer group each completed epoch's end offsets are committed to (monitoring only;
     # None: no commits); never in kafka_config, so read consumers never join or commit to it
     commit_group: str | None = None
+    # Spark's startingTimestamp / startingOffsetsByTimestamp (one time for every partition, or
+    # per partition; epoch ms), and the ending pair: resolved to offsets when the query starts
+    starting_times: int | dict[str, dict[int, int]] | None = None
+    # startingOffsetsByTimestampStrategy: no record at or after the time fails ("error") or
+    # starts at the partition's end ("latest")
+    starting_times_latest: bool = False
+    ending_times: int | dict[str, dict[int, int]] | None = None
+
+    @property
+    def bounded(self) -> bool:
+        """Whether every partition stops somewhere (endingOffsets or an ending time)."""
+        return self.ending is not None or self.ending_times is not None
 
     @property
     def read_committed(self) -> bool:
@@ -220,6 +238,44 @@ def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[in
                 )
             out[topic][int(part)] = offset
     return out
+
+
+def _times(options: Mapping[str, str], one: str, each: str,
+           offsets: str) -> int | dict[str, dict[int, int]] | None:
+    """``startingTimestamp`` (one time for every partition) or ``startingOffsetsByTimestamp``
+    (per partition), or the ending pair; at most one of them and of the offsets option."""
+    given = [k for k in (one, each, offsets) if k in options]
+    if len(given) > 1:
+        raise OptionError(
+            f"options {' and '.join(display(k) for k in given)} conflict: give one (Spark's "
+            f"Kafka source would silently prefer {display(given[0])})"
+        )
+    if one in options:
+        text = options[one].strip()
+        if not text.isdigit():
+            raise OptionError(
+                f"option {display(one)}: {text!r} is not a timestamp in epoch milliseconds "
+                "(e.g. 1700000000000)"
+            )
+        return int(text)
+    if each in options:
+        raw = options[each]
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            data = None
+        ok = isinstance(data, dict) and all(
+            isinstance(parts, dict) and all(
+                str(p).isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for p, v in parts.items())
+            for parts in data.values())
+        if not ok:
+            raise OptionError(
+                f"option {display(each)}: {raw!r} is not a JSON object of epoch-millisecond "
+                'timestamps >= 0 per partition, like {"topic":{"0":1700000000000}}'
+            )
+        return {t: {int(p): v for p, v in parts.items()} for t, parts in data.items()}
+    return None
 
 
 def _positive(options: Mapping[str, str], key: str) -> int | None:
@@ -335,8 +391,20 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         ending = "latest" if ending_text.lower() == "latest" else _offsets_json(
             "endingoffsets", ending_text, allow_earliest=False
         )
+    starting_times = _times(options, "startingtimestamp", "startingoffsetsbytimestamp",
+                            "startingoffsets")
+    ending_times = _times(options, "endingtimestamp", "endingoffsetsbytimestamp",
+                          "endingoffsets")
+    strategy_text = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy_text not in ("error", "latest"):
+        raise OptionError(
+            f"option startingOffsetsByTimestampStrategy: {strategy_text!r} is not error (fail "
+            "when a partition has no record at or after the time) or latest (start at its end)"
+        )
     if topics.pattern is not None:
-        for key, value in (("startingoffsets", starting), ("endingoffsets", ending)):
+        for key, value in (("startingoffsets", starting), ("endingoffsets", ending),
+                           ("startingoffsetsbytimestamp", starting_times),
+                           ("endingoffsetsbytimestamp", ending_times)):
             if isinstance(value, dict):
                 raise OptionError(
                     f"option {display(key)}: per-partition offsets cannot be combined with "
@@ -497,6 +565,9 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=max_delay,
         commit_group=commit_group,
+        starting_times=starting_times,
+        starting_times_latest=strategy_text == "latest",
+        ending_times=ending_times,
     )
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(

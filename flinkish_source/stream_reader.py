@@ -27,6 +27,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from flinkish_core.epoch_valve import EpochWatermark
+from flinkish_core.errors import OptionError
 from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_source import watermark_alignment as alignment
 from flinkish_source.combined_watermark import (
@@ -39,7 +40,15 @@ from flinkish_source.combined_watermark import (
 )
 from flinkish_source.kafka import KafkaMetadata, TopicPartitionKey
 from flinkish_source.kafka.group_offsets import GroupOffsetCommitter
-from flinkish_source.offset_planner import OffsetPlanner, Positions, from_json, to_json
+from flinkish_source.kafka.metadata import OffsetRange
+from flinkish_source.kafka.offsets_by_time import offsets_for_times
+from flinkish_source.offset_planner import (
+    OffsetPlanner,
+    Positions,
+    from_json,
+    per_partition,
+    to_json,
+)
 from flinkish_source.options import SourceOptions
 from flinkish_source.partition_reader import ReadTask, SlicePlan, read_slice, read_task
 from flinkish_source.read_plan import plan_read_tasks
@@ -153,7 +162,36 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"assigned partitions {missing} do not exist in Kafka; create them or fix "
                     "the assign option (failOnDataLoss=false starts without them)"
                 )
-        return to_json(self._planner.initial(partitions, ranges, _now_ms()))
+        starts = self._offsets_at_times(self._options.starting_times, "starting", partitions,
+                                        ranges)
+        stops = self._offsets_at_times(self._options.ending_times, "ending", partitions, ranges)
+        return to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
+
+    def _offsets_at_times(
+        self, times: int | dict[str, dict[int, int]] | None, which: str,
+        partitions: list[TopicPartitionKey], ranges: Mapping[TopicPartitionKey, OffsetRange],
+    ) -> dict[TopicPartitionKey, int] | None:
+        """Where the starting (or ending) time puts each partition: its first record at or
+        after the time; where there is none, the partition's end, or (starting, with
+        ``startingOffsetsByTimestampStrategy=error``, Spark's default) an error."""
+        if times is None:
+            return None
+        wanted = ({tp: times for tp in partitions} if isinstance(times, int) else
+                  per_partition(f"{which}offsetsbytimestamp", times, partitions))
+        out: dict[TopicPartitionKey, int] = {}
+        for tp, offset in offsets_for_times(self._options, self.metadata, wanted,
+                                            ranges).items():
+            if offset is not None:
+                out[tp] = offset
+            elif which == "ending" or self._options.starting_times_latest:
+                out[tp] = ranges[tp].latest
+            else:
+                raise OptionError(
+                    f"{tp[0]}/{tp[1]} has no record at or after the starting time "
+                    f"{wanted[tp]} (epoch ms): set startingOffsetsByTimestampStrategy=latest "
+                    "to start such partitions at their end, or choose an earlier time"
+                )
+        return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self._options.max_offsets_per_trigger

@@ -145,3 +145,19 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
     batches = sorted(stamps)
     assert len(batches) == 2, stamps  # 3 records never reach the minimum: one delayed batch
     assert stamps[batches[1]] - stamps[batches[0]] >= 4_000
+
+
+def test_a_query_starts_and_ends_at_times_on_a_broker_that_answers_them_wrong(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+) -> None:
+    """The embedded broker answers ListOffsets by timestamp with 0 for every time: the source
+    sees its records contradict that and scans for the right offsets."""
+    name = topic(2)
+    produce(kafka_bootstrap, name, records(0, 40))
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"startingTimestamp": str(BASE + 25_000),
+                       "endingTimestamp": str(BASE + 35_000), "startingOffsets": None})
+    collector = Collector()
+    run(events, tmp_path / "ck", collector)
+    read = sorted((r.partition, r.offset) for _, r in collector.rows if r.kind == "record")
+    assert read == [(p, o) for p in (0, 1) for o in range(25, 35)]

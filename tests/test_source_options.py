@@ -732,3 +732,22 @@ def test_the_commit_group_is_named_by_the_query_and_kept_from_read_consumers() -
     assert off.commit_group is None and "group.id" not in off.kafka_config
     assert "needs a consumer group" in error({**BASE, "commitOffsetsOnCheckpoint": "true"})
     assert "conflict" in error({**BASE, "kafka.group.id": "g", "groupIdPrefix": "p"})
+
+
+def test_starting_and_ending_times() -> None:
+    o = parse(startingTimestamp="1700000000000", endingOffsetsByTimestamp='{"events":{"0":5}}')
+    assert o.starting_times == 1_700_000_000_000 and o.ending_times == {"events": {0: 5}}
+    assert o.bounded and not o.starting_times_latest
+    assert parse(startingOffsetsByTimestampStrategy="Latest").starting_times_latest
+    assert parse(endingTimestamp="7").bounded and not parse().bounded
+    assert "conflict" in error({**BASE, "startingTimestamp": "1", "startingOffsets": "earliest"})
+    assert "conflict" in error({**BASE, "startingTimestamp": "1",
+                                "startingOffsetsByTimestamp": '{"events":{"0":1}}'})
+    assert "conflict" in error({**BASE, "endingTimestamp": "1", "endingOffsets": "latest"})
+    assert "epoch milliseconds" in error({**BASE, "startingTimestamp": "yesterday"})
+    assert "epoch-millisecond" in error({**BASE, "endingOffsetsByTimestamp": '{"e":{"0":-5}}'})
+    assert "is not error" in error({**BASE, "startingOffsetsByTimestampStrategy": "skip"})
+    pattern = {k: v for k, v in BASE.items() if k != "subscribe"}
+    assert parse_raw({**pattern, "subscribePattern": "ev.*", "startingTimestamp": "1"})
+    assert "subscribePattern" in error({**pattern, "subscribePattern": "ev.*",
+                                        "startingOffsetsByTimestamp": '{"events":{"0":1}}'})
