@@ -8,7 +8,9 @@ watermark) and what Kafka held at planning (``latestOffset``, from the source's
 ``reportLatestOffset``). From these:
 
 * ``min/max/avgOffsetsBehindLatest`` — Spark's Kafka source's metrics: records in Kafka the
-  query has not planned yet, per partition;
+  query has not planned yet, per partition (from ``latestOffset``; from the journaled offset's
+  own ``seen``, the latest offset planning saw, where there is none, as in Spark's offsets
+  log, which ``flinkish inspect`` reads);
 * ``watermarkLag`` — Flink's ``KafkaSource`` metric: processing time minus the watermark (here
   the valve's combined watermark journaled with the batch, and per partition its generator's);
 * ``sourceIdleTime`` — Flink's: how long an IDLE partition has gone without records.
@@ -89,6 +91,8 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
                 name = f"{topic}/{part}"
                 if isinstance(latest, Mapping) and str(part) in (latest.get(topic) or {}):
                     behind[name] = max(0, int(latest[topic][str(part)]) - int(pos["offset"]))
+                elif "seen" in pos:  # the journaled offset's own view of Kafka at planning
+                    behind[name] = max(0, int(pos["seen"]) - int(pos["offset"]))
                 lag = _lag(now_ms, (pos.get("base") or {}).get("wm"))
                 if lag is not None:
                     watermarks[name] = lag
@@ -107,6 +111,25 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
             idle_ms=idle,
         ))
     return out
+
+
+def combined(lags: list[SourceLag]) -> SourceLag | None:
+    """Several flinkish sources of one batch (a union, a join) as one: every partition, the
+    largest watermark lag."""
+    if not lags:
+        return None
+    behind = {k: v for lag in lags for k, v in lag.offsets_behind_latest.items()}
+    values = list(behind.values()) or [0]
+    watermark_lags = [lag.watermark_lag_ms for lag in lags if lag.watermark_lag_ms is not None]
+    return SourceLag(
+        batch_id=lags[0].batch_id, offsets_behind_latest=behind,
+        min_offsets_behind_latest=min(values), max_offsets_behind_latest=max(values),
+        avg_offsets_behind_latest=sum(values) / len(values),
+        watermark_lag_ms=max(watermark_lags) if watermark_lags else None,
+        partition_watermark_lag_ms={k: v for lag in lags
+                                    for k, v in lag.partition_watermark_lag_ms.items()},
+        idle_ms={k: v for lag in lags for k, v in lag.idle_ms.items()},
+    )
 
 
 def _parse_ms(text: str) -> int:

@@ -161,3 +161,31 @@ def test_a_query_starts_and_ends_at_times_on_a_broker_that_answers_them_wrong(
     run(events, tmp_path / "ck", collector)
     read = sorted((r.partition, r.offset) for _, r in collector.rows if r.kind == "record")
     assert read == [(p, o) for p in (0, 1) for o in range(25, 35)]
+
+
+def test_inspect_shows_the_lag_of_a_real_run(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flinkish.cli import main
+    from flinkish.inspect import lags
+
+    name = topic(2)
+    produce(kafka_bootstrap, name, records(0, 40))
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"maxOffsetsPerTrigger": "20"})
+    checkpoint = tmp_path / "ck"
+    query = (events.writeStream.format("flinkish").option("target", "parquet")
+             .option("path", str(tmp_path / "out"))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    query.awaitTermination(240)
+    assert not query.isActive and query.exception() is None, query.exception()
+    found = lags(str(checkpoint))
+    assert found[0].offsets_behind_latest == {f"{name}/0": 30, f"{name}/1": 30}
+    assert found[max(found)].max_offsets_behind_latest == 0
+    assert found[max(found)].watermark_lag_ms is not None
+    capsys.readouterr()
+    assert main(["inspect", str(checkpoint), "--plot", str(tmp_path / "lag.png")]) == 0
+    shown = capsys.readouterr().out
+    assert "lag when each batch was planned" in shown and "30 / 30 / 30.0" in shown
+    assert (tmp_path / "lag.png").exists()

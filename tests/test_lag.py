@@ -41,9 +41,11 @@ def test_offsets_behind_latest_watermark_lag_and_idle_time() -> None:
     assert "max 60" in lag.describe() and "t/1 30000 ms" in lag.describe()
 
 
-def test_without_a_reported_latest_offset_nothing_is_behind() -> None:
-    [lag] = source_lags(progress(offset(p0={"offset": 4}), None), now_ms=NOW)
-    assert lag.offsets_behind_latest == {} and lag.max_offsets_behind_latest == 0
+def test_without_a_reported_latest_offset_the_journaled_view_counts() -> None:
+    """Spark's offsets log has no latestOffset: the offset's own ``seen`` (the latest offset
+    planning saw) stands in."""
+    [lag] = source_lags(progress(offset(p0={"offset": 4, "seen": 9}), None), now_ms=NOW)
+    assert lag.offsets_behind_latest == {"t/0": 5} and lag.max_offsets_behind_latest == 5
 
 
 def test_the_report_timestamp_is_now_by_default() -> None:
