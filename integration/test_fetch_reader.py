@@ -15,6 +15,7 @@ from flinkish_source.kafka import read_range
 from flinkish_source.kafka.protocol import RecordChunk
 from flinkish_source.options import parse_options
 from integration.kafka_helpers import produce, run_available_now, source
+from integration.mock_cluster import mock_bootstrap, mock_topic  # noqa: F401  (a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -52,16 +53,24 @@ def _produce(bootstrap: str, topic: str, partition: int, compression: str) -> No
 
 
 @pytest.mark.parametrize("compression", ["none", "gzip", "snappy", "lz4", "zstd"])
+@pytest.mark.parametrize("broker", ["tansu", "mock-cluster"])
 def test_native_reads_exactly_what_librdkafka_reads(
-    kafka_bootstrap: str, topic: Any, compression: str, caplog: pytest.LogCaptureFixture
+    request: pytest.FixtureRequest, kafka_bootstrap: str, topic: Any, compression: str,
+    broker: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    name = topic(1)
-    _produce(kafka_bootstrap, name, 0, compression)
-    expected, _ = _read(_options(kafka_bootstrap, name, "librdkafka"), name, 0, 100, 2_900)
+    """On the embedded broker and on librdkafka's mock cluster (integration/mock_cluster.py,
+    whose topics have 4 partitions: partition 0 is read)."""
+    if broker == "tansu":
+        bootstrap, name = kafka_bootstrap, topic(1)
+    else:
+        bootstrap, name = request.getfixturevalue("mock_bootstrap"), f"native-{compression}"
+        mock_topic(bootstrap, name)
+    _produce(bootstrap, name, 0, compression)
+    expected, _ = _read(_options(bootstrap, name, "librdkafka"), name, 0, 100, 2_900)
     assert [r[0] for r in expected] == list(range(100, 2_900))
     assert expected[0][4] == [("trace", b"t100"), ("none", None)] and expected[1][4] is None
     with caplog.at_level(logging.INFO, logger="flinkish_source.kafka.native"):
-        got, chunks = _read(_options(kafka_bootstrap, name, "native"), name, 0, 100, 2_900)
+        got, chunks = _read(_options(bootstrap, name, "native"), name, 0, 100, 2_900)
     assert got == expected
     assert all(isinstance(c, RecordChunk) for c in chunks)  # no record went to librdkafka
     assert "with librdkafka" not in caplog.text

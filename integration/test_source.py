@@ -312,8 +312,8 @@ def test_replaying_a_planned_batch_yields_identical_records_and_markers(
     from flinkish_source.options import parse_options
     from flinkish_source.partition_reader import read_slice
 
-    name = topic(3)
-    produce(kafka_bootstrap, name, skewed(3, 30))
+    name = topic(4)
+    produce(kafka_bootstrap, name, skewed(4, 30))
     options = parse_options({
         "kafka.bootstrap.servers": kafka_bootstrap, "subscribe": name,
         "startingOffsets": "earliest", "watermark.maxOutOfOrderness": "2 seconds",

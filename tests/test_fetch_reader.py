@@ -431,6 +431,24 @@ def test_a_batch_it_cannot_decode_hands_the_rest_of_the_range_to_librdkafka(
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 1  # once
 
 
+def test_a_batch_the_decoder_takes_for_malformed_is_handed_to_librdkafka(
+    broker: FakeBroker, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    bad = bytearray(plain(10, 10))
+    bad[61] = 0x7E  # the first record's length: past the batch's end
+    broker.answer = lambda t, p, o: (0, 20, plain(o, 10 - o) if o < 10 else bytes(bad))
+    made = LibrdkafkaToo({("t", 0): list(range(20))}, leader=lambda: Node("127.0.0.1",
+                                                                          broker.port))
+    monkeypatch.setattr(kafka_base, "POOL",
+                        ConsumerPool(factory=lambda config: made, evict_interval=0))
+    monkeypatch.setattr(native, "_FELL_BACK", set())
+    caplog.set_level(logging.WARNING, logger="flinkish_source.kafka.native")
+    with FetchRangeReader(options(), [("t", 0, 0, 20)], 100) as reader:
+        assert read(reader, "t", 0, 0, 20) == list(range(20))
+    assert "reading offsets 10..19 with librdkafka (the native decoder could not read it: " \
+        "malformed Kafka record batch at base offset 10" in caplog.text
+
+
 def test_librdkafka_reads_by_default_and_native_is_opt_in() -> None:
     from flinkish_source.options import FetchClient
 

@@ -1,4 +1,4 @@
-"""The native fetch path's decoding (flinkish_source.kafka_fetch and its C decoder) against
+"""The native fetch path's decoding (flinkish_source.kafka.protocol and its C decoder) against
 record batches encoded here by Kafka's format (KIP-98, magic 2): plain and gzip batches, null
 keys and values, LogAppendTime, ranges that cut batches, a batch cut off by the fetch size,
 control batches and aborted transactions, codecs it leaves to librdkafka, malformed input,

@@ -15,7 +15,6 @@ import functools
 import logging
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 from confluent_kafka import Message
 
@@ -23,6 +22,7 @@ from flinkish_source.kafka.base import (
     POOL,
     DataLossError,
     KafkaUnavailableError,
+    PooledRangeReader,
     RangeKey,
     TopicPartitionKey,
 )
@@ -36,7 +36,8 @@ __all__ = ["POOL", "DataLossError", "KafkaMetadata", "KafkaUnavailableError", "O
 logger = logging.getLogger(__name__)
 
 
-def range_reader(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int) -> Any:
+def range_reader(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int
+                 ) -> PooledRangeReader:
     """The reader of a task's ranges: librdkafka's, or with ``kafkaConsumer.fetch=native``
     Fetch requests decoded into Arrow (:class:`~flinkish_source.kafka.native.FetchRangeReader`)
     where the query allows it (:func:`~flinkish_source.kafka.native.eligible`)."""
@@ -60,8 +61,8 @@ def _warn_librdkafka_once(why: str) -> None:
 _announced = threading.local()
 
 
-def _registry() -> dict[RangeKey, RangeReader]:
-    registry: dict[RangeKey, RangeReader] | None = getattr(_announced, "ranges", None)
+def _registry() -> dict[RangeKey, PooledRangeReader]:
+    registry: dict[RangeKey, PooledRangeReader] | None = getattr(_announced, "ranges", None)
     if registry is None:
         registry = _announced.ranges = {}
     return registry
@@ -91,7 +92,7 @@ def reading(options: SourceOptions, ranges: Sequence[RangeKey], chunk: int) -> I
 
 def read_range(
     options: SourceOptions, topic: str, partition: int, start: int, end: int, chunk: int
-) -> Iterator[list[Message]]:
+) -> Iterator[Sequence[Message]]:
     """Records of ``topic/partition`` with ``start <= offset < end``, in chunks of messages.
 
     Stops at ``end`` even when the last offsets are transaction markers or compacted away: the

@@ -10,6 +10,7 @@ two tasks at once.
 
 from __future__ import annotations
 
+import abc
 import atexit
 import contextlib
 import logging
@@ -17,7 +18,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -62,12 +63,6 @@ _UNANSWERED = frozenset({
     KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.REQUEST_TIMED_OUT,
     KafkaError.BROKER_NOT_AVAILABLE, KafkaError.NETWORK_EXCEPTION,
 })
-
-
-
-
-
-
 
 
 def servers(options: SourceOptions) -> str:
@@ -359,9 +354,10 @@ def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
     return consumer_config(options, **overrides)
 
 
-class PooledRangeReader:
-    """What both range readers share: the task's announced ranges, each read once, and one
-    consumer borrowed from the pool (handed back on close, or closed if reading failed)."""
+class PooledRangeReader(abc.ABC):
+    """The interface of a read task's range reader, and what both implementations share: the
+    task's announced ranges, each read once (:meth:`read`), and one consumer borrowed from
+    the pool (handed back on close, or closed if reading failed)."""
 
     def __init__(self, options: SourceOptions, chunk: int, pool: ConsumerPool | None,
                  lookahead: int | None) -> None:
@@ -377,6 +373,13 @@ class PooledRangeReader:
 
     def __exit__(self, *exc: object) -> None:
         self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
+
+    @abc.abstractmethod
+    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Sequence[Any]]:
+        """Records of one announced range, ``start <= offset < end``, in chunks (each a
+        sequence of ``Message``-like records), the end reached across transaction markers and
+        compacted offsets; lost offsets per ``failOnDataLoss``; every wait bounded by
+        ``kafkaConsumer.pollTimeoutMs``."""
 
     def close(self, failed: bool = False) -> None:
         """Hand the consumer back to the pool (closed instead if reading ``failed``)."""

@@ -299,6 +299,10 @@ class FetchRangeReader(PooledRangeReader):
             except UnsupportedBatch as exc:
                 owner.fallback = str(exc)
                 continue
+            except ValueError as exc:  # a batch the decoder takes for malformed: librdkafka
+                # reads it if it is not (and fails with its own error if it is)
+                owner.fallback = f"the native decoder could not read it: {exc}"
+                continue
             if owner.decoder.position == before and not owner.chunks:
                 self._at_end_of_log(owner, fetched)
         return why
