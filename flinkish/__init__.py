@@ -15,6 +15,7 @@ from __future__ import annotations
 from checkpointing import CorruptRecordError, FencedError
 from flinkish import windows
 from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
+from flinkish.lag import log_lag, source_lags
 from flinkish.session import register
 from flinkish.spark_watermark import with_watermark
 from flinkish_core.errors import OptionError, WorkerEnvironmentError
@@ -28,7 +29,9 @@ __all__ = [
     "ValveForEachBatch",
     "WatermarkedBatch",
     "WorkerEnvironmentError",
+    "log_lag",
     "register",
+    "source_lags",
     "windows",
     "with_watermark",
 ]

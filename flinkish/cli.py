@@ -73,6 +73,8 @@ def _inspect(args: argparse.Namespace) -> int:
         LocationNotFoundError,
         capped_partitions,
         held_partitions,
+        lag_table,
+        lags,
         load_epochs,
         plot,
         table,
@@ -87,13 +89,16 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"no epochs recorded in {args.location}")
         return 1
     console.print(table(rows))
+    lag = lags(args.location)
+    if lag:
+        console.print(lag_table(lag))
     for batch, names in held_partitions(args.location).items():
         console.print(f"batch {batch}: watermark alignment held back {', '.join(names)}")
     for batch, names in capped_partitions(args.location).items():
         console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
                       "(read less than their share to stay within the drift)")
     if args.plot:
-        plot(rows, args.plot)
+        plot(rows, args.plot, lag)
         console.print(f"plot written to {args.plot}")
     return 0
 

@@ -6,12 +6,15 @@ Reads only (``CheckpointStore.reader``), so it is safe beside a running query.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import resolve_store
+from flinkish.lag import SourceLag, combined, source_lags
+from flinkish_core.durations import format_duration
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
 from flinkish_sink.target import WATERMARK_SPARK, WATERMARK_VALVE
@@ -96,9 +99,42 @@ def capped_partitions(checkpoint_location: str) -> dict[int, list[str]]:
 
 
 def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
-    """Batch id -> the partitions whose journaled position has ``decision`` set, read from
+    """Batch id -> the partitions whose journaled position has ``decision`` set."""
+    batches: dict[int, list[str]] = {}
+    for batch, _, offsets in _offsets_log(checkpoint_location):
+        names = []
+        for offset in offsets:
+            try:
+                positions = offset_from_json(offset)
+            except (ValueError, AttributeError):  # another source's offset
+                continue
+            names += [f"{topic}/{p}" for (topic, p), pos in positions.items()
+                      if getattr(pos, decision)]
+        if names:
+            batches[batch] = sorted(names)
+    return batches
+
+
+def lags(checkpoint_location: str) -> dict[int, SourceLag]:
+    """Batch id -> how far its flinkish sources were behind when Spark planned it: offsets
+    behind latest, the combined watermark's lag and idle times (``flinkish.lag``), from the
+    journaled offsets and the batch's planning time in Spark's offsets log."""
+    out = {}
+    for batch, metadata, offsets in _offsets_log(checkpoint_location):
+        planned = metadata.get("batchTimestampMs")
+        if planned is None:
+            continue
+        progress = {"batchId": batch, "sources": [{"endOffset": o} for o in offsets]}
+        lag = combined(source_lags(progress, now_ms=int(planned)))
+        if lag is not None:
+            out[batch] = lag
+    return out
+
+
+def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
+    """(batch id, batch metadata, each source's offset) from
     ``<checkpointLocation>/offsets/N`` (a version line, the batch metadata, then one line per
-    source)."""
+    source), in batch order; empty when the location is not a query's checkpoint."""
     import json
     import posixpath
 
@@ -110,23 +146,21 @@ def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
         filesystem, base = pafs.LocalFileSystem(), checkpoint_location
     directory = posixpath.join(base.rstrip("/"), "offsets")
     found = filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
-    batches: dict[int, list[str]] = {}
+    batches = []
     for info in found:
         if not info.base_name.isdigit():
             continue
         with filesystem.open_input_stream(info.path) as stream:
-            lines = stream.read().decode("utf-8").splitlines()[2:]
-        names = []
-        for line in lines:
+            lines = stream.read().decode("utf-8").splitlines()
+        parsed = []
+        for line in lines[1:]:
             try:
-                positions = offset_from_json(json.loads(line))
-            except (ValueError, AttributeError):  # another source's offset, or not JSON
-                continue
-            names += [f"{topic}/{p}" for (topic, p), pos in positions.items()
-                      if getattr(pos, decision)]
-        if names:
-            batches[int(info.base_name)] = sorted(names)
-    return dict(sorted(batches.items()))
+                parsed.append(json.loads(line))
+            except ValueError:  # a source whose offset is not JSON
+                parsed.append(None)
+        if parsed and isinstance(parsed[0], dict):
+            batches.append((int(info.base_name), parsed[0], parsed[1:]))
+    return sorted(batches, key=lambda b: b[0])
 
 
 def _wm(value: Any) -> int | None:
@@ -186,7 +220,32 @@ def table(rows: list[EpochRow]) -> Any:
     return out
 
 
-def plot(rows: list[EpochRow], path: str) -> None:
+def lag_table(lag: Mapping[int, SourceLag]) -> Any:
+    """Per batch (= epoch), from :func:`lags`: records not yet planned in Kafka (Spark's
+    ``min/max/avgOffsetsBehindLatest``), the combined watermark's lag behind the batch's
+    planning time and idle partitions' time without records (Flink's ``watermarkLag``,
+    ``sourceIdleTime``)."""
+    from rich.table import Table
+
+    out = Table(title="lag when each batch was planned",
+                caption="offsets: records in Kafka not yet planned, per partition")
+    for header in ("batch", "offsets behind\nmin / max / avg", "watermark\nlag",
+                   "idle for"):
+        out.add_column(header, no_wrap=True, justify="right" if header == "batch" else "left")
+    for batch, figures in sorted(lag.items()):
+        out.add_row(
+            str(batch),
+            f"{figures.min_offsets_behind_latest} / {figures.max_offsets_behind_latest} / "
+            f"{figures.avg_offsets_behind_latest:.1f}",
+            "-" if figures.watermark_lag_ms is None
+            else format_duration(figures.watermark_lag_ms / 1000),
+            ", ".join(f"{tp} {format_duration(ms / 1000)}"
+                      for tp, ms in sorted(figures.idle_ms.items())) or "-",
+        )
+    return out
+
+
+def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = None) -> None:
     """Per-partition watermarks (hollow where the partition was idle) and the combined
     watermark over epochs: a lagging or idle partition shows at a glance."""
     import matplotlib
@@ -206,7 +265,17 @@ def plot(rows: list[EpochRow], path: str) -> None:
         return float(mdates.date2num(datetime.fromtimestamp(value / 1000, timezone.utc)))
 
     names = sorted({n for r in done for n in r.partitions})
-    fig, ax = plt.subplots(figsize=(10, 5.5))
+    if lag:
+        fig, (ax, below) = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True,
+                                        gridspec_kw={"height_ratios": [3, 1]})
+        epochs = sorted(e for e in lag if e in {r.epoch for r in done})
+        below.bar(epochs, [lag[e].max_offsets_behind_latest for e in epochs], color="tab:red",
+                  alpha=0.6, label="max offsets behind latest")
+        below.set_ylabel("records behind")
+        below.grid(alpha=0.3)
+        below.legend(loc="upper left", fontsize=8)
+    else:
+        fig, ax = plt.subplots(figsize=(10, 5.5))
     for name in names:
         points = [(r.epoch, r.partitions.get(name, {})) for r in done]
         known = [(e, w) for e, p in points if (w := when(p.get("watermark"))) is not None]
@@ -225,7 +294,7 @@ def plot(rows: list[EpochRow], path: str) -> None:
             ax.plot([e for e, _ in series], [w for _, w in series], color="black", linewidth=6,
                     alpha=0.3, zorder=1, label=label,
                     linestyle="-" if source == WATERMARK_VALVE else "--")
-    ax.set_xlabel("epoch (micro-batch id = checkpoint id)")
+    (below if lag else ax).set_xlabel("epoch (micro-batch id = checkpoint id)")
     ax.set_ylabel("watermark (event time, UTC)")
     ax.set_title("flinkish: per-partition and combined watermarks (hollow = idle)")
     ax.grid(alpha=0.3)

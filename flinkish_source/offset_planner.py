@@ -104,9 +104,11 @@ def from_json(data: Mapping[str, Any]) -> Positions:
     }
 
 
-def _specific(
+def per_partition(
     key: str, wanted: dict[str, dict[int, int]], partitions: list[TopicPartitionKey]
 ) -> dict[TopicPartitionKey, int]:
+    """An option's per-partition values (offsets or times), which must name every partition
+    of the query exactly."""
     given = {(t, p): o for t, parts in wanted.items() for p, o in parts.items()}
     missing = sorted(set(partitions) - set(given))
     unknown = sorted(set(given) - set(partitions))
@@ -126,15 +128,22 @@ class OffsetPlanner:
 
     def initial(
         self, partitions: list[TopicPartitionKey], ranges: Mapping[TopicPartitionKey, OffsetRange],
-        now_ms: int,
+        now_ms: int, starts: Mapping[TopicPartitionKey, int] | None = None,
+        stops_at: Mapping[TopicPartitionKey, int] | None = None,
     ) -> Positions:
-        """Positions before the first batch, from startingOffsets / endingOffsets."""
+        """Positions before the first batch, from startingOffsets / endingOffsets, or from the
+        offsets the starting / ending times resolved to (``starts``, ``stops_at``)."""
         options = self._options
         starting = options.starting
-        specific = _specific("startingoffsets", starting, partitions) if isinstance(
+        specific = per_partition("startingoffsets", starting, partitions) if isinstance(
             starting, dict) else {}
-        ending = options.ending
-        stops = _specific("endingoffsets", ending, partitions) if isinstance(ending, dict) else {}
+        if starts is not None:
+            specific = dict(starts)
+        ending: Any = options.ending
+        stops = per_partition("endingoffsets", ending, partitions) if isinstance(
+            ending, dict) else {}
+        if stops_at is not None:
+            ending, stops = "times", dict(stops_at)
         positions: Positions = {}
         for tp in partitions:
             r = ranges[tp]
@@ -188,7 +197,7 @@ class OffsetPlanner:
         for tp in partitions:
             if tp not in positions and not options.topics.assign:
                 # discovered after the query started: read from its beginning, as Spark does
-                stop = ranges[tp].latest if options.ending is not None else None
+                stop = ranges[tp].latest if options.bounded else None
                 positions[tp] = self._new(ranges[tp].earliest, ranges[tp].latest, now_ms, stop)
             elif tp not in positions:
                 continue

@@ -9,6 +9,7 @@ Option names follow Spark's own Kafka source (``kafka.*``, ``subscribe``, ``star
 from __future__ import annotations
 
 import difflib
+import hashlib
 import json
 import os
 import re
@@ -57,7 +58,6 @@ _FORBIDDEN_KAFKA = {
     "enable.auto.commit": "offsets are tracked in Spark's checkpoint, not committed to Kafka",
     "auto.offset.reset": "use the startingOffsets option instead",
     "enable.partition.eof": "the source sets it itself",
-    "group.id": "the source assigns partitions itself; it does not join a consumer group",
 }
 
 _KNOWN = {
@@ -69,6 +69,9 @@ _KNOWN = {
     "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
     "watermark.alignment.maxdrift",
     "maxreadtasks", "minpartitions", "kafkaconsumer.fetch",
+    "minoffsetspertrigger", "maxtriggerdelay", "groupidprefix", "commitoffsetsoncheckpoint",
+    "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
+    "endingtimestamp", "endingoffsetsbytimestamp",
 }
 _DISPLAY = {
     "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
@@ -86,7 +89,16 @@ _DISPLAY = {
     "watermark.alignment.maxdrift": "watermark.alignment.maxDrift",
     "maxreadtasks": "maxReadTasks", "minpartitions": "minPartitions",
     "kafkaconsumer.fetch": "kafkaConsumer.fetch",
+    "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
+    "groupidprefix": "groupIdPrefix", "commitoffsetsoncheckpoint": "commitOffsetsOnCheckpoint",
+    "startingtimestamp": "startingTimestamp",
+    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
+    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
+    "endingtimestamp": "endingTimestamp", "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
 }
+
+#: Spark's Kafka source waits at most this long for minOffsetsPerTrigger (maxTriggerDelay).
+DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
 
 
 def display(key: str) -> str:
@@ -143,6 +155,24 @@ class SourceOptions:
     max_read_tasks: int | None = None
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
     fetch_client: FetchClient = FetchClient.LIBRDKAFKA
+    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
+    # None: no commits); never in kafka_config, so read consumers never join or commit to it
+    commit_group: str | None = None
+    # Spark's startingTimestamp / startingOffsetsByTimestamp (one time for every partition, or
+    # per partition; epoch ms), and the ending pair: resolved to offsets when the query starts
+    starting_times: int | dict[str, dict[int, int]] | None = None
+    # startingOffsetsByTimestampStrategy: no record at or after the time fails ("error") or
+    # starts at the partition's end ("latest")
+    starting_times_latest: bool = False
+    ending_times: int | dict[str, dict[int, int]] | None = None
+
+    @property
+    def bounded(self) -> bool:
+        """Whether every partition stops somewhere (endingOffsets or an ending time)."""
+        return self.ending is not None or self.ending_times is not None
 
     @property
     def read_committed(self) -> bool:
@@ -208,6 +238,87 @@ def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[in
                 )
             out[topic][int(part)] = offset
     return out
+
+
+def _times(options: Mapping[str, str], one: str, each: str,
+           offsets: str) -> int | dict[str, dict[int, int]] | None:
+    """``startingTimestamp`` (one time for every partition) or ``startingOffsetsByTimestamp``
+    (per partition), or the ending pair; at most one of them and of the offsets option."""
+    given = [k for k in (one, each, offsets) if k in options]
+    if len(given) > 1:
+        raise OptionError(
+            f"options {' and '.join(display(k) for k in given)} conflict: give one (Spark's "
+            f"Kafka source would silently prefer {display(given[0])})"
+        )
+    if one in options:
+        text = options[one].strip()
+        if not text.isdigit():
+            raise OptionError(
+                f"option {display(one)}: {text!r} is not a timestamp in epoch milliseconds "
+                "(e.g. 1700000000000)"
+            )
+        return int(text)
+    if each in options:
+        raw = options[each]
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError:
+            data = None
+        ok = isinstance(data, dict) and all(
+            isinstance(parts, dict) and all(
+                str(p).isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for p, v in parts.items())
+            for parts in data.values())
+        if not ok:
+            raise OptionError(
+                f"option {display(each)}: {raw!r} is not a JSON object of epoch-millisecond "
+                'timestamps >= 0 per partition, like {"topic":{"0":1700000000000}}'
+            )
+        return {t: {int(p): v for p, v in parts.items()} for t, parts in data.items()}
+    return None
+
+
+def _positive(options: Mapping[str, str], key: str) -> int | None:
+    """A positive whole number option, or None when it is not given."""
+    if key not in options:
+        return None
+    given = options[key].strip()
+    if not given.isdigit() or int(given) <= 0:
+        raise OptionError(f"option {display(key)}: {given!r} is not a positive whole number")
+    return int(given)
+
+
+def _commit_group(options: Mapping[str, str], kafka: dict[str, str]) -> str | None:
+    """The consumer group completed epochs' offsets are committed to: ``kafka.group.id``, or
+    ``groupIdPrefix`` plus a digest of ``checkpointing.location`` (one group per query, the same
+    across restarts, as Spark's Kafka source names its groups from the query's checkpoint);
+    None when the query names no group or sets ``commitOffsetsOnCheckpoint=false``. Takes
+    ``group.id`` out of ``kafka``: the read consumers must not carry it."""
+    group = kafka.pop("group.id", None)
+    prefix = options.get("groupidprefix")
+    if group is not None and prefix is not None:
+        raise OptionError(
+            "options kafka.group.id and groupIdPrefix conflict: name the group, or let the "
+            "source derive one from the prefix"
+        )
+    if prefix is not None:
+        location = options.get("checkpointing.location")
+        if not location:
+            raise OptionError(
+                "option groupIdPrefix needs checkpointing.location (the group is named after "
+                "it, so that a restarted query commits to the same group); or give "
+                "kafka.group.id"
+            )
+        digest = hashlib.sha256(location.encode()).hexdigest()[:12]
+        group = f"{prefix.strip()}-{digest}"
+    if not _bool(options, "commitoffsetsoncheckpoint", True):
+        return None
+    if "commitoffsetsoncheckpoint" in options and group is None:
+        raise OptionError(
+            "option commitOffsetsOnCheckpoint needs a consumer group: give kafka.group.id or "
+            "groupIdPrefix"
+        )
+    return group
 
 
 def _topics(options: Mapping[str, str]) -> TopicSelection:
@@ -280,8 +391,20 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         ending = "latest" if ending_text.lower() == "latest" else _offsets_json(
             "endingoffsets", ending_text, allow_earliest=False
         )
+    starting_times = _times(options, "startingtimestamp", "startingoffsetsbytimestamp",
+                            "startingoffsets")
+    ending_times = _times(options, "endingtimestamp", "endingoffsetsbytimestamp",
+                          "endingoffsets")
+    strategy_text = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy_text not in ("error", "latest"):
+        raise OptionError(
+            f"option startingOffsetsByTimestampStrategy: {strategy_text!r} is not error (fail "
+            "when a partition has no record at or after the time) or latest (start at its end)"
+        )
     if topics.pattern is not None:
-        for key, value in (("startingoffsets", starting), ("endingoffsets", ending)):
+        for key, value in (("startingoffsets", starting), ("endingoffsets", ending),
+                           ("startingoffsetsbytimestamp", starting_times),
+                           ("endingoffsetsbytimestamp", ending_times)):
             if isinstance(value, dict):
                 raise OptionError(
                     f"option {display(key)}: per-partition offsets cannot be combined with "
@@ -289,14 +412,26 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
                     "subscribe or assign"
                 )
 
-    max_per_trigger = None
-    if "maxoffsetspertrigger" in options:
-        text = options["maxoffsetspertrigger"].strip()
-        if not text.isdigit() or int(text) <= 0:
+    max_per_trigger, min_per_trigger = (
+        _positive(options, key) for key in ("maxoffsetspertrigger", "minoffsetspertrigger"))
+    if max_per_trigger is not None and min_per_trigger is not None and (
+            min_per_trigger > max_per_trigger):
+        raise OptionError(
+            f"options minOffsetsPerTrigger ({min_per_trigger}) and maxOffsetsPerTrigger "
+            f"({max_per_trigger}) conflict: a batch cannot hold more than the maximum"
+        )
+    max_delay = DEFAULT_MAX_TRIGGER_DELAY_MS
+    if "maxtriggerdelay" in options:
+        if min_per_trigger is None:
             raise OptionError(
-                f"option maxOffsetsPerTrigger: {text!r} is not a positive whole number"
+                "option maxTriggerDelay only applies with minOffsetsPerTrigger (how long a "
+                "batch may wait for that many records)"
             )
-        max_per_trigger = int(text)
+        max_delay = parse_duration_ms("maxTriggerDelay", options["maxtriggerdelay"])
+        if max_delay <= 0:
+            raise OptionError("option maxTriggerDelay must be a positive duration")
+
+    commit_group = _commit_group(options, kafka)
 
     et_field = options.get("eventtime.field") or None
     et_header = options.get("eventtime.header") or None
@@ -394,13 +529,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "read)"
         )
 
-    counts: dict[str, int | None] = {}
-    for key in ("maxreadtasks", "minpartitions"):
-        given = options[key].strip() if key in options else None
-        if given is not None and (not given.isdigit() or int(given) <= 0):
-            raise OptionError(f"option {display(key)}: {given!r} is not a positive whole number")
-        counts[key] = None if given is None else int(given)
-    max_tasks, min_partitions = counts["maxreadtasks"], counts["minpartitions"]
+    max_tasks, min_partitions = (
+        _positive(options, key) for key in ("maxreadtasks", "minpartitions"))
     if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
         raise OptionError(
             f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
@@ -432,6 +562,12 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         max_read_tasks=max_tasks,
         min_partitions=min_partitions,
         fetch_client=FetchClient(fetch_text),
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_ms=max_delay,
+        commit_group=commit_group,
+        starting_times=starting_times,
+        starting_times_latest=strategy_text == "latest",
+        ending_times=ending_times,
     )
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(

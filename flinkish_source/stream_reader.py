@@ -27,6 +27,7 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from flinkish_core.epoch_valve import EpochWatermark
+from flinkish_core.errors import OptionError
 from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_source import watermark_alignment as alignment
 from flinkish_source.combined_watermark import (
@@ -38,7 +39,16 @@ from flinkish_source.combined_watermark import (
     journal,
 )
 from flinkish_source.kafka import KafkaMetadata, TopicPartitionKey
-from flinkish_source.offset_planner import OffsetPlanner, Positions, from_json, to_json
+from flinkish_source.kafka.group_offsets import GroupOffsetCommitter
+from flinkish_source.kafka.metadata import OffsetRange
+from flinkish_source.kafka.offsets_by_time import offsets_for_times
+from flinkish_source.offset_planner import (
+    OffsetPlanner,
+    Positions,
+    from_json,
+    per_partition,
+    to_json,
+)
 from flinkish_source.options import SourceOptions
 from flinkish_source.partition_reader import ReadTask, SlicePlan, read_slice, read_task
 from flinkish_source.read_plan import plan_read_tasks
@@ -108,11 +118,17 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._metadata: KafkaMetadata | None = None
         self._target: dict[TopicPartitionKey, int] | None = None
         self._state_store: SourceStateStore | None = None
+        self._committer: GroupOffsetCommitter | None = None
+        # processing time (ms) of the last batch planned (Spark's lastTriggerMillis: 0 lets
+        # the first planning through whatever minOffsetsPerTrigger says)
+        self._last_trigger_ms = 0
+        self._latest: dict[TopicPartitionKey, int] = {}
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_metadata"] = None
         state["_state_store"] = None
+        state["_committer"] = None
         return state
 
     @property
@@ -146,7 +162,36 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     f"assigned partitions {missing} do not exist in Kafka; create them or fix "
                     "the assign option (failOnDataLoss=false starts without them)"
                 )
-        return to_json(self._planner.initial(partitions, ranges, _now_ms()))
+        starts = self._offsets_at_times(self._options.starting_times, "starting", partitions,
+                                        ranges)
+        stops = self._offsets_at_times(self._options.ending_times, "ending", partitions, ranges)
+        return to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
+
+    def _offsets_at_times(
+        self, times: int | dict[str, dict[int, int]] | None, which: str,
+        partitions: list[TopicPartitionKey], ranges: Mapping[TopicPartitionKey, OffsetRange],
+    ) -> dict[TopicPartitionKey, int] | None:
+        """Where the starting (or ending) time puts each partition: its first record at or
+        after the time; where there is none, the partition's end, or (starting, with
+        ``startingOffsetsByTimestampStrategy=error``, Spark's default) an error."""
+        if times is None:
+            return None
+        wanted = ({tp: times for tp in partitions} if isinstance(times, int) else
+                  per_partition(f"{which}offsetsbytimestamp", times, partitions))
+        out: dict[TopicPartitionKey, int] = {}
+        for tp, offset in offsets_for_times(self._options, self.metadata, wanted,
+                                            ranges).items():
+            if offset is not None:
+                out[tp] = offset
+            elif which == "ending" or self._options.starting_times_latest:
+                out[tp] = ranges[tp].latest
+            else:
+                raise OptionError(
+                    f"{tp[0]}/{tp[1]} has no record at or after the starting time "
+                    f"{wanted[tp]} (epoch ms): set startingOffsetsByTimestampStrategy=latest "
+                    "to start such partitions at their end, or choose an earlier time"
+                )
+        return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self._options.max_offsets_per_trigger
@@ -178,14 +223,36 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     return alignment.pace_at(self._store, tp, offsets[tp])
 
                 return alignment.decide(combined, offsets, available, drift, pace, share).limits
+        now = _now_ms()
         end = self._planner.latest(
-            positions, partitions, ranges, _now_ms(), max_rows, self._target, self._load_state,
+            positions, partitions, ranges, now, max_rows, self._target, self._load_state,
             hold,
         )
+        self._latest = {tp: r.latest for tp, r in ranges.items()}
+        if self._delay_batch(positions, end, now):
+            return start
         offset = to_json(end)
         if combined is not None:
             offset[OFFSET_KEY] = self._planning_valve(start, positions, end, combined)
         return offset
+
+    def _delay_batch(self, positions: Positions, end: Positions, now: int) -> bool:
+        """Spark's ``minOffsetsPerTrigger``/``maxTriggerDelay``: no batch while fewer records
+        than the minimum are admitted, until the delay since the last batch has passed; not
+        under Trigger.AvailableNow (which reads to its target, as Spark's Kafka source does).
+        Status and carrier-only batches wait too: they carry no records."""
+        minimum = self._options.min_offsets_per_trigger
+        if minimum is None or self._target is not None:
+            return False
+        if now - self._last_trigger_ms >= self._options.max_trigger_delay_ms:
+            self._last_trigger_ms = now
+            return False
+        admitted = sum(pos.offset - positions[tp].offset if tp in positions else
+                       pos.offset - pos.first for tp, pos in end.items())
+        if admitted < minimum:
+            return True
+        self._last_trigger_ms = now
+        return False
 
     def _planning_valve(self, start: dict, positions: Positions, end: Positions,
                         combined: EpochWatermark) -> dict:
@@ -202,7 +269,15 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return journal(combined, slices)
 
     def reportLatestOffset(self) -> dict | None:
-        return None
+        """What Kafka holds, as of the last planning, in Spark's Kafka source's shape
+        (``{"topic": {"0": 123}}``): the query progress shows it beside the end offset, so a
+        listener sees how far each partition is behind (see ``flinkish.lag``)."""
+        if not self._latest:
+            return None
+        out: dict[str, dict[str, int]] = {}
+        for (topic, part), latest in sorted(self._latest.items()):
+            out.setdefault(topic, {})[str(part)] = latest
+        return out
 
     def _load_state(
         self, tp: TopicPartitionKey, at: int, base: GeneratorState
@@ -258,16 +333,25 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                           self._options.horizon_ms)
 
     def commit(self, end: dict) -> None:
-        """Spark will never plan from before ``end`` again: forget older generator states
-        (the task records whose slices all end before their partitions' ``base``, and
+        """Spark has durably committed the epoch that ``end`` ends and will never plan from
+        before it again: commit its offsets to the query's consumer group, if it names one
+        (:mod:`flinkish_source.kafka.group_offsets`), and forget older generator states (the
+        task records whose slices all end before their partitions' ``base``, and
         per-partition records before it)."""
+        positions: Positions = from_json(end)
+        if self._options.commit_group is not None:
+            if self._committer is None:
+                self._committer = GroupOffsetCommitter(self._options)
+            self._committer.commit({tp: pos.offset for tp, pos in positions.items()})
         if self._options.state_location is None:
             return
-        positions: Positions = from_json(end)
         self._store.prune_all({tp: pos.base.at for tp, pos in positions.items()
                                if pos.base is not None})
 
     def stop(self) -> None:
+        if self._committer is not None:
+            self._committer.close()
+            self._committer = None
         if self._metadata is not None:
             self._metadata.close()
             self._metadata = None

@@ -25,17 +25,16 @@ def produce(bootstrap: str, topic: str, records: Iterable[Record], headers: Any 
     assert remaining == 0, f"{remaining} records not delivered"
 
 
-def source(spark: Any, bootstrap: str, topic: str, state: str, **options: str) -> Any:
-    reader = (
-        spark.readStream.format("flinkish")
-        .option("kafka.bootstrap.servers", bootstrap)
-        .option("subscribe", topic)
-        .option("startingOffsets", "earliest")
-        .option("checkpointing.location", state)
-        .option("kafkaConsumer.pollTimeoutMs", "20000")
-    )
-    for key, value in options.items():
-        reader = reader.option(key, value)
+def source(spark: Any, bootstrap: str, topic: str, state: str, **options: str | None) -> Any:
+    """The flinkish source over ``topic`` from its earliest offsets; ``options`` add to or
+    replace the defaults (None removes one)."""
+    settings: dict[str, str | None] = {
+        "kafka.bootstrap.servers": bootstrap, "subscribe": topic, "startingOffsets": "earliest",
+        "checkpointing.location": state, "kafkaConsumer.pollTimeoutMs": "20000", **options}
+    reader = spark.readStream.format("flinkish")
+    for key, value in settings.items():
+        if value is not None:
+            reader = reader.option(key, value)
     return reader.load()
 
 

@@ -30,6 +30,15 @@ class Log:
     earliest: int = 0
     high: int | None = None
     leader: int = 1
+    # ListOffsets by timestamp: record timestamps by offset (Kafka's answer: the first offset
+    # at or after the time, -1 for none), or a fixed answer, as brokers that get it wrong give
+    times: dict[int, int] = field(default_factory=dict)
+    time_answer: int | None = None
+
+    def offset_for_time(self, timestamp: int) -> int:
+        if self.time_answer is not None:
+            return self.time_answer
+        return min((o for o, ts in self.times.items() if ts >= timestamp), default=-1)
 
     def append(self, first: int, last: int, raw: bytes) -> None:
         self.entries.append((first, last, raw))
@@ -153,7 +162,8 @@ class FaultyKafka:
             for _ in range(parts):
                 partition, timestamp = req.int32(), req.int64()
                 log = self.logs[(topic, partition)]
-                offset = log.earliest if timestamp == -2 else log.high_watermark
+                offset = (log.earliest if timestamp == -2 else log.high_watermark
+                          if timestamp == -1 else log.offset_for_time(timestamp))
                 out.append(struct.pack(">ihqq", partition, 0, -1, offset))
         return b"".join(out)
 

@@ -122,3 +122,31 @@ def test_watermarks_show_their_date_unless_the_caption_gives_it() -> None:
     text = render(T, T + 60_000)
     assert "all on 2023-11-14" in text and "2023-11-14 22:13" not in text
     assert "22:13:20.000" in text
+
+
+def test_lag_per_epoch_from_sparks_offsets_log(tmp_path: Path) -> None:
+    from flinkish.inspect import EpochRow, lag_table, lags
+
+    offsets = tmp_path / "offsets"
+    offsets.mkdir()
+    for batch, (done, seen, wm) in enumerate([(10, 50, T - 90_000), (30, 60, T - 30_000)]):
+        meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": T, "conf": {}})
+        pos = {"offset": done, "first": 0, "progressAt": T - 5_000, "seen": seen}
+        idle = {**pos, "offset": 7, "seen": 7, "status": "IDLE"}
+        (offsets / str(batch)).write_text("v1\n" + meta + "\n" + json.dumps(
+            {"version": 1, "topics": {"t": {"0": pos, "1": idle}},
+             "valve": {"watermark": wm, "status": "ACTIVE"}}) + "\n" + "17")
+    found = lags(str(tmp_path))
+    assert [(b, lag.offsets_behind_latest, lag.watermark_lag_ms, lag.idle_ms)
+            for b, lag in found.items()] == [
+        (0, {"t/0": 40, "t/1": 0}, 90_000, {"t/1": 5_000}),
+        (1, {"t/0": 30, "t/1": 0}, 30_000, {"t/1": 5_000}),
+    ]
+    assert lags(str(tmp_path / "missing")) == {}
+    console = Console(record=True, width=80)
+    console.print(lag_table(found))
+    text = console.export_text()
+    assert "│     0 │ 0 / 40 / 20.0" in text and "1 min 30 s" in text and "t/1 5.0 s" in text
+    rows = [EpochRow(b, "completed", T, T - 1, "ACTIVE", (), 1, 0) for b in (0, 1, 2)]
+    plot(rows, str(tmp_path / "lag.png"), found)
+    assert (tmp_path / "lag.png").stat().st_size > 10_000

@@ -126,8 +126,9 @@ def test_source_options_hide_kafka_secrets_in_repr_and_errors() -> None:
     options = parse_options(raw)
     assert SECRET not in repr(options) and SECRET not in repr(options.safe_kafka_config)
     assert options.kafka_secrets == [SECRET] * 3
-    for bad in ({"startingOffsets": "soon"}, {"kafka.group.id": "g"}, {"subscribe": ""},
-                {"kafkaConsumer.pollTimeoutMs": "x"}, {"idleTimeout": "1 fortnight"}):
+    for bad in ({"startingOffsets": "soon"}, {"kafka.enable.auto.commit": "true"},
+                {"subscribe": ""}, {"kafkaConsumer.pollTimeoutMs": "x"},
+                {"idleTimeout": "1 fortnight"}):
         with pytest.raises(OptionError) as failure:
             parse_options({**raw, **bad})
         assert SECRET not in str(failure.value)

@@ -168,7 +168,7 @@ def test_unknown_option_without_close_match_has_no_suggestion() -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["enable.auto.commit", "auto.offset.reset", "enable.partition.eof", "group.id"]
+    "key", ["enable.auto.commit", "auto.offset.reset", "enable.partition.eof"]
 )
 def test_forbidden_kafka_options(key: str) -> None:
     message = error({**BASE, f"kafka.{key}": "x"})
@@ -178,7 +178,6 @@ def test_forbidden_kafka_options(key: str) -> None:
 def test_forbidden_kafka_option_reasons() -> None:
     assert "startingOffsets" in error({**BASE, "kafka.auto.offset.reset": "earliest"})
     assert "checkpoint" in error({**BASE, "kafka.enable.auto.commit": "true"})
-    assert "consumer group" in error({**BASE, "kafka.group.id": "g"})
 
 
 def test_other_kafka_options_pass_through_without_prefix() -> None:
@@ -601,7 +600,7 @@ SECRETS = {
 SECRET_VALUES = ["hunter2-sasl", "jaas-secret", "ssl-key-secret", "keystore-secret", "oauth-secret"]
 
 BROKEN = [
-    {"kafka.group.id": "g"},
+    {"kafka.group.id": "g", "groupIdPrefix": "p"},
     {"subscribe": None},
     {"subscibe": "x"},
     {"startingOffsets": "nope"},
@@ -701,3 +700,54 @@ def test_shared_location_is_fine_on_a_cluster(
 def test_no_location_needed_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MASTER_ENV, "yarn")
     assert parse(**{"checkpointing.location": None, "includeMarkers": "false"})
+
+
+# --- trigger pacing and the consumer group of completed epochs ------------------------------
+
+
+def test_min_offsets_per_trigger_and_max_trigger_delay() -> None:
+    o = parse(minOffsetsPerTrigger="500", maxTriggerDelay="30 seconds")
+    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms) == (500, 30_000)
+    assert parse().min_offsets_per_trigger is None
+    assert parse(minOffsetsPerTrigger="5").max_trigger_delay_ms == 15 * 60 * 1000  # Spark's
+    assert "positive whole number" in error({**BASE, "minOffsetsPerTrigger": "0"})
+    assert "only applies with minOffsetsPerTrigger" in error({**BASE, "maxTriggerDelay": "1s"})
+    assert "cannot hold more than the maximum" in error(
+        {**BASE, "minOffsetsPerTrigger": "10", "maxOffsetsPerTrigger": "5"})
+    assert "not a duration" in error({**BASE, "minOffsetsPerTrigger": "1",
+                                      "maxTriggerDelay": "soon"})
+
+
+def test_the_commit_group_is_named_by_the_query_and_kept_from_read_consumers() -> None:
+    o = parse(**{"kafka.group.id": "lag-watch"})
+    assert o.commit_group == "lag-watch" and "group.id" not in o.kafka_config
+    assert parse().commit_group is None
+    a = parse(groupIdPrefix="etl", **{"checkpointing.location": "/ck/a/state"})
+    b = parse(groupIdPrefix="etl", **{"checkpointing.location": "/ck/b/state"})
+    assert a.commit_group is not None and a.commit_group.startswith("etl-")
+    assert a.commit_group != b.commit_group  # one group per query
+    again = parse(groupIdPrefix="etl", **{"checkpointing.location": "/ck/a/state"})
+    assert again.commit_group == a.commit_group  # the same across restarts
+    off = parse(commitOffsetsOnCheckpoint="false", **{"kafka.group.id": "g"})
+    assert off.commit_group is None and "group.id" not in off.kafka_config
+    assert "needs a consumer group" in error({**BASE, "commitOffsetsOnCheckpoint": "true"})
+    assert "conflict" in error({**BASE, "kafka.group.id": "g", "groupIdPrefix": "p"})
+
+
+def test_starting_and_ending_times() -> None:
+    o = parse(startingTimestamp="1700000000000", endingOffsetsByTimestamp='{"events":{"0":5}}')
+    assert o.starting_times == 1_700_000_000_000 and o.ending_times == {"events": {0: 5}}
+    assert o.bounded and not o.starting_times_latest
+    assert parse(startingOffsetsByTimestampStrategy="Latest").starting_times_latest
+    assert parse(endingTimestamp="7").bounded and not parse().bounded
+    assert "conflict" in error({**BASE, "startingTimestamp": "1", "startingOffsets": "earliest"})
+    assert "conflict" in error({**BASE, "startingTimestamp": "1",
+                                "startingOffsetsByTimestamp": '{"events":{"0":1}}'})
+    assert "conflict" in error({**BASE, "endingTimestamp": "1", "endingOffsets": "latest"})
+    assert "epoch milliseconds" in error({**BASE, "startingTimestamp": "yesterday"})
+    assert "epoch-millisecond" in error({**BASE, "endingOffsetsByTimestamp": '{"e":{"0":-5}}'})
+    assert "is not error" in error({**BASE, "startingOffsetsByTimestampStrategy": "skip"})
+    pattern = {k: v for k, v in BASE.items() if k != "subscribe"}
+    assert parse_raw({**pattern, "subscribePattern": "ev.*", "startingTimestamp": "1"})
+    assert "subscribePattern" in error({**pattern, "subscribePattern": "ev.*",
+                                        "startingOffsetsByTimestamp": '{"events":{"0":1}}'})

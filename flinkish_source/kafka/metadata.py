@@ -151,6 +151,28 @@ class KafkaMetadata:
         )
         return earliest, latest
 
+    def offsets_for_times(
+        self, times: dict[TopicPartitionKey, int]
+    ) -> dict[TopicPartitionKey, int | None]:
+        """Kafka's ListOffsets by timestamp: per partition the earliest offset whose record
+        timestamp is at or after the time, None where no record is (Kafka answers -1)."""
+        if not times:
+            return {}
+        isolation = (IsolationLevel.READ_COMMITTED if self._options.read_committed
+                     else IsolationLevel.READ_UNCOMMITTED)
+
+        def attempt(timeout: float) -> dict[TopicPartitionKey, int | None]:
+            futures = self._admin_client().list_offsets(
+                {TopicPartition(t, p): OffsetSpec.for_timestamp(ts)
+                 for (t, p), ts in times.items()},
+                isolation_level=isolation, request_timeout=timeout)
+            return {(tp.topic, tp.partition): (None if f.result().offset < 0
+                                               else int(f.result().offset))
+                    for tp, f in futures.items()}
+
+        return self._wait(f"could not look up offsets by time of {len(times)} partition(s)"
+                          ).call(attempt)
+
     def _probe_high_watermarks(
         self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
     ) -> dict[TopicPartitionKey, int]:

@@ -1,0 +1,166 @@
+"""How far a flinkish query is behind, from its progress reports: Spark's Kafka source's names
+for offsets, Flink's for time.
+
+Every micro-batch's ``StreamingQueryProgress`` holds, per source, the batch's end offset (the
+flinkish offset: per partition the next offset to read, its status and the time it last got
+records, the generator's watermark at its last slice's start, and the valve's combined
+watermark) and what Kafka held at planning (``latestOffset``, from the source's
+``reportLatestOffset``). From these:
+
+* ``min/max/avgOffsetsBehindLatest`` — Spark's Kafka source's metrics: records in Kafka the
+  query has not planned yet, per partition (from ``latestOffset``; from the journaled offset's
+  own ``seen``, the latest offset planning saw, where there is none, as in Spark's offsets
+  log, which ``flinkish inspect`` reads);
+* ``watermarkLag`` — Flink's ``KafkaSource`` metric: processing time minus the watermark (here
+  the valve's combined watermark journaled with the batch, and per partition its generator's);
+* ``sourceIdleTime`` — Flink's: how long an IDLE partition has gone without records.
+
+Python sources cannot add custom metrics to Spark's progress (yet), so :class:`LagListener`
+logs these per batch; ``kafka.group.id`` / ``groupIdPrefix`` also put the committed offsets where
+Kafka's own lag tools look (see ``flinkish_source.kafka.group_offsets``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SourceLag:
+    """One flinkish source of one micro-batch."""
+
+    batch_id: int
+    offsets_behind_latest: dict[str, int]  # "topic/partition" -> records not planned yet
+    min_offsets_behind_latest: int
+    max_offsets_behind_latest: int
+    avg_offsets_behind_latest: float
+    watermark_lag_ms: int | None  # now - combined watermark (None: none yet, or ended)
+    partition_watermark_lag_ms: dict[str, int] = field(default_factory=dict)
+    idle_ms: dict[str, int] = field(default_factory=dict)  # IDLE partitions: now - last record
+
+    def describe(self) -> str:
+        lag = "-" if self.watermark_lag_ms is None else f"{self.watermark_lag_ms} ms"
+        idle = ", ".join(f"{tp} {ms} ms" for tp, ms in sorted(self.idle_ms.items())) or "none"
+        return (
+            f"offsets behind latest min {self.min_offsets_behind_latest} max "
+            f"{self.max_offsets_behind_latest} avg {self.avg_offsets_behind_latest:.1f}; "
+            f"watermark lag {lag}; idle: {idle}"
+        )
+
+
+def _json(value: Any) -> Any:
+    if isinstance(value, str):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return None
+    return value
+
+
+def _lag(now_ms: int, watermark: Any) -> int | None:
+    if watermark is None or int(watermark) in (MIN_WATERMARK, MAX_WATERMARK):
+        return None
+    return now_ms - int(watermark)
+
+
+def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[SourceLag]:
+    """The lag figures of every flinkish source in one progress report (its JSON dict);
+    ``now_ms`` defaults to the report's own timestamp."""
+    if now_ms is None:
+        stamp = progress.get("timestamp")
+        now_ms = int(time.time() * 1000) if stamp is None else _parse_ms(str(stamp))
+    out = []
+    for source in progress.get("sources") or []:
+        end, latest = _json(source.get("endOffset")), _json(source.get("latestOffset"))
+        if not isinstance(end, Mapping) or not isinstance(end.get("topics"), Mapping):
+            continue
+        behind: dict[str, int] = {}
+        watermarks: dict[str, int] = {}
+        idle: dict[str, int] = {}
+        for topic, parts in end["topics"].items():
+            for part, pos in parts.items():
+                name = f"{topic}/{part}"
+                if isinstance(latest, Mapping) and str(part) in (latest.get(topic) or {}):
+                    behind[name] = max(0, int(latest[topic][str(part)]) - int(pos["offset"]))
+                elif "seen" in pos:  # the journaled offset's own view of Kafka at planning
+                    behind[name] = max(0, int(pos["seen"]) - int(pos["offset"]))
+                lag = _lag(now_ms, (pos.get("base") or {}).get("wm"))
+                if lag is not None:
+                    watermarks[name] = lag
+                if pos.get("status") == "IDLE":
+                    idle[name] = max(0, now_ms - int(pos["progressAt"]))
+        valve: Mapping[str, Any] = end["valve"] if isinstance(end.get("valve"), Mapping) else {}
+        values = list(behind.values()) or [0]
+        out.append(SourceLag(
+            batch_id=int(progress.get("batchId", -1)),
+            offsets_behind_latest=behind,
+            min_offsets_behind_latest=min(values),
+            max_offsets_behind_latest=max(values),
+            avg_offsets_behind_latest=sum(values) / len(values),
+            watermark_lag_ms=_lag(now_ms, valve.get("watermark")),
+            partition_watermark_lag_ms=watermarks,
+            idle_ms=idle,
+        ))
+    return out
+
+
+def combined(lags: list[SourceLag]) -> SourceLag | None:
+    """Several flinkish sources of one batch (a union, a join) as one: every partition, the
+    largest watermark lag."""
+    if not lags:
+        return None
+    behind = {k: v for lag in lags for k, v in lag.offsets_behind_latest.items()}
+    values = list(behind.values()) or [0]
+    watermark_lags = [lag.watermark_lag_ms for lag in lags if lag.watermark_lag_ms is not None]
+    return SourceLag(
+        batch_id=lags[0].batch_id, offsets_behind_latest=behind,
+        min_offsets_behind_latest=min(values), max_offsets_behind_latest=max(values),
+        avg_offsets_behind_latest=sum(values) / len(values),
+        watermark_lag_ms=max(watermark_lags) if watermark_lags else None,
+        partition_watermark_lag_ms={k: v for lag in lags
+                                    for k, v in lag.partition_watermark_lag_ms.items()},
+        idle_ms={k: v for lag in lags for k, v in lag.idle_ms.items()},
+    )
+
+
+def _parse_ms(text: str) -> int:
+    from datetime import datetime
+
+    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def log_lag(spark: Any, level: int = logging.INFO) -> Any:
+    """Log every flinkish source's lag figures after each micro-batch of every query of
+    ``spark`` (logger ``flinkish.lag``); returns the listener (``spark.streams.removeListener``
+    takes it off)."""
+    from pyspark.sql.streaming import StreamingQueryListener
+
+    class LagListener(StreamingQueryListener):
+        def onQueryStarted(self, event: Any) -> None:
+            pass
+
+        def onQueryProgress(self, event: Any) -> None:
+            progress = json.loads(event.progress.json)
+            for lag in source_lags(progress):
+                logger.log(level, "query %s batch %s: %s",
+                           progress.get("name") or progress.get("id"), lag.batch_id,
+                           lag.describe())
+
+        def onQueryIdle(self, event: Any) -> None:
+            pass
+
+        def onQueryTerminated(self, event: Any) -> None:
+            pass
+
+    listener = LagListener()
+    spark.streams.addListener(listener)
+    return listener
