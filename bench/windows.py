@@ -29,6 +29,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _common import bench_environment, log, print_result, run_to_end  # noqa: E402
 
+from flinkish import windows  # noqa: E402
+
 PARTITIONS = 4
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -57,7 +59,6 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
     from pyspark.sql import functions as F
 
     import flinkish
-    from flinkish import windows
 
     events = (
         spark.readStream.format("flinkish")
@@ -75,7 +76,7 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
         .alias("k"), "eventTime")
     if flinkish_windows:
         counts = windows.window(keyed, key="k", assigner=windows.tumbling("10 seconds"),
-                                aggregate=windows.Count())
+                                aggregate=windows.Count(), key_groups=args.key_groups)
         totals = Totals("result", "result")
     else:
         counts = keyed.groupBy(F.window("eventTime", "10 seconds"), "k").count()
@@ -97,6 +98,8 @@ def main() -> None:
     parser.add_argument("--records", type=int, default=400_000)
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
+    parser.add_argument("--key-groups", dest="key_groups", type=int,
+                        default=windows.DEFAULT_KEY_GROUPS, help="window(key_groups=...)")
     args = parser.parse_args()
     if args.keys % PARTITIONS:
         parser.error(f"--keys must be a multiple of {PARTITIONS}")
@@ -123,6 +126,7 @@ def main() -> None:
         "records": args.records,
         "keys": args.keys,
         "max_offsets_per_trigger": args.batch,
+        "key_groups": args.key_groups,
         "windows_fired": ours["windows"],
         "flinkish_windows_rps": round(flinkish_rps),
         "spark_window_rps": round(spark_rps),

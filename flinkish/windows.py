@@ -1,12 +1,14 @@
 """Flink's window operator on Spark: ``flinkish.windows.window(df, key=..., assigner=...)``.
 
 The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allowed lateness,
-late output, evictors, panes) runs as one ``transformWithState`` operator keyed by the user's
-key columns, in ``EventTime`` mode, on the watermark of :func:`flinkish.with_watermark` (the
-valve's combined watermark). ``transformWithState`` is the Row flavour of
-``transformWithStateInPandas``, the same stateful operator: a pandas DataFrame per key made
-``bench/windows.py`` ~1.3x slower. Per key, the core's state lives in one value state (JSON);
-the core's event-time timers are mirrored as the state store's timers, so a key with nothing
+late output, evictors, panes) runs as one ``transformWithState`` operator in ``EventTime``
+mode, on the watermark of :func:`flinkish.with_watermark` (the valve's combined watermark).
+``transformWithState`` is the Row flavour of ``transformWithStateInPandas``, the same stateful
+operator: a pandas DataFrame per key made ``bench/windows.py`` ~1.3x slower. It is grouped by
+key group (a hash of the user's key columns, as Flink's keyed state is): each group's core
+state (all its keys' windows) lives in one value state (JSON), because every visit of a group
+costs round trips to the JVM's state server, and grouping makes them per group, not per key.
+The core's event-time timers are mirrored as the state store's timers, so a key with nothing
 new still fires and cleans up when the watermark passes.
 
 The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
@@ -83,6 +85,11 @@ _SPARK_DELAY_KEY = "spark.watermarkDelayMs"
 #: The event time (ms) handed to the operator: a plain column, so Spark's late filter skips it.
 _TIME = "__flinkish_event_ms"
 _VALUE = "__flinkish_value"
+_GROUP = "__flinkish_key_group"
+_JSON_TYPES = frozenset(
+    {"tinyint", "smallint", "int", "bigint", "float", "double", "string", "boolean"})
+#: Key groups per operator: ~10 keys per group at 10,000 keys (bench/windows.py).
+DEFAULT_KEY_GROUPS = 1024
 
 RESULT, LATE = "result", "late"
 PANE_COLUMNS = ("window_start", "window_end", "result", "pane_index", "pane_timing",
@@ -151,6 +158,7 @@ def window(
     allowed_lateness: str | int = 0,
     evictor: Evictor | None = None,
     event_time: str = "eventTime",
+    key_groups: int = DEFAULT_KEY_GROUPS,
 ) -> Any:
     """Windows of ``df`` per ``key``, as Flink's ``keyBy(key).window(assigner)``
     ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
@@ -163,6 +171,10 @@ def window(
     (null for global windows), ``result`` (``result_type``), ``pane_index``, ``pane_timing``
     (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows the element's
     ``event_time`` column and ``value`` column. See :func:`split`.
+
+    ``key_groups``: how many state entries the keys are hashed into (Flink's key groups);
+    one entry holds the windows of all its keys, so a batch costs one visit per group with
+    records or timers, not one per key.
     """
     from pyspark.sql import functions as F
 
@@ -184,6 +196,15 @@ def window(
             "flinkish.with_watermark to the source's DataFrame first (its event_time is this "
             "column)"
         )
+    # keys (and values) are kept in state as JSON
+    for name in [*keys, *([value] if value is not None else [])]:
+        type_name = df.schema[name].dataType.simpleString()
+        if type_name not in _JSON_TYPES:
+            raise OptionError(
+                f"window: column {name!r} is {type_name}; key and value columns must be "
+                f"numbers, strings or booleans ({', '.join(sorted(_JSON_TYPES))}): cast it")
+    if key_groups < 1:
+        raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
     lateness = ms(allowed_lateness)
     # built now so a wrong combination (a trigger that cannot merge, a negative lateness)
     # fails here, not in the first batch
@@ -199,10 +220,12 @@ def window(
         + ([f"`{value}` {value_type}"] if value is not None else []))
     processor = WindowProcessor(assigner, function, trigger, lateness, evictor,
                                 keys, event_time, value)
-    columns = [*(F.col(k) for k in keys), F.unix_millis(F.col(event_time)).alias(_TIME)]
+    group = F.pmod(F.xxhash64(*keys), F.lit(key_groups)).alias(_GROUP)
+    columns = [group, *(F.col(k) for k in keys),
+               F.unix_millis(F.col(event_time)).alias(_TIME)]
     if value is not None:
         columns.append(F.col(value).alias(_VALUE))
-    fired = (df.select(*columns).groupBy(*keys)
+    fired = (df.select(*columns).groupBy(_GROUP)
              .transformWithState(statefulProcessor=processor, outputStructType=schema,
                                  outputMode="Append", timeMode="EventTime"))
     times = {"window_start", "window_end", event_time}
@@ -230,10 +253,11 @@ def _bound(window: Any, end: bool) -> int | None:
 
 
 class WindowProcessor(StatefulProcessor):
-    """The ``StatefulProcessor`` running a :class:`WindowOperator` per key: restores the key's
-    state, brings the core to the batch's watermark and processing time, feeds the key's
-    records (in event-time order, so a replayed batch fires the same panes), stores the state
-    and mirrors the core's event-time timers as the state store's timers."""
+    """The ``StatefulProcessor`` running a :class:`WindowOperator` per key group: restores the
+    group's state (every key's windows, timers, panes), brings the core to the batch's
+    watermark and processing time, feeds the group's records (in event-time order, so a
+    replayed batch fires the same panes), stores the state and mirrors the core's event-time
+    timers as the state store's timers."""
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
@@ -243,83 +267,81 @@ class WindowProcessor(StatefulProcessor):
 
     def init(self, handle: Any) -> None:
         self.handle = handle
-        # the core's key state (JSON) and the event-time timers registered for it
+        # the core's snapshot of the group (JSON) and the event-time timers registered for it
         self.state = handle.getValueState("window", "state string, timers array<long>")
-        self.operator = WindowOperator(*self.config)
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        registered = self._restore(key)
-        outputs = self._advance(timerValues)
-        # by position: the keys, the event time, the value (the order window() selects)
-        times: list[int] = []
-        values: list[Any] = []
-        t = len(self.keys)
-        for row in rows:
-            times.append(row[t])
-            values.append(row[t + 1] if self.value is not None else None)
-        for i in sorted(range(len(times)), key=times.__getitem__):
-            outputs.append(self.operator.process_element(key, values[i], times[i]))
-        self._store(key, registered)
-        yield from self._rows(key, outputs)
+        operator, registered = self._restore()
+        outputs = self._advance(operator, timerValues)
+        # by position: the key group, the keys, the event time, the value (as window()
+        # selects them)
+        n = len(self.keys)
+        records = [(tuple(row[1:n + 1]), row[n + 1], row[n + 2] if self.value is not None else None)
+                   for row in rows]
+        records.sort(key=lambda record: record[1])
+        for user_key, time, value in records:
+            outputs.append(operator.process_element(user_key, value, time))
+        self._store(operator, registered)
+        yield from self._rows(outputs)
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[Any]:
-        registered = self._restore(key)
+        operator, registered = self._restore()
         # Spark deletes the expired timer after this call; every core timer at or below the
         # watermark fires now, so the core wants none of them any more
         registered.discard(expiredTimerInfo.getExpiryTimeInMs())
-        outputs = self._advance(timerValues)
-        self._store(key, registered)
-        yield from self._rows(key, outputs)
+        outputs = self._advance(operator, timerValues)
+        self._store(operator, registered)
+        yield from self._rows(outputs)
 
     def close(self) -> None:
         pass
 
-    def _restore(self, key: Any) -> set[int]:
-        """Loads the key's state into the core; the Spark timers registered for it."""
-        stored = self.state.get()  # None when the key has no state (one call, not two)
+    def _restore(self) -> tuple[WindowOperator, set[int]]:
+        """The group's operator, and the Spark timers registered for it."""
+        operator = WindowOperator(*self.config)
+        stored = self.state.get()  # None when the group has no state (one call, not two)
         if stored is None:
-            self.operator.restore_key_state(key, None)
-            return set()
+            return operator, set()
         text, timers = stored
-        entry = json.loads(text)
-        entry["key"] = key  # stored without it: Spark keys the state
-        self.operator.restore_key_state(key, entry)
-        return set(timers)
+        snapshot = json.loads(text)
+        for entry in snapshot["keys"]:
+            entry["key"] = tuple(entry["key"])  # JSON made the key tuple a list
+        operator.restore(snapshot)
+        return operator, set(timers)
 
-    def _advance(self, timer_values: Any) -> list[WindowOutput]:
-        return [self.operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
-                self.operator.process_processing_time(
-                    timer_values.getCurrentProcessingTimeInMs())]
+    def _advance(self, operator: WindowOperator, timer_values: Any) -> list[WindowOutput]:
+        return [operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
+                operator.process_processing_time(timer_values.getCurrentProcessingTimeInMs())]
 
-    def _store(self, key: Any, registered: set[int]) -> None:
-        """Saves the key's state and makes the Spark timers those the core wants."""
-        entry = self.operator.key_state(key)
-        self.operator.restore_key_state(key, None)  # one key in memory at a time
-        wanted = {timestamp for _, timestamp, _ in entry["event_timers"]} if entry else set()
+    def _store(self, operator: WindowOperator, registered: set[int]) -> None:
+        """Saves the group's state and makes the Spark timers those the core wants."""
+        snapshot = operator.snapshot()
+        wanted = {timestamp for entry in snapshot["keys"]
+                  for _, timestamp, _ in entry["event_timers"]}
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:
             self.handle.registerTimer(timestamp)
-        if entry is None:
-            self.state.clear()
+        if snapshot["keys"]:
+            self.state.update((json.dumps(snapshot), sorted(wanted)))
         else:
-            entry["key"] = None
-            self.state.update((json.dumps(entry), sorted(wanted)))
+            self.state.clear()
 
-    def _rows(self, key: Any, outputs: list[WindowOutput]) -> Iterator[Any]:
+    def _rows(self, outputs: list[WindowOutput]) -> Iterator[Any]:
         """The outputs as Rows of the operator's output schema."""
         from pyspark.sql import Row
 
-        keys = dict(zip(self.keys, key, strict=True))
         value = {self.value: None} if self.value is not None else {}
         for out in outputs:
             for r in out.results:
+                keys = dict(zip(self.keys, r.key, strict=True))
                 yield Row(**keys, kind=RESULT, window_start=_bound(r.window, False),
                           window_end=_bound(r.window, True), result=r.result,
                           pane_index=r.pane.index, pane_timing=r.pane.timing.value,
                           pane_is_last=r.pane.is_last, **{self.event_time: None}, **value)
             for e in out.late:
+                keys = dict(zip(self.keys, e.key, strict=True))
                 late_value = {self.value: e.value} if self.value is not None else {}
                 yield Row(**keys, kind=LATE, window_start=None, window_end=None, result=None,
                           pane_index=None, pane_timing=None, pane_is_last=None,

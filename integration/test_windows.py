@@ -239,6 +239,10 @@ def test_plan_time_guards(spark: Any, kafka_bootstrap: str, tmp_path: Path) -> N
     watermarked = flinkish.with_watermark(events)
     with pytest.raises(OptionError, match="exactly one of aggregate= or process="):
         windows.window(watermarked, key="key", assigner=windows.tumbling("1 minute"))
+    with pytest.raises(OptionError, match="key and value columns must be numbers"):
+        windows.window(watermarked, key="key", assigner=windows.tumbling("1 minute"),
+                       aggregate=windows.Count())  # key is binary
+    watermarked = watermarked.selectExpr("CAST(key AS STRING) AS key", "offset", "eventTime")
     with pytest.raises(OptionError, match="give result_type"):
         windows.window(watermarked, key="key", assigner=windows.tumbling("1 minute"),
                        aggregate=windows.ReduceFunction(max), value="offset")

@@ -5,6 +5,7 @@ key and the timers mirrored to Spark."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -66,21 +67,24 @@ class Expired:
 
 
 class Runner:
-    """Drives a processor batch by batch as Spark does: every key's rows, then every key's
-    expired timers (each once), with the batch's watermark."""
+    """Drives a processor batch by batch as Spark does: every key group's rows, then every
+    group's expired timers (each once), with the batch's watermark. ``group`` maps a key to
+    its key group (by default its own)."""
 
-    def __init__(self, processor: windows.WindowProcessor) -> None:
+    def __init__(self, processor: windows.WindowProcessor,
+                 group: Callable[[str], Any] = lambda key: key) -> None:
         self.handle = KeyedHandle()
         self.processor = processor
+        self.group = group
         processor.init(self.handle)
 
     def batch(self, watermark: int, rows: list[tuple[str, int, Any]]) -> list[dict[str, Any]]:
         values = Values(watermark)
         out: list[Row] = []
-        for key in dict.fromkeys(k for k, _, _ in rows):
-            self.handle.key = (key,)
-            mine = [Row(k, t, v) for k, t, v in rows if k == key]
-            out += self.processor.handleInputRows((key,), iter(mine), values)
+        for group in dict.fromkeys(self.group(k) for k, _, _ in rows):
+            self.handle.key = (group,)
+            mine = [Row(group, k, t, v) for k, t, v in rows if self.group(k) == group]
+            out += self.processor.handleInputRows((group,), iter(mine), values)
         for key, timers in list(self.handle.timers.items()):
             for timestamp in sorted(t for t in timers if t <= watermark):
                 self.handle.key = key
@@ -132,6 +136,18 @@ def test_rows_of_a_batch_are_fed_in_event_time_order() -> None:
     # batch: the max of the first two is 30, not 50
     out = run.batch(-1, [("a", 5_000, 50), ("a", 1_000, 10), ("a", 3_000, 30)])
     assert fired(out) == [("a", 0, 30, 0, "EARLY", False)]
+
+
+def test_keys_of_one_key_group_share_its_state_and_timers() -> None:
+    run = Runner(processor(windows.tumbling("10 s"), windows.Sum()), group=lambda key: 0)
+    run.batch(-1, [("a", 1_000, 2), ("b", 3_000, 7), ("a", 12_000, 5)])
+    assert run.handle.timers == {(0,): {9_999, 19_999}}  # one timer for both keys' windows
+    out = run.batch(9_999, [])
+    assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
+    assert run.handle.timers == {(0,): {19_999}} and (0,) in run.handle.values
+    assert fired(run.batch(19_999, [("b", 25_000, 1)])) == [("a", 10_000, 5, 0, "ON_TIME", True)]
+    assert fired(run.batch(29_999, [])) == [("b", 20_000, 1, 0, "ON_TIME", True)]
+    assert run.handle.values == {}
 
 
 def test_sessions_merge_across_batches() -> None:
