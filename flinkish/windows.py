@@ -24,9 +24,10 @@ out as a ``'late'`` row or re-fires its window within the allowed lateness; none
 
 One time mode per operator: event time. Processing-time triggers on these event-time windows
 (``ContinuousProcessingTimeTrigger``, ``ProcessingTimeTrigger``) see the batch's processing
-time whenever the key is visited (its records, or one of its event-time timers), so their
-timers fire at the first such visit at or after their time, not on their own. Processing-time
-assigners are refused: their windows would close only when the key is visited.
+time whenever the key's group is visited (records of any of its keys, or one of its
+event-time timers), so their timers fire at the first such visit at or after their time, not
+on their own. Processing-time assigners are refused: their windows would close only when the
+group is visited.
 """
 
 from __future__ import annotations

@@ -78,8 +78,9 @@ class Runner:
         self.group = group
         processor.init(self.handle)
 
-    def batch(self, watermark: int, rows: list[tuple[str, int, Any]]) -> list[dict[str, Any]]:
-        values = Values(watermark)
+    def batch(self, watermark: int, rows: list[tuple[str, int, Any]],
+              processing_time: int = 0) -> list[dict[str, Any]]:
+        values = Values(watermark, processing_time)
         out: list[Row] = []
         for group in dict.fromkeys(self.group(k) for k, _, _ in rows):
             self.handle.key = (group,)
@@ -148,6 +149,16 @@ def test_keys_of_one_key_group_share_its_state_and_timers() -> None:
     assert fired(run.batch(19_999, [("b", 25_000, 1)])) == [("a", 10_000, 5, 0, "ON_TIME", True)]
     assert fired(run.batch(29_999, [])) == [("b", 20_000, 1, 0, "ON_TIME", True)]
     assert run.handle.values == {}
+
+
+def test_processing_time_timers_fire_only_when_their_key_group_is_visited() -> None:
+    run = Runner(processor(windows.tumbling("10 s"), windows.Count(),
+                           trigger=windows.ContinuousProcessingTimeTrigger(1_000)))
+    run.batch(-1, [("a", 1_000, 0)], processing_time=500)  # a processing timer at 1 s
+    # event time mode: Spark knows no processing-time timer, and a's group is not visited
+    assert run.batch(-1, [("b", 2_000, 0)], processing_time=5_000) == []
+    out = fired(run.batch(-1, [("a", 3_000, 0)], processing_time=6_000))
+    assert out and out[0] == ("a", 0, 1, 0, "EARLY", False)  # before the visit's record
 
 
 def test_sessions_merge_across_batches() -> None:
