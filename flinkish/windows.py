@@ -38,6 +38,7 @@ from typing import Any
 
 from pyspark.sql.streaming import StatefulProcessor
 
+from flinkish.spark_watermark import _SPARK_DELAY_KEY
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.windowing import (
@@ -81,8 +82,6 @@ __all__ = [
     "WindowContext", "global_windows", "ms", "session", "sliding", "split", "tumbling", "window",
 ]
 
-#: Where Spark keeps a column's watermark delay (``EventTimeWatermark.delayKey``).
-_SPARK_DELAY_KEY = "spark.watermarkDelayMs"
 #: The event time (ms) handed to the operator: a plain column, so Spark's late filter skips it.
 _TIME = "__flinkish_event_ms"
 _VALUE = "__flinkish_value"
