@@ -39,10 +39,8 @@ from typing import Any
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.markers import KIND_CARRIER, KIND_RECORD, MARKER_COLUMNS
-from flinkish_core.watermark import DEFAULT_HORIZON_MS, LAST_CARRIER_MS
+from flinkish_core.watermark import DEFAULT_HORIZON_MS, LAST_CARRIER_MS, SPARK_DELAY_KEY
 
-#: Where Spark keeps a column's watermark delay (``EventTimeWatermark.delayKey``).
-_SPARK_DELAY_KEY = "spark.watermarkDelayMs"
 _SOURCE_COLUMNS = ("kind", "watermark", "eventTime")
 
 
@@ -77,7 +75,7 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
             f"with_watermark: column {event_time!r} is {field.dataType.simpleString()}, not a "
             "timestamp; derive a timestamp column first (e.g. F.timestamp_millis(...))"
         )
-    if _SPARK_DELAY_KEY in (field.metadata or {}):
+    if SPARK_DELAY_KEY in (field.metadata or {}):
         raise OptionError(
             f"with_watermark: column {event_time!r} already has a watermark (withWatermark was "
             "called on this DataFrame); use with_watermark instead of withWatermark, not both"

@@ -38,9 +38,9 @@ from typing import Any
 
 from pyspark.sql.streaming import StatefulProcessor
 
-from flinkish.spark_watermark import _SPARK_DELAY_KEY
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
+from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.windowing import (
     AggregateFunction,
     Avg,
@@ -190,7 +190,7 @@ def window(
     for name in [*keys, event_time, *([value] if value is not None else [])]:
         if name not in df.columns:
             raise OptionError(f"window: no column {name!r} in {df.columns}")
-    if _SPARK_DELAY_KEY not in (df.schema[event_time].metadata or {}):
+    if SPARK_DELAY_KEY not in (df.schema[event_time].metadata or {}):
         raise OptionError(
             f"window: column {event_time!r} carries no watermark; apply "
             "flinkish.with_watermark to the source's DataFrame first (its event_time is this "

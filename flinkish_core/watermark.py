@@ -18,6 +18,10 @@ LAST_CARRIER_MS = 253_402_300_799_999
 Python's ``datetime`` represents, so ``collect()`` and ``toPandas()`` of the source's rows still
 work, while every window of real data still closes."""
 
+SPARK_DELAY_KEY = "spark.watermarkDelayMs"
+"""The column metadata key where Spark keeps a column's watermark delay
+(``EventTimeWatermark.delayKey``): a column that has it carries an event-time watermark."""
+
 DEFAULT_HORIZON_MS = 86_400_000
 """How far (one day) the source's carrier row runs ahead of the combined watermark, and the
 delay ``with_watermark`` declares to Spark: it must exceed the largest skew between partitions

@@ -44,6 +44,7 @@ from flinkish_core.markers import (
     MARKER_KINDS,
     Marker,
 )
+from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
@@ -73,9 +74,6 @@ SENSIBLE_WRITE_TASKS = 64
 #: Queries this process has warned about their number of write tasks (said once a query).
 _WARNED_TASKS: set[str] = set()
 
-#: Spark's metadata key of a column that carries an event-time watermark (``withWatermark``,
-#: and the ``window`` computed from such a column).
-_WATERMARK_METADATA = "spark.watermarkDelayMs"
 #: Columns that identify the flinkish source's rows: a stream that has them but not the
 #: marker columns is the source's output with its markers dropped.
 _SOURCE_ROW_COLUMNS = frozenset({"topic", "partition", "offset"})
@@ -89,7 +87,7 @@ def dropped_markers(schema: StructType) -> bool:
     names = set(schema.fieldNames())
     return (
         names >= _SOURCE_ROW_COLUMNS and "kind" not in names
-        and not any(_WATERMARK_METADATA in (f.metadata or {}) for f in schema.fields)
+        and not any(SPARK_DELAY_KEY in (f.metadata or {}) for f in schema.fields)
     )
 
 
