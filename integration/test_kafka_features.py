@@ -100,11 +100,22 @@ def test_each_completed_epochs_offsets_are_committed_to_the_consumer_group(
 def test_progress_shows_the_latest_offsets_and_the_lag_figures(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
 ) -> None:
+    from flinkish_source.options import parse_options
+
     name = topic(2)
     produce(kafka_bootstrap, name, records(0, 40))
-    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
-                    **{"maxOffsetsPerTrigger": "20"})
+    state = str(tmp_path / "state")
+    events = source(spark, kafka_bootstrap, name, state,
+                    **{"maxOffsetsPerTrigger": "20", "groupIdPrefix": "lag-watch"})
     query = run(events, tmp_path / "ck", Collector())
+    # groupIdPrefix: the group is named after the query's checkpointing.location
+    group = parse_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": name,
+                           "checkpointing.location": state,
+                           "groupIdPrefix": "lag-watch"}).commit_group
+    assert group is not None and group.startswith("lag-watch-")
+    last = max(p["batchId"] for p in query.recentProgress)
+    assert GroupReader(kafka_bootstrap, group, name, 2).committed() == end_offsets(
+        tmp_path / "ck", last - 1)
     lags = {}
     for p in query.recentProgress:
         progress = json.loads(p.json)
@@ -124,9 +135,11 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
 ) -> None:
     name = topic(1)
     produce(kafka_bootstrap, name, records(0, 5, partitions=1))
+    group = f"never-{name}"
     events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
                     **{"minOffsetsPerTrigger": "1000", "maxTriggerDelay": "4 seconds",
-                       "includeMarkers": "false"})
+                       "includeMarkers": "false", "kafka.group.id": group,
+                       "commitOffsetsOnCheckpoint": "false"})
     collector = Collector()
     query = (events.writeStream.foreachBatch(collector)
              .option("checkpointLocation", str(tmp_path / "ck"))
@@ -145,22 +158,36 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
     batches = sorted(stamps)
     assert len(batches) == 2, stamps  # 3 records never reach the minimum: one delayed batch
     assert stamps[batches[1]] - stamps[batches[0]] >= 4_000
+    # commitOffsetsOnCheckpoint=false: the named group never receives offsets
+    assert GroupReader(kafka_bootstrap, group, name, 1).committed() == {}
 
 
+@pytest.mark.parametrize("per_partition", [False, True], ids=["one time", "per partition"])
 def test_a_query_starts_and_ends_at_times_on_a_broker_that_answers_them_wrong(
-    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+    per_partition: bool, spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
 ) -> None:
     """The embedded broker answers ListOffsets by timestamp with 0 for every time: the source
     sees its records contradict that and scans for the right offsets."""
     name = topic(2)
     produce(kafka_bootstrap, name, records(0, 40))
+    if per_partition:
+        # partition 1 starts later; partition 0 has no record at or after its start time:
+        # startingOffsetsByTimestampStrategy=latest starts it at its end, reading nothing
+        times = {"startingOffsetsByTimestamp": json.dumps(
+                     {name: {"0": BASE + 100_000, "1": BASE + 30_000}}),
+                 "startingOffsetsByTimestampStrategy": "latest",
+                 "endingOffsetsByTimestamp": json.dumps(
+                     {name: {"0": BASE + 35_000, "1": BASE + 35_000}})}
+        expected = [(1, o) for o in range(30, 35)]
+    else:
+        times = {"startingTimestamp": str(BASE + 25_000), "endingTimestamp": str(BASE + 35_000)}
+        expected = [(p, o) for p in (0, 1) for o in range(25, 35)]
     events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
-                    **{"startingTimestamp": str(BASE + 25_000),
-                       "endingTimestamp": str(BASE + 35_000), "startingOffsets": None})
+                    **{**times, "startingOffsets": None})
     collector = Collector()
     run(events, tmp_path / "ck", collector)
     read = sorted((r.partition, r.offset) for _, r in collector.rows if r.kind == "record")
-    assert read == [(p, o) for p in (0, 1) for o in range(25, 35)]
+    assert read == expected
 
 
 def test_inspect_shows_the_lag_of_a_real_run(
