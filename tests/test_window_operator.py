@@ -1166,3 +1166,33 @@ def test_key_state_moves_one_key_between_operators() -> None:
     assert source.key_state("a") is None and source.key_state("b") is not None
     with pytest.raises(ValueError, match="cannot restore key"):
         source.restore_key_state("b", entry)
+
+
+def test_snapshot_and_restore_copy_the_users_values_unless_told_not_to() -> None:
+    """With ``copy`` (the default) a snapshot and the operator never share the window contents:
+    the operator appending an element changes neither a snapshot taken before nor one it was
+    restored from. ``copy=False`` shares them (for a caller that encodes the snapshot at once,
+    or restores one nobody else holds)."""
+    def build() -> WindowOperator:
+        return WindowOperator(TumblingEventTimeWindows(1000), PassThroughFunction())
+
+    def contents(snapshot: dict[str, Any]) -> list[Any]:
+        return [c for entry in snapshot["keys"] for _, c in entry["contents"]]
+
+    source = build()
+    source.process_element("a", ("a", 1), 10)
+    copied, shared = source.snapshot(), source.snapshot(copy=False)
+    source.process_element("a", ("a", 2), 20)
+    assert contents(copied) == [[("a", 1)]]
+    assert contents(shared) == [[("a", 1), ("a", 2)]]
+
+    for copy, expected in ((True, [[("a", 1)]]), (False, [[("a", 1), ("a", 3)]])):
+        origin = build()
+        origin.process_element("a", ("a", 1), 10)
+        taken = origin.snapshot()
+        target = build()
+        target.restore(taken, copy=copy)
+        target.process_element("a", ("a", 3), 30)
+        assert contents(taken) == expected
+        fired = target.process_watermark(999).results
+        assert [r.result for r in fired] == [("a", 1), ("a", 3)]

@@ -31,13 +31,10 @@ class TriggerResult(enum.Enum):
     PURGE = (False, True)
     FIRE_AND_PURGE = (True, True)
 
-    @property
-    def is_fire(self) -> bool:
-        return self.value[0]
-
-    @property
-    def is_purge(self) -> bool:
-        return self.value[1]
+    def __init__(self, is_fire: bool, is_purge: bool) -> None:
+        # plain attributes, not properties over ``value``: read for every element
+        self.is_fire = is_fire
+        self.is_purge = is_purge
 
 
 class TriggerContext:

@@ -24,20 +24,37 @@ LONG_MAX = MAX_WATERMARK
 class Window:
     """A group of elements with a last timestamp, after which the window is complete."""
 
+    __slots__ = ()
+
     def max_timestamp(self) -> int:
         raise NotImplementedError
 
 
-@dataclass(frozen=True, order=True)
-class TimeWindow(Window):
-    """The half-open interval ``[start, end)`` of event or processing time, in milliseconds."""
+class TimeWindow(tuple[int, int], Window):
+    """The half-open interval ``[start, end)`` of event or processing time, in milliseconds.
 
-    start: int
-    end: int
+    The tuple ``(start, end)`` underneath: every element and timer hashes and compares its
+    window (the key of all per-window state), and a tuple does that in C."""
+
+    __slots__ = ()
+
+    def __new__(cls, start: int, end: int) -> TimeWindow:
+        return tuple.__new__(cls, (start, end))
+
+    def __getnewargs__(self) -> tuple[int, int]:
+        return self[0], self[1]
+
+    @property
+    def start(self) -> int:
+        return self[0]
+
+    @property
+    def end(self) -> int:
+        return self[1]
 
     def max_timestamp(self) -> int:
         """The last timestamp that still belongs to the window: ``end - 1``."""
-        return self.end - 1
+        return self[1] - 1
 
     def intersects(self, other: TimeWindow) -> bool:
         """Whether the two windows overlap or touch (``[0, 2)`` and ``[2, 4)`` do: a session

@@ -18,8 +18,8 @@ overflows: no timer), which clears all its state.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
+from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,11 @@ SNAPSHOT_FORMAT = 1
 """Version of the :meth:`WindowOperator.snapshot` layout."""
 
 WindowFunction = AggregateFunction[Any, Any, Any] | ProcessWindowFunction[Any, Any]
+
+
+def _same(value: Any) -> Any:
+    """A value as it is: :meth:`WindowOperator.snapshot` and ``restore`` without copies."""
+    return value
 
 
 @dataclass(frozen=True)
@@ -420,24 +425,32 @@ class WindowOperator:
 
     # ------------------------------------------------------------------ state as data
 
-    def snapshot(self) -> dict[str, Any]:
-        """The operator's whole state as plain data, independent of the live operator: the
-        clocks, the late count and one :meth:`key_state` entry per key. Lists, dicts, ints and
-        strings, plus the user's keys, elements and accumulators: it pickles, and goes through
-        JSON when those are JSON values (keys must come back hashable: strings or numbers)."""
-        return copy.deepcopy({
+    def snapshot(self, *, copy: bool = True) -> dict[str, Any]:
+        """The operator's whole state as plain data: the clocks, the late count and one
+        :meth:`key_state` entry per key. Lists, dicts, ints and strings, plus the user's keys,
+        elements and accumulators: it pickles, and goes through JSON when those are JSON values
+        (keys must come back hashable: strings or numbers).
+
+        The data is built fresh; with ``copy`` the user's values in it (window contents,
+        trigger state) are deep copies too, so the snapshot is independent of the live
+        operator. ``copy=False`` shares them, for a caller that encodes the snapshot at once
+        and drops the operator (``flinkish.windows``): copying them would be wasted work.
+        Keys are always shared (hashable, never changed)."""
+        return {
             "format": SNAPSHOT_FORMAT,
             "watermark": self._timers.current_watermark,
             "processing_time": self._timers.current_processing_time,
             "late_records": self.late_records,
             "timer_seq": [self._timers.event_time_timers.next_seq,
                           self._timers.processing_time_timers.next_seq],
-            "keys": list(self._key_entries(None).values()),
-        })
+            "keys": list(self._key_entries(None, copy).values()),
+        }
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, snapshot: dict[str, Any], *, copy: bool = True) -> None:
         """Replaces this operator's state with a :meth:`snapshot` (taken from an operator of the
-        same assigner, function, trigger, lateness and evictor)."""
+        same assigner, function, trigger, lateness and evictor). With ``copy`` the operator
+        takes deep copies of the snapshot's user values; ``copy=False`` takes them over, for a
+        snapshot nobody else holds (just decoded, as in ``flinkish.windows``)."""
         if snapshot.get("format") != SNAPSHOT_FORMAT:
             raise ValueError(f"unknown window operator snapshot format {snapshot.get('format')!r}")
         self._timers = InternalTimerService()
@@ -448,29 +461,30 @@ class WindowOperator:
         self._contents, self._panes, self._merging = {}, {}, {}
         self.late_records = snapshot["late_records"]
         for entry in snapshot["keys"]:
-            self._load_key(copy.deepcopy(entry))
+            self._load_key(entry, copy)
         event_seq, processing_seq = snapshot["timer_seq"]
         self._timers.event_time_timers.next_seq = event_seq
         self._timers.processing_time_timers.next_seq = processing_seq
 
     def key_state(self, key: Any) -> dict[str, Any] | None:
-        """One key's state as plain data (None: the key has none): its windows' contents and
-        pane counters, merging-window mapping, trigger state and timers. This is the unit a
-        keyed state store (Spark's ``transformWithState``) keeps per key."""
-        entry = self._key_entries({key}).get(key)
-        return copy.deepcopy(entry)
+        """One key's state as plain data (None: the key has none), independent of the live
+        operator: its windows' contents and pane counters, merging-window mapping, trigger
+        state and timers. This is the unit a keyed state store keeps per key."""
+        return self._key_entries({key}, True).get(key)
 
     def restore_key_state(self, key: Any, entry: dict[str, Any] | None) -> None:
-        """Replaces one key's state with a :meth:`key_state` entry (None: drops the key's
-        state). The clocks stay this operator's."""
+        """Replaces one key's state with (a copy of) a :meth:`key_state` entry (None: drops the
+        key's state). The clocks stay this operator's."""
         self._drop_key(key)
         if entry is not None:
             if entry["key"] != key:
                 raise ValueError(f"the state of key {entry['key']!r} cannot restore key {key!r}")
-            self._load_key(copy.deepcopy(entry))
+            self._load_key(entry, True)
 
-    def _key_entries(self, keys: set[Any] | None) -> dict[Any, dict[str, Any]]:
-        """The plain-data entries of ``keys`` (all keys: None), in one pass over the state."""
+    def _key_entries(self, keys: set[Any] | None, copy: bool) -> dict[Any, dict[str, Any]]:
+        """The plain-data entries of ``keys`` (all keys: None), in one pass over the state; the
+        user's values deep-copied with ``copy``."""
+        value = deepcopy if copy else _same
         per_key: dict[Any, dict[str, Any]] = {}
 
         def entry(key: Any) -> dict[str, Any] | None:
@@ -485,16 +499,16 @@ class WindowOperator:
 
         for (key, window), contents in self._contents.items():
             if (e := entry(key)) is not None:
-                e["contents"].append([window_to_data(window), contents])
+                e["contents"].append([window_to_data(window), value(contents)])
         for (key, window), index in self._panes.items():
             if (e := entry(key)) is not None:
                 e["panes"].append([window_to_data(window), index])
         for key, merging in self._merging.items():
             if (e := entry(key)) is not None:
                 e["merging_windows"] = merging.to_data()
-        for key, window, name, value in self._trigger_state.items():
+        for key, window, name, state in self._trigger_state.items():
             if (e := entry(key)) is not None:
-                e["trigger_state"].append([window_to_data(window), name, value])
+                e["trigger_state"].append([window_to_data(window), name, value(state)])
         for name, queue in (("event_timers", self._timers.event_time_timers),
                             ("processing_timers", self._timers.processing_time_timers)):
             for key, window, timestamp, seq in queue.items():
@@ -502,18 +516,20 @@ class WindowOperator:
                     e[name].append([window_to_data(window), timestamp, seq])
         return per_key
 
-    def _load_key(self, entry: dict[str, Any]) -> None:
+    def _load_key(self, entry: dict[str, Any], copy: bool) -> None:
+        """Loads a plain-data entry; the user's values deep-copied with ``copy``."""
+        value = deepcopy if copy else _same
         key = entry["key"]
         for window, contents in entry["contents"]:
-            self._contents[(key, window_from_data(window))] = contents
+            self._contents[(key, window_from_data(window))] = value(contents)
         for window, index in entry["panes"]:
             self._panes[(key, window_from_data(window))] = index
         if entry["merging_windows"] is not None:
             assert isinstance(self.assigner, MergingWindowAssigner)
             self._merging[key] = MergingWindowSet.from_data(
                 self.assigner, entry["merging_windows"])
-        for window, name, value in entry["trigger_state"]:
-            self._trigger_state.put(key, window_from_data(window), name, value)
+        for window, name, state in entry["trigger_state"]:
+            self._trigger_state.put(key, window_from_data(window), name, value(state))
         for window, timestamp, seq in entry["event_timers"]:
             self._timers.event_time_timers.register(key, window_from_data(window), timestamp, seq)
         for window, timestamp, seq in entry["processing_timers"]:
@@ -538,7 +554,7 @@ class WindowOperator:
 
     def num_keys(self) -> int:
         """Keys with any state (windows, trigger state or timers)."""
-        return len(self._key_entries(None))
+        return len(self._key_entries(None, False))
 
     def num_state_entries(self) -> int:
         """Flink's ``numKeyedStateEntries``: window contents, trigger state values and merging
