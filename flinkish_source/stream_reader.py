@@ -146,10 +146,13 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self._metadata = KafkaMetadata(self._options)
         return self._metadata
 
-    def _cluster(self) -> tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]]:
+    def _cluster(self, *, exact: bool = True
+                 ) -> tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]]:
+        """The partitions and their offset ranges; ``exact=False`` for planning a batch of a
+        running query (see :meth:`KafkaMetadata.offset_ranges`)."""
         partitions = self.metadata.partitions()
         warn_missing_topics(self._options, partitions)
-        return partitions, self.metadata.offset_ranges(partitions)
+        return partitions, self.metadata.offset_ranges(partitions, exact=exact)
 
     def initialOffset(self) -> dict:
         partitions, ranges = self._cluster()
@@ -208,7 +211,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        partitions, ranges = self._cluster()
+        partitions, ranges = self._cluster(exact=False)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         positions = from_json(start)
         if self._options.state_location is not None:

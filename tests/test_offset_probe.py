@@ -1,6 +1,8 @@
 """KafkaMetadata.offset_ranges probes a partition's high watermark with a fetch only when the
 latest offset ListOffsets reports for it moved since its last probe (no new record batch, no
-new high watermark), so planning a batch of a quiet topic with many partitions costs no fetch."""
+new high watermark), so planning a batch of a quiet topic with many partitions costs no fetch;
+and, planning a running query's batch, only where the partition stood still since the last
+planning, so a steady producer costs none either."""
 
 from __future__ import annotations
 
@@ -44,6 +46,52 @@ def test_only_partitions_whose_reported_latest_moved_are_probed(
     true_high[("t", 1)] = 15
     assert metadata.offset_ranges(partitions)[("t", 1)] == OffsetRange(0, 15)
     assert probed[1:] == [[("t", 1)]]
+
+
+def test_planning_probes_only_partitions_that_stood_still(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A running query's planning (``exact=False``) takes a partition that grew since the last
+    planning at its reported latest (its next record batch reveals a hidden tail), and probes
+    one that stood still, so no tail stays hidden; ``exact`` probes every partition."""
+    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
+                             "includeMarkers": "false"})
+    metadata = KafkaMetadata(options)
+    reported = {("t", 0): 5, ("t", 1): 9}
+    true_high = {("t", 0): 8, ("t", 1): 12}
+    probed: list[list[tuple[str, int]]] = []
+
+    def list_offsets(partitions: Any, timeout: float) -> tuple[dict[Any, int], dict[Any, int]]:
+        return {tp: 0 for tp in partitions}, {tp: reported[tp] for tp in partitions}
+
+    def probe(consumer: Any, ranges: dict[Any, OffsetRange]) -> dict[Any, int]:
+        probed.append(sorted(ranges))
+        return {tp: true_high[tp] for tp in ranges}
+
+    monkeypatch.setattr(metadata, "_list_offsets", list_offsets)
+    monkeypatch.setattr(metadata, "_probe_high_watermarks", probe)
+    monkeypatch.setattr(metadata, "_client", lambda: None)
+    partitions = sorted(reported)
+
+    def latest(exact: bool) -> dict[Any, int]:
+        return {tp: r.latest for tp, r in metadata.offset_ranges(partitions,
+                                                                 exact=exact).items()}
+
+    assert latest(False) == {("t", 0): 8, ("t", 1): 12}  # never seen: probed
+    assert probed == [[("t", 0), ("t", 1)]]
+    # partition 1 grows steadily: its tail behind 20 waits for its next batch, unprobed
+    reported[("t", 1)], true_high[("t", 1)] = 20, 23
+    assert latest(False) == {("t", 0): 8, ("t", 1): 20}
+    reported[("t", 1)], true_high[("t", 1)] = 24, 30
+    assert latest(False) == {("t", 0): 8, ("t", 1): 24}
+    assert probed == [[("t", 0), ("t", 1)]]
+    # it stops: the next planning probes it and finds the tail
+    assert latest(False) == {("t", 0): 8, ("t", 1): 30}
+    assert probed[1:] == [[("t", 1)]]
+    # exact: a partition that moved is probed at once
+    reported[("t", 0)], true_high[("t", 0)] = 10, 11
+    assert latest(True) == {("t", 0): 11, ("t", 1): 30}
+    assert probed[2:] == [[("t", 0)]]
 
 
 class SteadyProducerConsumer:
