@@ -10,7 +10,7 @@ One query::
         [--failpoint NAME --failpoint-file FILE [--failpoint-from-epoch N]]
         [--fail-first-attempt EPOCH:TASK[:kill] --evidence FILE [--batch-rows N]]
         [--windowed [DURATION]] [--ending-offsets JSON] [--idle-timeout DURATION]
-        [--progress FILE]
+        [--flink-windows [DURATION] [--allowed-lateness DURATION]] [--progress FILE]
 
 Several queries in one driver (each with its own checkpoint and table / path)::
 
@@ -58,6 +58,21 @@ closed window: ``window_start``, ``window_end``, ``partition``, ``count``. ``--e
 and ``--idle-timeout`` set the source's ``endingOffsets`` and ``idleTimeout``; ``--progress``
 appends the query's progress reports (one JSON object a line, as Spark reports them; a batch
 may appear twice) to a file while it runs, so a killed run leaves them too.
+
+Flink's windows: ``--flink-windows`` (job key ``"flink_windows": true`` or a duration) puts
+``flinkish.with_watermark`` and ``flinkish.windows.window`` (a tumbling ``Count`` of DURATION,
+default 10 seconds, keyed by ``partition`` and ``CAST(key AS STRING) AS key``, with
+``--allowed-lateness``, job key ``allowed_lateness``, default 0) between source and sink, and
+writes both kinds of its output into one PostgreSQL table with ``upsertKey``, so that a
+window's later pane replaces its row and each late row is kept once: ``partition``, ``key``,
+``output`` (the operator's ``kind``: ``result`` or ``late``; renamed, since the sink keeps only
+the source's record rows of a ``kind`` column), ``window_start``, ``window_end``, ``count``,
+``pane_index``, ``pane_timing``, ``pane_is_last``, and for late rows ``late_time`` (the
+element's event time) and ``offset`` (the element, handed to the window function as its
+value). A pane has no offset and a late row no window, and a primary key allows no NULLs, so
+the driver creates the table first (if missing) with a unique index ``NULLS NOT DISTINCT`` on
+the upsert key ``partition, key, window_start, window_end, offset``. The RocksDB state store
+that ``transformWithState`` needs is set for the driver's queries.
 """
 
 from __future__ import annotations
@@ -87,9 +102,13 @@ _JOB_KEYS = {
     "name", "bootstrap", "topic", "checkpoint", "source_state", "target", "dsn", "table",
     "path", "prefix", "trigger", "until_offsets", "max_offsets", "fail_first_attempt",
     "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows", "sink_options",
-    "windowed", "ending_offsets", "idle_timeout", "progress",
+    "windowed", "ending_offsets", "idle_timeout", "progress", "flink_windows",
+    "allowed_lateness",
 }
 DEFAULT_WINDOW = "10 seconds"
+ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
+#: The upsert key of ``--flink-windows``: a pane's window and key, or a late row's element.
+FLINK_WINDOWS_KEY = ("partition", "key", "window_start", "window_end", "offset")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -149,6 +168,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="endingOffsets of the source (latest or JSON): a bounded query")
     p.add_argument("--idle-timeout", dest="idle_timeout", help="idleTimeout of the source")
     p.add_argument("--progress", help="append the query's progress reports to this file")
+    p.add_argument("--flink-windows", dest="flink_windows", nargs="?", const=DEFAULT_WINDOW,
+                   metavar="DURATION",
+                   help="write with_watermark -> flinkish.windows (tumbling Count of DURATION "
+                        f"per partition and key; default {DEFAULT_WINDOW}) with upsertKey")
+    p.add_argument("--allowed-lateness", dest="allowed_lateness",
+                   help="with --flink-windows: the window operator's allowed lateness")
     return p
 
 
@@ -191,6 +216,16 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             del job["windowed"]
         elif "windowed" in job and not isinstance(job["windowed"], str):
             raise SystemExit(f"job {i}: windowed must be true, false or a duration")
+        if job.get("flink_windows") is True:
+            job["flink_windows"] = DEFAULT_WINDOW
+        elif job.get("flink_windows") is False:
+            del job["flink_windows"]
+        elif "flink_windows" in job and not isinstance(job["flink_windows"], str):
+            raise SystemExit(f"job {i}: flink_windows must be true, false or a duration")
+        if job.get("flink_windows") and (job.get("windowed") or job["target"] != "postgres"):
+            raise SystemExit(f"job {i}: flink_windows needs target postgres, without windowed")
+        if job.get("allowed_lateness") and not job.get("flink_windows"):
+            raise SystemExit(f"job {i}: allowed_lateness applies only with flink_windows")
         if isinstance(job.get("ending_offsets"), dict):
             job["ending_offsets"] = json.dumps(job["ending_offsets"])
         job["checkpoint"] = os.path.abspath(job["checkpoint"])
@@ -364,13 +399,17 @@ def _start(spark: Any, job: dict[str, Any]) -> Any:
         df = _fail_first_attempt(df, job)
     if job.get("windowed"):
         df = _windowed_count(df, job["windowed"])
+    if job.get("flink_windows"):
+        df = _flink_windows(df, job)
     writer = (
         df.writeStream.format("flinkish")
         .option("checkpointLocation", job["checkpoint"])
         .option("target", job["target"])
     )
-    if job.get("windowed"):
+    if job.get("windowed") or job.get("flink_windows"):
         writer = writer.outputMode("append")
+    if job.get("flink_windows"):
+        writer = writer.option("upsertKey", ",".join(FLINK_WINDOWS_KEY))
     for key, option in (("dsn", "dsn"), ("table", "table"), ("path", "path"),
                         ("prefix", "transactionalIdPrefix")):
         if job.get(key):
@@ -399,6 +438,44 @@ def _windowed_count(df: Any, duration: str) -> Any:
         F.window("eventTime", duration), "partition").count()
     return counts.select(F.col("window.start").alias("window_start"),
                          F.col("window.end").alias("window_end"), "partition", "count")
+
+
+def _flink_windows(df: Any, job: dict[str, Any]) -> Any:
+    """Flink's window operator on the combined watermark: every pane and every late element
+    as a row of one table (see the module docstring)."""
+    from pyspark.sql import functions as F
+
+    import flinkish
+    from flinkish import windows
+
+    events = flinkish.with_watermark(df).selectExpr(
+        "partition", "CAST(key AS STRING) AS key", "offset", "eventTime")
+    fired = windows.window(
+        events, key=["partition", "key"], assigner=windows.tumbling(job["flink_windows"]),
+        aggregate=windows.Count(), value="offset",
+        allowed_lateness=job.get("allowed_lateness") or 0)
+    return fired.select(
+        "partition", "key", F.col("kind").alias("output"), "window_start", "window_end",
+        F.col("result").alias("count"), "pane_index", "pane_timing", "pane_is_last",
+        F.col("eventTime").alias("late_time"), "offset")
+
+
+def _flink_windows_table(job: dict[str, Any]) -> None:
+    """Creates ``--flink-windows``' table if missing, with its upsert key as a unique index
+    that treats NULLs as equal (PostgreSQL 15+): the sink would make the key a primary key,
+    which allows no NULLs, and every row has some."""
+    import psycopg
+    from psycopg import sql
+
+    schema, _, name = job["table"].rpartition(".")
+    table = sql.Identifier(*([schema] if schema else []), name)
+    with psycopg.connect(job["dsn"], autocommit=True) as conn:
+        conn.execute(sql.SQL(
+            "CREATE TABLE IF NOT EXISTS {} (\"partition\" integer, key text, output text, "
+            "window_start timestamptz, window_end timestamptz, \"count\" bigint, "
+            "pane_index integer, pane_timing text, pane_is_last boolean, late_time timestamptz, "
+            "\"offset\" bigint, UNIQUE NULLS NOT DISTINCT ({}))").format(
+            table, sql.SQL(", ").join(sql.Identifier(c) for c in FLINK_WINDOWS_KEY)))
 
 
 class _ProgressFiles:
@@ -641,6 +718,11 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             raise SystemExit(f"--conf {setting!r}: expected KEY=VALUE")
         conf[key.strip()] = value.strip()
+    if any(job.get("flink_windows") for job in jobs):
+        conf.setdefault("spark.sql.streaming.stateStore.providerClass", ROCKSDB)
+        for job in jobs:
+            if job.get("flink_windows"):
+                _flink_windows_table(job)
     if cluster is not None:
         # separate executor JVMs (each with its own Python workers): one must fit in its
         # worker's M MB
