@@ -6,11 +6,15 @@
   in every batch: a late record re-fires its window (a LATE pane), one beyond the lateness comes
   out as a late row, although Spark's own late-row filter would have dropped it;
 * early firings (``ContinuousEventTimeTrigger``): EARLY panes, then the ON_TIME one;
-* session windows merged by a record that arrives in a later batch between two sessions.
+* session windows merged by a record that arrives in a later batch between two sessions;
+* an idle partition: one falls silent and ``idleTimeout`` releases the combined watermark, so
+  windows fire while the query runs, each in the batch whose watermark passed its end.
 """
 
 from __future__ import annotations
 
+import json
+import threading
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -20,7 +24,7 @@ import pytest
 
 import flinkish
 from flinkish import windows
-from integration.kafka_helpers import Collector, produce, source
+from integration.kafka_helpers import Collector, produce, source, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -249,3 +253,107 @@ def test_plan_time_guards(spark: Any, kafka_bootstrap: str, tmp_path: Path) -> N
     with pytest.raises(ValueError, match="cannot be used with merging windows"):
         windows.window(watermarked, key="key", assigner=windows.session("1 minute"),
                        aggregate=windows.Count(), trigger=windows.Trigger())
+
+
+SILENT = [(1, b"k1", PLAIN, BASE + i * 1_000) for i in range(5)]  # then nothing more
+SILENT_LAST = SILENT[-1][3]
+
+
+class Ticker:
+    """Produces key k0 to partition 0 while the query runs, a record every 0.1 s, each a
+    second of event time after the last: ten seconds of event time (a window) a second, and
+    never idle for long, however slow a batch is."""
+
+    def __init__(self, bootstrap: str, topic: str) -> None:
+        from confluent_kafka import Producer
+
+        self.producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 5})
+        self.topic = topic
+        self.produced: list[int] = []  # event times
+        self.stopped = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            ts = BASE + len(self.produced) * 1_000
+            self.producer.produce(self.topic, key=b"k0", value=PLAIN, partition=0, timestamp=ts)
+            self.producer.flush(30)
+            self.produced.append(ts)
+            self.stopped.wait(0.1)
+
+    def __enter__(self) -> Ticker:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopped.set()
+        self.thread.join(60)
+
+
+def offsets_log(checkpoint: Path, topic: str) -> dict[int, tuple[int, str | None]]:
+    """batch -> (Spark's watermark of the batch, partition 1's status in its end offset)."""
+    found = {}
+    for entry in (checkpoint / "offsets").iterdir():
+        if entry.name.isdigit():
+            lines = entry.read_text().splitlines()
+            offset = json.loads(lines[-1])["topics"][topic]["1"]
+            found[int(entry.name)] = (int(json.loads(lines[1])["batchWatermarkMs"]),
+                                      offset.get("status"))
+    return found
+
+
+def test_an_idle_partition_lets_windows_fire_while_the_query_runs(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+) -> None:
+    """Partition 1 writes five records and falls silent; partition 0 keeps arriving. The
+    combined watermark is the minimum over partitions, so without idleness it would stay
+    below SILENT_LAST and no window [BASE + k * 10 s, ...) could fire while the query runs:
+    each one below fires only because partition 1 went IDLE."""
+    name = topic(2)
+    produce(kafka_bootstrap, name, SILENT)
+    flinkish.register(spark)
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"), **{
+        "watermark.maxOutOfOrderness": "1 second", "idleTimeout": "3 seconds"})
+    counts = windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                            aggregate=windows.Count())
+    collector = Collector()
+    checkpoint = tmp_path / "ck"
+    query = (counts.writeStream.foreachBatch(collector).outputMode("append")
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(processingTime="0 seconds").start())
+    must_fire = {("k0", BASE + k * WINDOW_MS) for k in range(4)} | {("k1", BASE)}
+
+    def fired() -> dict[tuple[str, int], tuple[int, Any]]:
+        with collector.lock:
+            return {(r.key, ms(r.window_start)): (b, r) for b, r in collector.rows
+                    if r.kind == "result"}
+
+    try:
+        with Ticker(kafka_bootstrap, name) as ticker:
+            wait_for(lambda: must_fire <= set(fired()), DEADLINE,
+                     f"windows {sorted(must_fire)} to fire while the query runs")
+            assert query.isActive and query.exception() is None
+        produced = list(ticker.produced)
+    finally:
+        query.stop()
+    log = offsets_log(checkpoint, name)
+    firings = fired()
+    for window in sorted(must_fire):
+        batch, row = firings[window]
+        end = window[1] + WINDOW_MS
+        counted = sum(1 for ts in (produced if window[0] == "k0" else
+                                   [t for _, _, _, t in SILENT]) if window[1] <= ts < end)
+        assert (row.result, row.pane_index, row.pane_timing, row.pane_is_last) == (
+            counted, 0, "ON_TIME", True), (window, row)
+        # fired in the first batch whose watermark passed the window's end, a watermark
+        # partition 1 alone could never have given (it stays below its last record), after
+        # partition 1 went IDLE
+        passed = min(b for b, (w, _) in log.items() if w >= end - 1)
+        assert batch == passed, (window, batch, passed, log)
+        assert log[batch][0] >= end - 1 > SILENT_LAST, (window, log[batch])
+        assert any(status == "IDLE" for b, (_, status) in log.items() if b < batch), log
+    # partition 1 held the watermark back until it went idle
+    first_idle = min(b for b, (_, status) in log.items() if status == "IDLE")
+    assert all(w < SILENT_LAST for b, (w, _) in log.items() if b <= first_idle), log
+    assert [r for _, r in collector.rows if r.kind == "late"] == []
+    assert dropped(query) == 0
