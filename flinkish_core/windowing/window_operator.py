@@ -80,7 +80,7 @@ class LateElement:
     timestamp: int | None
 
 
-@dataclass
+@dataclass(slots=True)
 class WindowOutput:
     """What one input to the operator produced."""
 
@@ -287,7 +287,8 @@ class WindowOperator:
         when that overflows a long (then the window is never cleaned up by a timer)."""
         if not self.assigner.is_event_time:
             return window.max_timestamp()
-        return min(window.max_timestamp() + self.allowed_lateness, LONG_MAX)
+        cleanup = window.max_timestamp() + self.allowed_lateness
+        return cleanup if cleanup < LONG_MAX else LONG_MAX
 
     def _is_window_late(self, window: Window) -> bool:
         return self.assigner.is_event_time and (
