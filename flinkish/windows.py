@@ -4,10 +4,11 @@ The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allo
 late output, evictors, panes) runs as one ``transformWithState`` operator in ``EventTime``
 mode, on the watermark of :func:`flinkish.with_watermark` (the valve's combined watermark).
 ``transformWithState`` is the Row flavour of ``transformWithStateInPandas``, the same stateful
-operator: a pandas DataFrame per key made ``bench/windows.py`` ~1.3x slower. It is grouped by
-key group (a hash of the user's key columns, as Flink's keyed state is): each group's core
-state (all its keys' windows) lives in one value state (JSON), because every visit of a group
-costs round trips to the JVM's state server, and grouping makes them per group, not per key.
+operator: the pandas one's cheaper input is lost to a DataFrame per visit and back (and it
+turns an integer column with a null into floats). It is grouped by key group (a hash of the
+user's key columns, as Flink's keyed state is): each group's core state (all its keys'
+windows) lives in one value state (JSON), because every visit of a group costs round trips to
+the JVM's state server, and grouping makes them per group, not per key.
 The core's event-time timers are mirrored as the state store's timers, so a key with nothing
 new still fires and cleans up when the watermark passes.
 
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from operator import itemgetter
 from typing import Any
 
 from pyspark.sql.streaming import StatefulProcessor
@@ -88,8 +90,10 @@ _VALUE = "__flinkish_value"
 _GROUP = "__flinkish_key_group"
 _JSON_TYPES = frozenset(
     {"tinyint", "smallint", "int", "bigint", "float", "double", "string", "boolean"})
-#: Key groups per operator: ~10 keys per group at 10,000 keys (bench/windows.py).
-DEFAULT_KEY_GROUPS = 1024
+#: Key groups per operator, as Flink's default maximum parallelism. A visit of a group costs a
+#: few round trips to the state server plus the Python of its keys' state: at 10,000 keys
+#: (bench/windows.py) 1,024 groups spent most of the time in round trips, 32 to 128 did not.
+DEFAULT_KEY_GROUPS = 128
 
 RESULT, LATE = "result", "late"
 PANE_COLUMNS = ("window_start", "window_end", "result", "pane_index", "pane_timing",
@@ -262,8 +266,13 @@ class WindowProcessor(StatefulProcessor):
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
                  event_time: str, value: str | None) -> None:
+        from pyspark.sql import Row
+
         self.config = (assigner, function, trigger, allowed_lateness, evictor)
-        self.keys, self.event_time, self.value = keys, event_time, value
+        self.keys, self.value = keys, value
+        # the late rows' columns: the element's event time, and its value when there is one
+        self.extra = [event_time, *([value] if value is not None else [])]
+        self.row = Row(*keys, "kind", *PANE_COLUMNS, *self.extra)
 
     def init(self, handle: Any) -> None:
         self.handle = handle
@@ -273,13 +282,16 @@ class WindowProcessor(StatefulProcessor):
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         operator, registered = self._restore()
         outputs = self._advance(operator, timerValues)
-        # by position: the key group, the keys, the event time, the value (as window()
-        # selects them)
+        # the rows as columns (transposed in C, not a Row lookup per field), by position as
+        # window() selects them: the key group, the keys, the event time, the value
+        columns = list(zip(*rows, strict=True))
         n = len(self.keys)
-        records = [(tuple(row[1:n + 1]), row[n + 1], row[n + 2] if self.value is not None else None)
-                   for row in rows]
-        records.sort(key=lambda record: record[1])
-        for user_key, time, value in records:
+        times = columns[n + 1]
+        keys = zip(*columns[1:n + 1], strict=True)
+        values = columns[n + 2] if self.value is not None else (None,) * len(times)
+        # a stable sort: records of one event time keep their order
+        for time, user_key, value in sorted(zip(times, keys, values, strict=True),
+                                            key=itemgetter(0)):
             outputs.append(operator.process_element(user_key, value, time))
         self._store(operator, registered)
         yield from self._rows(outputs)
@@ -307,7 +319,7 @@ class WindowProcessor(StatefulProcessor):
         snapshot = json.loads(text)
         for entry in snapshot["keys"]:
             entry["key"] = tuple(entry["key"])  # JSON made the key tuple a list
-        operator.restore(snapshot)
+        operator.restore(snapshot, copy=False)
         return operator, set(timers)
 
     def _advance(self, operator: WindowOperator, timer_values: Any) -> list[WindowOutput]:
@@ -316,7 +328,7 @@ class WindowProcessor(StatefulProcessor):
 
     def _store(self, operator: WindowOperator, registered: set[int]) -> None:
         """Saves the group's state and makes the Spark timers those the core wants."""
-        snapshot = operator.snapshot()
+        snapshot = operator.snapshot(copy=False)
         wanted = {timestamp for entry in snapshot["keys"]
                   for _, timestamp, _ in entry["event_timers"]}
         for timestamp in registered - wanted:
@@ -329,20 +341,14 @@ class WindowProcessor(StatefulProcessor):
             self.state.clear()
 
     def _rows(self, outputs: list[WindowOutput]) -> Iterator[Any]:
-        """The outputs as Rows of the operator's output schema."""
-        from pyspark.sql import Row
-
-        value = {self.value: None} if self.value is not None else {}
+        """The outputs as Rows of the operator's output schema (built by position: a Row of
+        keyword arguments costs more per row)."""
+        row = self.row
+        no_late = (None,) * len(self.extra)
         for out in outputs:
             for r in out.results:
-                keys = dict(zip(self.keys, r.key, strict=True))
-                yield Row(**keys, kind=RESULT, window_start=_bound(r.window, False),
-                          window_end=_bound(r.window, True), result=r.result,
-                          pane_index=r.pane.index, pane_timing=r.pane.timing.value,
-                          pane_is_last=r.pane.is_last, **{self.event_time: None}, **value)
+                yield row(*r.key, RESULT, _bound(r.window, False), _bound(r.window, True),
+                          r.result, r.pane.index, r.pane.timing.value, r.pane.is_last, *no_late)
             for e in out.late:
-                keys = dict(zip(self.keys, e.key, strict=True))
-                late_value = {self.value: e.value} if self.value is not None else {}
-                yield Row(**keys, kind=LATE, window_start=None, window_end=None, result=None,
-                          pane_index=None, pane_timing=None, pane_is_last=None,
-                          **{self.event_time: e.timestamp}, **late_value)
+                late = (e.timestamp, e.value) if self.value is not None else (e.timestamp,)
+                yield row(*e.key, LATE, None, None, None, None, None, None, *late)
