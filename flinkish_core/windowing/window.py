@@ -126,7 +126,7 @@ def merge_time_windows(
 def window_to_data(window: Window) -> Any:
     """A window as plain data for a snapshot: ``[start, end]`` or ``"global"``."""
     if isinstance(window, TimeWindow):
-        return [window.start, window.end]
+        return list(window)
     if isinstance(window, GlobalWindow):
         return "global"
     raise TypeError(f"cannot snapshot a window of type {type(window).__name__}")

@@ -489,14 +489,13 @@ class WindowOperator:
         per_key: dict[Any, dict[str, Any]] = {}
 
         def entry(key: Any) -> dict[str, Any] | None:
-            if keys is not None and key not in keys:
-                return None
-            if key not in per_key:
-                per_key[key] = {
+            e = per_key.get(key)
+            if e is None and (keys is None or key in keys):
+                e = per_key[key] = {
                     "key": key, "contents": [], "panes": [], "merging_windows": None,
                     "trigger_state": [], "event_timers": [], "processing_timers": [],
                 }
-            return per_key[key]
+            return e
 
         for (key, window), contents in self._contents.items():
             if (e := entry(key)) is not None:
