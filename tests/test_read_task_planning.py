@@ -133,7 +133,7 @@ def cluster(monkeypatch: pytest.MonkeyPatch) -> Cluster:
     fake = Cluster(12)
     monkeypatch.setattr(kafka_source, "read_range", fake.read_range)
     monkeypatch.setattr(stream_reader, "_now_ms", lambda: fake.now)
-    monkeypatch.setattr(FlinkishStreamReader, "_cluster", lambda self: fake.ranges())
+    monkeypatch.setattr(FlinkishStreamReader, "_cluster", lambda self, exact=True: fake.ranges())
     return fake
 
 
