@@ -128,6 +128,12 @@ class CheckpointStore:
         self._fence.check()
         return self._fence
 
+    def check_claim(self) -> None:
+        """Raise FencedError if a newer run (or another query) has claimed the location since
+        this instance did: a caller about to act on what the records say (roll back what no
+        decision names, say) first makes sure no one else can still decide."""
+        self._writable()
+
     @property
     def location(self) -> str:
         return self._storage.location

@@ -11,6 +11,7 @@ one environment lookup.
     [{"point": "mid_commit", "marker": "/tmp/case/fired",
       "checkpoint": "/tmp/case/checkpoint",   # or "query": "<query id>"; neither: any query
       "from_epoch": 1,                         # fire only in epochs >= 1 (default 0)
+      "min_transactions": 1,                   # only where the caller says it holds >= 1
       "once": true}]                           # only the first process to get there stops
 
 so each of several queries in one driver can stop at its own point. The query is passed by
@@ -46,8 +47,11 @@ def _armed(path: str) -> list[dict[str, Any]]:
     return _specs[path]
 
 
-def _matches(spec: dict[str, Any], query: str, epoch: int) -> bool:
+def _matches(spec: dict[str, Any], query: str, epoch: int, transactions: int | None) -> bool:
     if epoch < int(spec.get("from_epoch", 0)):
+        return False
+    if "min_transactions" in spec and (
+            transactions is None or transactions < int(spec["min_transactions"])):
         return False
     if "query" in spec:
         return bool(spec["query"] == query)
@@ -59,13 +63,14 @@ def _matches(spec: dict[str, Any], query: str, epoch: int) -> bool:
     return True
 
 
-def failpoint(name: str, *, query: str, epoch: int) -> None:
-    """Block here if a test armed point ``name`` for this query and epoch."""
+def failpoint(name: str, *, query: str, epoch: int, transactions: int | None = None) -> None:
+    """Block here if a test armed point ``name`` for this query and epoch (and, where the
+    caller says how many transactions its step holds, ``transactions``: a decision's)."""
     path = os.environ.get(ENV)
     if not path:
         return
     for spec in _armed(path):
-        if spec["point"] == name and _matches(spec, query, epoch):
+        if spec["point"] == name and _matches(spec, query, epoch, transactions):
             try:
                 marker = open(spec["marker"], "x" if spec.get("once") else "w",  # noqa: SIM115
                               encoding="utf-8")

@@ -75,6 +75,9 @@ class ParquetTarget:
     Holds only a pyarrow filesystem (picklable) and paths, so it ships to Spark tasks as is.
     """
 
+    #: a staged file is invisible and locks nothing
+    leftovers_block_writes = False
+
     def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None):
         """``path`` is a local directory or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
         (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a

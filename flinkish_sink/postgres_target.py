@@ -469,6 +469,9 @@ class PostgresTarget:
     ``__getstate__``, so each process opens its own.
     """
 
+    #: a prepared transaction keeps its row locks until COMMIT/ROLLBACK PREPARED
+    leftovers_block_writes = True
+
     def __init__(
         self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True,
         upsert_key: tuple[str, ...] = (),

@@ -45,6 +45,7 @@ from flinkish_core.markers import (
     Marker,
 )
 from flinkish_core.watermark import SPARK_DELAY_KEY
+from flinkish_core.window_output import KIND, LATE, is_window_output
 from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
@@ -159,10 +160,19 @@ def store_location(options: SinkOptions) -> str:
     return _store_location(options.checkpoint_location, options.state_location)
 
 
+def carries_markers(schema: StructType) -> bool:
+    """Whether the rows carry the source's markers: every column a marker is read from. A
+    ``kind`` column without the others is the user's data (``flinkish.windows`` calls its
+    firings and late rows ``result`` and ``late``), written like any other column."""
+    return set(MARKER_FIELDS) <= set(schema.fieldNames())
+
+
 def _data_schema(schema: StructType) -> pa.Schema:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     arrow = to_arrow_schema(schema, timezone="UTC", prefers_large_types=False)
+    if not carries_markers(schema):
+        return arrow
     return pa.schema([f for f in arrow if f.name not in MARKER_COLUMNS])
 
 
@@ -171,12 +181,15 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
 
     def __init__(self, schema: StructType, raw_options: dict[str, str]) -> None:
         self._options = parse_sink_options(raw_options)
-        self._has_kind = "kind" in schema.fieldNames()
+        self._has_markers = carries_markers(schema)
         self._dropped_markers = dropped_markers(schema)
         self._data_schema = _data_schema(schema)
+        # flinkish.windows' rows come judged: its ``late`` rows are the late ones
+        self._window_output = not self._has_markers and is_window_output(schema.fieldNames())
         self._event_time = (
             self._options.event_time_column
-            if self._options.event_time_column in schema.fieldNames() else None
+            if self._options.event_time_column in schema.fieldNames()
+            and not self._window_output else None
         )
         if self._event_time is not None:
             kind = schema[self._event_time].dataType.typeName()
@@ -185,6 +198,15 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     f"option eventTimeColumn: column {self._event_time!r} is {kind}, not a "
                     "timestamp; late data is judged on the source's eventTime column"
                 )
+        if (self._window_output and self._options.upsert_key
+                and self._options.late_data is LateData.KEEP):
+            raise OptionError(
+                f"option upsertKey: flinkish.windows' late rows have no window, so they "
+                f"cannot be upserted on {','.join(self._options.upsert_key)}; set "
+                "lateData=side (with lateData.table) to append them to a table of their own, "
+                "or lateData=drop to count and drop them, or write windows.split()'s results "
+                "alone"
+            )
         self._target = make_target(self._options)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
@@ -233,6 +255,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         late_mode = self._options.late_data
         message = SinkCommitMessage(task)
         open_txns: dict[str, TaskTransaction] = {}
+        if exactly_once:
+            self._resolve_leftovers(message.run)
 
         def txn(kind: str) -> TaskTransaction:
             if kind not in open_txns:
@@ -257,7 +281,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
 
         try:
             for batch in iterator:
-                if self._has_kind:  # records are data, markers feed the valve, carriers go
+                if self._has_markers:  # records are data, markers feed the valve, carriers go
                     kind = batch.column("kind")
                     markers = batch.filter(pc.is_in(kind, _MARKER_KINDS))
                     if markers.num_rows:
@@ -268,7 +292,9 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 )
                 message.rows += data.num_rows
                 late = None
-                if self._event_time is not None:
+                if self._window_output:
+                    late = pc.fill_null(pc.equal(batch.column(KIND), LATE), False)
+                elif self._event_time is not None:
                     late = late_mask(batch.column(self._event_time), threshold)
                 if late is not None:
                     late_count = pc.sum(late).as_py() or 0
@@ -291,6 +317,37 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     logger.exception("abort after a failed write")
             raise
         return message
+
+    def _resolve_leftovers(self, run: str | None) -> None:
+        """Before this task writes: resolve the transactions other writers of the query left
+        pre-committed where they would hold up the writes (a prepared PostgreSQL transaction
+        keeps its row locks, so a replayed epoch's upserts, or inserts under any unique key,
+        would wait on it forever: the epoch's commit, which resolves leftovers too, runs only
+        after its tasks finish). This is Flink's recoverAndCommit / recoverAndAbort at
+        ``initializeState``, before the first record; it must run here, in the tasks, since
+        the driver builds a writer both before a batch's tasks and again for its commit and
+        cannot tell the two apart. Only transactions of other writers are touched (this
+        batch's tasks share :attr:`_run`), under a claim of the store for this task's Spark
+        run (:meth:`TwoPhaseCommitCoordinator.recover_before_writes`), which the run's driver
+        adopts at its commit. One look at the prepared transactions when there are none."""
+        if not (self._target.leftovers_block_writes
+                or (self._side is not None and self._side.leftovers_block_writes)):
+            return
+        view = self._coordinator(claim=False)
+        if all(txn.run == self._run for txn in view.lingering()):
+            return
+        if run is None:  # not a micro-batch's task: no run to claim for
+            return
+        store = CheckpointStore(
+            CheckpointStorage.open(store_location(self._options)), owner=self._query,
+            retain=self._options.retain, run=run,
+        )
+        committed, rolled = self._coordinator_over(store).recover_before_writes(self._run)
+        logger.warning(
+            "flinkish sink, query %s: before writing, resolved what an earlier run left "
+            "pre-committed: committed %s (their epochs decided on them), rolled back %s",
+            self._query, committed or "none", rolled or "none",
+        )
 
     # -- driver side -----------------------------------------------------------------------
 
@@ -331,6 +388,9 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             store = held[1] if held is not None else CheckpointStore.reader(
                 CheckpointStorage.open(store_location(self._options))
             )
+        return self._coordinator_over(store)
+
+    def _coordinator_over(self, store: CheckpointStore) -> TwoPhaseCommitCoordinator:
         return TwoPhaseCommitCoordinator(
             store, self._target, self._options.prefix, self._query, side_target=self._side,
             transaction_timeout_s=self._options.transaction_timeout_ms / 1000,
@@ -345,7 +405,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         # without markers the valve has nothing; Spark's event-time watermark of the batch is
         # the next best (through with_watermark it is the combined watermark)
         spark_watermark = None
-        if not self._has_kind and self._options.checkpoint_location:
+        if not self._has_markers and self._options.checkpoint_location:
             spark_watermark = spark_batch_watermark(self._options.checkpoint_location, batchId)
         outcome = self._coordinator(run).commit_epoch(
             batchId,

@@ -129,6 +129,11 @@ class TaskTransaction(Protocol):
 class Target(Protocol):
     """A place rows go to, with a prepare/commit split (PostgreSQL, Parquet files)."""
 
+    #: Whether a transaction left pre-committed can hold up another's writes (PostgreSQL: a
+    #: prepared transaction keeps its row locks), so that leftovers must be resolved before
+    #: a batch's tasks write, not only at its commit.
+    leftovers_block_writes: bool
+
     def check(self, schema: pa.Schema) -> None:
         """Fail at query start with a clear message if the target cannot take ``schema``
         (creating what is missing, e.g. the table)."""

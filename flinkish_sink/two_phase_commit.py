@@ -146,7 +146,8 @@ class TwoPhaseCommitCoordinator:
                     SPARK_WATERMARK_KEY: spark_watermark,
                 },
             )
-            failpoint("after_decision", query=self._query, epoch=epoch)
+            failpoint("after_decision", query=self._query, epoch=epoch,
+                      transactions=len(pending.state["decision"]))
         decision = pending.state
         chosen = [PreCommit.from_json(d) for d in decision["decision"]]
         if replayed and chosen:
@@ -216,17 +217,31 @@ class TwoPhaseCommitCoordinator:
             what, self._query, format_duration(age), format_duration(self._timeout), action,
         )
 
-    def recover(self, up_to_epoch: int | None = None) -> tuple[list[str], list[str]]:
-        """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None):
-        recoverAndCommit those a pending epoch's recorded decision names, recoverAndAbort the
-        rest — including any of a completed epoch, which committed all it decided before it
-        completed. Returns the gids (committed, rolled back)."""
+    def recover_before_writes(self, writer: str) -> tuple[list[str], list[str]]:
+        """Flink's ``initializeState`` (recoverAndCommit / recoverAndAbort before the first
+        record): resolve every transaction other writers of the query left pre-committed,
+        sparing those of ``writer`` (the :attr:`TransactionId.run` of the batch about to
+        write: its own tasks' pre-commits await its commit). The claim is checked first
+        (FencedError if a newer run holds the location), so no other run can still decide
+        on what this rolls back."""
+        self._store.check_claim()
+        return self.recover(spare=writer)
+
+    def recover(
+        self, up_to_epoch: int | None = None, *, spare: str | None = None
+    ) -> tuple[list[str], list[str]]:
+        """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None), except
+        those of the writer ``spare`` (a :attr:`TransactionId.run`): recoverAndCommit those a
+        pending epoch's recorded decision names, recoverAndAbort the rest — including any of
+        a completed epoch, which committed all it decided before it completed. Returns the
+        gids (committed, rolled back)."""
         committed: list[str] = []
         rolled: list[str] = []
         decisions: dict[int, dict[str, Any]] = {}
         ages = self.lingering_ages()
         for txn in sorted(ages):
-            if up_to_epoch is not None and txn.epoch > up_to_epoch:
+            if (up_to_epoch is not None and txn.epoch > up_to_epoch) or (
+                    spare is not None and txn.run == spare):
                 continue
             if txn.epoch not in decisions:
                 pending = (

@@ -65,8 +65,8 @@ default 10 seconds, keyed by ``partition`` and ``CAST(key AS STRING) AS key``, w
 ``--allowed-lateness``, job key ``allowed_lateness``, default 0) between source and sink, and
 writes both kinds of its output into one PostgreSQL table with ``upsertKey``, so that a
 window's later pane replaces its row and each late row is kept once: ``partition``, ``key``,
-``output`` (the operator's ``kind``: ``result`` or ``late``; renamed, since the sink keeps only
-the source's record rows of a ``kind`` column), ``window_start``, ``window_end``, ``count``,
+``kind`` (the operator's: ``result`` or ``late``; the sink writes it as data, since the
+source's marker columns are not there), ``window_start``, ``window_end``, ``count``,
 ``pane_index``, ``pane_timing``, ``pane_is_last``, and for late rows ``late_time`` (the
 element's event time) and ``offset`` (the element, handed to the window function as its
 value). A pane has no offset and a late row no window, and a primary key allows no NULLs, so
@@ -455,7 +455,7 @@ def _flink_windows(df: Any, job: dict[str, Any]) -> Any:
         aggregate=windows.Count(), value="offset",
         allowed_lateness=job.get("allowed_lateness") or 0)
     return fired.select(
-        "partition", "key", F.col("kind").alias("output"), "window_start", "window_end",
+        "partition", "key", "kind", "window_start", "window_end",
         F.col("result").alias("count"), "pane_index", "pane_timing", "pane_is_last",
         F.col("eventTime").alias("late_time"), "offset")
 
@@ -471,7 +471,7 @@ def _flink_windows_table(job: dict[str, Any]) -> None:
     table = sql.Identifier(*([schema] if schema else []), name)
     with psycopg.connect(job["dsn"], autocommit=True) as conn:
         conn.execute(sql.SQL(
-            "CREATE TABLE IF NOT EXISTS {} (\"partition\" integer, key text, output text, "
+            "CREATE TABLE IF NOT EXISTS {} (\"partition\" integer, key text, kind text, "
             "window_start timestamptz, window_end timestamptz, \"count\" bigint, "
             "pane_index integer, pane_timing text, pane_is_last boolean, late_time timestamptz, "
             "\"offset\" bigint, UNIQUE NULLS NOT DISTINCT ({}))").format(

@@ -158,14 +158,18 @@ def test_the_sinks_upsert_mode_keeps_each_windows_latest_pane_exactly_once(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
     postgres_dsn: str,
 ) -> None:
+    """The operator's whole output in one query: the flinkish sink upserts the panes and, with
+    ``lateData=side``, appends the late rows to their own table in the same epochs (one
+    query, so one judgement of lateness: two queries over ``split()``'s parts would each run
+    the operator at their own batch boundaries and could disagree on a record)."""
     import psycopg
 
     events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", LATE_ROWS)
-    results, late = windows.split(late_counts(events))
     table = f"panes_{uuid.uuid4().hex[:8]}"
-    query = (results.writeStream.format("flinkish").option("target", "postgres")
+    query = (late_counts(events).writeStream.format("flinkish").option("target", "postgres")
              .option("dsn", postgres_dsn).option("table", table)
              .option("upsertKey", "key,window_start,window_end")
+             .option("lateData", "side").option("lateData.table", f"{table}_late")
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
              .start())
     try:
@@ -175,12 +179,36 @@ def test_the_sinks_upsert_mode_keeps_each_windows_latest_pane_exactly_once(
     assert query.exception() is None, query.exception()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         rows = conn.execute(
-            "SELECT key, (extract(epoch FROM window_start) * 1000)::bigint, result, pane_index, "
-            f"pane_timing FROM {table} ORDER BY 2").fetchall()
-        epochs = conn.execute(f"SELECT sum(rows) FROM {table}_flinkish_epochs").fetchone()
+            "SELECT kind, key, (extract(epoch FROM window_start) * 1000)::bigint, result, "
+            f"pane_index, pane_timing FROM {table} ORDER BY 3").fetchall()
+        late = conn.execute(f'SELECT kind, key, "eventTime", window_start FROM {table}_late'
+                            ).fetchall()
+        epochs = conn.execute(
+            f"SELECT sum(rows), sum(late_rows) FROM {table}_flinkish_epochs").fetchone()
     # [BASE, END)'s ON_TIME and LATE panes came in one batch: the LATE one is the row
-    assert rows == [("k", BASE, 3, 1, "LATE"), ("k", END, 4, 0, "ON_TIME")]
-    assert epochs == (3,)  # three panes written, each once
+    assert rows == [("result", "k", BASE, 3, 1, "LATE"), ("result", "k", END, 4, 0, "ON_TIME")]
+    assert [(kind, key, ms(t), start) for kind, key, t, start in late] == [
+        ("late", "k", BASE + 3_000, None)]
+    assert epochs == (4, 1)  # three panes and one late row written, each once
+
+
+def test_upserting_late_rows_is_refused_with_the_fix(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
+    postgres_dsn: str,
+) -> None:
+    """A late row has no window: upserting the whole output on the window's columns would
+    fail in PostgreSQL mid-stream; the sink says so at the start, with the fix."""
+    events = punctuated(spark, kafka_bootstrap, topic(1), tmp_path / "state", LATE_ROWS)
+    query = (late_counts(events).writeStream.format("flinkish").option("target", "postgres")
+             .option("dsn", postgres_dsn).option("table", f"p_{uuid.uuid4().hex[:8]}")
+             .option("upsertKey", "key,window_start,window_end")
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    try:
+        with pytest.raises(Exception, match="lateData=side"):
+            query.awaitTermination(DEADLINE)
+    finally:
+        query.stop()
 
 
 def test_early_firings_then_the_on_time_pane(
@@ -357,3 +385,68 @@ def test_an_idle_partition_lets_windows_fire_while_the_query_runs(
     assert all(w < SILENT_LAST for b, (w, _) in log.items() if b <= first_idle), log
     assert [r for _, r in collector.rows if r.kind == "late"] == []
     assert dropped(query) == 0
+
+
+def readme_windows_example() -> str:
+    """The README's "Windows with triggers and lateness" example, as written."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Windows with triggers and lateness"):]
+    start = section.index("```python\n") + len("```python\n")
+    return section[start:section.index("\n```", start)]
+
+
+def test_the_readme_windows_example_runs_as_written(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
+    postgres_dsn: str,
+) -> None:
+    """The README's example, run as written (only its checkpoint path moved to tmp_path) on a
+    bounded topic of two users' clicks: each minute's row is its latest pane, with the exact
+    count, and nothing is late."""
+    import psycopg
+
+    name = topic(1)
+    clicks = [(0, f"u{i % 2}".encode(), PLAIN, BASE + i * 7_000) for i in range(30)]
+    produce(kafka_bootstrap, name, clicks)
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    endingOffsets="latest")
+    code = readme_windows_example()
+    assert "windows.window(" in code and ".start()" in code
+    code = code.replace("/tmp/clicks-ck", str(tmp_path / "ck"))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        for table in ("clicks_per_minute", "late_clicks", "clicks_per_minute_flinkish_epochs"):
+            conn.execute(f"DROP TABLE IF EXISTS {table}")
+    running = {q.id for q in spark.streams.active}
+    spark.streams.resetTerminated()
+    exec(code, {"flinkish": flinkish, "events": events, "dsn": postgres_dsn})  # noqa: S102
+    started = [q for q in spark.streams.active if q.id not in running]
+    if not started:  # it ended at once: say why
+        spark.streams.awaitAnyTermination(DEADLINE)
+    (query,) = started
+    expected: Counter[tuple[str, int]] = Counter()
+    for _, user, _, ts in clicks:
+        expected[(user.decode(), ts - ts % 60_000)] += 1
+
+    def final_rows() -> list[tuple[str, int, int]] | None:
+        assert query.exception() is None, query.exception()
+        with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+            try:
+                rows = conn.execute(
+                    "SELECT \"user\", (extract(epoch FROM window_start) * 1000)::bigint, result "
+                    "FROM clicks_per_minute WHERE pane_timing = 'ON_TIME' ORDER BY 2, 1"
+                ).fetchall()
+            except psycopg.errors.UndefinedTable:
+                return None
+        return rows if len(rows) == len(expected) else None
+
+    try:
+        rows = wait_for(final_rows, DEADLINE, "every window's ON_TIME pane in PostgreSQL")
+    finally:
+        query.stop()
+    assert rows == sorted(((u, start, n) for (u, start), n in expected.items()),
+                          key=lambda r: (r[1], r[0]))
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        panes = conn.execute("SELECT count(*), count(DISTINCT (\"user\", window_start)) "
+                             "FROM clicks_per_minute").fetchone()
+        late = conn.execute("SELECT count(*) FROM late_clicks").fetchone()
+    assert panes == (len(expected), len(expected))  # one row per window: its latest pane
+    assert late == (0,)  # the side table exists (made at the start), and nothing was late

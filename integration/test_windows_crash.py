@@ -1,8 +1,9 @@
 """Exactly once for ``flinkish.windows`` (issue 21): Flink's window operator (a keyed tumbling
 count with allowed lateness and the late side output) on the combined watermark, into
-PostgreSQL in the sink's upsert mode, SIGKILLed inside the sink's commit of a batch that emits
-firings, then restarted from the same checkpoint: every window's row is there once, with its
-final count and its last pane, and every late element once as a late row.
+PostgreSQL in the sink's upsert mode, SIGKILLed between the firing and its commit (the
+epoch's decision recorded, nothing committed), then restarted from the same checkpoint: every
+window's row is there once, with its final count and its last pane, and every late element
+once as a late row.
 
 The input has two partitions: partition 0 on time, partition 1 a minute behind it, so the
 combined watermark W is partition 1's. Partition 1 also holds out-of-order records at several
@@ -15,18 +16,17 @@ checks that both kinds happened. The source is bounded (``endingOffsets``), so a
 MAX_WATERMARK and every window fires.
 
 1. crash run (its own driver, ``integration/sink_query.py --flink-windows``, AvailableNow): the
-   sink's ``mid_commit`` failpoint fires in the first batch >= CRASH_FROM_EPOCH with output,
-   after the first of its decided transactions committed; the driver's process tree is
-   SIGKILLed there;
+   sink's ``after_decision`` failpoint fires in the first batch >= CRASH_FROM_EPOCH whose
+   decision names a transaction (``min_transactions``), before any of them is committed; the
+   driver's process tree is SIGKILLed there;
 2. restart run (a new driver, AvailableNow) from the same checkpoint: Spark replays the crashed
    batch (its state from the batch before), whose commit finishes the recorded decision, and
    goes on to the end.
 
-Known sink bug (xfail, strict): the replay's upserts wait on the row locks of the decided
-transactions the crash left prepared, which the sink commits only after those writes finish.
-The test sees the wait in ``pg_locks`` and fails at once (ReplayBlocked) instead of timing out;
-committing the decided transactions first (what a fix would do) lets every assertion below
-pass, and rolling them back instead fails them.
+The crashed run leaves decided transactions prepared, holding the row locks of the keys the
+replay upserts again: the sink resolves them before the replay's tasks write (Flink's
+recoverAndCommit at initializeState), or the replay would wait on them forever. Should that
+regress, the test sees the wait in ``pg_locks`` and fails at once (ReplayBlocked).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ KEYS = 3  # keys per partition
 OUT_OF_ORDER = dict(zip(range(8, REGULAR, 3), [4_000, 12_000, 20_000, 28_000, 45_000,
                                                 90_000] * 2, strict=False))
 MAX_OFFSETS = 16  # ~6 batches
-CRASH_POINT = "mid_commit"
+CRASH_POINT = "after_decision"
 CRASH_FROM_EPOCH = 3
 CRASH_TIMEOUT = 240.0
 RESTART_TIMEOUT = 240.0
@@ -154,11 +154,11 @@ def expected(records: list[Record], log: dict[int, tuple[int, dict[int, int]]],
 
 
 def table(view: TargetView) -> list[tuple[Any, ...]]:
-    """Every row of the table: (output, partition, key, window start ms, window end ms, count,
+    """Every row of the table: (kind, partition, key, window start ms, window end ms, count,
     pane index, timing, last, late time ms, offset)."""
     try:
         found = pg_rows(view.dsn, sql.SQL(
-            'SELECT output, "partition", key, window_start, window_end, "count", pane_index, '
+            'SELECT kind, "partition", key, window_start, window_end, "count", pane_index, '
             'pane_timing, pane_is_last, late_time, "offset" FROM {}').format(
             sql.Identifier(view.table)))
     except Exception as exc:  # the driver creates the table before its query starts
@@ -191,12 +191,6 @@ def blocked_by_prepared(dsn: str, query: str) -> list[tuple[str, str]]:
         f"flinkish:{query}:%", f"flinkish:{query}:%")]
 
 
-@pytest.mark.xfail(
-    raises=ReplayBlocked, strict=True,
-    reason="sink bug: in upsert mode the replay of an epoch whose decision is recorded but not "
-           "all committed blocks in INSERT ... ON CONFLICT on the rows of the decided prepared "
-           "transactions, which two_phase_commit.commit_epoch commits only after the replay's "
-           "write tasks finish: the restarted query never completes")
 def test_flink_windows_exactly_once_after_a_crash_between_firing_and_commit(
     kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path
 ) -> None:
@@ -221,7 +215,7 @@ def test_flink_windows_exactly_once_after_a_crash_between_firing_and_commit(
     # -- 1. the crash run
     crash_job = {**job, "progress": str(tmp_path / "progress-crash.jsonl"),
                  "failpoint": {"point": CRASH_POINT, "marker": str(marker),
-                               "from_epoch": CRASH_FROM_EPOCH}}
+                               "from_epoch": CRASH_FROM_EPOCH, "min_transactions": 1}}
     (tmp_path / "crash-jobs.json").write_text(json.dumps([crash_job], indent=1))
     crash_log = tmp_path / "crash.log"
     proc = launch(["--jobs", str(tmp_path / "crash-jobs.json"), "--master", "local[2]",
@@ -244,8 +238,8 @@ def test_flink_windows_exactly_once_after_a_crash_between_firing_and_commit(
         "lingering": view.lingering(query),
         "rows": table(view),
     }
-    # the crash landed where it was meant to: inside the commit of a batch that fires windows,
-    # with the first decided transaction committed and the others (at least one) prepared
+    # the crash landed where it was meant to: in a batch that fires windows, its decision
+    # recorded and every transaction it names still prepared (holding its rows' locks)
     truth_so_far = expected(records, batch_log(checkpoint, topic), partial=True)
     problems = []
     if at_crash["failpoint"] != CRASH_POINT or crash_epoch < CRASH_FROM_EPOCH:
@@ -255,9 +249,8 @@ def test_flink_windows_exactly_once_after_a_crash_between_firing_and_commit(
     if crash_epoch not in truth_so_far["firing_batches"]:
         problems.append("the crashed batch fires no window")
     decision = at_crash["decided"] or []
-    if len(decision) < 2 or len(at_crash["lingering"]) != len(decision) - 1:
-        problems.append("expected two or more decided transactions, all but the first "
-                        "still prepared")
+    if not decision or sorted(str(t) for t in at_crash["lingering"]) != sorted(decision):
+        problems.append("expected the decided transactions, all still prepared and no other")
     if problems:
         raise HarnessError(f"the crash did not land as intended: {problems}\n"
                            f"{json.dumps(at_crash, indent=1, default=str)}\n{tail(crash_log)}")
@@ -277,8 +270,8 @@ def test_flink_windows_exactly_once_after_a_crash_between_firing_and_commit(
     if blocked is not True:
         raise ReplayBlocked(
             f"the replay of batch {crash_epoch} waits on the row locks of the crashed run's "
-            f"decided, still prepared transactions, which the sink commits only after the "
-            f"replay's write tasks finish (waiting task, prepared transaction): {blocked}")
+            f"still prepared transactions, which the sink should have resolved before the "
+            f"replay's write tasks started (waiting task, prepared transaction): {blocked}")
     code, results = proc.returncode, read_results(restart_log)
     if not results:
         raise HarnessError(f"no result from the restart run (exit {code}):\n{tail(restart_log)}")

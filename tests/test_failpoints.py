@@ -74,3 +74,13 @@ def test_other_points_and_earlier_epochs_pass(tmp_path: Path,
     failpoints.failpoint("task_write", query="q", epoch=0)
     failpoints.failpoint("mid_commit", query="q", epoch=1)
     assert not marker.exists()
+
+
+def test_min_transactions_passes_steps_holding_fewer(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """``min_transactions``: a crash where a decision names some transaction, not in an
+    empty epoch's (nor where the caller does not say)."""
+    marker = _arm(tmp_path, monkeypatch, once=True, min_transactions=1)
+    failpoints.failpoint("task_write", query="q", epoch=1, transactions=0)
+    failpoints.failpoint("task_write", query="q", epoch=1)
+    assert not marker.exists()

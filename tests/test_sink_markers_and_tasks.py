@@ -20,6 +20,8 @@ from pyspark.sql.types import (
 from checkpointing.query import spark_batch_watermark
 from flinkish_sink.stream_writer import (
     SENSIBLE_WRITE_TASKS,
+    _data_schema,
+    carries_markers,
     dropped_markers,
     write_task_problem,
 )
@@ -51,6 +53,18 @@ def test_the_sources_rows_without_markers_are_a_mistake() -> None:
 ])
 def test_stateful_output_and_kept_markers_are_not(schema: StructType) -> None:
     assert not dropped_markers(schema)
+
+
+def test_a_kind_column_without_the_markers_is_data() -> None:
+    """flinkish.windows' output has ``kind`` ('result' / 'late') but none of the source's other
+    marker columns: the sink writes it as a column instead of keeping only 'record' rows."""
+    windows = StructType(fields("partition", "key", "kind", "window_start", "count"))
+    assert not carries_markers(windows)
+    assert _data_schema(windows).names == ["partition", "key", "kind", "window_start", "count"]
+    source = StructType(fields("value", "topic", "partition", "offset", "kind", "watermark",
+                               "status"))
+    assert carries_markers(source)
+    assert _data_schema(source).names == ["value", "topic", "partition", "offset"]
 
 
 def _offsets(checkpoint: Path, batch: int, metadata: str) -> None:

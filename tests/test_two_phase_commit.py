@@ -399,6 +399,39 @@ def test_recover_resolves_the_late_data_side_target_too(env: Env) -> None:
     assert read_ids(env.late) == [-6, -5]
 
 
+def test_recover_before_writes_spares_the_writing_batch_and_resolves_the_rest(
+    env: Env
+) -> None:
+    """A replayed epoch's tasks, before they write: the crashed run's decided transactions
+    are committed, its undecided ones rolled back; the pre-commits of the batch now writing
+    (its writer token, ``run``) are left to its commit."""
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0)], [], 3, 0)
+    decided = [pre_commit(env.target, 1, 0, run="dead0001")]
+    undecided = pre_commit(env.target, 1, 1, run="dead0001")
+    env.store().begin(1, decision_state(decided, []))
+    sibling = pre_commit(env.target, 1, 2, run="live0001", ids=[-1])  # prepared already
+    assert env.coordinator().recover_before_writes("live0001") == (
+        [decided[0].txn.gid], [undecided.txn.gid])
+    assert env.lingering() == [sibling.txn]
+    assert env.committed() == sorted(ids_of(0, 0) + ids_of(1, 0))
+    # the replay's commit finishes the recorded decision and discards the replay's own
+    outcome = env.coordinator().commit_epoch(1, [sibling], [], 1, 0)
+    assert outcome.committed == gids(decided) and outcome.rolled_back == (sibling.txn.gid,)
+    assert env.lingering() == []
+    assert env.committed() == sorted(ids_of(0, 0) + ids_of(1, 0))
+
+
+def test_recover_before_writes_is_fenced_once_a_newer_run_claimed(env: Env) -> None:
+    """Rolling back what no decision names is safe only while no other run can decide: a
+    superseded instance fails instead of touching anything."""
+    stale = env.coordinator()
+    leftover = pre_commit(env.target, 0, 0, run="dead0001")
+    env.store()  # a newer run claims the location
+    with pytest.raises(checkpointing.FencedError):
+        stale.recover_before_writes("live0001")
+    assert env.lingering() == [leftover.txn]
+
+
 # -------------------------------------------------------------------------------- abort_epoch
 
 

@@ -1,0 +1,27 @@
+"""The rows ``flinkish.windows`` emits, as the operator writes them and the sink recognises
+them: one column ``kind`` says which of two kinds a row is.
+
+- ``result``: a firing, with the window's bounds (epoch ms), the window function's result and
+  the pane (:mod:`flinkish_core.windowing.pane`);
+- ``late``: an element that came after its window's allowed lateness, with its event time and
+  value; its window and pane columns are null.
+
+The operator has judged lateness itself, on the combined watermark: the flinkish sink takes a
+``late`` row as late (its ``lateData`` option decides where it goes) instead of judging the
+row's event time again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+KIND = "kind"
+RESULT, LATE = "result", "late"
+PANE_COLUMNS = ("window_start", "window_end", "result", "pane_index", "pane_timing",
+                "pane_is_last")
+
+
+def is_window_output(columns: Collection[str]) -> bool:
+    """Whether a DataFrame with these columns is the window operator's output (``kind`` and
+    the pane columns), not the source's rows, whose ``kind`` is a marker column."""
+    return KIND in columns and set(PANE_COLUMNS) <= set(columns)
