@@ -43,6 +43,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.watermark import SPARK_DELAY_KEY
+from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, RESULT
 from flinkish_core.windowing import (
     AggregateFunction,
     Avg,
@@ -95,9 +96,6 @@ _JSON_TYPES = frozenset(
 #: (bench/windows.py) 1,024 groups spent most of the time in round trips, 32 to 128 did not.
 DEFAULT_KEY_GROUPS = 128
 
-RESULT, LATE = "result", "late"
-PANE_COLUMNS = ("window_start", "window_end", "result", "pane_index", "pane_timing",
-                "pane_is_last")
 
 
 def ms(duration: str | int) -> int:
@@ -218,7 +216,7 @@ def window(
     # the operator (cheaper than building datetimes in Python)
     schema = ", ".join(
         [f"`{k}` {df.schema[k].dataType.simpleString()}" for k in keys]
-        + ["kind string", "window_start long", "window_end long",
+        + [f"{KIND} string", "window_start long", "window_end long",
            f"result {_result_type(function, value_type, result_type)}", "pane_index int",
            "pane_timing string", "pane_is_last boolean", f"`{event_time}` long"]
         + ([f"`{value}` {value_type}"] if value is not None else []))
@@ -243,9 +241,9 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
     Both are filters of the same stream: write each with its own query, or use the whole
     DataFrame in one query and route by ``kind``."""
     extra = [event_time, *([value] if value is not None else [])]
-    keys = [c for c in df.columns if c not in ("kind", *PANE_COLUMNS, *extra)]
-    return (df.filter(df.kind == RESULT).select(*keys, *PANE_COLUMNS),
-            df.filter(df.kind == LATE).select(*keys, *extra))
+    keys = [c for c in df.columns if c not in (KIND, *PANE_COLUMNS, *extra)]
+    return (df.filter(df[KIND] == RESULT).select(*keys, *PANE_COLUMNS),
+            df.filter(df[KIND] == LATE).select(*keys, *extra))
 
 
 def _bound(window: Any, end: bool) -> int | None:
@@ -272,7 +270,7 @@ class WindowProcessor(StatefulProcessor):
         self.keys, self.value = keys, value
         # the late rows' columns: the element's event time, and its value when there is one
         self.extra = [event_time, *([value] if value is not None else [])]
-        self.row = Row(*keys, "kind", *PANE_COLUMNS, *self.extra)
+        self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
 
     def init(self, handle: Any) -> None:
         self.handle = handle
