@@ -13,17 +13,16 @@ import pytest
 from flinkish_source.kafka import KafkaMetadata, OffsetRange
 from flinkish_source.options import parse_options
 
+Partition = tuple[str, int]
 
-def test_only_partitions_whose_reported_latest_moved_are_probed(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
-    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
-                             "includeMarkers": "false"})
-    metadata = KafkaMetadata(options)
-    # ListOffsets answers like Tansu: the last record batch's base offset + 1
-    reported = {("t", 0): (0, 5), ("t", 1): (0, 9), ("t", 2): (3, 3)}
-    true_high = {("t", 0): 8, ("t", 1): 12}
-    probed: list[list[tuple[str, int]]] = []
+
+def faked(monkeypatch: pytest.MonkeyPatch, reported: dict[Partition, tuple[int, int]],
+          true_high: dict[Partition, int]) -> tuple[KafkaMetadata, list[list[Partition]]]:
+    """A KafkaMetadata whose ListOffsets answers ``reported`` (earliest, latest) and whose
+    probe finds ``true_high``; and the list of the partitions each probe asked about."""
+    metadata = KafkaMetadata(parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
+                                            "includeMarkers": "false"}))
+    probed: list[list[Partition]] = []
 
     def list_offsets(partitions: Any, timeout: float) -> tuple[dict[Any, int], dict[Any, int]]:
         return ({tp: reported[tp][0] for tp in partitions},
@@ -36,6 +35,16 @@ def test_only_partitions_whose_reported_latest_moved_are_probed(
     monkeypatch.setattr(metadata, "_list_offsets", list_offsets)
     monkeypatch.setattr(metadata, "_probe_high_watermarks", probe)
     monkeypatch.setattr(metadata, "_client", lambda: None)
+    return metadata, probed
+
+
+def test_only_partitions_whose_reported_latest_moved_are_probed(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # ListOffsets answers like Tansu: the last record batch's base offset + 1
+    reported = {("t", 0): (0, 5), ("t", 1): (0, 9), ("t", 2): (3, 3)}
+    true_high = {("t", 0): 8, ("t", 1): 12}
+    metadata, probed = faked(monkeypatch, reported, true_high)
     partitions = sorted(reported)
     expected = {("t", 0): OffsetRange(0, 8), ("t", 1): OffsetRange(0, 12),
                 ("t", 2): OffsetRange(3, 3)}
@@ -54,23 +63,9 @@ def test_planning_probes_only_partitions_that_stood_still(
     """A running query's planning (``exact=False``) takes a partition that grew since the last
     planning at its reported latest (its next record batch reveals a hidden tail), and probes
     one that stood still, so no tail stays hidden; ``exact`` probes every partition."""
-    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
-                             "includeMarkers": "false"})
-    metadata = KafkaMetadata(options)
-    reported = {("t", 0): 5, ("t", 1): 9}
+    reported = {("t", 0): (0, 5), ("t", 1): (0, 9)}
     true_high = {("t", 0): 8, ("t", 1): 12}
-    probed: list[list[tuple[str, int]]] = []
-
-    def list_offsets(partitions: Any, timeout: float) -> tuple[dict[Any, int], dict[Any, int]]:
-        return {tp: 0 for tp in partitions}, {tp: reported[tp] for tp in partitions}
-
-    def probe(consumer: Any, ranges: dict[Any, OffsetRange]) -> dict[Any, int]:
-        probed.append(sorted(ranges))
-        return {tp: true_high[tp] for tp in ranges}
-
-    monkeypatch.setattr(metadata, "_list_offsets", list_offsets)
-    monkeypatch.setattr(metadata, "_probe_high_watermarks", probe)
-    monkeypatch.setattr(metadata, "_client", lambda: None)
+    metadata, probed = faked(monkeypatch, reported, true_high)
     partitions = sorted(reported)
 
     def latest(exact: bool) -> dict[Any, int]:
@@ -80,16 +75,16 @@ def test_planning_probes_only_partitions_that_stood_still(
     assert latest(False) == {("t", 0): 8, ("t", 1): 12}  # never seen: probed
     assert probed == [[("t", 0), ("t", 1)]]
     # partition 1 grows steadily: its tail behind 20 waits for its next batch, unprobed
-    reported[("t", 1)], true_high[("t", 1)] = 20, 23
+    reported[("t", 1)], true_high[("t", 1)] = (0, 20), 23
     assert latest(False) == {("t", 0): 8, ("t", 1): 20}
-    reported[("t", 1)], true_high[("t", 1)] = 24, 30
+    reported[("t", 1)], true_high[("t", 1)] = (0, 24), 30
     assert latest(False) == {("t", 0): 8, ("t", 1): 24}
     assert probed == [[("t", 0), ("t", 1)]]
     # it stops: the next planning probes it and finds the tail
     assert latest(False) == {("t", 0): 8, ("t", 1): 30}
     assert probed[1:] == [[("t", 1)]]
     # exact: a partition that moved is probed at once
-    reported[("t", 0)], true_high[("t", 0)] = 10, 11
+    reported[("t", 0)], true_high[("t", 0)] = (0, 10), 11
     assert latest(True) == {("t", 0): 11, ("t", 1): 30}
     assert probed[2:] == [[("t", 0)]]
 
