@@ -225,16 +225,17 @@ def test_windows_exactly_once_after_a_crash_inside_the_commit(
     }
     expected = truth()
     # the crash landed where it was meant to: inside the commit of a batch emitting windows,
-    # with the first decided transaction committed and the others (at least one) prepared
+    # with the first decided transaction committed and the others, if any, still prepared
+    # (how many write tasks have closed windows in the batch depends on which windows close
+    # in it: the partly committed epoch with several is test_sink_crash.py's mid_commit case)
     problems = []
     if at_crash["failpoint"] != CRASH_POINT or crash_epoch < CRASH_FROM_EPOCH:
         problems.append("not the failpoint / batch meant")
     if crash_epoch in at_crash["spark_commits"]:
         problems.append("Spark committed the crashed batch")
     decision = at_crash["decided"] or []
-    if len(decision) < 2 or len(at_crash["lingering"]) != len(decision) - 1:
-        problems.append("expected two or more decided transactions, all but the first "
-                        "still prepared")
+    if not decision or len(at_crash["lingering"]) != len(decision) - 1:
+        problems.append("expected decided transactions, all but the first still prepared")
     if not at_crash["windows"] or len(at_crash["windows"]) >= len(expected):
         problems.append("expected some windows committed and some left for the restart")
     if problems:
