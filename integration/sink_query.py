@@ -210,18 +210,13 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"job {i}: fail_first_attempt needs evidence")
         if not isinstance(job.get("sink_options", {}), dict):
             raise SystemExit(f"job {i}: sink_options must be an object of sink options")
-        if job.get("windowed") is True:
-            job["windowed"] = DEFAULT_WINDOW
-        elif job.get("windowed") is False:
-            del job["windowed"]
-        elif "windowed" in job and not isinstance(job["windowed"], str):
-            raise SystemExit(f"job {i}: windowed must be true, false or a duration")
-        if job.get("flink_windows") is True:
-            job["flink_windows"] = DEFAULT_WINDOW
-        elif job.get("flink_windows") is False:
-            del job["flink_windows"]
-        elif "flink_windows" in job and not isinstance(job["flink_windows"], str):
-            raise SystemExit(f"job {i}: flink_windows must be true, false or a duration")
+        for key in ("windowed", "flink_windows"):  # true, false or the window's duration
+            if job.get(key) is True:
+                job[key] = DEFAULT_WINDOW
+            elif job.get(key) is False:
+                del job[key]
+            elif key in job and not isinstance(job[key], str):
+                raise SystemExit(f"job {i}: {key} must be true, false or a duration")
         if job.get("flink_windows") and (job.get("windowed") or job["target"] != "postgres"):
             raise SystemExit(f"job {i}: flink_windows needs target postgres, without windowed")
         if job.get("allowed_lateness") and not job.get("flink_windows"):
