@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from pyspark.sql import Row
 
@@ -82,9 +83,8 @@ class Runner:
               processing_time: int = 0) -> list[dict[str, Any]]:
         values = Values(watermark, processing_time)
         out: list[Row] = []
-        for group in dict.fromkeys(self.group(k) for k, _, _ in rows):
+        for group, mine in self._packed(rows).items():
             self.handle.key = (group,)
-            mine = [Row(group, k, t, v) for k, t, v in rows if self.group(k) == group]
             out += self.processor.handleInputRows((group,), iter(mine), values)
         for key, timers in list(self.handle.timers.items()):
             for timestamp in sorted(t for t in timers if t <= watermark):
@@ -92,6 +92,22 @@ class Runner:
                 out += self.processor.handleExpiredTimer(key, values, Expired(timestamp))
                 self.handle.timers[key].discard(timestamp)
         return [row.asDict() for row in out]
+
+
+    def _packed(self, rows: list[tuple[str, int, Any]]) -> dict[Any, list[Row]]:
+        """The rows as window() hands them to the processor: through pack_key_groups, in
+        batches of two records, then one Row per packed row (as PySpark converts them)."""
+        per_group: dict[Any, list[Row]] = {}
+        for i in range(0, len(rows), 2):
+            batch = pa.record_batch({
+                "g": [self.group(k) for k, _, _ in rows[i:i + 2]],
+                "key": [k for k, _, _ in rows[i:i + 2]],
+                "t": [t for _, t, _ in rows[i:i + 2]],
+                **({"v": [v for _, _, v in rows[i:i + 2]]} if self.processor.value else {})})
+            for packed in windows.pack_key_groups(iter([batch])):
+                for row in packed.to_pylist():
+                    per_group.setdefault(row["g"], []).append(Row(*row.values()))
+        return per_group
 
 
 def fired(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
@@ -181,3 +197,14 @@ def test_result_types_and_durations() -> None:
         result_type(windows.Sum(), "string", None)
     assert windows.ms("1 minute") == 60_000 and windows.ms(250) == 250
     assert windows.sliding("1 min", "10 s").slide == 10_000
+
+
+def test_pack_key_groups_makes_one_row_per_group_in_record_order() -> None:
+    batch = pa.record_batch({"g": [2, 1, 2, 1, 2], "key": ["a", "b", None, "d", "e"],
+                             "t": [5, 4, 3, 2, 1]})
+    empty = batch.slice(0, 0)
+    packed = list(windows.pack_key_groups(iter([empty, batch])))
+    assert [p.to_pylist() for p in packed] == [[
+        {"g": 1, "key": ["b", "d"], "t": [4, 2]},
+        {"g": 2, "key": ["a", None, "e"], "t": [5, 3, 1]},
+    ]]
