@@ -306,7 +306,7 @@ class WindowProcessor(StatefulProcessor):
         self.state = handle.getValueState("window", "state string, timers array<long>")
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        operator, registered = self._restore()
+        operator, registered = self._restore(self.state.get())
         outputs = self._advance(operator, timerValues)
         # each row is a run of the group's records (pack_key_groups), by position as window()
         # selects them: the key group, then arrays of the keys, event times and values
@@ -325,10 +325,16 @@ class WindowProcessor(StatefulProcessor):
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
                            expiredTimerInfo: Any) -> Iterator[Any]:
-        operator, registered = self._restore()
+        stored = self.state.get()
+        expired = expiredTimerInfo.getExpiryTimeInMs()
+        if stored is None or expired not in stored[1]:
+            # a visit of this batch deleted it after Spark had listed it: that visit brought
+            # the group to this batch's watermark and processing time, nothing is left to fire
+            return
         # Spark deletes the expired timer after this call; every core timer at or below the
         # watermark fires now, so the core wants none of them any more
-        registered.discard(expiredTimerInfo.getExpiryTimeInMs())
+        operator, registered = self._restore(stored)
+        registered.discard(expired)
         outputs = self._advance(operator, timerValues)
         self._store(operator, registered)
         yield from self._rows(outputs)
@@ -336,10 +342,10 @@ class WindowProcessor(StatefulProcessor):
     def close(self) -> None:
         pass
 
-    def _restore(self) -> tuple[WindowOperator, set[int]]:
-        """The group's operator, and the Spark timers registered for it."""
+    def _restore(self, stored: tuple[str, list[int]] | None) -> tuple[WindowOperator, set[int]]:
+        """The group's operator, and the Spark timers registered for it, from its stored
+        state (``get()``, None when the group has none: one call, not ``exists()`` too)."""
         operator = WindowOperator(*self.config)
-        stored = self.state.get()  # None when the group has no state (one call, not two)
         if stored is None:
             return operator, set()
         text, timers = stored
@@ -354,10 +360,13 @@ class WindowProcessor(StatefulProcessor):
                 operator.process_processing_time(timer_values.getCurrentProcessingTimeInMs())]
 
     def _store(self, operator: WindowOperator, registered: set[int]) -> None:
-        """Saves the group's state and makes the Spark timers those the core wants."""
+        """Saves the group's state and makes the Spark timer the core's earliest event-time
+        timer: every visit brings the core to the batch's watermark, firing all its timers
+        due, so one Spark timer per group is enough for a visit when the earliest is due (a
+        timer per timestamp cost a round trip to register and one to delete each)."""
         snapshot = operator.snapshot(copy=False)
-        wanted = {timestamp for entry in snapshot["keys"]
-                  for _, timestamp, _ in entry["event_timers"]}
+        wanted = {min((timestamp for entry in snapshot["keys"]
+                       for _, timestamp, _ in entry["event_timers"]), default=None)} - {None}
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:

@@ -124,7 +124,8 @@ def processor(assigner: Any, function: Any, value: str | None = "v", **kw: Any) 
 def test_windows_fire_by_timer_when_the_key_has_nothing_new_and_state_is_dropped() -> None:
     run = Runner(processor(windows.tumbling("10 s"), windows.Sum()))
     assert run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("b", 3_000, 7)]) == []
-    assert run.handle.timers == {("a",): {9_999, 19_999}, ("b",): {9_999}}
+    # Spark knows each group's earliest timer only: a visit fires every window due
+    assert run.handle.timers == {("a",): {9_999}, ("b",): {9_999}}
     out = run.batch(9_999, [("a", 15_000, 1)])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
     # window [0, 10 s) is gone from both keys' state and timers; b has nothing left at all
@@ -132,6 +133,21 @@ def test_windows_fire_by_timer_when_the_key_has_nothing_new_and_state_is_dropped
     assert ("b",) not in run.handle.values
     assert fired(run.batch(20_000, [])) == [("a", 10_000, 6, 0, "ON_TIME", True)]
     assert run.handle.values == {}
+
+
+def test_one_visit_fires_all_windows_due_and_leaves_the_spark_timer_at_the_next() -> None:
+    run = Runner(processor(windows.tumbling("10 s"), windows.Sum()))
+    run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("a", 25_000, 1)])
+    # a state stored with a Spark timer per window end (as earlier versions kept it)
+    state, _ = run.handle.values[("a",)]
+    run.handle.values[("a",)] = (state, [9_999, 19_999, 29_999])
+    run.handle.timers[("a",)] = {9_999, 19_999, 29_999}
+    # the first expired timer's visit fires both windows and deletes the second, which Spark
+    # had listed already: its visit returns at once
+    out = run.batch(19_999, [])
+    assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("a", 10_000, 5, 0, "ON_TIME", True)]
+    assert run.handle.timers == {("a",): {29_999}}
+    assert run.handle.values[("a",)][1] == [29_999]
 
 
 def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it() -> None:
@@ -158,7 +174,7 @@ def test_rows_of_a_batch_are_fed_in_event_time_order() -> None:
 def test_keys_of_one_key_group_share_its_state_and_timers() -> None:
     run = Runner(processor(windows.tumbling("10 s"), windows.Sum()), group=lambda key: 0)
     run.batch(-1, [("a", 1_000, 2), ("b", 3_000, 7), ("a", 12_000, 5)])
-    assert run.handle.timers == {(0,): {9_999, 19_999}}  # one timer for both keys' windows
+    assert run.handle.timers == {(0,): {9_999}}  # one timer for both keys' windows
     out = run.batch(9_999, [])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
     assert run.handle.timers == {(0,): {19_999}} and (0,) in run.handle.values
@@ -180,7 +196,7 @@ def test_processing_time_timers_fire_only_when_their_key_group_is_visited() -> N
 def test_sessions_merge_across_batches() -> None:
     run = Runner(processor(windows.session("5 s"), windows.Count()))
     run.batch(-1, [("a", 0, 0), ("a", 8_000, 0)])
-    assert run.handle.timers == {("a",): {4_999, 12_999}}
+    assert run.handle.timers == {("a",): {4_999}}
     run.batch(-1, [("a", 4_000, 0)])
     assert run.handle.timers == {("a",): {12_999}}
     assert fired(run.batch(13_000, [])) == [("a", 0, 3, 0, "ON_TIME", True)]
