@@ -365,8 +365,9 @@ class WindowProcessor(StatefulProcessor):
         due, so one Spark timer per group is enough for a visit when the earliest is due (a
         timer per timestamp cost a round trip to register and one to delete each)."""
         snapshot = operator.snapshot(copy=False)
-        wanted = {min((timestamp for entry in snapshot["keys"]
-                       for _, timestamp, _ in entry["event_timers"]), default=None)} - {None}
+        timers = [timestamp for entry in snapshot["keys"]
+                  for _, timestamp, _ in entry["event_timers"]]
+        wanted = {min(timers)} if timers else set()
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:
