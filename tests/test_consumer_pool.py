@@ -70,6 +70,11 @@ class FakeConsumer:
     in_use: int = 0
     most_assigned: int = 0
     assigned_ever: list[tuple[str, int, int]] = field(default_factory=list)
+    leader_lookups: list[str] = field(default_factory=list)
+
+    def list_topics(self, topic: str, timeout: float) -> None:
+        assert any(t == topic for t, _ in self.assigned), "asked before assigning"
+        self.leader_lookups.append(topic)
 
     def incremental_assign(self, tps: list[TopicPartition]) -> None:
         for tp in tps:
@@ -149,6 +154,29 @@ def test_a_task_reads_its_ranges_with_one_consumer_fetching_ahead(pool: Consumer
     with reading(OPTIONS, [("t", 0, 50, 60)], 1_000):
         assert offsets(read_range(OPTIONS, "t", 0, 50, 60, 1_000)) == list(range(50, 60))
     assert pool.created == 1
+
+
+def test_a_pooled_consumer_asks_for_the_leaders_of_a_topic_new_to_it(
+    pool: ConsumerPool, logs: dict[tuple[str, int], list[int]]
+) -> None:
+    """A connected consumer learns a new topic's leaders only at librdkafka's next scan (up to
+    a second later): the reader asks right after assigning, once per consumer and topic."""
+    logs.update({("u", p): list(range(50)) for p in range(2)})
+
+    def task(ranges: list[tuple[str, int, int, int]]) -> FakeConsumer:
+        with reading(OPTIONS, ranges, 1_000):
+            for r in ranges:
+                assert offsets(read_range(OPTIONS, *r, 1_000)) == list(range(r[2], r[3]))
+        (idle,) = [c for v in pool._idle.values() for c, _ in v]
+        return cast(FakeConsumer, idle)
+
+    first = task([("t", 0, 0, 10), ("t", 1, 0, 10)])
+    assert first.leader_lookups == ["t"]
+    again = task([("t", 2, 0, 10), ("u", 0, 0, 10), ("u", 1, 5, 50)])
+    assert again is first and first.leader_lookups == ["t", "u"]
+    assert task([("u", 1, 0, 5)]).leader_lookups == ["t", "u"]
+    pool.clear()  # a closed consumer is forgotten; its successor asks afresh
+    assert task([("u", 0, 10, 20)]).leader_lookups == ["u"]
 
 
 def test_large_ranges_are_fetched_ahead_only_near_their_turn(

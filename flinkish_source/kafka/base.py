@@ -211,11 +211,13 @@ class ConsumerPool:
     _pid: int = field(default_factory=os.getpid)
     _evictor: threading.Thread | None = None
     _forked: list[Any] = field(default_factory=list)
+    _topics: dict[int, set[str]] = field(default_factory=dict)  # by id() of a live consumer
 
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
             self._forked.extend(c for idle in self._idle.values() for c, _ in idle)
             self._idle, self._pid, self._evictor = {}, os.getpid(), None
+            self._topics = {}
             self._lock = threading.Lock()
 
     def acquire(self, config: dict[str, Any]) -> Any:
@@ -228,13 +230,25 @@ class ConsumerPool:
                 self.created += 1
         return consumer
 
+    def new_topics(self, consumer: Any, topics: set[str]) -> set[str]:
+        """Which of ``topics`` were never assigned to ``consumer`` before (they are now)."""
+        with self._lock:
+            known = self._topics.setdefault(id(consumer), set())
+            new = topics - known
+            known.update(new)
+        return new
+
+    def _discard(self, consumer: Any) -> None:
+        self._topics.pop(id(consumer), None)
+        _close(consumer)
+
     def release(self, config: dict[str, Any], consumer: Any, clean: bool = True) -> None:
         """Take a consumer back: kept for the next borrower with its assignment cleared, or
         closed if the borrower failed (``clean`` false) or the reset fails."""
         if clean and _reset(consumer):
             self._give_back(pool_key(config), consumer)
         else:
-            _close(consumer)
+            self._discard(consumer)
 
     @contextlib.contextmanager
     def borrow(self, config: dict[str, Any]) -> Iterator[Any]:
@@ -258,7 +272,7 @@ class ConsumerPool:
             idle = self._idle.get(key)
             consumer = idle.pop()[0] if idle else None
         for c in expired:
-            _close(c)
+            self._discard(c)
         return consumer
 
     def _give_back(self, key: PoolKey, consumer: Any) -> None:
@@ -275,7 +289,7 @@ class ConsumerPool:
                 )
                 self._evictor.start()
         for c in expired:
-            _close(c)
+            self._discard(c)
 
     def _expire_locked(self) -> list[Any]:
         now = self.clock()
@@ -295,7 +309,7 @@ class ConsumerPool:
             self._check_fork()
             expired = self._expire_locked()
         for c in expired:
-            _close(c)
+            self._discard(c)
         return len(expired)
 
     def _evict_forever(self) -> None:
@@ -316,7 +330,7 @@ class ConsumerPool:
             idle = [c for v in self._idle.values() for c, _ in v]
             self._idle = {}
         for c in idle:
-            _close(c)
+            self._discard(c)
 
 
 def _reset(consumer: Any) -> bool:

@@ -9,13 +9,14 @@ broker).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_END, KafkaError, Message, TopicPartition
+from confluent_kafka import OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
 from flinkish_source.kafka.base import (
     OUT_OF_RANGE,
@@ -34,6 +35,10 @@ from flinkish_source.kafka.base import (
 from flinkish_source.options import SourceOptions
 
 logger = logging.getLogger(__name__)
+
+#: How long a task waits for the leaders of a newly assigned topic (see ``RangeReader._assign``)
+#: before it leaves them to librdkafka's own metadata scan.
+LEADER_LOOKUP_TIMEOUT_S = 1.0
 
 
 @dataclass
@@ -77,15 +82,28 @@ class RangeReader(PooledRangeReader):
         self._current: _Range | None = None
 
     def _assign(self, ranges: list[_Range]) -> None:
-        """Assign ranges in one call (one call per range delays the later ones' first fetch)."""
+        """Assign ranges in one call (one call per range delays the later ones' first fetch),
+        then ask for the leaders of topics the consumer was never assigned before.
+
+        A pooled consumer is connected already, so assigning a topic it has not read before
+        does not refresh the metadata: librdkafka finds the partitions' leaders only at its
+        next scan of unavailable topics, up to a second later, and fetches nothing until then
+        (measured: the first records of a new topic ~0.9 s after the assignment, against
+        ~20 ms for a topic the consumer knew). Asking right away costs one metadata round trip
+        per consumer and topic; if it fails, librdkafka's own scan still finds the leaders."""
         todo = []
         for r in ranges:
             if not (r.assigned or r.done or (r.topic, r.partition) in self._assigned):
                 r.assigned = True
                 self._assigned[(r.topic, r.partition)] = r
                 todo.append(TopicPartition(r.topic, r.partition, r.position))
-        if todo:
-            self._client().incremental_assign(todo)
+        if not todo:
+            return
+        consumer = self._client()
+        consumer.incremental_assign(todo)
+        for topic in self._pool.new_topics(consumer, {tp.topic for tp in todo}):
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(topic, timeout=LEADER_LOOKUP_TIMEOUT_S)
 
     def _unassign(self, r: _Range) -> None:
         if r.assigned:
