@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from flinkish_core.epoch_valve import EpochWatermark, advance, initial
 from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
@@ -127,6 +126,8 @@ def _markers(options: SourceOptions, plans: list[SlicePlan],
 
 
 def _marker_rows(batch: pa.RecordBatch) -> list[Marker]:
+    import pyarrow.compute as pc  # only when a slice is re-read (see partition_reader._one)
+
     rows = batch.filter(pc.is_in(batch.column("kind"), pa.array(MARKER_KINDS)))
     if rows.num_rows == 0:
         return []

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from flinkish_core.markers import KIND_RECORD, KIND_STATUS, KIND_WATERMARK, Marker
 from flinkish_core.watermark import WatermarkStatus
@@ -64,8 +63,10 @@ def _null_row(include_headers: bool) -> tuple[pa.Array, ...]:
 
 @functools.cache
 def _one() -> pa.Scalar:
-    """Built on first use: converting a Python value makes pyarrow import pandas (0.3 s), which
-    the driver-side reader process never needs."""
+    """Built on first use: converting a Python value makes pyarrow import pandas (0.2-0.3 s),
+    which the driver-side reader process never needs. For the same reason ``pyarrow.compute``
+    (~30 ms) is imported where the read tasks use it: Spark starts a fresh driver-side reader
+    process for every streaming query, and it imports this module only for its plans."""
     return pa.scalar(1, pa.int64())
 
 
@@ -154,6 +155,8 @@ def _message_columns(msgs: Sequence[Any]) -> tuple[pa.Array, ...]:
     kinds = [kind for kind, _ in stamps]
     first, last = msgs[0].offset(), msgs[-1].offset()
     if n > 64 and last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
+        import pyarrow.compute as pc  # see _one()
+
         offsets = pc.cumulative_sum(pa.repeat(_one(), n), start=first - 1)
     else:
         offsets = pa.array([m.offset() for m in msgs], pa.int64())
@@ -299,6 +302,8 @@ class _PieceReader:
             assert generator is not None
             decoded = getattr(msgs, "columns", None)  # native chunks: every timestamp is set
             if self.extractor.from_kafka_timestamp and decoded is not None:
+                import pyarrow.compute as pc  # see _one()
+
                 extremes = pc.min_max(decoded.timestamps)
                 self._saw(extremes["min"].as_py())
                 generator.on_max_event_time(extremes["max"].as_py())
@@ -333,6 +338,8 @@ class _PieceReader:
         if generator is None:
             yield batch
             return
+        import pyarrow.compute as pc  # see _one()
+
         extremes = pc.min_max(batch.column("eventTime"))  # microseconds (None: no event time)
         low, top = extremes["min"].value, extremes["max"].value
         self._saw(None if low is None else low // 1000)
@@ -486,6 +493,8 @@ def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatc
 
 def _beyond(event_time: pa.Array, horizon_ms: int) -> int:
     """How many event times lie after ``horizon_ms``."""
+    import pyarrow.compute as pc  # see _one()
+
     micros = event_time.cast(pa.int64())
     top = pc.max(micros).as_py()
     if top is None or top <= horizon_ms * 1000:
