@@ -53,6 +53,13 @@ What is measured, and why:
   (target 0.95). ``worker_cpu_s_per_million`` and ``floor_worker_cpu_s_per_million`` are the
   CPU-seconds Spark's Python processes spent per million records in the flinkish query and in
   the floor's; ``cpu_vs_floor`` is their ratio (target at most 1.3).
+* Where the whole-query gap to the floor lies, from each query's progress (medians):
+  ``*_start_s`` from ``start()`` to the first trigger (Spark starts a fresh driver-side Python
+  process per query for a Python source; flinkish's also asks Kafka for the partitions and
+  their offsets), ``*_record_batches_s`` in the batches that read records, and
+  ``*_other_batches_s`` the rest (for flinkish the last batch, which holds only the carrier
+  row that hands the combined watermark to Spark's own). ``record_batches_ratio_vs_kafka_floor``
+  is the floor's record-batch time over flinkish's: the per-record cost alone.
 * ``ratio`` = ``flinkish_rps / raw_consume_tuned_rps``: against what the broker can deliver to
   one consumer (the ceiling); ``ratio_vs_default_consumer`` is against the consumer with
   librdkafka's default settings, which a 1 s fetch backoff throttles (a ceiling that flatters).
@@ -76,6 +83,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -313,8 +321,8 @@ class KafkaFloorSource(DataSource):
 
 
 def run_floor(spark: Any, bootstrap: str, topic: str, records: int, partitions: int,
-              tasks: int, workdir: Path, timeout: float) -> float:
-    """One AvailableNow query of the Kafka floor source into noop; seconds."""
+              tasks: int, workdir: Path, timeout: float) -> Split:
+    """One AvailableNow query of the Kafka floor source into noop; where its time went."""
     return _run_ceiling(spark, KafkaFloorSource.name(), {
         "bootstrap": bootstrap, "topic": topic, "partitions": str(partitions),
         "records": str(records), "tasks": str(tasks),
@@ -322,9 +330,9 @@ def run_floor(spark: Any, bootstrap: str, topic: str, records: int, partitions: 
 
 
 def _run_ceiling(spark: Any, source: str, options: dict[str, str], records: int, label: str,
-                 workdir: Path, timeout: float) -> float:
+                 workdir: Path, timeout: float) -> Split:
     """One AvailableNow query of a ceiling source into noop, which must yield ``records``
-    rows; seconds."""
+    rows; where its time went."""
     run = Path(tempfile.mkdtemp(prefix="ceiling-", dir=workdir))
     df = spark.readStream.format(source).options(**options).load()
     writer = (df.writeStream.format("noop").trigger(availableNow=True)
@@ -333,10 +341,10 @@ def _run_ceiling(spark: Any, source: str, options: dict[str, str], records: int,
         result = run_to_end(writer, f"{label} query", timeout)
     finally:
         shutil.rmtree(run, ignore_errors=True)
-    rows = _log_progress(result)
+    rows, split = _log_progress(result)
     if rows != records:
         raise RuntimeError(f"the {label} query read {rows} rows, expected {records}")
-    return result.seconds
+    return split
 
 
 class BareSource(DataSource):
@@ -357,8 +365,8 @@ class BareSource(DataSource):
 
 
 def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Path,
-             timeout: float) -> float:
-    """One AvailableNow query of the bare source into noop; seconds."""
+             timeout: float) -> Split:
+    """One AvailableNow query of the bare source into noop; where its time went."""
     return _run_ceiling(spark, BareSource.name(), {
         "records": str(records), "tasks": str(tasks), "valueBytes": str(value_bytes),
     }, records, "bare source", workdir, timeout)
@@ -367,9 +375,10 @@ def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Pa
 def run_flinkish(
     spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float,
     fetch: str | None = None,
-) -> tuple[float, int]:
+) -> tuple[Split, int]:
     """One AvailableNow query into the noop sink, read tasks fetching with ``fetch``
-    (``kafkaConsumer.fetch``; None: the default); (seconds, rows the source produced)."""
+    (``kafkaConsumer.fetch``; None: the default); where its time went, and the rows the
+    source produced."""
     run = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     df = (
         spark.readStream.format("flinkish")
@@ -392,11 +401,30 @@ def run_flinkish(
         result = run_to_end(writer, f"flinkish query on {topic}", timeout)
     finally:
         shutil.rmtree(run, ignore_errors=True)
-    return result.seconds, _log_progress(result)
+    rows, split = _log_progress(result)
+    return split, rows
 
 
-def _log_progress(result: Any) -> int:
-    """Log each batch's durations and where the query's time went; the rows it read."""
+@dataclass(frozen=True)
+class Split:
+    """Where a query's time went: ``seconds`` in all (``start()`` to its end), ``start`` from
+    ``start()`` to the first trigger (the driver-side reader process, the source's first
+    offsets), ``record_batches`` in the triggers of batches that read records, and the rest
+    (other batches: flinkish's last batch holds only the carrier row that hands the combined
+    watermark to Spark, so its one row tells it apart)."""
+
+    seconds: float
+    start: float
+    record_batches: float
+
+    @property
+    def other(self) -> float:
+        return self.seconds - self.start - self.record_batches
+
+
+def _log_progress(result: Any) -> tuple[int, Split]:
+    """Log each batch's durations and where the query's time went; the rows it read, and
+    the split of its time."""
     progress = result.progress
     for p in progress:
         durations = ", ".join(f"{k} {v}" for k, v in sorted(p["durationMs"].items()))
@@ -407,7 +435,11 @@ def _log_progress(result: Any) -> int:
         last = _epoch(final["timestamp"]) + final["durationMs"]["triggerExecution"] / 1000
         log(f"  start() to first trigger {first - result.started_wall:.2f} s, in triggers "
             f"{last - first:.2f} s, after the last trigger {result.ended_wall - last:.2f} s")
-    return sum(int(p["numInputRows"]) for p in progress)
+    start = _epoch(progress[0]["timestamp"]) - result.started_wall if progress else 0.0
+    record_batches = sum(p["durationMs"]["triggerExecution"] for p in progress
+                         if int(p["numInputRows"]) > 1) / 1000
+    return (sum(int(p["numInputRows"]) for p in progress),
+            Split(result.seconds, start, record_batches))
 
 
 def _epoch(iso: str) -> float:
@@ -445,6 +477,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     floor_cpu_runs: list[dict[str, float]] = []
     native_runs: list[float] = []
     peaks: list[float] = []
+    flinkish_splits: list[Split] = []
+    floor_splits: list[Split] = []
     rows = 0
     with bench_environment("flinkish-bench-") as env:
         bootstrap, workdir = env.bootstrap, env.workdir
@@ -455,26 +489,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         spark, startup = env.start_spark("flinkish-bench", args.cores)
         log(f"SparkSession up in {startup:.1f} s; warm-up query "
             f"({args.warmup_records:,} records on {warmup_topic}, not timed)")
-        seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
-        log(f"warm-up query took {seconds:.1f} s")
-        seconds, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout,
-                                  "native")
-        log(f"warm-up query with kafkaConsumer.fetch=native took {seconds:.1f} s")
+        split, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
+        log(f"warm-up query took {split.seconds:.1f} s")
+        split, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout,
+                                "native")
+        log(f"warm-up query with kafkaConsumer.fetch=native took {split.seconds:.1f} s")
         from flinkish_source.read_plan import default_read_tasks
 
         tasks = min(args.partitions, default_read_tasks())
         spark.dataSource.register(BareSource)
-        seconds = run_bare(spark, args.warmup_records, tasks, args.value_bytes, workdir,
-                           args.timeout)
-        log(f"warm-up of the bare source ({tasks} read tasks) took {seconds:.1f} s")
+        split = run_bare(spark, args.warmup_records, tasks, args.value_bytes, workdir,
+                         args.timeout)
+        log(f"warm-up of the bare source ({tasks} read tasks) took {split.seconds:.1f} s")
         spark.dataSource.register(KafkaFloorSource)
-        seconds = run_floor(spark, bootstrap, warmup_topic, args.warmup_records,
-                            args.partitions, tasks, workdir, args.timeout)
-        log(f"warm-up of the Kafka floor source ({tasks} read tasks) took {seconds:.1f} s")
+        split = run_floor(spark, bootstrap, warmup_topic, args.warmup_records,
+                          args.partitions, tasks, workdir, args.timeout)
+        log(f"warm-up of the Kafka floor source ({tasks} read tasks) took "
+            f"{split.seconds:.1f} s")
 
         def measure_flinkish(run: int) -> None:
             with PeakMemorySampler() as sampler, CpuMeter() as cpu:
-                seconds, rows = run_flinkish(spark, bootstrap, topic, workdir, args.timeout)
+                split, rows = run_flinkish(spark, bootstrap, topic, workdir, args.timeout)
+            seconds = split.seconds
+            flinkish_splits.append(split)
             if rows < args.records:
                 raise RuntimeError(f"the flinkish query read {rows} rows, expected "
                                    f">= {args.records} records (plus markers)")
@@ -491,7 +528,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         def measure_bare(run: int) -> None:
             with CpuMeter() as bare_cpu:
                 bare_seconds = run_bare(spark, args.records, tasks, args.value_bytes, workdir,
-                                        args.timeout)
+                                        args.timeout).seconds
             bare_runs.append(args.records / bare_seconds)
             bare_seconds_runs.append(bare_seconds)
             log(f"run {run}/{args.repeat}: bare Python source {args.records / bare_seconds:,.0f}"
@@ -500,8 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def measure_floor(run: int) -> None:
             with CpuMeter() as floor_cpu:
-                floor_seconds = run_floor(spark, bootstrap, topic, args.records,
-                                          args.partitions, tasks, workdir, args.timeout)
+                floor_split = run_floor(spark, bootstrap, topic, args.records,
+                                        args.partitions, tasks, workdir, args.timeout)
+            floor_seconds = floor_split.seconds
+            floor_splits.append(floor_split)
             floor_runs.append(args.records / floor_seconds)
             log(f"run {run}/{args.repeat}: Kafka floor source "
                 f"{args.records / floor_seconds:,.0f} rows/s ({floor_seconds:.2f} s); "
@@ -510,8 +549,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         def measure_native(run: int) -> None:
             with CpuMeter() as native_cpu:
-                native_seconds, _ = run_flinkish(spark, bootstrap, topic, workdir,
-                                                 args.timeout, "native")
+                native_split, _ = run_flinkish(spark, bootstrap, topic, workdir,
+                                               args.timeout, "native")
+            native_seconds = native_split.seconds
             native_runs.append(args.records / native_seconds)
             log(f"run {run}/{args.repeat}: flinkish with kafkaConsumer.fetch=native "
                 f"{args.records / native_seconds:,.0f} rows/s ({native_seconds:.2f} s); "
@@ -564,6 +604,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cpu_vs_floor": round(worker_cpu / floor_worker_cpu, 3) if floor_worker_cpu else None,
             "target_cpu_vs_floor": TARGET_CPU_VS_FLOOR,
             "floor_vs_bare": round(floor / bare, 3),
+            # where the whole-query gap to the floor lies (medians, seconds; see Split)
+            "flinkish_start_s": round(median([x.start for x in flinkish_splits]), 3),
+            "kafka_floor_start_s": round(median([x.start for x in floor_splits]), 3),
+            "flinkish_record_batches_s": round(
+                median([x.record_batches for x in flinkish_splits]), 3),
+            "kafka_floor_record_batches_s": round(
+                median([x.record_batches for x in floor_splits]), 3),
+            "flinkish_other_batches_s": round(median([x.other for x in flinkish_splits]), 3),
+            "kafka_floor_other_batches_s": round(median([x.other for x in floor_splits]), 3),
+            "record_batches_ratio_vs_kafka_floor": round(median(
+                [f.record_batches / x.record_batches
+                 for x, f in zip(flinkish_splits, floor_splits, strict=True)]), 3),
             "raw_consume_tuned_rps": round(tuned),
             "ratio": round(flinkish / tuned, 3),
             "raw_consume_rps": round(raw),
