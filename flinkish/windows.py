@@ -213,13 +213,16 @@ def window(
     WindowOperator(assigner, function, trigger, lateness, evictor)
     value_type = df.schema[value].dataType.simpleString() if value is not None else None
     # times leave the processor as epoch milliseconds and become timestamps in the JVM, after
-    # the operator (cheaper than building datetimes in Python)
-    schema = ", ".join(
-        [f"`{k}` {df.schema[k].dataType.simpleString()}" for k in keys]
-        + [f"{KIND} string", "window_start long", "window_end long",
-           f"result {_result_type(function, value_type, result_type)}", "pane_index int",
-           "pane_timing string", "pane_is_last boolean", f"`{event_time}` long"]
-        + ([f"`{value}` {value_type}"] if value is not None else []))
+    # the operator (cheaper than building datetimes in Python); each visit's output leaves it
+    # as one row of arrays, a column each, turned into rows in the JVM (PySpark converts each
+    # row a processor returns on its own)
+    output = ([(k, df.schema[k].dataType.simpleString()) for k in keys]
+              + [(KIND, "string"), ("window_start", "long"), ("window_end", "long"),
+                 ("result", _result_type(function, value_type, result_type)),
+                 ("pane_index", "int"), ("pane_timing", "string"), ("pane_is_last", "boolean"),
+                 (event_time, "long")]
+              + ([(value, str(value_type))] if value is not None else []))
+    schema = ", ".join(f"`{name}` array<{type_name}>" for name, type_name in output)
     processor = WindowProcessor(assigner, function, trigger, lateness, evictor,
                                 keys, event_time, value)
     group = F.pmod(F.xxhash64(*keys), F.lit(key_groups)).alias(_GROUP)
@@ -234,9 +237,10 @@ def window(
     fired = (records.mapInArrow(pack_key_groups, packed_schema).groupBy(_GROUP)
              .transformWithState(statefulProcessor=processor, outputStructType=schema,
                                  outputMode="Append", timeMode="EventTime"))
+    rows = fired.select(F.inline(F.arrays_zip(*(F.col(name) for name, _ in output))))
     times = {"window_start", "window_end", event_time}
-    return fired.select(*(F.timestamp_millis(F.col(c)).alias(c) if c in times else F.col(c)
-                          for c in fired.columns))
+    return rows.select(*(F.timestamp_millis(F.col(c)).alias(c) if c in times else F.col(c)
+                         for c in rows.columns))
 
 
 def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> tuple[Any, Any]:
@@ -378,14 +382,21 @@ class WindowProcessor(StatefulProcessor):
             self.state.clear()
 
     def _rows(self, outputs: list[WindowOutput]) -> Iterator[Any]:
-        """The outputs as Rows of the operator's output schema (built by position: a Row of
-        keyword arguments costs more per row)."""
-        row = self.row
+        """The outputs as one Row of the operator's output columns, each a sequence (none when
+        there are none). Tuples, but the results a list: PySpark converts a nested Row (a
+        struct result) to a dict inside a list, and leaves a tuple's elements as they are."""
+        rows: list[tuple[Any, ...]] = []
         no_late = (None,) * len(self.extra)
         for out in outputs:
             for r in out.results:
-                yield row(*r.key, RESULT, _bound(r.window, False), _bound(r.window, True),
-                          r.result, r.pane.index, r.pane.timing.value, r.pane.is_last, *no_late)
+                rows.append((*r.key, RESULT, _bound(r.window, False), _bound(r.window, True),
+                             r.result, r.pane.index, r.pane.timing.value, r.pane.is_last,
+                             *no_late))
             for e in out.late:
                 late = (e.timestamp, e.value) if self.value is not None else (e.timestamp,)
-                yield row(*e.key, LATE, None, None, None, None, None, None, *late)
+                rows.append((*e.key, LATE, None, None, None, None, None, None, *late))
+        if rows:
+            columns: list[Any] = list(zip(*rows, strict=True))
+            result = len(self.keys) + 3
+            columns[result] = list(columns[result])
+            yield self.row(*columns)

@@ -91,7 +91,9 @@ class Runner:
                 self.handle.key = key
                 out += self.processor.handleExpiredTimer(key, values, Expired(timestamp))
                 self.handle.timers[key].discard(timestamp)
-        return [row.asDict() for row in out]
+        # each Row holds a visit's output rows as columns, turned into rows after the operator
+        return [dict(zip(row.__fields__, values, strict=True))
+                for row in out for values in zip(*row, strict=True)]
 
 
     def _packed(self, rows: list[tuple[str, int, Any]]) -> dict[Any, list[Row]]:
