@@ -377,7 +377,8 @@ class WindowProcessor(StatefulProcessor):
         for timestamp in wanted - registered:
             self.handle.registerTimer(timestamp)
         if snapshot["keys"]:
-            self.state.update((json.dumps(snapshot), sorted(wanted)))
+            # plain data built fresh, no cycles: the encoder's check for them is wasted work
+            self.state.update((json.dumps(snapshot, check_circular=False), sorted(wanted)))
         else:
             self.state.clear()
 
