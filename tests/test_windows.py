@@ -5,6 +5,7 @@ key and the timers mirrored to Spark."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from typing import Any
 
@@ -226,3 +227,25 @@ def test_pack_key_groups_makes_one_row_per_group_in_record_order() -> None:
         {"g": 1, "key": ["b", "d"], "t": [4, 2]},
         {"g": 2, "key": ["a", None, "e"], "t": [5, 3, 1]},
     ]]
+
+
+def test_a_visit_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[bool] = []
+    run = Runner(processor(windows.tumbling("10 s"), windows.Count()))
+    process_element = windows.WindowOperator.process_element
+
+    def spy(self: Any, *args: Any) -> Any:
+        seen.append(gc.isenabled())
+        return process_element(self, *args)
+
+    monkeypatch.setattr(windows.WindowOperator, "process_element", spy)
+    assert gc.isenabled()
+    run.batch(-1, [("a", 1_000, 0)])
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        run.batch(-1, [("a", 2_000, 0)])
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
