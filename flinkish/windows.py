@@ -9,8 +9,10 @@ turns an integer column with a null into floats). It is grouped by key group (a 
 user's key columns, as Flink's keyed state is): each group's core state (all its keys'
 windows) lives in one value state (JSON), because every visit of a group costs round trips to
 the JVM's state server, and grouping makes them per group, not per key.
-The core's event-time timers are mirrored as the state store's timers, so a key with nothing
-new still fires and cleans up when the watermark passes.
+The earliest of a group's event-time timers in the core is the group's timer in the state
+store, so a key with nothing new still fires and cleans up when the watermark passes. Records
+and firings cross between the JVM and Python packed: a row per key group and Arrow batch in,
+a row per visit out, each column an array.
 
 The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
 (window bounds, result, pane) and ``'late'`` rows are the late side output (the element's
@@ -309,8 +311,8 @@ class WindowProcessor(StatefulProcessor):
     """The ``StatefulProcessor`` running a :class:`WindowOperator` per key group: restores the
     group's state (every key's windows, timers, panes), brings the core to the batch's
     watermark and processing time, feeds the group's records (in event-time order, so a
-    replayed batch fires the same panes), stores the state and mirrors the core's event-time
-    timers as the state store's timers."""
+    replayed batch fires the same panes), stores the state and sets the group's state-store
+    timer to the core's earliest event-time timer."""
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
@@ -330,23 +332,7 @@ class WindowProcessor(StatefulProcessor):
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
         with _collector_paused():
-            operator, registered = self._restore(self.state.get())
-            outputs = self._advance(operator, timerValues)
-            # each row is a run of the group's records (pack_key_groups), by position as
-            # window() selects them: the key group, then arrays of the keys, event times and
-            # values
-            n = len(self.keys)
-            records: list[tuple[int, tuple[Any, ...], Any]] = []
-            for row in rows:
-                times = row[n + 1]
-                values = row[n + 2] if self.value is not None else [None] * len(times)
-                records.extend(zip(times, zip(*row[1:n + 1], strict=True), values, strict=True))
-            # a stable sort: records of one event time keep their order
-            records.sort(key=itemgetter(0))
-            for time, user_key, value in records:
-                outputs.append(operator.process_element(user_key, value, time))
-            self._store(operator, registered)
-            output = self._rows(outputs)
+            output = self._visit(self.state.get(), timerValues, rows)
         yield from output
 
     def handleExpiredTimer(self, key: Any, timerValues: Any,
@@ -359,14 +345,34 @@ class WindowProcessor(StatefulProcessor):
                 # brought the group to this batch's watermark and processing time, nothing is
                 # left to fire
                 return
-            # Spark deletes the expired timer after this call; every core timer at or below
-            # the watermark fires now, so the core wants none of them any more
-            operator, registered = self._restore(stored)
-            registered.discard(expired)
-            outputs = self._advance(operator, timerValues)
-            self._store(operator, registered)
-            output = self._rows(outputs)
+            output = self._visit(stored, timerValues, iter(()), expired)
         yield from output
+
+    def _visit(self, stored: tuple[str, list[int]] | None, timer_values: Any,
+               rows: Iterator[Any], expired: int | None = None) -> list[Any]:
+        """One visit of a group: its state restored, brought to the batch's watermark and
+        processing time, its records fed, stored again; returns the output. Everything else it
+        built is garbage when it returns, before the cyclic collector runs again."""
+        operator, registered = self._restore(stored)
+        # Spark deletes an expired timer after the visit; every core timer at or below the
+        # watermark fires now, so the core wants none of them any more
+        if expired is not None:
+            registered.discard(expired)
+        outputs = self._advance(operator, timer_values)
+        # each row is a run of the group's records (pack_key_groups), by position as window()
+        # selects them: the key group, then arrays of the keys, event times and values
+        n = len(self.keys)
+        records: list[tuple[int, tuple[Any, ...], Any]] = []
+        for row in rows:
+            times = row[n + 1]
+            values = row[n + 2] if self.value is not None else [None] * len(times)
+            records.extend(zip(times, zip(*row[1:n + 1], strict=True), values, strict=True))
+        # a stable sort: records of one event time keep their order
+        records.sort(key=itemgetter(0))
+        for time, user_key, value in records:
+            outputs.append(operator.process_element(user_key, value, time))
+        self._store(operator, registered)
+        return self._rows(outputs)
 
     def close(self) -> None:
         pass
