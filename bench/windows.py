@@ -1,5 +1,5 @@
 """Benchmark: a keyed tumbling count through ``flinkish.windows`` (Flink's window operator as one
-``transformWithStateInPandas``) against Spark's own ``groupBy(window(...), key).count()``.
+``transformWithState``) against Spark's own ``groupBy(window(...), key).count()``.
 
 Run from the repository root: ``python bench/windows.py [--records N] [--keys K]``.
 
@@ -13,8 +13,8 @@ RocksDB state store (``transformWithState`` needs it). A record's key is one of 
 (start to end, after an untimed warm-up of both on a small topic; ``--repeat`` runs of each,
 alternating, medians), their ratio
 (``ratio_vs_spark_window``, target >= 0.5) and the peak state rows of each (``numRowsTotal``:
-for Spark one row per open window and key; for flinkish one value-state row per key with open
-windows plus its timers). The last line printed is JSON.
+for Spark one row per open window and key; for flinkish one value-state row per key group with
+open windows). The last line printed is JSON.
 """
 
 from __future__ import annotations
