@@ -398,7 +398,7 @@ class WindowProcessor(StatefulProcessor):
         """Saves the group's state and makes the Spark timer the core's earliest event-time
         timer: every visit brings the core to the batch's watermark, firing all its timers
         due, so one Spark timer per group is enough for a visit when the earliest is due (a
-        timer per timestamp cost a round trip to register and one to delete each)."""
+        timer per timestamp would cost a round trip to register and one to delete each)."""
         snapshot = operator.snapshot(copy=False)
         timers = [timestamp for entry in snapshot["keys"]
                   for _, timestamp, _ in entry["event_timers"]]
@@ -430,6 +430,6 @@ class WindowProcessor(StatefulProcessor):
         if not rows:
             return []
         columns: list[Any] = list(zip(*rows, strict=True))
-        result = len(self.keys) + 3
+        result = len(self.keys) + 3  # after the keys, the kind and the window's bounds
         columns[result] = list(columns[result])
         return [self.row(*columns)]
