@@ -126,7 +126,7 @@ def _markers(options: SourceOptions, plans: list[SlicePlan],
 
 
 def _marker_rows(batch: pa.RecordBatch) -> list[Marker]:
-    import pyarrow.compute as pc  # only when a slice is re-read (see partition_reader._one)
+    import pyarrow.compute as pc  # here: the driver needs it only when it re-reads a slice
 
     rows = batch.filter(pc.is_in(batch.column("kind"), pa.array(MARKER_KINDS)))
     if rows.num_rows == 0:

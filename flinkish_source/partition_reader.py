@@ -18,6 +18,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
@@ -64,10 +65,18 @@ def _null_row(include_headers: bool) -> tuple[pa.Array, ...]:
 @functools.cache
 def _one() -> pa.Scalar:
     """Built on first use: converting a Python value makes pyarrow import pandas (0.2-0.3 s),
-    which the driver-side reader process never needs. For the same reason ``pyarrow.compute``
-    (~30 ms) is imported where the read tasks use it: Spark starts a fresh driver-side reader
-    process for every streaming query, and it imports this module only for its plans."""
+    which the driver-side reader process never needs."""
     return pa.scalar(1, pa.int64())
+
+
+@functools.cache
+def _compute() -> ModuleType:
+    """``pyarrow.compute``, imported on first use (~30 ms): Spark starts a fresh driver-side
+    reader process for every streaming query, which imports this module only for its plans;
+    the read tasks are what compute."""
+    import pyarrow.compute
+
+    return pyarrow.compute
 
 
 @functools.cache
@@ -155,9 +164,7 @@ def _message_columns(msgs: Sequence[Any]) -> tuple[pa.Array, ...]:
     kinds = [kind for kind, _ in stamps]
     first, last = msgs[0].offset(), msgs[-1].offset()
     if n > 64 and last - first + 1 == n:  # no gap (offsets only grow): first, first + 1, ...
-        import pyarrow.compute as pc  # see _one()
-
-        offsets = pc.cumulative_sum(pa.repeat(_one(), n), start=first - 1)
+        offsets = _compute().cumulative_sum(pa.repeat(_one(), n), start=first - 1)
     else:
         offsets = pa.array([m.offset() for m in msgs], pa.int64())
     if kinds.count(kinds[0]) == n:  # one timestamp type per partition, in practice
@@ -302,9 +309,7 @@ class _PieceReader:
             assert generator is not None
             decoded = getattr(msgs, "columns", None)  # native chunks: every timestamp is set
             if self.extractor.from_kafka_timestamp and decoded is not None:
-                import pyarrow.compute as pc  # see _one()
-
-                extremes = pc.min_max(decoded.timestamps)
+                extremes = _compute().min_max(decoded.timestamps)
                 self._saw(extremes["min"].as_py())
                 generator.on_max_event_time(extremes["max"].as_py())
                 continue
@@ -338,9 +343,8 @@ class _PieceReader:
         if generator is None:
             yield batch
             return
-        import pyarrow.compute as pc  # see _one()
-
-        extremes = pc.min_max(batch.column("eventTime"))  # microseconds (None: no event time)
+        # microseconds (None: no event time)
+        extremes = _compute().min_max(batch.column("eventTime"))
         low, top = extremes["min"].value, extremes["max"].value
         self._saw(None if low is None else low // 1000)
         if self.punctuated:
@@ -493,8 +497,7 @@ def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatc
 
 def _beyond(event_time: pa.Array, horizon_ms: int) -> int:
     """How many event times lie after ``horizon_ms``."""
-    import pyarrow.compute as pc  # see _one()
-
+    pc = _compute()
     micros = event_time.cast(pa.int64())
     top = pc.max(micros).as_py()
     if top is None or top <= horizon_ms * 1000:

@@ -239,8 +239,10 @@ class ConsumerPool:
         return new
 
     def _discard(self, consumer: Any) -> None:
+        """Close a consumer the pool lets go of, and forget its topics."""
         self._topics.pop(id(consumer), None)
-        _close(consumer)
+        with contextlib.suppress(Exception):
+            consumer.close()
 
     def release(self, config: dict[str, Any], consumer: Any, clean: bool = True) -> None:
         """Take a consumer back: kept for the next borrower with its assignment cleared, or
@@ -340,11 +342,6 @@ def _reset(consumer: Any) -> bool:
         return True
     except Exception:
         return False
-
-
-def _close(consumer: Any) -> None:
-    with contextlib.suppress(Exception):
-        consumer.close()
 
 
 #: This process's consumers (a Python worker runs one task at a time, and Spark reuses it).
