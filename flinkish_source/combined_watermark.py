@@ -17,12 +17,27 @@ watermark W plus the horizon H (``watermark.horizon``). ``flinkish.with_watermar
 the next batch as long as no record is more than H ahead of W (the read tasks warn about any
 that is). The carrier of batch N+1 holds W_N: Spark's watermark trails the combined watermark by
 one micro-batch, which only makes Spark more lenient than Flink's valve, never stricter.
+
+Where the input ends for now (``Trigger.AvailableNow``'s target, ``endingOffsets``) that trail
+would cost a micro-batch at the end of every run: the batch that reaches the end would be
+followed by one holding only the carrier of its watermark (and, in a stateful query, by Spark's
+no-data batch after that). So the batch that reaches the end is *closing* (journaled in its end
+offset): it gets one more read task,
+scheduled after its read tasks, that waits for their recorded markers, computes W_N itself and
+yields its carrier (:func:`closing_carrier`). It records what it delivered, and the next
+planning, seeing that Spark already has W_N, plans no carrier-only batch. If the markers are not
+all recorded within :data:`CLOSING_WAIT_S` (a read task whose rows were not all consumed, or
+a very uneven batch), the task yields nothing and records that, and the next planning hands
+W_N over the usual way.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +46,7 @@ import pyarrow as pa
 from flinkish_core.epoch_valve import EpochWatermark, advance, initial
 from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
 from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
-from flinkish_source.offset_planner import Positions
+from flinkish_source.offset_planner import Positions, from_json
 from flinkish_source.options import SourceOptions
 from flinkish_source.partition_reader import SlicePlan, read_slice
 from flinkish_source.schema import arrow_schema
@@ -42,6 +57,9 @@ logger = logging.getLogger(__name__)
 #: The journaled offset's key for the planning-time valve.
 OFFSET_KEY = "valve"
 
+#: How long a closing batch's carrier task waits for the markers of the batch's read tasks.
+CLOSING_WAIT_S = 5.0
+
 
 @dataclass(frozen=True)
 class PlanningValve:
@@ -50,15 +68,20 @@ class PlanningValve:
 
     before: EpochWatermark
     slices: tuple[tuple[str, int, int, int, str | None, str], ...] = ()
+    # the batch reaches the end of the input for now: a task of its own carries W after it
+    closing: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "watermark": self.before.watermark,
             "status": self.before.status,
             "channels": list(self.before.channels),
             "snapshot": self.before.valve,
             "slices": [list(s) for s in self.slices],
         }
+        if self.closing:
+            out["closing"] = True
+        return out
 
     @classmethod
     def from_offset(cls, offset: Mapping[str, Any]) -> PlanningValve:
@@ -72,7 +95,11 @@ class PlanningValve:
             (str(t), int(p), int(start), int(end), start_status, str(end_status))
             for t, p, start, end, start_status, end_status in data["slices"]
         )
-        return cls(before, slices)
+        return cls(before, slices, bool(data.get("closing", False)))
+
+    def key(self) -> str:
+        """Names the batch in the closing carrier's record (see :func:`closing_carrier`)."""
+        return hashlib.sha1(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
 
 
@@ -81,24 +108,75 @@ def combined_after(options: SourceOptions, offset: Mapping[str, Any],
                    ) -> EpochWatermark:
     """The combined watermark after the batch that ``offset`` ends (with ``positions``, the
     offset's partition positions); ``store`` is the driver's view of the recorded markers."""
+    combined = _combined_after(options, offset, positions, store, reread=True)
+    assert combined is not None
+    return combined
+
+
+def _combined_after(options: SourceOptions, offset: Mapping[str, Any], positions: Positions,
+                    store: SourceStateStore | None, *, reread: bool) -> EpochWatermark | None:
+    """:func:`combined_after`; without ``reread``, None while a slice's markers are not
+    recorded."""
     journaled = PlanningValve.from_offset(offset)
     plans = []
     for topic, partition, start, end, start_status, end_status in journaled.slices:
         pos = positions[(topic, partition)]
         plans.append(SlicePlan(topic, partition, start, end, start_status, end_status,
                                pos.base, pos.stop))
-    return advance(journaled.before, 0, _markers(options, plans, store))
+    markers = _markers(options, plans, store, reread=reread)
+    return None if markers is None else advance(journaled.before, 0, markers)
 
 
-def journal(before: EpochWatermark, slices: Iterable[SlicePlan]) -> dict[str, Any]:
-    """The offset entry for a batch with these slices, planned with ``before`` in force."""
+def journal(before: EpochWatermark, slices: Iterable[SlicePlan], *,
+            closing: bool = False) -> dict[str, Any]:
+    """The offset entry for a batch with these slices, planned with ``before`` in force;
+    ``closing``: the batch reaches the end of the input for now (see the module docstring)."""
     return PlanningValve(before, tuple(
         (s.topic, s.partition, s.start, s.end, s.start_status, s.end_status) for s in slices
-    )).to_json()
+    ), closing).to_json()
+
+
+def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: SourceStateStore
+                    ) -> Iterator[pa.RecordBatch]:
+    """The closing batch's last read task (``end`` is the batch's end offset): once every read
+    task of the batch has recorded its markers, the carrier of the combined watermark after the
+    batch, W; nothing if they have not within :data:`CLOSING_WAIT_S`. It records which, for
+    :func:`delivered`."""
+    journaled = PlanningValve.from_offset(end)
+    positions = from_json(end)
+    wait_s = CLOSING_WAIT_S
+    deadline = time.monotonic() + wait_s
+    pause = 0.005
+    while True:
+        store.new_round()
+        combined = _combined_after(options, end, positions, store, reread=False)
+        if combined is not None or time.monotonic() >= deadline:
+            break
+        time.sleep(pause)
+        pause = min(pause * 1.5, 0.1)
+    watermark = None if combined is None or combined.watermark == MIN_WATERMARK else (
+        combined.watermark)
+    store.save_closing(journaled.key(), watermark)
+    if watermark is None:
+        if combined is None:
+            logger.info("the read tasks of the batch reaching Trigger.AvailableNow's target did "
+                        "not record their markers within %.0f s: the next batch carries the "
+                        "watermark", wait_s)
+        return
+    yield carrier(options.include_headers, watermark, options.horizon_ms)
+
+
+def delivered(offset: Mapping[str, Any], combined: EpochWatermark,
+              store: SourceStateStore) -> bool:
+    """Whether Spark already has ``combined``, the combined watermark after the batch that
+    ``offset`` ends: that batch was closing and its carrier task yielded it."""
+    journaled = PlanningValve.from_offset(offset)
+    return journaled.closing and store.closing_watermark(journaled.key()) == combined.watermark
 
 
 def _markers(options: SourceOptions, plans: list[SlicePlan],
-             store: SourceStateStore | None = None) -> list[Marker]:
+             store: SourceStateStore | None = None, *, reread: bool = True
+             ) -> list[Marker] | None:
     if store is None:
         assert options.state_location is not None  # parse_options requires it with markers
         store = SourceStateStore(options.state_location)
@@ -112,6 +190,8 @@ def _markers(options: SourceOptions, plans: list[SlicePlan],
         if outcome is not None:
             markers.extend(outcome.markers)
             continue
+        if plan.end > plan.start and not reread:
+            return None
         if plan.end > plan.start:
             logger.warning(
                 "no recorded markers for %s/%s offsets %s..%s in %s: its read task did not "

@@ -33,6 +33,8 @@ from flinkish_core.markers import Marker
 from flinkish_source.watermark_strategy import GeneratorState
 
 TASKS_DIR = "source/~tasks"
+#: What the last closing batch's carrier task delivered (see flinkish_source.combined_watermark).
+CLOSING_RECORD = "source/~closing"
 
 
 @dataclass(frozen=True)
@@ -215,6 +217,21 @@ class SourceStateStore:
         found = [e[3] for e in self._entries(topic, partition, at)]
         legacy = self.load_outcome(topic, partition, at)
         return found + ([legacy] if legacy is not None else [])
+
+    def save_closing(self, batch: str, watermark: int | None) -> None:
+        """The closing ``batch``'s carrier task yielded the carrier of ``watermark`` (None:
+        none). One record: only the latest closing batch is ever asked about."""
+        self.storage.write_json(CLOSING_RECORD, {"batch": batch, "watermark": watermark})
+
+    def closing_watermark(self, batch: str) -> int | None:
+        """What the closing ``batch``'s carrier task delivered (None: nothing, or not known)."""
+        try:
+            data = self.storage.read_json(CLOSING_RECORD)
+        except FileNotFoundError:
+            return None
+        if data.get("batch") != batch or data.get("watermark") is None:
+            return None
+        return int(data["watermark"])
 
     def partition_file_written(self, topic: str, partition: int) -> None:
         """The driver wrote a per-partition record (a re-read): prune that partition too."""

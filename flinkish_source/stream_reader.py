@@ -6,7 +6,9 @@ never pickled.
 
 A batch runs at most ``maxReadTasks`` read tasks (:mod:`flinkish_source.read_plan`), each
 reading the slices of several partitions with one consumer; the first one also yields the
-batch's carrier row.
+batch's carrier row. The batch that reaches the end of the input for now (Trigger.AvailableNow's
+target, ``endingOffsets``) has one task more, the last, that carries the watermark after the
+batch (see :mod:`flinkish_source.combined_watermark`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from flinkish_source.combined_watermark import (
     OFFSET_KEY,
     PlanningValve,
     carrier,
+    closing_carrier,
     combined_after,
+    delivered,
     horizon_limit,
     journal,
 )
@@ -80,6 +84,15 @@ class CarrierInputPartition(InputPartition):
     def __init__(self, watermark: int) -> None:
         super().__init__(watermark)
         self.watermark = watermark
+
+
+class ClosingInputPartition(InputPartition):
+    """A closing batch's last task: the carrier of the watermark after the batch, whose end
+    offset is ``end`` (see :func:`~flinkish_source.combined_watermark.closing_carrier`)."""
+
+    def __init__(self, end: dict) -> None:
+        super().__init__(None)
+        self.end = end
 
 
 def _now_ms() -> int:
@@ -236,8 +249,21 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return start
         offset = to_json(end)
         if combined is not None:
-            offset[OFFSET_KEY] = self._planning_valve(start, positions, end, combined)
+            offset[OFFSET_KEY] = self._planning_valve(start, positions, end, combined,
+                                                      self._closing(end))
         return offset
+
+    def _closing(self, end: Positions) -> bool:
+        """Whether the batch ending at ``end`` ends the input for now: every partition at
+        Trigger.AvailableNow's target or at its stop (``endingOffsets``)."""
+        target = self._target
+
+        def done(tp: TopicPartitionKey, pos: Any) -> bool:
+            if pos.stop is not None and pos.offset >= pos.stop:
+                return True
+            return target is not None and pos.offset >= target.get(tp, pos.offset)
+
+        return bool(end) and all(done(tp, pos) for tp, pos in end.items())
 
     def _delay_batch(self, positions: Positions, end: Positions, now: int) -> bool:
         """Spark's ``minOffsetsPerTrigger``/``maxTriggerDelay``: no batch while fewer records
@@ -258,18 +284,19 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return False
 
     def _planning_valve(self, start: dict, positions: Positions, end: Positions,
-                        combined: EpochWatermark) -> dict:
+                        combined: EpochWatermark, closing: bool) -> dict:
         """The planning-time valve entry of the end offset: ``combined``, the combined
         watermark after the batch ``start`` ends, with this batch's slices; or, when this batch
-        reads nothing and the combined watermark did not move, ``start``'s own entry, so a quiet
-        topic plans no batch (the valve state it would have journaled is derived again next
-        time)."""
+        reads nothing and Spark has ``combined`` already (it did not move, or the batch that
+        ``start`` ends was closing and carried it), ``start``'s own entry, so a quiet topic
+        plans no batch (the valve state it would have journaled is derived again next time)."""
         slices = OffsetPlanner.slices(positions, end)
         journaled = PlanningValve.from_offset(start)
         if not slices and OFFSET_KEY in start and (
-                journaled.before.watermark == combined.watermark):
+                journaled.before.watermark == combined.watermark
+                or delivered(start, combined, self._store)):
             return dict(start[OFFSET_KEY])
-        return journal(combined, slices)
+        return journal(combined, slices, closing=closing and bool(slices))
 
     def reportLatestOffset(self) -> dict | None:
         """What Kafka holds, as of the last planning, in Spark's Kafka source's shape
@@ -308,8 +335,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         function of the two journaled offsets and the options); the first also yields the
         carrier row, or a partition of its own does when nothing is read."""
         plans = OffsetPlanner.slices(from_json(start), from_json(end))
-        watermark = (PlanningValve.from_offset(end).before.watermark if OFFSET_KEY in end
-                     else MIN_WATERMARK)
+        journaled = PlanningValve.from_offset(end)
+        watermark = journaled.before.watermark if OFFSET_KEY in end else MIN_WATERMARK
         if watermark != MIN_WATERMARK:
             horizon = horizon_limit(watermark, self._options.horizon_ms)
             plans = [replace(plan, horizon=horizon) for plan in plans]
@@ -317,8 +344,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         carried = None if watermark == MIN_WATERMARK else watermark
         if not tasks:
             return [] if carried is None else [CarrierInputPartition(carried)]
+        closing: list[InputPartition] = [ClosingInputPartition(end)] if journaled.closing else []
         return [ReadTaskInputPartition(task, carried if task.index == 0 else None)
-                for task in tasks]
+                for task in tasks] + closing
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, CarrierInputPartition):
@@ -326,6 +354,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  self._options.horizon_ms)])
         if isinstance(partition, ReadTaskInputPartition):
             return self._read_task(partition)
+        if isinstance(partition, ClosingInputPartition):
+            return closing_carrier(self._options, partition.end, self._store)
         assert isinstance(partition, SliceInputPartition)
         return read_slice(self._options, partition.plan)
 

@@ -6,6 +6,7 @@ the same batches' marker rows with the valve over epochs."""
 from __future__ import annotations
 
 import json
+import pickle
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,9 +97,9 @@ class Run:
         rows = self.read(self.offset, end)
         epoch = len(self.batches)
         carriers = [r for r in rows if r["kind"] == KIND_CARRIER]
-        assert len(carriers) <= 1
-        if carriers:
-            self.carriers.append((epoch, carriers[0]["watermark"]))
+        assert len(carriers) <= 2  # the batch's, and a closing batch's own
+        if carriers:  # Spark's watermark takes the largest
+            self.carriers.append((epoch, max(c["watermark"] for c in carriers)))
         markers = [Marker.from_json([r[f] for f in MARKER_FIELDS])
                    for r in rows if r["kind"] in MARKER_KINDS]
         self.sink = advance(self.sink, epoch, markers)
@@ -268,3 +269,58 @@ def test_missing_subscribed_topics_and_available_now_on_nothing_are_logged(
         start_run(cluster, tmp_path).reader.prepareForTriggerAvailableNow()
     assert "do not exist" not in caplog.text
     assert "Trigger.AvailableNow: nothing to read in subscribe=t" in caplog.text
+
+
+def test_the_batch_that_reaches_available_nows_target_carries_its_own_watermark(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """No carrier-only batch after an AvailableNow run's records: the last task of the batch
+    that reaches the target yields the carrier of the watermark after the batch (Spark's
+    watermark takes the larger of the batch's two carriers)."""
+    run = start_run(cluster, tmp_path)
+    cluster.add(0, 10_000, 12_000)
+    cluster.add(1, 5_000)
+    cluster.add(2, 20_000)
+    run.reader.prepareForTriggerAvailableNow()
+    assert run.settle() == 1
+    assert run.carriers == [(0, run.sink.watermark)]
+    assert run.sink.watermark == 3_999
+    assert isinstance(run.reader.partitions(*run.batches[0])[-1],
+                      stream_reader.ClosingInputPartition)
+    # the next run starts where this one ended, and ends the same way
+    cluster.add(1, 9_000)
+    cluster.add(2, 25_000)
+    cluster.now += 1_000
+    run.reader.prepareForTriggerAvailableNow()
+    assert run.settle() == 1
+    assert run.carriers[-1] == (1, run.sink.watermark) == (1, 7_999)
+    # without a target the same records need a batch more: the carrier-only one
+    other = start_run(cluster, tmp_path / "running")
+    assert other.settle() == 2
+    assert other.carriers == [(1, run.sink.watermark)]
+
+
+def test_a_closing_task_that_finds_no_markers_leaves_the_watermark_to_a_carrier_batch(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The closing task waits a bounded time for the read tasks' markers; without them (rows
+    not all consumed) it yields nothing and records that, also over what an earlier attempt of
+    the batch delivered, and the next planning carries the watermark the usual way."""
+    import flinkish_source.combined_watermark as combined_watermark
+
+    monkeypatch.setattr(combined_watermark, "CLOSING_WAIT_S", 0.05)
+    run = start_run(cluster, tmp_path)
+    cluster.add(0, 10_000)
+    cluster.add(1, 11_000)
+    cluster.add(2, 12_000)
+    run.reader.prepareForTriggerAvailableNow()
+    assert run.settle() == 1
+    assert run.carriers == [(0, 8_999)]
+    for record in (tmp_path / "state" / "source" / "~tasks").iterdir():
+        record.unlink()  # the batch replayed, its read tasks' rows not all consumed
+    closing = run.reader.partitions(*run.batches[0])[-1]
+    worker = pickle.loads(pickle.dumps(run.reader))  # as Spark ships it to an executor
+    assert list(worker.read(closing)) == []
+    assert run.settle() == 1  # the markers re-read on the driver, then the carrier batch
+    assert [row["kind"] for row in run.read(*run.batches[-1])] == [KIND_CARRIER]
+    assert run.carriers[-1] == (1, 8_999)
