@@ -24,7 +24,9 @@ What is measured, and why:
   start-up is not included, and a warm-up query (``--warmup-records``) on another topic runs
   first, so JVM class loading and JIT compilation and Python worker start-up are not counted
   either; the per-query and per-batch costs of Spark (query start, planning, offset probes,
-  checkpoint log writes) are, since a user pays them.
+  checkpoint log writes) are, since a user pays them. The project's modules are imported from
+  bytecode, as from an installed wheel (``dev/setup.sh`` compiles them; rerun it after editing
+  the sources, or every query's driver-side Python process compiles the edited modules again).
 * ``worker_peak_rss_mb`` is the largest VmHWM (peak resident set) of the Python processes Spark
   starts (worker daemon, forked workers, the data source runner), sampled from ``/proc`` every
   0.25 s while the query runs. Workers are reused between queries, so this is the peak over

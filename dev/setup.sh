@@ -14,6 +14,11 @@ else
 fi
 .venv/bin/python -c "import pyspark, confluent_kafka, pyarrow" \
   || { echo "installing the Python packages failed" >&2; exit 1; }
+# Bytecode for the project's modules, as pip writes it when it installs a wheel: an editable
+# install has none, and where PYTHONDONTWRITEBYTECODE is set every Python process Spark starts
+# (one per streaming query on the driver, the workers) would compile them again.
+.venv/bin/python -m compileall -q flinkish flinkish_core flinkish_source flinkish_sink \
+  checkpointing pyspark_flinkish.py >/dev/null
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)
 if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then

@@ -136,9 +136,14 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # the first planning through whatever minOffsetsPerTrigger says)
         self._last_trigger_ms = 0
         self._latest: dict[TopicPartitionKey, int] = {}
+        # prepareForTriggerAvailableNow's view of the cluster, for initialOffset, which Spark
+        # calls right after it on a new query: the same instant, one round of requests
+        self._prepared: tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]] | None = (
+            None)
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
+        state["_prepared"] = None
         state["_metadata"] = None
         state["_state_store"] = None
         state["_committer"] = None
@@ -168,7 +173,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, self.metadata.offset_ranges(partitions, exact=exact)
 
     def initialOffset(self) -> dict:
-        partitions, ranges = self._cluster()
+        prepared, self._prepared = self._prepared, None
+        partitions, ranges = prepared if prepared is not None else self._cluster()
         if self._options.topics.assign:
             missing = sorted(set(self._options.topics.assign) - set(partitions))
             if missing and self._options.fail_on_data_loss:
@@ -214,7 +220,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return ReadMaxRows(n) if n is not None else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        _, ranges = self._cluster()
+        self._prepared = self._cluster()
+        ranges = self._prepared[1]
         self._target = {tp: r.latest for tp, r in ranges.items()}
         if not any(r.latest > r.earliest for r in ranges.values()):
             logger.warning(
@@ -224,6 +231,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._prepared = None
         partitions, ranges = self._cluster(exact=False)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         positions = from_json(start)

@@ -324,3 +324,26 @@ def test_a_closing_task_that_finds_no_markers_leaves_the_watermark_to_a_carrier_
     assert run.settle() == 1  # the markers re-read on the driver, then the carrier batch
     assert [row["kind"] for row in run.read(*run.batches[-1])] == [KIND_CARRIER]
     assert run.carriers[-1] == (1, 8_999)
+
+
+def test_available_nows_start_asks_kafka_once(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark calls prepareForTriggerAvailableNow, then initialOffset at once: they share one
+    view of the cluster; plannings ask Kafka again (their clock decides idleness)."""
+    asked: list[bool] = []
+
+    def view(self: FlinkishStreamReader, exact: bool = True) -> Any:
+        asked.append(exact)
+        return cluster.ranges()
+
+    monkeypatch.setattr(FlinkishStreamReader, "_cluster", view)
+    cluster.add(0, 1_000)
+    reader = FlinkishStreamReader(parse_options({
+        "kafka.bootstrap.servers": "b:1", "subscribe": TOPIC, "startingOffsets": "earliest",
+        "checkpointing.location": str(tmp_path / "state")}))
+    reader.prepareForTriggerAvailableNow()
+    start = reader.initialOffset()
+    assert asked == [True]
+    reader.latestOffset(start, ReadAllAvailable())
+    assert asked == [True, False]
