@@ -255,10 +255,19 @@ class OffsetPlanner:
     @staticmethod
     def slices(start: Positions, end: Positions) -> list[SlicePlan]:
         """What each partition's read task does for the batch (start, end]; a pure function of
-        the two journaled offsets, as Spark requires for replay."""
+        the two journaled offsets, as Spark requires for replay.
+
+        A partition not announced downstream yet (no status: nothing read from it) starts at
+        its ``first`` offset as ``end`` journals it, not at ``start``'s: Spark calls
+        ``initialOffset`` again for the first batch's start when it runs that batch (and again
+        after a restart, ``MicroBatchExecution``'s ``getOrElse(stream.initialOffset)``), and
+        under ``startingOffsets=latest`` that answer has moved on past records the batch was
+        planned to read."""
         plans = []
         for tp, pos in sorted(end.items()):
             before = start.get(tp)
+            if before is not None and before.status is None:
+                before = None
             first = before.offset if before is not None else pos.first
             start_status = before.status if before is not None else None
             if pos.offset == first and pos.status == start_status:

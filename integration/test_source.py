@@ -340,3 +340,52 @@ def test_replaying_a_planned_batch_yields_identical_records_and_markers(
     first, replay = read_all(), read_all()
     assert first.num_rows == 50 + 2 * len(plans)  # records, an ACTIVE and a watermark each
     assert first.equals(replay)
+
+
+def test_starting_at_latest_under_a_steady_producer_reads_every_record_after_the_start(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Any
+) -> None:
+    """Spark asks ``initialOffset`` again when it runs the first batch; with records arriving
+    all the time that answer lies past the start the batch was planned from. Every record from
+    where the query started (batch 0's journaled ``first`` offsets) on is read, none twice."""
+    from confluent_kafka import Producer
+
+    name = topic(4)
+    stop = threading.Event()
+
+    def steady() -> None:
+        producer = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+        i = 0
+        while not stop.is_set():
+            producer.produce(name, key=b"k", value=b"{}", partition=i % 4)
+            producer.poll(0)
+            i += 1
+            time.sleep(0.001)
+        producer.flush(30)
+
+    producing = threading.Thread(target=steady)
+    producing.start()
+    checkpoint = tmp_path / "checkpoint"
+    collector = Collector()
+    query = None
+    try:
+        time.sleep(0.5)  # the topic has records before the query starts
+        df = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    startingOffsets="latest")
+        query = start(df, str(checkpoint), collector)
+        wait_for(lambda: query.lastProgress and query.lastProgress["batchId"] >= 3, 120,
+                 "four batches")
+    finally:
+        if query is not None:
+            query.stop()
+        stop.set()
+        producing.join()
+    first_offset = json.loads((checkpoint / "offsets" / "0").read_text().splitlines()[2])
+    read: dict[int, list[int]] = {}
+    for row in collector.snapshot():
+        if row.kind == "record":
+            read.setdefault(row.partition, []).append(row.offset)
+    assert sorted(read) == [0, 1, 2, 3]
+    for partition, offsets in read.items():
+        first = first_offset["topics"][name][str(partition)]["first"]
+        assert sorted(offsets) == list(range(first, first + len(offsets))), partition

@@ -258,6 +258,25 @@ def test_first_batch_announces_and_admits_everything() -> None:
     ]
 
 
+def test_the_first_batch_reads_from_where_its_planning_started() -> None:
+    """Spark asks initialOffset again when it runs the first batch (and after a restart); under
+    startingOffsets=latest that start has moved on, yet the batch reads what it was planned
+    to: from the ``first`` offsets its end offset journals."""
+    p = planner()
+    planned_from = p.initial([T0, T1], {T0: OffsetRange(0, 10), T1: OffsetRange(0, 4)}, 100)
+    ranges = {T0: OffsetRange(0, 15), T1: OffsetRange(0, 6)}
+    end = p.latest(planned_from, [T0, T1], ranges, 200, load_state=no_loader)
+    asked_again = p.initial([T0, T1], {T0: OffsetRange(0, 20), T1: OffsetRange(0, 9)}, 300)
+    expected = [
+        SlicePlan("t", 0, 10, 15, None, ACTIVE, GeneratorState(10), None),
+        SlicePlan("t", 1, 4, 6, None, ACTIVE, GeneratorState(4), None),
+    ]
+    assert OffsetPlanner.slices(planned_from, end) == expected
+    assert OffsetPlanner.slices(asked_again, end) == expected
+    assert OffsetPlanner.slices(from_json(json.loads(json.dumps(to_json(asked_again)))),
+                                from_json(json.loads(json.dumps(to_json(end))))) == expected
+
+
 def test_new_records_advance_progress() -> None:
     p = planner()
     start = {T0: pos(10, progress_at=5)}
