@@ -57,8 +57,10 @@ logger = logging.getLogger(__name__)
 #: The journaled offset's key for the planning-time valve.
 OFFSET_KEY = "valve"
 
-#: How long a closing batch's carrier task waits for the markers of the batch's read tasks.
+#: How long a closing batch's carrier task waits for the markers of the batch's read tasks,
+#: and how often it looks (the batch ends that much after its last read task at most).
 CLOSING_WAIT_S = 5.0
+CLOSING_POLL_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -146,14 +148,12 @@ def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: Sourc
     positions = from_json(end)
     wait_s = CLOSING_WAIT_S
     deadline = time.monotonic() + wait_s
-    pause = 0.005
     while True:
         store.new_round()
         combined = _combined_after(options, end, positions, store, reread=False)
         if combined is not None or time.monotonic() >= deadline:
             break
-        time.sleep(pause)
-        pause = min(pause * 1.5, 0.1)
+        time.sleep(CLOSING_POLL_S)
     watermark = None if combined is None or combined.watermark == MIN_WATERMARK else (
         combined.watermark)
     store.save_closing(journaled.key(), watermark)
