@@ -59,8 +59,9 @@ What is measured, and why:
   ``*_start_s`` from ``start()`` to the first trigger (Spark starts a fresh driver-side Python
   process per query for a Python source; flinkish's also asks Kafka for the partitions and
   their offsets), ``*_record_batches_s`` in the batches that read records, and
-  ``*_other_batches_s`` the rest (for flinkish the last batch, which holds only the carrier
-  row that hands the combined watermark to Spark's own). ``record_batches_ratio_vs_kafka_floor``
+  ``*_other_batches_s`` the rest (a batch holding only a carrier row, should one follow the
+  records: the batch that reaches the AvailableNow target carries its own watermark, so
+  normally none does). ``record_batches_ratio_vs_kafka_floor``
   is the floor's record-batch time over flinkish's: the per-record cost alone.
 * ``ratio`` = ``flinkish_rps / raw_consume_tuned_rps``: against what the broker can deliver to
   one consumer (the ceiling); ``ratio_vs_default_consumer`` is against the consumer with

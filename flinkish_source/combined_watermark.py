@@ -22,13 +22,12 @@ Where the input ends for now (``Trigger.AvailableNow``'s target, ``endingOffsets
 would cost a micro-batch at the end of every run: the batch that reaches the end would be
 followed by one holding only the carrier of its watermark (and, in a stateful query, by Spark's
 no-data batch after that). So the batch that reaches the end is *closing* (journaled in its end
-offset): it gets one more read task,
-scheduled after its read tasks, that waits for their recorded markers, computes W_N itself and
-yields its carrier (:func:`closing_carrier`). It records what it delivered, and the next
-planning, seeing that Spark already has W_N, plans no carrier-only batch. If the markers are not
-all recorded within :data:`CLOSING_WAIT_S` (a read task whose rows were not all consumed, or
-a very uneven batch), the task yields nothing and records that, and the next planning hands
-W_N over the usual way.
+offset): it gets one more read task, scheduled after its read tasks, that waits for their
+recorded markers, computes W_N itself and yields its carrier (:func:`closing_carrier`). It
+records what it delivered, and the next planning, seeing that Spark already has W_N, plans no
+carrier-only batch. If the markers are not all recorded within :data:`CLOSING_WAIT_S` (a read
+task whose rows were not all consumed, or a very uneven batch), the task yields nothing and
+records that, and the next planning hands W_N over the usual way.
 """
 
 from __future__ import annotations
@@ -159,9 +158,9 @@ def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: Sourc
     store.save_closing(journaled.key(), watermark)
     if watermark is None:
         if combined is None:
-            logger.info("the read tasks of the batch reaching Trigger.AvailableNow's target did "
-                        "not record their markers within %.0f s: the next batch carries the "
-                        "watermark", wait_s)
+            logger.info("the read tasks of the batch that ends the input for now did not "
+                        "record their markers within %.0f s: a batch of its own carries the "
+                        "watermark after it", wait_s)
         return
     yield carrier(options.include_headers, watermark, options.horizon_ms)
 

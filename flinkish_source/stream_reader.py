@@ -48,6 +48,7 @@ from flinkish_source.kafka.metadata import OffsetRange
 from flinkish_source.kafka.offsets_by_time import offsets_for_times
 from flinkish_source.offset_planner import (
     OffsetPlanner,
+    PartitionPosition,
     Positions,
     from_json,
     per_partition,
@@ -266,7 +267,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         Trigger.AvailableNow's target or at its stop (``endingOffsets``)."""
         target = self._target
 
-        def done(tp: TopicPartitionKey, pos: Any) -> bool:
+        def done(tp: TopicPartitionKey, pos: PartitionPosition) -> bool:
             if pos.stop is not None and pos.offset >= pos.stop:
                 return True
             return target is not None and pos.offset >= target.get(tp, pos.offset)
