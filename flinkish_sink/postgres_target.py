@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
 from functools import partial
+from time import monotonic, sleep
 from typing import Any
 
 import numpy as np
@@ -318,6 +319,10 @@ def _copy_into(
         copy.write(encode_rows(batch, types))
         copy.write(COPY_TRAILER)
 
+
+#: How long COMMIT / ROLLBACK PREPARED waits while another session finishes the same prepared
+#: transaction (see PostgresTarget._finish_prepared).
+BUSY_WAIT_S = 60.0
 
 _STAGING_ORDER = "flinkish_row"  # the staging table's row order: of one key the last row wins
 
@@ -621,16 +626,30 @@ class PostgresTarget:
         driver decided to commit: rollback is only ever applied to undecided epochs. So an
         absent gid here means an earlier attempt of this very commit (before a crash) got it.
         """
-        with contextlib.suppress(psycopg.errors.UndefinedObject):
-            self._connection().execute(
-                sql.SQL("COMMIT PREPARED {}").format(sql.Literal(pre_commit.txn.gid))
-            )
+        self._finish_prepared("COMMIT PREPARED", pre_commit.txn.gid)
 
     def rollback(self, txn: TransactionId) -> None:
         """ROLLBACK PREPARED if prepared; otherwise a no-op (a transaction that never got
         prepared is rolled back by the server when its session ends)."""
-        with contextlib.suppress(psycopg.errors.UndefinedObject):
-            self._connection().execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(txn.gid)))
+        self._finish_prepared("ROLLBACK PREPARED", txn.gid)
+
+    def _finish_prepared(self, statement: str, gid: str) -> None:
+        """``statement`` (COMMIT or ROLLBACK PREPARED) for ``gid``, unless it is no longer
+        prepared. While another session finishes the same transaction PostgreSQL answers
+        "prepared transaction ... is busy" (SQLSTATE 55000): the tasks of a replayed epoch each
+        resolve what an earlier run left, by the same rule, so two of them can meet on one gid.
+        That is waited out (up to :data:`BUSY_WAIT_S`); afterwards the gid is gone."""
+        deadline = monotonic() + BUSY_WAIT_S
+        while True:
+            try:
+                with contextlib.suppress(psycopg.errors.UndefinedObject):
+                    self._connection().execute(
+                        sql.SQL(statement + " {}").format(sql.Literal(gid)))
+                return
+            except psycopg.errors.ObjectNotInPrerequisiteState:
+                if monotonic() >= deadline:
+                    raise
+                sleep(0.05)
 
     def pending(self, prefix: str, query: str) -> list[TransactionId]:
         """Prepared transactions of ``prefix``/``query`` in this database, sorted."""

@@ -4,6 +4,7 @@ driver commits them, and commit / rollback / pending behave as the recovery prot
 from __future__ import annotations
 
 import math
+import os
 import pickle
 import time
 import uuid
@@ -294,6 +295,67 @@ def test_rollback_discards_and_is_idempotent(env: Env) -> None:
     assert env.count() == 0
     target.rollback(pre_commit.txn)
     target.rollback(env.txn(99))  # never existed
+
+
+def _synchronous_standby(dsn: str, name: str) -> None:
+    """Set ``synchronous_standby_names`` server-wide and wait until new sessions see it."""
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if name:
+            conn.execute(sql.SQL("ALTER SYSTEM SET synchronous_standby_names = {}").format(
+                sql.Literal(name)))
+        else:
+            conn.execute("ALTER SYSTEM RESET synchronous_standby_names")
+        conn.execute("SELECT pg_reload_conf()")
+    deadline = time.monotonic() + 30
+    while query_all(dsn, "SHOW synchronous_standby_names")[0][0] != name:
+        assert time.monotonic() < deadline, "the server did not reload its configuration"
+        time.sleep(0.05)
+
+
+def test_finishing_a_transaction_another_session_is_finishing_waits_for_it(env: Env) -> None:
+    """The tasks of a replayed epoch each resolve what an earlier run left pre-committed, so two
+    can meet on one gid; PostgreSQL then answers "is busy" to the second until the first is
+    done. Made to last here: with a synchronous standby configured that never connects, a
+    COMMIT PREPARED waits for it while holding the transaction."""
+    if env.dsn == os.environ.get(DSN_ENV):
+        pytest.skip("changes the server's configuration: only on the embedded server")
+    import threading
+
+    target = env.target()
+    target.check(SCHEMA)
+    txn = target.begin_transaction(env.txn(1), SCHEMA)
+    txn.write(batch(0, 3))
+    pre_commit = txn.pre_commit()
+    committer = env.target()
+    finished: list[BaseException | None] = []
+
+    def resolve(action: Any) -> None:
+        try:
+            action()
+            finished.append(None)
+        except BaseException as exc:  # noqa: BLE001  (reported by the test)
+            finished.append(exc)
+
+    _synchronous_standby(env.dsn, "flinkish_test_standby_never_there")
+    try:
+        first = threading.Thread(target=resolve, args=(lambda: committer.commit(pre_commit),))
+        first.start()
+        deadline = time.monotonic() + 30
+        while not query_all(env.dsn, "SELECT 1 FROM pg_stat_activity WHERE wait_event = "
+                                     "'SyncRep'"):
+            assert time.monotonic() < deadline, "COMMIT PREPARED did not wait for the standby"
+            time.sleep(0.05)
+        second = threading.Thread(target=resolve, args=(lambda: target.commit(pre_commit),))
+        second.start()
+        time.sleep(0.5)  # the second meets the busy transaction meanwhile, and waits
+        assert finished == []
+    finally:
+        _synchronous_standby(env.dsn, "")
+    first.join(30)
+    second.join(30)
+    assert finished == [None, None]
+    assert env.count() == 3
+    assert target.pending("flinkish", env.query) == []
 
 
 def test_abort_before_prepare_leaves_nothing(env: Env) -> None:
