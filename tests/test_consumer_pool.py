@@ -338,35 +338,3 @@ def test_a_forked_worker_starts_with_an_empty_pool(
     pool._pid = -1  # as seen from a child after fork()
     assert pool.acquire(config) is not parent
     assert not parent.closed  # the parent's client is not touched from the child
-
-
-def test_every_client_starts_from_flinkishs_defaults_and_the_users_settings_win(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """The read tasks' consumers, the driver's metadata consumer and admin client, and the
-    group committer all take :data:`CLIENT_DEFAULTS`; a ``kafka.*`` option overrides it."""
-    from flinkish_source.kafka import group_offsets, metadata
-    from flinkish_source.kafka.base import CLIENT_DEFAULTS, consumer_config
-
-    made: list[dict[str, Any]] = []
-
-    def capture(config: dict[str, Any]) -> Any:
-        made.append(config)
-        return object()
-
-    monkeypatch.setattr(metadata, "Consumer", capture)
-    monkeypatch.setattr(metadata, "AdminClient", capture)
-    monkeypatch.setattr("confluent_kafka.Consumer", capture)
-    for extra, backoff in (({}, CLIENT_DEFAULTS["reconnect.backoff.ms"]),
-                           ({"kafka.reconnect.backoff.ms": "250"}, "250")):
-        made.clear()
-        options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
-                                 "includeMarkers": "false", "kafka.group.id": "g",
-                                 **extra})
-        made.append(consumer_config(options))
-        view = metadata.KafkaMetadata(options)
-        view._client()
-        view._admin_client()
-        group_offsets.GroupOffsetCommitter(options)._client()
-        assert len(made) == 4
-        assert [config["reconnect.backoff.ms"] for config in made] == [backoff] * 4

@@ -156,26 +156,9 @@ class BrokerWait:
         )
 
 
-#: librdkafka settings whose default every flinkish client changes (a user's kafka.* wins).
-CLIENT_DEFAULTS: dict[str, Any] = {
-    # A new client's first requests can go out on its bootstrap connection just as librdkafka
-    # (2.10 and later) drops that connection for the brokers the first metadata answer named;
-    # they are retried after its pause between such connection attempts, half of
-    # reconnect.backoff.ms (50 ms at librdkafka's 100, ~11 ms at most from 20 down). Measured
-    # on the embedded broker: every other new client lost 50 ms on its first list_topics, a
-    # query start up to two such pauses.
-    "reconnect.backoff.ms": 20,
-}
-
-
-def client_config(options: SourceOptions) -> dict[str, Any]:
-    """The user's ``kafka.*`` settings over :data:`CLIENT_DEFAULTS`."""
-    return {**CLIENT_DEFAULTS, **options.kafka_config}
-
-
 def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
     """librdkafka settings for a manually assigned, never-committing consumer."""
-    config = client_config(options)
+    config: dict[str, Any] = dict(options.kafka_config)
     config.update(
         {
             "group.id": f"flinkish-{uuid.uuid4().hex}",

@@ -20,7 +20,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from flinkish_source.kafka.base import TopicPartitionKey, client_config
+from flinkish_source.kafka.base import TopicPartitionKey
 from flinkish_source.options import SourceOptions
 
 logger = logging.getLogger(__name__)
@@ -42,7 +42,7 @@ class GroupOffsetCommitter:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer({
-                **client_config(self._options),
+                **self._options.kafka_config,
                 "group.id": self._options.commit_group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,

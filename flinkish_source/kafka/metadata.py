@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
@@ -27,7 +28,6 @@ from flinkish_source.kafka.base import (
     OUT_OF_RANGE,
     BrokerWait,
     TopicPartitionKey,
-    client_config,
     consumer_config,
 )
 from flinkish_source.options import SourceOptions
@@ -69,7 +69,7 @@ class KafkaMetadata:
         """For ListOffsets: one request per broker for all partitions (a consumer's
         ``get_watermark_offsets`` costs a round trip per partition, ~1.5 ms each)."""
         if self._admin is None:
-            config = client_config(self._options)
+            config: dict[str, Any] = dict(self._options.kafka_config)
             config.update({
                 "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
