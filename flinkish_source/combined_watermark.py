@@ -145,8 +145,7 @@ def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: Sourc
     :func:`delivered`."""
     journaled = PlanningValve.from_offset(end)
     positions = from_json(end)
-    wait_s = CLOSING_WAIT_S
-    deadline = time.monotonic() + wait_s
+    deadline = time.monotonic() + CLOSING_WAIT_S
     while True:
         store.new_round()
         combined = _combined_after(options, end, positions, store, reread=False)
@@ -160,7 +159,7 @@ def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: Sourc
         if combined is None:
             logger.info("the read tasks of the batch that ends the input for now did not "
                         "record their markers within %.0f s: a batch of its own carries the "
-                        "watermark after it", wait_s)
+                        "watermark after it", CLOSING_WAIT_S)
         return
     yield carrier(options.include_headers, watermark, options.horizon_ms)
 
@@ -189,9 +188,9 @@ def _markers(options: SourceOptions, plans: list[SlicePlan],
         if outcome is not None:
             markers.extend(outcome.markers)
             continue
-        if plan.end > plan.start and not reread:
-            return None
         if plan.end > plan.start:
+            if not reread:
+                return None
             logger.warning(
                 "no recorded markers for %s/%s offsets %s..%s in %s: its read task did not "
                 "finish the slice; re-reading it on the driver", plan.topic, plan.partition,
