@@ -22,12 +22,15 @@ Where the input ends for now (``Trigger.AvailableNow``'s target, ``endingOffsets
 would cost a micro-batch at the end of every run: the batch that reaches the end would be
 followed by one holding only the carrier of its watermark (and, in a stateful query, by Spark's
 no-data batch after that). So the batch that reaches the end is *closing* (journaled in its end
-offset): it gets one more read task, scheduled after its read tasks, that waits for their
-recorded markers, computes W_N itself and yields its carrier (:func:`closing_carrier`). It
-records what it delivered, and the next planning, seeing that Spark already has W_N, plans no
-carrier-only batch. If the markers are not all recorded within :data:`CLOSING_WAIT_S` (a read
-task whose rows were not all consumed, or a very uneven batch), the task yields nothing and
-records that, and the next planning hands W_N over the usual way.
+offset): each of its read tasks, once it has recorded its slices' markers, looks whether every
+read task of the batch has, and the one that finds them all computes W_N itself and yields its
+carrier (:func:`closing_carrier`). A task's look starts after its own record is written, so
+the task whose record is written last finds them all: no task waits, and at least one carries
+W_N (two that finish together both do, with the same row). The carrying task records what it
+delivered; the driver clears that record whenever it runs the batch (a replay included), and
+the next planning, seeing that Spark already has W_N, plans no carrier-only batch. If no task
+finds every record (a read task whose rows were not all consumed), nothing is recorded, and the
+next planning hands W_N over the usual way.
 """
 
 from __future__ import annotations
@@ -35,7 +38,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -56,11 +58,6 @@ logger = logging.getLogger(__name__)
 #: The journaled offset's key for the planning-time valve.
 OFFSET_KEY = "valve"
 
-#: How long a closing batch's carrier task waits for the markers of the batch's read tasks,
-#: and how often it looks (the batch ends that much after its last read task at most).
-CLOSING_WAIT_S = 5.0
-CLOSING_POLL_S = 0.005
-
 
 @dataclass(frozen=True)
 class PlanningValve:
@@ -69,7 +66,7 @@ class PlanningValve:
 
     before: EpochWatermark
     slices: tuple[tuple[str, int, int, int, str | None, str], ...] = ()
-    # the batch reaches the end of the input for now: a task of its own carries W after it
+    # the batch reaches the end of the input for now: its last read task carries W after it
     closing: bool = False
 
     def to_json(self) -> dict[str, Any]:
@@ -139,29 +136,16 @@ def journal(before: EpochWatermark, slices: Iterable[SlicePlan], *,
 
 def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: SourceStateStore
                     ) -> Iterator[pa.RecordBatch]:
-    """The closing batch's last read task (``end`` is the batch's end offset): once every read
-    task of the batch has recorded its markers, the carrier of the combined watermark after the
-    batch, W; nothing if they have not within :data:`CLOSING_WAIT_S`. It records which, for
-    :func:`delivered`."""
-    journaled = PlanningValve.from_offset(end)
-    positions = from_json(end)
-    deadline = time.monotonic() + CLOSING_WAIT_S
-    while True:
-        store.new_round()
-        combined = _combined_after(options, end, positions, store, reread=False)
-        if combined is not None or time.monotonic() >= deadline:
-            break
-        time.sleep(CLOSING_POLL_S)
-    watermark = None if combined is None or combined.watermark == MIN_WATERMARK else (
-        combined.watermark)
-    store.save_closing(journaled.key(), watermark)
-    if watermark is None:
-        if combined is None:
-            logger.info("the read tasks of the batch that ends the input for now did not "
-                        "record their markers within %.0f s: a batch of its own carries the "
-                        "watermark after it", CLOSING_WAIT_S)
+    """Called by each read task of the closing batch that ``end`` (the batch's end offset)
+    ends, after it recorded its markers: the carrier of the combined watermark after the batch,
+    W, if every read task of the batch has recorded its markers by now (recorded as delivered,
+    for :func:`delivered`); nothing otherwise (a task that finishes later carries it)."""
+    store.new_round()
+    combined = _combined_after(options, end, from_json(end), store, reread=False)
+    if combined is None or combined.watermark == MIN_WATERMARK:
         return
-    yield carrier(options.include_headers, watermark, options.horizon_ms)
+    store.save_closing(PlanningValve.from_offset(end).key(), combined.watermark)
+    yield carrier(options.include_headers, combined.watermark, options.horizon_ms)
 
 
 def delivered(offset: Mapping[str, Any], combined: EpochWatermark,

@@ -33,7 +33,8 @@ from flinkish_core.markers import Marker
 from flinkish_source.watermark_strategy import GeneratorState
 
 TASKS_DIR = "source/~tasks"
-#: What the last closing batch's carrier task delivered (see flinkish_source.combined_watermark).
+#: What the last closing batch's carrying read task delivered (see
+#: flinkish_source.combined_watermark).
 CLOSING_RECORD = "source/~closing"
 
 
@@ -218,13 +219,18 @@ class SourceStateStore:
         legacy = self.load_outcome(topic, partition, at)
         return found + ([legacy] if legacy is not None else [])
 
-    def save_closing(self, batch: str, watermark: int | None) -> None:
-        """The closing ``batch``'s carrier task yielded the carrier of ``watermark`` (None:
-        none). One record: only the latest closing batch is ever asked about."""
+    def save_closing(self, batch: str, watermark: int) -> None:
+        """A read task of the closing ``batch`` yielded the carrier of ``watermark``. One
+        record: only the latest closing batch is ever asked about."""
         self.storage.write_json(CLOSING_RECORD, {"batch": batch, "watermark": watermark})
 
+    def forget_closing(self) -> None:
+        """The driver runs a closing batch (again): what an earlier run of it delivered is not
+        what this run will."""
+        self.storage.delete(CLOSING_RECORD)
+
     def closing_watermark(self, batch: str) -> int | None:
-        """What the closing ``batch``'s carrier task delivered (None: nothing, or not known)."""
+        """What a read task of the closing ``batch`` delivered (None: nothing, or not known)."""
         try:
             data = self.storage.read_json(CLOSING_RECORD)
         except FileNotFoundError:

@@ -6,9 +6,9 @@ never pickled.
 
 A batch runs at most ``maxReadTasks`` read tasks (:mod:`flinkish_source.read_plan`), each
 reading the slices of several partitions with one consumer; the first one also yields the
-batch's carrier row. The batch that reaches the end of the input for now (Trigger.AvailableNow's
-target, ``endingOffsets``) has one task more, the last, that carries the watermark after the
-batch (see :mod:`flinkish_source.combined_watermark`).
+batch's carrier row. In the batch that reaches the end of the input for now
+(Trigger.AvailableNow's target, ``endingOffsets``), the read task that finishes last also
+carries the watermark after the batch (see :mod:`flinkish_source.combined_watermark`).
 """
 
 from __future__ import annotations
@@ -70,13 +70,16 @@ class SliceInputPartition(InputPartition):
 
 
 class ReadTaskInputPartition(InputPartition):
-    """One read task: its pieces of slices, and the batch's carrier watermark if it yields
-    the carrier row."""
+    """One read task: its pieces of slices, the batch's carrier watermark if it yields the
+    carrier row, and in a closing batch the batch's end offset (the task that finishes last
+    carries the watermark after the batch)."""
 
-    def __init__(self, task: ReadTask, carrier: int | None = None) -> None:
+    def __init__(self, task: ReadTask, carrier: int | None = None,
+                 closing: dict | None = None) -> None:
         super().__init__(task.index)
         self.task = task
         self.carrier = carrier
+        self.closing = closing
 
 
 class CarrierInputPartition(InputPartition):
@@ -85,15 +88,6 @@ class CarrierInputPartition(InputPartition):
     def __init__(self, watermark: int) -> None:
         super().__init__(watermark)
         self.watermark = watermark
-
-
-class ClosingInputPartition(InputPartition):
-    """A closing batch's last task: the carrier of the watermark after the batch, whose end
-    offset is ``end`` (see :func:`~flinkish_source.combined_watermark.closing_carrier`)."""
-
-    def __init__(self, end: dict) -> None:
-        super().__init__(None)
-        self.end = end
 
 
 def _now_ms() -> int:
@@ -342,7 +336,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
         """The batch's read tasks (:func:`~flinkish_source.read_plan.plan_read_tasks`, a pure
         function of the two journaled offsets and the options); the first also yields the
-        carrier row, or a partition of its own does when nothing is read."""
+        carrier row, or a partition of its own does when nothing is read. In a closing batch
+        every task learns the batch's end, and what an earlier run of the batch delivered is
+        forgotten (see :func:`~flinkish_source.combined_watermark.closing_carrier`)."""
         plans = OffsetPlanner.slices(from_json(start), from_json(end))
         journaled = PlanningValve.from_offset(end)
         watermark = journaled.before.watermark if OFFSET_KEY in end else MIN_WATERMARK
@@ -353,9 +349,11 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         carried = None if watermark == MIN_WATERMARK else watermark
         if not tasks:
             return [] if carried is None else [CarrierInputPartition(carried)]
-        closing: list[InputPartition] = [ClosingInputPartition(end)] if journaled.closing else []
-        return [ReadTaskInputPartition(task, carried if task.index == 0 else None)
-                for task in tasks] + closing
+        closing = end if journaled.closing else None
+        if closing is not None:
+            self._store.forget_closing()
+        return [ReadTaskInputPartition(task, carried if task.index == 0 else None, closing)
+                for task in tasks]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, CarrierInputPartition):
@@ -363,8 +361,6 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                  self._options.horizon_ms)])
         if isinstance(partition, ReadTaskInputPartition):
             return self._read_task(partition)
-        if isinstance(partition, ClosingInputPartition):
-            return closing_carrier(self._options, partition.end, self._store)
         assert isinstance(partition, SliceInputPartition)
         return read_slice(self._options, partition.plan)
 
@@ -373,6 +369,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if partition.carrier is not None:
             yield carrier(self._options.include_headers, partition.carrier,
                           self._options.horizon_ms)
+        if partition.closing is not None:
+            yield from closing_carrier(self._options, partition.closing, self._store)
 
     def commit(self, end: dict) -> None:
         """Spark has durably committed the epoch that ``end`` ends and will never plan from

@@ -274,9 +274,9 @@ def test_missing_subscribed_topics_and_available_now_on_nothing_are_logged(
 def test_the_batch_that_reaches_available_nows_target_carries_its_own_watermark(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """No carrier-only batch after an AvailableNow run's records: the last task of the batch
-    that reaches the target yields the carrier of the watermark after the batch (Spark's
-    watermark takes the larger of the batch's two carriers)."""
+    """No carrier-only batch after an AvailableNow run's records: the read task of the batch
+    that reaches the target that finishes last yields the carrier of the watermark after the
+    batch (Spark's watermark takes the larger of the batch's carriers)."""
     run = start_run(cluster, tmp_path)
     cluster.add(0, 10_000, 12_000)
     cluster.add(1, 5_000)
@@ -285,8 +285,10 @@ def test_the_batch_that_reaches_available_nows_target_carries_its_own_watermark(
     assert run.settle() == 1
     assert run.carriers == [(0, run.sink.watermark)]
     assert run.sink.watermark == 3_999
-    assert isinstance(run.reader.partitions(*run.batches[0])[-1],
-                      stream_reader.ClosingInputPartition)
+    tasks = run.reader.partitions(*run.batches[0])
+    assert len(tasks) == 2
+    assert all(isinstance(t, stream_reader.ReadTaskInputPartition)
+               and t.closing == run.batches[0][1] for t in tasks)
     # the next run starts where this one ended, and ends the same way
     cluster.add(1, 9_000)
     cluster.add(2, 25_000)
@@ -300,15 +302,47 @@ def test_the_batch_that_reaches_available_nows_target_carries_its_own_watermark(
     assert other.carriers == [(1, run.sink.watermark)]
 
 
-def test_a_closing_task_that_finds_no_markers_leaves_the_watermark_to_a_carrier_batch(
-    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The closing task waits a bounded time for the read tasks' markers; without them (rows
-    not all consumed) it yields nothing and records that, also over what an earlier attempt of
-    the batch delivered, and the next planning carries the watermark the usual way."""
-    import flinkish_source.combined_watermark as combined_watermark
+def _carriers(reader: FlinkishStreamReader, partition: Any) -> list[int]:
+    """The watermarks of the carrier rows a read task yields, run as Spark runs it: on a
+    copy of the reader shipped to an executor."""
+    worker = pickle.loads(pickle.dumps(reader))
+    out: list[int] = []
+    for batch in worker.read(partition):
+        kinds = batch.column("kind").to_pylist()
+        out += [w for k, w in zip(kinds, batch.column("watermark").to_pylist(), strict=True)
+                if k == KIND_CARRIER]
+    return out
 
-    monkeypatch.setattr(combined_watermark, "CLOSING_WAIT_S", 0.05)
+
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_the_read_task_that_finishes_last_carries_the_closing_watermark(
+    cluster: Cluster, tmp_path: Path, order: tuple[int, int]
+) -> None:
+    """Each read task of a closing batch looks for the others' markers after recording its
+    own: whichever finishes last finds them all and carries W; the earlier one yields nothing
+    (it does not wait). What it delivered is recorded, so no carrier-only batch follows."""
+    run = start_run(cluster, tmp_path)
+    cluster.add(0, 10_000)
+    cluster.add(1, 11_000)
+    cluster.add(2, 12_000)
+    run.reader.prepareForTriggerAvailableNow()
+    end = run.reader.latestOffset(run.offset, ReadAllAvailable())
+    end = json.loads(json.dumps(end))
+    tasks = run.reader.partitions(run.offset, end)
+    first, last = (tasks[i] for i in order)
+    assert _carriers(run.reader, first) == []
+    assert _carriers(run.reader, last) == [8_999]
+    run.offset = end
+    assert run.settle() == 0
+
+
+def test_a_closing_batch_whose_tasks_do_not_all_finish_leaves_the_watermark_to_a_carrier_batch(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """When no read task finds every task's markers (rows not all consumed), nothing is
+    recorded as delivered, also over what an earlier run of the batch delivered (the driver
+    forgets it when it runs the batch again), and the next planning carries the watermark the
+    usual way."""
     run = start_run(cluster, tmp_path)
     cluster.add(0, 10_000)
     cluster.add(1, 11_000)
@@ -317,10 +351,9 @@ def test_a_closing_task_that_finds_no_markers_leaves_the_watermark_to_a_carrier_
     assert run.settle() == 1
     assert run.carriers == [(0, 8_999)]
     for record in (tmp_path / "state" / "source" / "~tasks").iterdir():
-        record.unlink()  # the batch replayed, its read tasks' rows not all consumed
-    closing = run.reader.partitions(*run.batches[0])[-1]
-    worker = pickle.loads(pickle.dumps(run.reader))  # as Spark ships it to an executor
-    assert list(worker.read(closing)) == []
+        record.unlink()  # the batch replayed, ...
+    tasks = run.reader.partitions(*run.batches[0])
+    assert _carriers(run.reader, tasks[0]) == []  # ... only its first task's rows consumed
     assert run.settle() == 1  # the markers re-read on the driver, then the carrier batch
     assert [row["kind"] for row in run.read(*run.batches[-1])] == [KIND_CARRIER]
     assert run.carriers[-1] == (1, 8_999)
