@@ -8,7 +8,6 @@ Option names follow Spark's own Kafka source (``kafka.*``, ``subscribe``, ``star
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -361,6 +360,8 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     options = {str(k).lower(): str(v) for k, v in raw.items()}
     unknown = [k for k in options if k not in _KNOWN and not k.startswith("kafka.")]
     if unknown:
+        import difflib  # here: ~5 ms to import, for every query's reader process otherwise
+
         key = unknown[0]
         close = difflib.get_close_matches(key, list(_KNOWN), n=1)
         hint = f"; did you mean {display(close[0])}?" if close else ""

@@ -96,7 +96,8 @@ class SteadyProducerConsumer:
     def __init__(self) -> None:
         self.high = {("t", 0): 100, ("t", 1): 200}
         self.positions: dict[tuple[str, int], int] = {}
-        self.calls = 0
+        self.fetched: list[Any] = []  # messages of the last fetch response not taken yet
+        self.calls = 0  # fetch responses
 
     def assign(self, tps: list[Any]) -> None:
         self.positions = {(tp.topic, tp.partition): tp.offset for tp in tps}
@@ -104,15 +105,24 @@ class SteadyProducerConsumer:
     def unassign(self) -> None:
         self.positions = {}
 
-    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+    def _fetch(self) -> None:
         from test_consumer_pool import Msg
 
         self.calls += 1
-        out = []
         for key, pos in self.positions.items():
             self.high[key] += 3  # the producer wrote more meanwhile
-            out.append(Msg(key[0], key[1], pos))
+            self.fetched.append(Msg(key[0], key[1], pos))
             self.positions[key] = pos + 1
+
+    def poll(self, timeout: float) -> Any:
+        if not self.fetched:
+            self._fetch()
+        return self.fetched.pop(0)
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        if not self.fetched and timeout > 0:
+            self._fetch()
+        out, self.fetched = self.fetched[:num_messages], self.fetched[num_messages:]
         return out
 
     def get_watermark_offsets(self, tp: Any, cached: bool = False) -> tuple[int, int]:

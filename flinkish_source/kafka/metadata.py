@@ -211,9 +211,12 @@ class KafkaMetadata:
         next_warning = time.monotonic() + wait.step
         try:
             while waiting:
-                # a short wait per call: consume() blocks until num_messages or the timeout
-                answered = {(m.topic(), m.partition()): m
-                            for m in consumer.consume(num_messages=1000, timeout=0.01)}
+                # poll() returns with the first message (consume() would wait out its timeout
+                # unless num_messages arrived), consume(timeout=0) takes what else is there
+                first = consumer.poll(timeout=0.01)
+                arrived = [] if first is None else [first, *consumer.consume(
+                    num_messages=1000, timeout=0)]
+                answered = {(m.topic(), m.partition()): m for m in arrived}
                 for key, msg in answered.items():
                     if key not in waiting:
                         continue
