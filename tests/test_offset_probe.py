@@ -138,3 +138,53 @@ def test_the_probe_takes_the_first_fetch_answer_under_a_steady_producer() -> Non
     found = KafkaMetadata(options)._probe_high_watermarks(consumer, ranges)  # type: ignore[arg-type]
     assert found == {("t", 0): 103, ("t", 1): 203}
     assert consumer.calls == 1
+
+
+class ResponsesConsumer:
+    """Fetch responses as they come, one per poll: each sets the cached high watermark of the
+    partitions it answers and queues their records, which poll() hands out one at a time
+    (the records of the partitions answered first come first)."""
+
+    def __init__(self, cached: dict[Partition, int], responses: list[dict[Partition, int]]
+                 ) -> None:
+        self.high = dict(cached)
+        self.responses = responses
+        self.queued: list[Any] = []
+        self.polls = 0
+
+    def assign(self, tps: list[Any]) -> None:
+        pass
+
+    def unassign(self) -> None:
+        self.queued = []
+
+    def poll(self, timeout: float) -> Any:
+        from test_consumer_pool import Msg
+
+        self.polls += 1
+        if self.responses:
+            response = self.responses.pop(0)
+            self.high.update(response)
+            self.queued += [Msg(t, p, o) for (t, p), high in response.items()
+                            for o in range(high - 1000, high)]
+        return self.queued.pop(0) if self.queued else None
+
+    def get_watermark_offsets(self, tp: Any, cached: bool = False) -> tuple[int, int]:
+        assert cached
+        return 0, self.high.get((tp.topic, tp.partition), -1001)
+
+
+def test_partitions_answered_by_the_same_fetch_response_need_not_be_read() -> None:
+    """Three partitions in one fetch response: one poll answers them all, though only the
+    first partition's records come out of it; a partition whose cached high watermark is
+    left from an earlier probe (at the reported latest offset, unchanged) waits for a response
+    to this probe."""
+    options = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
+                             "includeMarkers": "false"})
+    ranges = {("t", p): OffsetRange(0, 5_000) for p in range(4)}
+    consumer = ResponsesConsumer(
+        {("t", 3): 5_000},
+        [{("t", 0): 6_000, ("t", 1): 7_000, ("t", 2): 8_000}, {}, {("t", 3): 9_000}])
+    found = KafkaMetadata(options)._probe_high_watermarks(consumer, ranges)  # type: ignore[arg-type]
+    assert found == {("t", 0): 6_000, ("t", 1): 7_000, ("t", 2): 8_000, ("t", 3): 9_000}
+    assert consumer.polls == 3

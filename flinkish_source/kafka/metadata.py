@@ -57,26 +57,41 @@ class KafkaMetadata:
         self._reported: dict[TopicPartitionKey, int] = {}
 
     def _client(self) -> Consumer:
+        """For the high-watermark probe only: its fetches stay in flight up to
+        ``fetch.wait.max.ms`` after an unassign, and a broker answers a connection's requests
+        in order, so a metadata request behind one would wait them out."""
         if self._consumer is None:
-            self._consumer = Consumer(
-                consumer_config(
-                    self._options, **{"fetch.wait.max.ms": 10, "error_cb": self._noticed}
-                )
-            )
+            self._consumer = Consumer(consumer_config(self._options, **{
+                "fetch.wait.max.ms": 10, "error_cb": self._noticed,
+                "enable.sparse.connections": self._sparse(),
+            }))
         return self._consumer
 
     def _admin_client(self) -> AdminClient:
-        """For ListOffsets: one request per broker for all partitions (a consumer's
-        ``get_watermark_offsets`` costs a round trip per partition, ~1.5 ms each)."""
+        """For metadata and ListOffsets (one request per broker for all partitions: a
+        consumer's ``get_watermark_offsets`` costs a round trip per partition, ~1.5 ms each).
+        The first call also creates the probe's consumer, which then connects to the cluster
+        while this client's requests are answered."""
         if self._admin is None:
             config: dict[str, Any] = dict(self._options.kafka_config)
             config.update({
                 "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
                 "error_cb": self._noticed,
+                "enable.sparse.connections": self._sparse(),
             })
             self._admin = AdminClient(config)
+            self._client()
         return self._admin
+
+    def _sparse(self) -> Any:
+        """librdkafka's ``enable.sparse.connections`` for these two clients: off unless the
+        user's ``kafka.*`` options say otherwise. They ask every leader of the query's
+        partitions anyway; sparse, a new client (librdkafka 2.10 and later) drops its bootstrap
+        connection once the brokers are known and, half the time, holds the request it had
+        sent there until its next connection attempt, ``reconnect.backoff.ms`` / 2 (50 ms)
+        later: measured on every query start."""
+        return self._options.kafka_config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
         self._complaint = error.str()
@@ -104,7 +119,7 @@ class KafkaMetadata:
     def partitions(self) -> list[TopicPartitionKey]:
         """Every partition the topic selection names right now, sorted."""
         selection = self._options.topics
-        client = self._client()
+        client = self._admin_client()
         metadata = self._wait("could not list Kafka topics (metadata request)").call(
             lambda timeout: client.list_topics(timeout=timeout)
         )
@@ -193,17 +208,27 @@ class KafkaMetadata:
     ) -> dict[TopicPartitionKey, int]:
         """Fetch from the last reported offset; the fetch response carries the high watermark.
 
-        The first message of a partition (a record or the end-of-partition event) comes from a
-        fetch response whose high watermark librdkafka has cached by then
-        (``get_watermark_offsets(cached=True)``): waiting for the end-of-partition event
-        instead stalls planning under a steady producer, whose records keep every fetch
-        non-empty."""
+        librdkafka caches the high watermark of each fetch response
+        (``get_watermark_offsets(cached=True)``). The first message of a partition (a record or
+        the end-of-partition event) comes from a fetch response, so its cached value is the
+        answer (waiting for the end-of-partition event instead stalls planning under a steady
+        producer, whose records keep every fetch non-empty). Any other partition is answered
+        as soon as its cached value changed since the assignment and reached the reported
+        latest offset: it came from a response to this assignment (the partition was probed
+        because its reported latest offset moved, so its high watermark moved too), and the
+        partition's records need not be taken first (one message of each partition, behind
+        the other partitions' thousands, took milliseconds)."""
+
+        def cached(tp: TopicPartitionKey) -> int:
+            return int(consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1])
+
+        before = {tp: cached(tp) for tp in ranges}
         consumer.assign(
             [TopicPartition(t, p, max(r.latest - 1, r.earliest)) for (t, p), r in ranges.items()]
         )
         waiting = set(ranges)
         found: dict[TopicPartitionKey, int] = {}
-        # consume() serves error_cb itself, so the complaint is read without a poll
+        # poll() serves error_cb itself, so the complaint is read without a poll
         wait = BrokerWait(
             self._options, f"could not probe the high watermarks of {len(ranges)} partition(s)",
             lambda: self._complaint,
@@ -211,26 +236,24 @@ class KafkaMetadata:
         next_warning = time.monotonic() + wait.step
         try:
             while waiting:
-                # poll() returns with the first message (consume() would wait out its timeout
-                # unless num_messages arrived), consume(timeout=0) takes what else is there
-                first = consumer.poll(timeout=0.01)
-                arrived = [] if first is None else [first, *consumer.consume(
-                    num_messages=1000, timeout=0)]
-                answered = {(m.topic(), m.partition()): m for m in arrived}
-                for key, msg in answered.items():
-                    if key not in waiting:
-                        continue
-                    err = msg.error()
+                msg = consumer.poll(timeout=0.01)  # returns with the first message there is
+                if msg is not None and (msg.topic(), msg.partition()) in waiting:
+                    key, err = (msg.topic(), msg.partition()), msg.error()
+                    high = cached(key)
                     if err is not None and err.code() in OUT_OF_RANGE:
                         waiting.discard(key)  # records vanished meanwhile; keep the report
-                        continue
-                    _, high = consumer.get_watermark_offsets(TopicPartition(*key), cached=True)
-                    if high >= 0:
-                        found[key] = int(high)
+                    elif high >= 0:
+                        found[key] = high
                         waiting.discard(key)
                     elif err is not None and err.code() == KafkaError._PARTITION_EOF:
                         found[key] = msg.offset()
                         waiting.discard(key)
+                if msg is not None:
+                    for tp in list(waiting):
+                        high = cached(tp)
+                        if high != before[tp] and high >= ranges[tp].latest:
+                            found[tp] = high
+                            waiting.discard(tp)
                 if waiting and (time.monotonic() >= next_warning or wait.remaining() <= 0):
                     wait.unanswered(f"no fetch answer yet for {sorted(waiting)[:5]}")
                     next_warning = time.monotonic() + wait.step
