@@ -47,5 +47,6 @@ def test_the_driver_side_reader_process_imports_only_what_planning_needs() -> No
         "                    'checkpointing.location': '/tmp/x'}).streamReader(None)\n"
         "print(json.dumps(sorted(sys.modules)))"))
     assert "flinkish_source.stream_reader" in loaded
-    heavy = {"pandas", "pyarrow.compute", "flinkish.windows", "flinkish_sink"}
+    heavy = {"pandas", "pyarrow.compute", "flinkish.windows", "flinkish_sink", "difflib",
+             "checkpointing.checkpoint_store"}
     assert heavy.isdisjoint(loaded), heavy & set(loaded)
