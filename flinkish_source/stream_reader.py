@@ -135,10 +135,14 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # calls right after it on a new query: the same instant, one round of requests
         self._prepared: tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]] | None = (
             None)
+        # the first answer of initialOffset: Spark asks again when it runs the first batch
+        # (and at each trigger until it plans one), and the query starts where it first said
+        self._initial: dict | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state["_prepared"] = None
+        state["_initial"] = None
         state["_metadata"] = None
         state["_state_store"] = None
         state["_committer"] = None
@@ -168,6 +172,11 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, self.metadata.offset_ranges(partitions, exact=exact)
 
     def initialOffset(self) -> dict:
+        if self._initial is None:
+            self._initial = self._initial_offset()
+        return self._initial
+
+    def _initial_offset(self) -> dict:
         prepared, self._prepared = self._prepared, None
         partitions, ranges = prepared if prepared is not None else self._cluster()
         if self._options.topics.assign:

@@ -380,3 +380,31 @@ def test_available_nows_start_asks_kafka_once(
     assert asked == [True]
     reader.latestOffset(start, ReadAllAvailable())
     assert asked == [True, False]
+
+
+def test_the_query_starts_where_initial_offset_first_said(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark asks initialOffset again when it runs the first batch, and at each trigger until
+    it plans one: the answer stays the first one (``startingOffsets=latest`` does not move on
+    with records written meanwhile, which the first batch then reads), and Kafka is asked
+    once."""
+    asked: list[bool] = []
+
+    def view(self: FlinkishStreamReader, exact: bool = True) -> Any:
+        asked.append(exact)
+        return cluster.ranges()
+
+    monkeypatch.setattr(FlinkishStreamReader, "_cluster", view)
+    cluster.add(0, 1_000)
+    reader = FlinkishStreamReader(parse_options({
+        "kafka.bootstrap.servers": "b:1", "subscribe": TOPIC, "startingOffsets": "latest",
+        "checkpointing.location": str(tmp_path / "state")}))
+    first = reader.initialOffset()
+    cluster.add(0, 2_000)
+    assert reader.initialOffset() == first
+    assert asked == [True]
+    end = reader.latestOffset(first, ReadAllAvailable())
+    rows = [r for p in reader.partitions(first, end) for b in reader.read(p)
+            for r in b.to_pylist() if r["kind"] == "record"]
+    assert [r["offset"] for r in rows] == [1]
