@@ -359,11 +359,10 @@ def test_a_closing_batch_whose_tasks_do_not_all_finish_leaves_the_watermark_to_a
     assert run.carriers[-1] == (1, 8_999)
 
 
-def test_available_nows_start_asks_kafka_once(
-    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Spark calls prepareForTriggerAvailableNow, then initialOffset at once: they share one
-    view of the cluster; plannings ask Kafka again (their clock decides idleness)."""
+def counting_reader(cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                    starting: str) -> tuple[FlinkishStreamReader, list[bool]]:
+    """A reader of the cluster (one record in partition 0) from ``startingOffsets=starting``,
+    and the list of its looks at the cluster (``exact`` of each)."""
     asked: list[bool] = []
 
     def view(self: FlinkishStreamReader, exact: bool = True) -> Any:
@@ -372,9 +371,17 @@ def test_available_nows_start_asks_kafka_once(
 
     monkeypatch.setattr(FlinkishStreamReader, "_cluster", view)
     cluster.add(0, 1_000)
-    reader = FlinkishStreamReader(parse_options({
-        "kafka.bootstrap.servers": "b:1", "subscribe": TOPIC, "startingOffsets": "earliest",
-        "checkpointing.location": str(tmp_path / "state")}))
+    return FlinkishStreamReader(parse_options({
+        "kafka.bootstrap.servers": "b:1", "subscribe": TOPIC, "startingOffsets": starting,
+        "checkpointing.location": str(tmp_path / "state")})), asked
+
+
+def test_available_nows_start_asks_kafka_once(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark calls prepareForTriggerAvailableNow, then initialOffset at once: they share one
+    view of the cluster; plannings ask Kafka again (their clock decides idleness)."""
+    reader, asked = counting_reader(cluster, tmp_path, monkeypatch, "earliest")
     reader.prepareForTriggerAvailableNow()
     start = reader.initialOffset()
     assert asked == [True]
@@ -389,17 +396,7 @@ def test_the_query_starts_where_initial_offset_first_said(
     it plans one: the answer stays the first one (``startingOffsets=latest`` does not move on
     with records written meanwhile, which the first batch then reads), and Kafka is asked
     once."""
-    asked: list[bool] = []
-
-    def view(self: FlinkishStreamReader, exact: bool = True) -> Any:
-        asked.append(exact)
-        return cluster.ranges()
-
-    monkeypatch.setattr(FlinkishStreamReader, "_cluster", view)
-    cluster.add(0, 1_000)
-    reader = FlinkishStreamReader(parse_options({
-        "kafka.bootstrap.servers": "b:1", "subscribe": TOPIC, "startingOffsets": "latest",
-        "checkpointing.location": str(tmp_path / "state")}))
+    reader, asked = counting_reader(cluster, tmp_path, monkeypatch, "latest")
     first = reader.initialOffset()
     cluster.add(0, 2_000)
     assert reader.initialOffset() == first
