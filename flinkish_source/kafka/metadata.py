@@ -206,7 +206,10 @@ class KafkaMetadata:
     def _probe_high_watermarks(
         self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
     ) -> dict[TopicPartitionKey, int]:
-        """Fetch from the last reported offset; the fetch response carries the high watermark.
+        """Fetch from the reported latest offset; the fetch response carries the high
+        watermark. Where the broker reported the true high watermark (Kafka), the answer is
+        the end-of-partition event and no record is transferred; where it reported less (the
+        tail of its last record batch hidden), the records from there on.
 
         librdkafka caches the high watermark of each fetch response
         (``get_watermark_offsets(cached=True)``). The first message of a partition (a record or
@@ -224,7 +227,7 @@ class KafkaMetadata:
 
         before = {tp: cached(tp) for tp in ranges}
         consumer.assign(
-            [TopicPartition(t, p, max(r.latest - 1, r.earliest)) for (t, p), r in ranges.items()]
+            [TopicPartition(t, p, r.latest) for (t, p), r in ranges.items()]
         )
         waiting = set(ranges)
         found: dict[TopicPartitionKey, int] = {}
