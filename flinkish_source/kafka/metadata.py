@@ -88,9 +88,9 @@ class KafkaMetadata:
         """librdkafka's ``enable.sparse.connections`` for these two clients: off unless the
         user's ``kafka.*`` options say otherwise. They ask every leader of the query's
         partitions anyway; sparse, a new client (librdkafka 2.10 and later) drops its bootstrap
-        connection once the brokers are known and, half the time, holds the request it had
-        sent there until its next connection attempt, ``reconnect.backoff.ms`` / 2 (50 ms)
-        later: measured on every query start."""
+        connection once the brokers are known and, about every other time, holds the request it
+        had sent there until its next connection attempt, ``reconnect.backoff.ms`` / 2 (50 ms)
+        later: measured on query starts."""
         return self._options.kafka_config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
