@@ -7,8 +7,8 @@ extra="${1:-}"
 python="${PYTHON:-python3}"
 [ -x .venv/bin/python ] || "$python" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-if [ "$extra" = "test" ]; then
-  .venv/bin/python -m pip install -q -e '.[test]' 2>&1 | grep -v "is ignored" || true
+if [ "$extra" = "test" ] || [ "$extra" = "docs" ]; then
+  .venv/bin/python -m pip install -q -e ".[$extra]" 2>&1 | grep -v "is ignored" || true
 else
   .venv/bin/python -m pip install -q -e '.[demo]' 2>&1 | grep -v "is ignored" || true
 fi

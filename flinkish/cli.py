@@ -169,7 +169,8 @@ def _transactions(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line; the docs site's CLI reference prints each command's help from it."""
     parser = argparse.ArgumentParser(prog="flinkish", description=DESCRIPTION)
     commands = parser.add_subparsers(title="commands", dest="command", metavar="COMMAND",
                                      required=True)
@@ -219,8 +220,11 @@ def main(argv: list[str] | None = None) -> int:
     txns.add_argument("--transaction-timeout", default="15 min", metavar="DURATION",
                       help="flag pre-commits older than this (default: 15 min, the sink's "
                       "transactionTimeout default)")
+    return parser
 
-    args = parser.parse_args(argv)
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     if args.command == "demo":
         from flinkish.demo.main import run_demo
 

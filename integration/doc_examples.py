@@ -1,0 +1,104 @@
+"""The code blocks of the README and the docs site, and how each is checked.
+
+A fenced block either runs (``python`` in-process, in one namespace per page; ``bash`` as a
+subprocess) or is marked, on the line right before it, with one of:
+
+- ``<!-- not run: REASON -->``: shown only, for the reason given (a managed cluster's address);
+- ``<!-- output -->``: the expected output of the last block that ran before it (doctest rules:
+  ``...`` matches anything, whitespace is normalized);
+- ``<!-- run by: PATH -->``: a test of its own (PATH, relative to the repository) runs it.
+
+A ``text``, ``mermaid`` or ``json`` block without a marker is a picture or a record, not an
+example. Any other block without a marker is an error, so no example goes unchecked.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNNABLE = ("python", "bash")
+#: Not examples but pictures and data (a diagram, a JSON record, a directory tree): shown as is.
+ILLUSTRATIONS = ("text", "mermaid", "json")
+_FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+|~~~+)(?P<info>[^\n`]*)$")
+_MARKER = re.compile(r"^\s*<!--\s*(?P<kind>not run|output|run by)\s*(?::\s*(?P<arg>.*?))?\s*-->$")
+
+
+@dataclass(frozen=True)
+class Block:
+    page: str  # relative to the repository
+    line: int  # of the opening fence, 1-based
+    language: str
+    code: str
+    marker: str | None  # "not run", "output", "run by" or None
+    argument: str  # the marker's reason, path or ""
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def pages() -> list[Path]:
+    """Every Markdown page whose examples must be checked: the README and the docs site."""
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
+def blocks(page: Path) -> list[Block]:
+    lines = page.read_text().splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        opening = _FENCE.match(lines[i])
+        if not opening:
+            i += 1
+            continue
+        fence, indent = opening["fence"], opening["indent"]
+        end = i + 1
+        while end < len(lines) and lines[end].strip() != fence:
+            end += 1
+        code = textwrap.dedent("\n".join(
+            line[len(indent):] if line.startswith(indent) else line for line in lines[i + 1:end]
+        )) + "\n"
+        previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        marker = _MARKER.match(previous)
+        found.append(Block(
+            page=str(page.relative_to(ROOT)), line=i + 1,
+            language=(opening["info"].split() or [""])[0],
+            code=code, marker=marker["kind"] if marker else None,
+            argument=(marker["arg"] or "") if marker else "",
+        ))
+        i = end + 1
+    return found
+
+
+def problems(page: Path) -> list[str]:
+    """What is wrong with a page's blocks: unmarked blocks that cannot run, markers without
+    their reason or test, output blocks with nothing before them."""
+    found = []
+    ran = False
+    for block in blocks(page):
+        if block.marker is None:
+            if block.language in ILLUSTRATIONS:
+                continue
+            if block.language not in RUNNABLE:
+                found.append(f"{block.where}: a ```{block.language} block runs nowhere: make it "
+                             "python or bash, or mark it <!-- not run: REASON -->")
+            ran = True
+        elif block.marker == "not run" and not block.argument:
+            found.append(f"{block.where}: <!-- not run --> needs a reason after a colon")
+        elif block.marker == "run by":
+            test = ROOT / block.argument
+            if not test.is_file() or block.page not in test.read_text():
+                found.append(f"{block.where}: <!-- run by: {block.argument} -->: that file "
+                             f"does not exist or does not read {block.page}")
+        elif block.marker == "output" and not ran:
+            found.append(f"{block.where}: <!-- output --> follows no block that runs")
+    return found
+
+
+def runnable_pages() -> list[Path]:
+    return [page for page in pages()
+            if any(b.marker is None and b.language in RUNNABLE for b in blocks(page))]
