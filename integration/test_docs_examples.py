@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 #: What a page's examples name that must be fresh in a shared broker and database: each
 #: page's topic gets a unique name, its tables are dropped first, its paths move to tmp_path.
 TOPICS = {"events": 4}
-TABLES = ("clicks_per_minute", "clicks_per_minute_flinkish_epochs")
-PATHS = ("/tmp/flinkish-getting-started",)
+TABLES = ("clicks_per_minute", "counts")
+PATHS = ("/tmp/flinkish-getting-started", "/tmp/flinkish-readme")
 _CHECKER = doctest.OutputChecker()
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -58,7 +58,7 @@ def test_the_pages_examples_run_and_print_what_the_page_shows(
     renames |= {path: str(tmp_path / Path(path).name) for path in PATHS}
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         for table in TABLES:
-            conn.execute(f"DROP TABLE IF EXISTS {table}")
+            conn.execute(f"DROP TABLE IF EXISTS {table}, {table}_flinkish_epochs")
     monkeypatch.setenv(EXTERNAL_ENV, kafka_bootstrap)
     monkeypatch.setenv(DSN_ENV, postgres_dsn)
     # the pages show commands' output at 100 columns

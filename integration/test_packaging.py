@@ -1,8 +1,7 @@
-"""What the README's install story promises: ``python -m build`` makes an sdist and a wheel
-that ship to executors with everything Spark needs (the packages, the ``pyspark_flinkish``
-module Spark discovers the format through, the compiled record batch decoder), and installs
-from a checkout, normal or editable, print no setuptools warnings.
-
+"""What the install story (docs/guides/cluster-and-s3.md) promises: ``python -m build`` makes an
+sdist and a wheel that ship to executors with everything Spark needs (the packages, the
+``pyspark_flinkish`` module Spark discovers the format through, the compiled record batch
+decoder), and installs from a checkout, normal or editable, print no setuptools warnings.
 Integration: the builds run in isolated environments, so they need the package index that
 setuptools comes from."""
 

@@ -1,8 +1,9 @@
-"""The README's first example against real Kafka, Spark and PostgreSQL (issue 23, items 4 and
-6): a windowed count on ``flinkish.with_watermark`` into the flinkish sink. Its rows carry no
-markers, so the sink records Spark's event-time watermark of each batch (through
-with_watermark: the combined watermark) in the epochs table and its checkpoint, where
-``flinkish inspect`` shows it; the ``window`` struct lands as two timestamptz columns."""
+"""The docs' first windowed count (docs/getting-started.md) against real Kafka, Spark and
+PostgreSQL (issue 23, items 4 and 6): a windowed count on ``flinkish.with_watermark`` into the
+flinkish sink. Its rows carry no markers, so the sink records Spark's event-time watermark of
+each batch (through with_watermark: the combined watermark) in the epochs table and its
+checkpoint, where ``flinkish inspect`` shows it; the ``window`` struct lands as two timestamptz
+columns."""
 
 from __future__ import annotations
 

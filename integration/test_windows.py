@@ -387,19 +387,21 @@ def test_an_idle_partition_lets_windows_fire_while_the_query_runs(
     assert dropped(query) == 0
 
 
-def readme_windows_example() -> str:
-    """The README's "Windows with triggers and lateness" example, as written."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme[readme.index("## Windows with triggers and lateness"):]
-    start = section.index("```python\n") + len("```python\n")
-    return section[start:section.index("\n```", start)]
+GUIDE = "docs/guides/windows-triggers-lateness.md"
 
 
-def test_the_readme_windows_example_runs_as_written(
+def guide_windows_example() -> str:
+    """The example of the guide "Windows with triggers and lateness", as written."""
+    guide = (Path(__file__).resolve().parent.parent / GUIDE).read_text()
+    start = guide.index("```python\n") + len("```python\n")
+    return guide[start:guide.index("\n```", start)]
+
+
+def test_the_guides_windows_example_runs_as_written(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
     postgres_dsn: str,
 ) -> None:
-    """The README's example, run as written (only its checkpoint path moved to tmp_path) on a
+    """The guide's example, run as written (only its checkpoint path moved to tmp_path) on a
     bounded topic of two users' clicks: each minute's row is its latest pane, with the exact
     count, and nothing is late."""
     import psycopg
@@ -409,7 +411,7 @@ def test_the_readme_windows_example_runs_as_written(
     produce(kafka_bootstrap, name, clicks)
     events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
                     endingOffsets="latest")
-    code = readme_windows_example()
+    code = guide_windows_example()
     assert "windows.window(" in code and ".start()" in code
     code = code.replace("/tmp/clicks-ck", str(tmp_path / "ck"))
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:

@@ -1,6 +1,7 @@
-"""``flinkish.register`` fails at once, naming the interpreter and the fix, when Spark's Python
-workers cannot import flinkish (a script run with a virtualenv's interpreter while the workers
-start another one)."""
+"""``flinkish.register`` fails at once, naming the module, the interpreter and the fix, when
+Spark's Python workers cannot import what flinkish's tasks need (a script run with a
+virtualenv's interpreter while the workers start another one, with or without flinkish on its
+path)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from pathlib import Path
 import pytest
 
 pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DRIVER = textwrap.dedent("""
     import sys
@@ -40,6 +43,8 @@ def test_register_names_the_worker_interpreter_that_cannot_import_flinkish(
     if subprocess.run([bare, "-c", "import flinkish"], cwd=tmp_path,
                       env={"PATH": os.environ["PATH"]}, capture_output=True).returncode == 0:
         pytest.skip(f"{bare} can import flinkish: no interpreter without it to test with")
+    if subprocess.run([bare, "-c", "import pyarrow"], capture_output=True).returncode == 0:
+        pytest.skip(f"{bare} has pyarrow: no half-working interpreter to test with")
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     env = {k: v for k, v in os.environ.items()
@@ -49,9 +54,17 @@ def test_register_names_the_worker_interpreter_that_cannot_import_flinkish(
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 3, (result.stdout, result.stderr[-3000:])
     message = result.stdout
-    assert "cannot import flinkish" in message and "No module named 'flinkish'" in message
+    assert "flinkish: ModuleNotFoundError: No module named 'flinkish'" in message
     assert f"they run {os.path.realpath(bare)}" in message or f"they run {bare}" in message
     assert f"PYSPARK_PYTHON={sys.executable}" in message
+
+    # run from inside the checkout, the same interpreter imports flinkish from the working
+    # directory, but a read task would fail on pyarrow: register says so, not the read task
+    result = subprocess.run([sys.executable, str(script)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 3, (result.stdout, result.stderr[-3000:])
+    assert "pyarrow: ModuleNotFoundError: No module named 'pyarrow'" in result.stdout
+    assert "PYSPARK_PYTHON" in result.stdout
 
     # the same driver with workers that have flinkish registers
     env["PYSPARK_PYTHON"] = sys.executable

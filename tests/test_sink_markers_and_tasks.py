@@ -40,7 +40,7 @@ def test_the_sources_rows_without_markers_are_a_mistake() -> None:
 
 
 @pytest.mark.parametrize("schema", [
-    # the README's windowed count: a stateful aggregate's output (window carries the watermark)
+    # the docs' windowed count: a stateful aggregate's output (window carries the watermark)
     StructType([StructField("window", WINDOW, metadata={**WATERMARKED, "spark.timeWindow": True}),
                 *fields("partition", "count")]),
     # the same with the window's bounds selected: no source row columns

@@ -1,4 +1,4 @@
-"""The sink's option errors name options as the README spells them, although Spark hands the
+"""The sink's option errors name options as the docs spell them, although Spark hands the
 sink its option keys in lower case."""
 
 from __future__ import annotations
