@@ -185,6 +185,7 @@ def _short(names: tuple[str, ...], topics: set[str]) -> str:
 
 
 def table(rows: list[EpochRow]) -> Any:
+    from rich import box
     from rich.table import Table
 
     topics = {n.rsplit("/", 1)[0] for r in rows for n in r.partitions}
@@ -198,7 +199,9 @@ def table(rows: list[EpochRow]) -> Any:
     title = "flinkish epochs" + (f" of topic {next(iter(topics))}" if len(topics) == 1 else "")
     spark = any(r.watermark_source == WATERMARK_SPARK for r in rows)
     day = next(iter(days)) if one_day else ""
-    out = Table(title=title, caption="times in UTC" + (
+    # no outer edge, one space between columns: the table stays whole at 80 columns
+    out = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=0,
+                caption="times in UTC" + (
         (f", all on {day}" if marks_that_day else f", committed on {day}") if one_day else ""
     ) + (
         "; *: Spark's event-time watermark of the batch (its rows carried no markers; "
@@ -225,10 +228,11 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
     ``min/max/avgOffsetsBehindLatest``), the combined watermark's lag behind the batch's
     planning time and idle partitions' time without records (Flink's ``watermarkLag``,
     ``sourceIdleTime``)."""
+    from rich import box
     from rich.table import Table
 
-    out = Table(title="lag when each batch was planned",
-                caption="offsets: records in Kafka not yet planned, per partition")
+    out = Table(title="lag when each batch was planned", box=box.SIMPLE_HEAD, show_edge=False,
+                padding=0, caption="offsets: records in Kafka not yet planned, per partition")
     for header in ("batch", "offsets behind\nmin / max / avg", "watermark\nlag",
                    "idle for"):
         out.add_column(header, no_wrap=True, justify="right" if header == "batch" else "left")
