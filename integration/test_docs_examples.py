@@ -27,8 +27,8 @@ pytestmark = pytest.mark.integration
 #: What a page's examples name that must be fresh in a shared broker and database: each
 #: page's topic gets a unique name, its tables are dropped first, its paths move to tmp_path.
 TOPICS = {"events": 4}
-TABLES = ("clicks_per_minute", "counts")
-PATHS = ("/tmp/flinkish-getting-started", "/tmp/flinkish-readme")
+TABLES = ("clicks_per_minute", "counts", "guide_events", "guide_events_late")
+PATHS = ("/tmp/flinkish-getting-started", "/tmp/flinkish-readme", "/tmp/flinkish-guide")
 _CHECKER = doctest.OutputChecker()
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
