@@ -78,6 +78,7 @@ def _inspect(args: argparse.Namespace) -> int:
         load_epochs,
         plot,
         table,
+        with_source_journal,
     )
 
     try:
@@ -88,6 +89,7 @@ def _inspect(args: argparse.Namespace) -> int:
     if not rows:
         console.print(f"no epochs recorded in {args.location}")
         return 1
+    rows = with_source_journal(rows, args.location)
     console.print(table(rows))
     lag = lags(args.location)
     if lag:

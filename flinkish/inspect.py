@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
@@ -15,10 +15,11 @@ from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import resolve_store
 from flinkish.lag import SourceLag, combined, source_lags
 from flinkish_core.durations import format_duration
-from flinkish_core.epoch_valve import EpochWatermark
+from flinkish_core.epoch_valve import EpochWatermark, advance
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
 from flinkish_sink.target import WATERMARK_SPARK, WATERMARK_VALVE
 from flinkish_sink.two_phase_commit import published_watermark
+from flinkish_source.combined_watermark import OFFSET_KEY, PlanningValve
 from flinkish_source.offset_planner import from_json as offset_from_json
 
 
@@ -37,6 +38,9 @@ class EpochRow:
     #: markers), "spark" (Spark's event-time watermark of the batch: the rows carried no
     #: markers), None without one
     watermark_source: str | None = None
+    #: the combined watermark the source journaled for the batch (Spark's offsets log), shown
+    #: where the sink recorded Spark's watermark (see :func:`with_source_journal`)
+    journaled_watermark: int | None = None
 
 
 class LocationNotFoundError(FileNotFoundError):
@@ -128,6 +132,38 @@ def lags(checkpoint_location: str) -> dict[int, SourceLag]:
         lag = combined(source_lags(progress, now_ms=int(planned)))
         if lag is not None:
             out[batch] = lag
+    return out
+
+
+def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
+    """Batch id -> the valve as the flinkish source journaled it in the batch's end offset
+    (Spark's ``offsets/N``): each partition's watermark and status, and the combined watermark,
+    as they stood when the batch was planned; the combined one is what the batch's carrier row
+    brought to Spark. Empty when the location is not a query's checkpoint."""
+    out = {}
+    for batch, _, offsets in _offsets_log(checkpoint_location):
+        for offset in offsets:
+            if isinstance(offset, Mapping) and OFFSET_KEY in offset:
+                before = PlanningValve.from_offset(offset).before
+                out[batch] = advance(before, batch, [])  # the restored valve, per partition
+                break  # of several flinkish sources (a union, a join), the first
+    return out
+
+
+def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[EpochRow]:
+    """``rows`` where the sink recorded Spark's watermark (its rows, a stateful operator's
+    output, carried no markers), completed with what the source journaled for the same batch:
+    each partition's watermark and status, the idle partitions, the combined watermark."""
+    journal = journaled_watermarks(checkpoint_location)
+    out = []
+    for row in rows:
+        valve = journal.get(row.epoch)
+        if row.watermark_source != WATERMARK_SPARK or row.partitions or valve is None:
+            out.append(row)
+            continue
+        out.append(replace(row, partitions=valve.partitions,
+                           idle_partitions=tuple(valve.idle_partitions),
+                           journaled_watermark=_wm(valve.watermark)))
     return out
 
 
@@ -233,9 +269,10 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
 
     out = Table(title="lag when each batch was planned", box=box.SIMPLE_HEAD, show_edge=False,
                 padding=0, caption="offsets: records in Kafka not yet planned, per partition")
-    for header in ("batch", "offsets behind\nmin / max / avg", "watermark\nlag",
-                   "idle for"):
+    for header in ("batch", "offsets behind\nmin / max / avg", "watermark\nlag"):
         out.add_column(header, no_wrap=True, justify="right" if header == "batch" else "left")
+    out.add_column("idle for", ratio=1)  # the one column that wraps: a list of partitions
+    topics = {name.rsplit("/", 1)[0] for figures in lag.values() for name in figures.idle_ms}
     for batch, figures in sorted(lag.items()):
         out.add_row(
             str(batch),
@@ -243,15 +280,69 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
             f"{figures.avg_offsets_behind_latest:.1f}",
             "-" if figures.watermark_lag_ms is None
             else format_duration(figures.watermark_lag_ms / 1000),
-            ", ".join(f"{tp} {format_duration(ms / 1000)}"
+            ", ".join(f"{_short((tp,), topics)}: {format_duration(ms / 1000)}"
                       for tp, ms in sorted(figures.idle_ms.items())) or "-",
         )
     return out
 
 
+#: Watermarks from here on are the end of the input, not a time: the carrier row's event time is
+#: clamped to the last instant Python's datetime holds, and Spark's watermark is that minus the
+#: horizon, in the year 9999 too.
+_END_OF_TIME_MS = int(datetime(9999, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+@dataclass(frozen=True)
+class PlotSeries:
+    """What :func:`plot` draws, as (epoch, watermark ms) points: per partition, the points where
+    it was idle, the combined watermark, and Spark's watermark where the sink recorded that."""
+
+    partitions: dict[str, list[tuple[int, int]]]
+    idle: dict[str, list[tuple[int, int]]]
+    combined: list[tuple[int, int]]
+    spark: list[tuple[int, int]]
+
+
+def _on_chart(value: int) -> bool:
+    """Long.MIN/MAX and the end of the input are not times: they stay off the chart."""
+    return value not in (MIN_WATERMARK, MAX_WATERMARK) and value < _END_OF_TIME_MS
+
+
+def plot_series(rows: list[EpochRow]) -> PlotSeries:
+    """The points :func:`plot` draws from the completed epochs of ``rows``; the scale follows
+    them."""
+    done = [r for r in rows if r.state == "completed"]
+    names = sorted({n for r in done for n in r.partitions})
+    partitions: dict[str, list[tuple[int, int]]] = {}
+    idle: dict[str, list[tuple[int, int]]] = {}
+    for name in names:
+        for r in done:
+            state = r.partitions.get(name, {})
+            watermark = _wm(state.get("watermark"))
+            if watermark is not None and _on_chart(watermark):
+                partitions.setdefault(name, []).append((r.epoch, watermark))
+                if state.get("status") == "IDLE":
+                    idle.setdefault(name, []).append((r.epoch, watermark))
+    combined = []
+    for r in done:
+        value = r.watermark if r.watermark_source == WATERMARK_VALVE else r.journaled_watermark
+        if value is not None and _on_chart(value):
+            combined.append((r.epoch, value))
+    # Spark's watermark follows the carrier one batch later; before that it is a record's event
+    # time minus the horizon, a day below everything else: it is drawn from the epoch after the
+    # first one the valve had a watermark for
+    first = min((e for e, _ in combined), default=None)
+    spark = [(r.epoch, r.watermark) for r in done
+             if r.watermark_source == WATERMARK_SPARK and r.watermark is not None
+             and (first is None or r.epoch > first) and _on_chart(r.watermark)]
+    return PlotSeries(partitions, idle, combined, spark)
+
+
 def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = None) -> None:
     """Per-partition watermarks (hollow where the partition was idle) and the combined
-    watermark over epochs: a lagging or idle partition shows at a glance."""
+    watermark over epochs, next to Spark's watermark where the sink recorded that: a lagging or
+    idle partition shows at a glance. Below, when any batch was planned behind Kafka, how many
+    records the partition furthest behind still had to read."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -262,43 +353,41 @@ def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = 
     if not done:
         raise ValueError("no completed epochs to plot yet")
 
-    def when(value: int | None) -> float | None:
-        """Matplotlib's date number for a watermark; None for Long.MIN/MAX (off the chart)."""
-        if value is None or value in (MIN_WATERMARK, MAX_WATERMARK):
-            return None
+    def when(value: int) -> float:
+        """Matplotlib's date number for a watermark."""
         return float(mdates.date2num(datetime.fromtimestamp(value / 1000, timezone.utc)))
 
-    names = sorted({n for r in done for n in r.partitions})
-    if lag:
+    series = plot_series(done)
+    epochs = {r.epoch for r in done}
+    behind = sorted(e for e in (lag or {}) if e in epochs)
+    if lag and any(lag[e].max_offsets_behind_latest for e in behind):
         fig, (ax, below) = plt.subplots(2, 1, figsize=(10, 7.5), sharex=True,
                                         gridspec_kw={"height_ratios": [3, 1]})
-        epochs = sorted(e for e in lag if e in {r.epoch for r in done})
-        below.bar(epochs, [lag[e].max_offsets_behind_latest for e in epochs], color="tab:red",
-                  alpha=0.6, label="max offsets behind latest")
-        below.set_ylabel("records behind")
+        below.bar(behind, [lag[e].max_offsets_behind_latest for e in behind], color="tab:red",
+                  alpha=0.6)
+        below.set_title("records in Kafka not yet read when the batch was planned "
+                        "(the partition furthest behind)", fontsize=9, loc="left")
+        below.set_ylabel("records")
         below.grid(alpha=0.3)
-        below.legend(loc="upper left", fontsize=8)
-    else:
+    else:  # nothing was ever behind: no panel of zeros
         fig, ax = plt.subplots(figsize=(10, 5.5))
-    for name in names:
-        points = [(r.epoch, r.partitions.get(name, {})) for r in done]
-        known = [(e, w) for e, p in points if (w := when(p.get("watermark"))) is not None]
-        xs, ys = [e for e, _ in known], [w for _, w in known]
-        line = ax.plot(xs, ys, marker="o", markersize=4, linewidth=1.2, label=name)[0]
-        idle = [(e, w) for e, p in points
-                if p.get("status") == "IDLE" and (w := when(p.get("watermark"))) is not None]
+        below = None
+
+    def draw(points: list[tuple[int, int]], **style: Any) -> Any:
+        return ax.plot([e for e, _ in points], [when(w) for _, w in points], **style)[0]
+
+    for name, points in series.partitions.items():
+        line = draw(points, marker="o", markersize=4, linewidth=1.2, label=name)
+        idle = series.idle.get(name, [])
         if idle:
-            ax.scatter([e for e, _ in idle], [w for _, w in idle], s=70, facecolors="white",
-                       edgecolors=line.get_color(), zorder=3)
-    for source, label in ((WATERMARK_VALVE, "combined (valve)"),
-                          (WATERMARK_SPARK, "Spark's event-time watermark (no markers)")):
-        series = [(r.epoch, w) for r in done
-                if r.watermark_source == source and (w := when(r.watermark)) is not None]
-        if series or source == WATERMARK_VALVE:
-            ax.plot([e for e, _ in series], [w for _, w in series], color="black", linewidth=6,
-                    alpha=0.3, zorder=1, label=label,
-                    linestyle="-" if source == WATERMARK_VALVE else "--")
-    (below if lag else ax).set_xlabel("epoch (micro-batch id = checkpoint id)")
+            ax.scatter([e for e, _ in idle], [when(w) for _, w in idle], s=70,
+                       facecolors="white", edgecolors=line.get_color(), zorder=3)
+    draw(series.combined, color="black", linewidth=6, alpha=0.3, zorder=1,
+         label="combined watermark (valve)")
+    if series.spark:
+        draw(series.spark, color="black", linewidth=1.5, linestyle="--", zorder=2,
+             label="Spark's watermark (recorded by the sink)")
+    (below if below is not None else ax).set_xlabel("epoch (micro-batch id = checkpoint id)")
     ax.set_ylabel("watermark (event time, UTC)")
     ax.set_title("flinkish: per-partition and combined watermarks (hollow = idle)")
     ax.grid(alpha=0.3)

@@ -146,7 +146,7 @@ def test_lag_per_epoch_from_sparks_offsets_log(tmp_path: Path) -> None:
     console = Console(record=True, width=80)
     console.print(lag_table(found))
     text = console.export_text()
-    assert "    0 0 / 40 / 20.0" in text and "1 min 30 s" in text and "t/1 5.0 s" in text
+    assert "    0 0 / 40 / 20.0" in text and "1 min 30 s" in text and "1: 5.0 s" in text
     rows = [EpochRow(b, "completed", T, T - 1, "ACTIVE", (), 1, 0) for b in (0, 1, 2)]
     plot(rows, str(tmp_path / "lag.png"), found)
     assert (tmp_path / "lag.png").stat().st_size > 10_000
@@ -165,3 +165,53 @@ def test_the_epochs_table_stays_whole_at_80_columns() -> None:
     text = console.export_text()
     assert "…" not in text, text
     assert "committed" in text and "partitions" in text and "23:59:59.99" in text
+
+
+def test_a_windowed_querys_epochs_show_what_the_source_journaled(tmp_path: Path) -> None:
+    """A stateful query's sink sees no markers and records Spark's watermark; the source's
+    per-partition watermarks, idleness and combined watermark come from Spark's offsets log.
+    The plot leaves out Spark's watermark before the first carrier reached it (a record's
+    event time minus the horizon, a day below the rest) and the end of the input."""
+    from flinkish.inspect import plot_series, with_source_journal
+    from flinkish_source.combined_watermark import PlanningValve
+
+    location = tmp_path / "ck" / "flinkish"
+    store = CheckpointStore(CheckpointStorage.open(str(location)), owner="q")
+    day = 86_400_000
+    sparks = [None, T - day, T, T + 1_000, 253_402_214_399_999]  # ... the end of the input
+    for epoch, spark in enumerate(sparks):
+        store.complete(epoch, {"watermark": advance(initial(), epoch, []).to_json(), "rows": 2,
+                               "late_rows": 0, "spark_watermark": spark})
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q"}\n')
+    offsets = tmp_path / "ck" / "offsets"
+    offsets.mkdir()
+    valve = initial()
+    markers: list[list[Marker]] = [
+        [Marker("t", 0, 0, "status", status="ACTIVE"),
+         Marker("t", 1, 0, "status", status="ACTIVE")],
+        [Marker("t", 0, 5, "watermark", watermark=T), Marker("t", 1, 5, "watermark", watermark=T)],
+        [Marker("t", 0, 9, "watermark", watermark=T + 5_000),
+         Marker("t", 1, 5, "status", status="IDLE")],
+        [], [],
+    ]
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": T, "conf": {}})
+    for batch, batch_markers in enumerate(markers):
+        # offsets/N journals the valve as the batch was planned: after the batch before
+        offset = {"version": 1, "topics": {}, "valve": PlanningValve(valve).to_json()}
+        (offsets / str(batch)).write_text(f"v1\n{meta}\n{json.dumps(offset)}\n")
+        valve = advance(valve, batch, batch_markers)
+    rows = with_source_journal(load_epochs(str(tmp_path / "ck")), str(tmp_path / "ck"))
+    assert [(r.epoch, r.journaled_watermark, r.idle_partitions) for r in rows] == [
+        (0, None, ()), (1, None, ()), (2, T, ()), (3, T + 5_000, ("t/1",)),
+        (4, T + 5_000, ("t/1",))]
+    assert rows[3].partitions["t/1"] == {"watermark": T, "status": "IDLE", "aligned": False}
+    series = plot_series(rows)
+    assert series.partitions == {"t/0": [(2, T), (3, T + 5_000), (4, T + 5_000)],
+                                 "t/1": [(2, T), (3, T), (4, T)]}
+    assert series.idle == {"t/1": [(3, T), (4, T)]}
+    assert series.combined == [(2, T), (3, T + 5_000), (4, T + 5_000)]
+    # not epoch 1's (a day below, before any carrier), nor epoch 2's (the carrier's batch),
+    # nor the end of the input
+    assert series.spark == [(3, T + 1_000)]
+    plot(rows, str(tmp_path / "journal.png"))
+    assert (tmp_path / "journal.png").stat().st_size > 10_000
