@@ -28,7 +28,8 @@ pytestmark = pytest.mark.integration
 #: page's topic gets a unique name, its tables are dropped first, its paths move to tmp_path.
 TOPICS = {"events": 4}
 TABLES = ("clicks_per_minute", "counts", "guide_events", "guide_events_late")
-PATHS = ("/tmp/flinkish-getting-started", "/tmp/flinkish-readme", "/tmp/flinkish-guide")
+PATHS = ("/tmp/flinkish-getting-started", "/tmp/flinkish-readme", "/tmp/flinkish-guide",
+         "/tmp/flinkish-migrate")
 _CHECKER = doctest.OutputChecker()
 _FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
