@@ -3,7 +3,8 @@
 - ``<!-- cli-help -->`` in a page becomes each ``flinkish`` command's ``--help``, from the
   parser ``flinkish.cli`` runs, so the CLI reference cannot drift from it;
 - ``<!-- benchmarks-latest -->`` becomes a table of each bench's latest figure in
-  ``docs/benchmarks.csv``, and ``benchmarks.svg`` plots every figure of that file over time.
+  ``docs/benchmarks.csv``, and ``benchmarks.svg`` plots every figure of that file over time;
+- the docstrings' Sphinx roles (``:func:`x```), which mkdocstrings leaves as text, become code.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import argparse
 import csv
 import io
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ CLI_HELP = "<!-- cli-help -->"
 BENCHMARKS_LATEST = "<!-- benchmarks-latest -->"
 BENCHMARKS_CSV = "benchmarks.csv"
 BENCHMARKS_PLOT = "benchmarks.svg"
+_SPHINX_ROLE = re.compile(r":(?:py:)?(?:func|class|mod|data|meth|attr|exc|obj):(?=<code>)")
 
 
 def _cli_help() -> str:
@@ -89,3 +92,7 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         rows = _benchmark_rows(config["docs_dir"])
         markdown = markdown.replace(BENCHMARKS_LATEST, _latest_table(rows))
     return markdown
+
+
+def on_page_content(html: str, page: Any, config: Any, files: Files) -> str:
+    return _SPHINX_ROLE.sub("", html)
