@@ -235,6 +235,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        self._commit_to_group(start)
         self._prepared = None
         partitions, ranges = self._cluster(exact=False)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -264,6 +265,20 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             offset[OFFSET_KEY] = self._planning_valve(start, positions, end, combined,
                                                       self._closing(end))
         return offset
+
+    def _commit_to_group(self, start: dict) -> None:
+        """Commit the epoch that ends at ``start`` to the query's consumer group, if it names one
+        (:mod:`flinkish_source.kafka.group_offsets`). Spark plans from ``start`` only once that
+        epoch is in its commit log (a restart replays an uncommitted epoch before it plans
+        again), and this is the first call it makes after writing that log: at once after the
+        epoch with the default trigger, at the next trigger with an interval, and before a
+        ``Trigger.AvailableNow`` query ends, for its last epoch too. The query's initial offset
+        ends no epoch and is not committed."""
+        if self._options.commit_group is None or start == self._initial:
+            return
+        if self._committer is None:
+            self._committer = GroupOffsetCommitter(self._options)
+        self._committer.commit({tp: pos.offset for tp, pos in from_json(start).items()})
 
     def _closing(self, end: Positions) -> bool:
         """Whether the batch ending at ``end`` ends the input for now: every partition at
@@ -383,17 +398,13 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark has durably committed the epoch that ``end`` ends and will never plan from
-        before it again: commit its offsets to the query's consumer group, if it names one
-        (:mod:`flinkish_source.kafka.group_offsets`), and forget older generator states (the
-        task records whose slices all end before their partitions' ``base``, and
-        per-partition records before it)."""
-        positions: Positions = from_json(end)
-        if self._options.commit_group is not None:
-            if self._committer is None:
-                self._committer = GroupOffsetCommitter(self._options)
-            self._committer.commit({tp: pos.offset for tp, pos in positions.items()})
+        before it again: forget older generator states (the task records whose slices all end
+        before their partitions' ``base``, and per-partition records before it). The consumer
+        group has that epoch already: Spark calls this only after ``latestOffset`` planned
+        from ``end`` (see ``_commit_to_group``)."""
         if self._options.state_location is None:
             return
+        positions: Positions = from_json(end)
         self._store.prune_all({tp: pos.base.at for tp, pos in positions.items()
                                if pos.base is not None})
 

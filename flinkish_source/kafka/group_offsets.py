@@ -1,22 +1,28 @@
 """Completed epochs' end offsets committed to a Kafka consumer group, for monitoring only.
 
 Flink's ``KafkaSource`` commits the offsets of every completed checkpoint to its consumer group
-(``commit.offsets.on.checkpoint``) so that the tools Kafka users already run (lag exporters,
-``kafka-consumer-groups``) show the job's progress; Spark's Kafka source never does
-(SPARK-27549). flinkish does what Flink does: when a query names a group
-(``SourceOptions.commit_group``), the driver commits the end offsets of each epoch once Spark
-has durably committed that epoch. The checkpoint stays the only truth: nothing ever reads these
-offsets back, and a failed commit is logged and superseded by the next epoch's, never failing
-the query.
+(``commit.offsets.on.checkpoint``, on ``notifyCheckpointComplete``) so that the tools Kafka users
+already run (lag exporters, ``kafka-consumer-groups``) show the job's progress; Spark's Kafka
+source never does (SPARK-27549). flinkish does what Flink does: when a query names a group
+(``SourceOptions.commit_group``), the driver-side reader commits the end offsets of each epoch
+once Spark has written that epoch to its commit log. The checkpoint stays the only truth: nothing
+ever reads these offsets back, and a failed commit is logged and tried again with the next
+epoch's offsets (or, for the same offsets, after ``RETRY_INTERVAL_S``), never failing the query.
 
-Spark calls the reader's ``commit(end)`` for epoch N when it plans epoch N+1, after N's commit
-log is written, so the group's offsets trail the query by one micro-batch, and the last epoch
-of a run is committed when the query next starts.
+When: Spark plans epoch N+1 from epoch N's end, and calls the reader's ``latestOffset(end_N)``
+only after N's commit log is written (a restart replays an uncommitted epoch before it plans
+again). So that call commits ``end_N``: right after the epoch with the default trigger; at the
+next trigger with ``processingTime``; and, under ``Trigger.AvailableNow``, for the run's last
+epoch too, before the query ends (Spark asks once more for new data, finds none, and stops).
+The reader's own ``commit(end_N)`` comes later, when epoch N+1 is already journaled, and
+``stop()`` is not called on a graceful stop, so neither is used. A query stopped with ``stop()``
+while it waits for its next trigger leaves its last epoch uncommitted until it runs again.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +30,11 @@ from flinkish_source.kafka.base import TopicPartitionKey
 from flinkish_source.options import SourceOptions
 
 logger = logging.getLogger(__name__)
+
+#: How long the same offsets wait before they are tried again after a failed commit: Spark asks
+#: for new data every few milliseconds while there is none, and an unreachable coordinator
+#: would otherwise be asked (and warned about) on every one of those plannings.
+RETRY_INTERVAL_S = 30.0
 
 
 class GroupOffsetCommitter:
@@ -36,6 +47,8 @@ class GroupOffsetCommitter:
         self._options = options
         self._consumer: Any = None
         self.committed: dict[TopicPartitionKey, int] = {}
+        # the offsets of the last failed commit and when it failed (monotonic seconds)
+        self._failed: tuple[dict[TopicPartitionKey, int], float] | None = None
 
     def _client(self) -> Any:
         if self._consumer is None:
@@ -51,13 +64,23 @@ class GroupOffsetCommitter:
         return self._consumer
 
     def commit(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
-        """Commit ``offsets`` (the next offset to read, per partition); False, with a warning,
-        when Kafka refused or could not be reached (the next epoch's commit supersedes it)."""
-        from confluent_kafka import KafkaException, TopicPartition
-
+        """Commit ``offsets`` (the next offset to read, per partition), unless the group holds
+        them already; False, with a warning, when Kafka refused or could not be reached (the
+        next epoch's offsets are tried at once, the same ones after ``RETRY_INTERVAL_S``)."""
         changed = {tp: o for tp, o in offsets.items() if self.committed.get(tp) != o}
         if not changed:
             return True
+        if self._failed is not None:
+            failed, at = self._failed
+            if failed == dict(offsets) and time.monotonic() - at < RETRY_INTERVAL_S:
+                return False
+        ok = self._commit(changed)
+        self._failed = None if ok else (dict(offsets), time.monotonic())
+        return ok
+
+    def _commit(self, changed: Mapping[TopicPartitionKey, int]) -> bool:
+        from confluent_kafka import KafkaException, TopicPartition
+
         try:
             results = self._client().commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(changed.items())],

@@ -1,0 +1,87 @@
+"""When the driver-side reader commits completed epochs to the query's consumer group, and how
+a failed commit is tried again (``flinkish_source.kafka.group_offsets``; the integration tests
+in ``integration/test_kafka_features.py`` run it through Spark and a broker)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+
+import pytest
+
+from flinkish_source.kafka import group_offsets
+from flinkish_source.kafka.base import TopicPartitionKey
+from flinkish_source.kafka.group_offsets import GroupOffsetCommitter
+from flinkish_source.offset_planner import PartitionPosition, to_json
+from flinkish_source.options import parse_options
+from flinkish_source.stream_reader import FlinkishStreamReader
+
+OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
+           "includeMarkers": "false", "kafka.group.id": "watch"}
+
+
+class Recording(GroupOffsetCommitter):
+    """The committer with Kafka's answer given by the test."""
+
+    def __init__(self, answers: list[bool] | None = None) -> None:
+        super().__init__(parse_options(OPTIONS))
+        self.answers = answers
+        self.sent: list[dict[TopicPartitionKey, int]] = []
+
+    def _commit(self, changed: Mapping[TopicPartitionKey, int]) -> bool:
+        self.sent.append(dict(changed))
+        ok = self.answers.pop(0) if self.answers else True
+        if ok:
+            self.committed.update(changed)
+        return ok
+
+
+def offset(**offsets: int) -> dict:
+    """An end offset as Spark hands it back to the reader (through JSON)."""
+    return json.loads(json.dumps(to_json({
+        ("t", int(p.lstrip("p"))): PartitionPosition(o, 0, "ACTIVE", 0, o, None, None)
+        for p, o in offsets.items()})))
+
+
+def test_an_epoch_is_committed_when_spark_plans_from_its_end_and_only_then() -> None:
+    reader = FlinkishStreamReader(parse_options(OPTIONS))
+    committer = reader._committer = Recording()
+    reader._initial = offset(p0=0, p1=0)
+    reader._commit_to_group(offset(p0=0, p1=0))  # the initial offset ends no epoch
+    assert committer.sent == []
+    reader._commit_to_group(offset(p0=34, p1=33))  # epoch 0 is in Spark's commit log
+    assert committer.sent == [{("t", 0): 34, ("t", 1): 33}]
+    reader._commit_to_group(offset(p0=34, p1=33))  # a trigger with no new data: no traffic
+    reader.commit(offset(p0=34, p1=33))  # Spark's commit(end) comes later: nothing to add
+    assert committer.sent == [{("t", 0): 34, ("t", 1): 33}]
+    reader._commit_to_group(offset(p0=34, p1=60))  # only what changed is sent
+    assert committer.sent[-1] == {("t", 1): 60}
+
+
+def test_without_a_group_nothing_is_committed() -> None:
+    reader = FlinkishStreamReader(parse_options(
+        {k: v for k, v in OPTIONS.items() if k != "kafka.group.id"}))
+    reader._commit_to_group(offset(p0=34))
+    assert reader._committer is None
+
+
+def test_a_failed_commit_is_tried_again_with_the_next_epoch_or_after_the_interval(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    now = [1000.0]
+    monkeypatch.setattr(group_offsets.time, "monotonic", lambda: now[0])
+    committer = Recording(answers=[False, False, False, True])
+    assert not committer.commit({("t", 0): 10})
+    # Spark plans every few milliseconds while there is no new data: not each time again
+    now[0] += 1
+    assert not committer.commit({("t", 0): 10})
+    assert len(committer.sent) == 1
+    # the next epoch's offsets are tried at once
+    assert not committer.commit({("t", 0): 20})
+    assert len(committer.sent) == 2
+    # the same offsets once the interval has passed
+    now[0] += group_offsets.RETRY_INTERVAL_S
+    assert not committer.commit({("t", 0): 20})
+    assert committer.commit({("t", 0): 30})
+    assert committer.committed == {("t", 0): 30}
+    assert committer.commit({("t", 0): 30}) and len(committer.sent) == 4
