@@ -42,6 +42,7 @@ from flinkish_source.combined_watermark import (
     horizon_limit,
     journal,
 )
+from flinkish_source.epoch_notices import NoticeListener, canonical
 from flinkish_source.kafka import KafkaMetadata, TopicPartitionKey
 from flinkish_source.kafka.group_offsets import GroupOffsetCommitter
 from flinkish_source.kafka.metadata import OffsetRange
@@ -127,6 +128,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[TopicPartitionKey, int] | None = None
         self._state_store: SourceStateStore | None = None
         self._committer: GroupOffsetCommitter | None = None
+        # where the query's listener says Spark committed an epoch (flinkish_source.epoch_notices)
+        self._notices: NoticeListener | None = None
         # processing time (ms) of the last batch planned (Spark's lastTriggerMillis: 0 lets
         # the first planning through whatever minOffsetsPerTrigger says)
         self._last_trigger_ms = 0
@@ -146,6 +149,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_metadata"] = None
         state["_state_store"] = None
         state["_committer"] = None
+        state["_notices"] = None
         return state
 
     @property
@@ -235,7 +239,14 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        self._commit_to_group(start)
+        if start != self._initial:
+            self._commit_to_group(start)
+        offset = self._latest_offset(start, limit)
+        if self._options.commit_group is not None and offset != start:
+            self._expect_notice(offset)
+        return offset
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         self._prepared = None
         partitions, ranges = self._cluster(exact=False)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -266,19 +277,27 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                                       self._closing(end))
         return offset
 
-    def _commit_to_group(self, start: dict) -> None:
-        """Commit the epoch that ends at ``start`` to the query's consumer group, if it names one
-        (:mod:`flinkish_source.kafka.group_offsets`). Spark plans from ``start`` only once that
-        epoch is in its commit log (a restart replays an uncommitted epoch before it plans
-        again), and this is the first call it makes after writing that log: at once after the
-        epoch with the default trigger, at the next trigger with an interval, and before a
-        ``Trigger.AvailableNow`` query ends, for its last epoch too. The query's initial offset
-        ends no epoch and is not committed."""
-        if self._options.commit_group is None or start == self._initial:
+    def _commit_to_group(self, end: dict, notice: bool = False) -> None:
+        """Commit the epoch that ends at ``end``, which Spark has in its commit log, to the
+        query's consumer group, if it names one (:mod:`flinkish_source.kafka.group_offsets`:
+        when Spark plans from ``end``, or when its listener's ``notice`` comes first)."""
+        if self._options.commit_group is None:
             return
+        self._group.epoch_committed(
+            canonical(end), {tp: pos.offset for tp, pos in from_json(end).items()}, notice)
+
+    @property
+    def _group(self) -> GroupOffsetCommitter:
         if self._committer is None:
             self._committer = GroupOffsetCommitter(self._options)
-        self._committer.commit({tp: pos.offset for tp, pos in from_json(start).items()})
+        return self._committer
+
+    def _expect_notice(self, end: dict) -> None:
+        """Spark is about to run the batch that ends at ``end``: the query's listener may say
+        when Spark has committed it; listen for that from the first batch on."""
+        self._group.planned(canonical(end))
+        if self._notices is None:
+            self._notices = NoticeListener(lambda told: self._commit_to_group(told, True))
 
     def _closing(self, end: Positions) -> bool:
         """Whether the batch ending at ``end`` ends the input for now: every partition at
@@ -409,6 +428,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                if pos.base is not None})
 
     def stop(self) -> None:
+        if self._notices is not None:
+            self._notices.close()
+            self._notices = None
         if self._committer is not None:
             self._committer.close()
             self._committer = None

@@ -5,10 +5,17 @@ in ``integration/test_kafka_features.py`` run it through Spark and a broker)."""
 from __future__ import annotations
 
 import json
+import os
+import socket
+import threading
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from flinkish_source import epoch_notices
+from flinkish_source.epoch_notices import canonical
 from flinkish_source.kafka import group_offsets
 from flinkish_source.kafka.base import TopicPartitionKey
 from flinkish_source.kafka.group_offsets import GroupOffsetCommitter
@@ -46,9 +53,6 @@ def offset(**offsets: int) -> dict:
 def test_an_epoch_is_committed_when_spark_plans_from_its_end_and_only_then() -> None:
     reader = FlinkishStreamReader(parse_options(OPTIONS))
     committer = reader._committer = Recording()
-    reader._initial = offset(p0=0, p1=0)
-    reader._commit_to_group(offset(p0=0, p1=0))  # the initial offset ends no epoch
-    assert committer.sent == []
     reader._commit_to_group(offset(p0=34, p1=33))  # epoch 0 is in Spark's commit log
     assert committer.sent == [{("t", 0): 34, ("t", 1): 33}]
     reader._commit_to_group(offset(p0=34, p1=33))  # a trigger with no new data: no traffic
@@ -85,3 +89,59 @@ def test_a_failed_commit_is_tried_again_with_the_next_epoch_or_after_the_interva
     assert committer.commit({("t", 0): 30})
     assert committer.committed == {("t", 0): 30}
     assert committer.commit({("t", 0): 30}) and len(committer.sent) == 4
+
+
+def test_a_listener_notice_counts_only_for_an_epoch_the_reader_planned_and_not_committed(
+) -> None:
+    committer = Recording()
+    e1, e2 = canonical(offset(p0=10)), canonical(offset(p0=20))
+    committer.planned(e1)
+    committer.planned(e2)
+    # another query's epoch, or one this reader never planned: ignored
+    assert not committer.epoch_committed(canonical(offset(p0=15)), {("t", 0): 15}, notice=True)
+    # planning from epoch 2's end commits it (and epoch 1 with it)
+    assert committer.epoch_committed(e2, {("t", 0): 20})
+    # epoch 1's notice comes late: the group never goes back
+    assert not committer.epoch_committed(e1, {("t", 0): 10}, notice=True)
+    assert committer.sent == [{("t", 0): 20}]
+    e3 = canonical(offset(p0=30))
+    committer.planned(e3)
+    assert committer.epoch_committed(e3, {("t", 0): 30}, notice=True)
+    assert committer.sent[-1] == {("t", 0): 30}
+
+
+def test_notices_reach_every_listening_reader_and_forget_the_gone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(epoch_notices.tempfile, "gettempdir", lambda: str(tmp_path))
+    told: list[Any] = []
+    received = threading.Event()
+
+    def on_notice(end: Any) -> None:
+        told.append(end)
+        if len(told) == 2:
+            received.set()
+
+    listener = epoch_notices.NoticeListener(on_notice)
+    try:
+        assert listener.path is not None and listener.path.parent.stat().st_mode & 0o777 == 0o700
+        gone = listener.path.parent / "gone.sock"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as dead:
+            dead.bind(str(gone))  # bound, never listening: its process has ended
+        assert epoch_notices.send([offset(p0=1), offset(p0=2)]) == 1
+        assert received.wait(10)
+        assert told == [offset(p0=1), offset(p0=2)]
+        assert not gone.exists()
+    finally:
+        listener.close()
+    assert not list(tmp_path.glob("*/*.sock"))
+
+
+def test_notices_refuse_a_directory_others_can_enter(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(epoch_notices.tempfile, "gettempdir", lambda: str(tmp_path))
+    (tmp_path / f"flinkish-epochs-{os.getuid()}").mkdir(mode=0o777)
+    os.chmod(tmp_path / f"flinkish-epochs-{os.getuid()}", 0o777)
+    assert epoch_notices.notice_dir() is None
+    assert epoch_notices.send([offset(p0=1)]) == 0

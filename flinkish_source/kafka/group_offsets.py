@@ -22,7 +22,9 @@ while it waits for its next trigger leaves its last epoch uncommitted until it r
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -37,6 +39,11 @@ logger = logging.getLogger(__name__)
 RETRY_INTERVAL_S = 30.0
 
 
+#: How many planned epochs are remembered for completed-epoch notices: Spark runs one batch at a
+#: time, and a notice arrives before the next few are planned.
+PLANNED_KEPT = 8
+
+
 class GroupOffsetCommitter:
     """Commits offsets to ``options.commit_group`` with a consumer that never subscribes, so
     it never joins the group or takes partitions from another member (Kafka accepts such
@@ -49,6 +56,10 @@ class GroupOffsetCommitter:
         self.committed: dict[TopicPartitionKey, int] = {}
         # the offsets of the last failed commit and when it failed (monotonic seconds)
         self._failed: tuple[dict[TopicPartitionKey, int], float] | None = None
+        # planning and completed-epoch notices commit from different threads
+        self._lock = threading.Lock()
+        # the epochs planned and not committed yet, oldest first (their end offsets' keys)
+        self._planned: deque[str] = deque(maxlen=PLANNED_KEPT)
 
     def _client(self) -> Any:
         if self._consumer is None:
@@ -63,10 +74,33 @@ class GroupOffsetCommitter:
             })
         return self._consumer
 
+    def planned(self, epoch: str) -> None:
+        """Spark is about to run the epoch ``epoch`` (its end offset's key)."""
+        with self._lock:
+            self._planned.append(epoch)
+
+    def epoch_committed(self, epoch: str, offsets: Mapping[TopicPartitionKey, int],
+                        notice: bool = False) -> bool:
+        """Spark has committed the epoch ``epoch``, which ends at ``offsets``: commit them, and
+        forget the epochs up to it. A ``notice`` (from the query's listener, which may lag
+        behind the planning) counts only for an epoch still planned: never a later epoch's
+        offsets replaced with an earlier one's, nor one this reader did not plan."""
+        with self._lock:
+            if epoch in self._planned:
+                while self._planned.popleft() != epoch:
+                    pass
+            elif notice:
+                return False
+            return self._commit_changed(offsets)
+
     def commit(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
         """Commit ``offsets`` (the next offset to read, per partition), unless the group holds
         them already; False, with a warning, when Kafka refused or could not be reached (the
         next epoch's offsets are tried at once, the same ones after ``RETRY_INTERVAL_S``)."""
+        with self._lock:
+            return self._commit_changed(offsets)
+
+    def _commit_changed(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
         changed = {tp: o for tp, o in offsets.items() if self.committed.get(tp) != o}
         if not changed:
             return True
