@@ -75,21 +75,24 @@ def send(ends: Iterable[Any]) -> int:
     if directory is None or not ends:
         return 0
     payload = "".join(canonical(end) + "\n" for end in ends).encode()
-    told = 0
-    for path in directory.glob("*.sock"):
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(SEND_TIMEOUT_S)
-            try:
-                sock.connect(str(path))
-                sock.sendall(payload)
-                told += 1
-            except (ConnectionRefusedError, FileNotFoundError):
-                with contextlib.suppress(FileNotFoundError):
-                    path.unlink()  # its reader's process has ended
-            except OSError as exc:
-                logger.warning("could not tell the reader at %s of a completed epoch: %s",
-                               path, exc)
-    return told
+    return sum(_deliver(path, payload) for path in directory.glob("*.sock"))
+
+
+def _deliver(path: Path, payload: bytes) -> bool:
+    """Send ``payload`` to the reader at ``path``; a socket whose reader is gone is removed."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(SEND_TIMEOUT_S)
+        try:
+            sock.connect(str(path))
+            sock.sendall(payload)
+            return True
+        except (ConnectionRefusedError, FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # its reader's process has ended
+        except OSError as exc:
+            logger.warning("could not tell the reader at %s of a completed epoch: %s",
+                           path, exc)
+    return False
 
 
 class NoticeListener:
@@ -104,6 +107,8 @@ class NoticeListener:
         self._sock: socket.socket | None = None
         if directory is None:
             return
+        for other in directory.glob("*.sock"):  # those of ended readers, without a listener
+            _deliver(other, b"")
         path = directory / f"{secrets.token_hex(8)}.sock"
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

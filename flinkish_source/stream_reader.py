@@ -297,7 +297,13 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         when Spark has committed it; listen for that from the first batch on."""
         self._group.planned(canonical(end))
         if self._notices is None:
-            self._notices = NoticeListener(lambda told: self._commit_to_group(told, True))
+            self._notices = NoticeListener(self._on_notice)
+
+    def _on_notice(self, end: Any) -> None:
+        """The query's listener says Spark committed the epoch that ends at ``end``: any
+        flinkish query's on this machine, so first whether this reader planned it."""
+        if self._group.expects(canonical(end)):
+            self._commit_to_group(end, notice=True)
 
     def _closing(self, end: Positions) -> bool:
         """Whether the batch ending at ``end`` ends the input for now: every partition at

@@ -62,6 +62,17 @@ def test_an_epoch_is_committed_when_spark_plans_from_its_end_and_only_then() -> 
     assert committer.sent[-1] == {("t", 1): 60}
 
 
+def test_a_notice_commits_only_an_epoch_the_reader_planned() -> None:
+    reader = FlinkishStreamReader(parse_options(OPTIONS))
+    committer = reader._committer = Recording()
+    committer.planned(canonical(offset(p0=34)))
+    reader._on_notice({"version": 99, "topics": {}})  # another flinkish version's query
+    reader._on_notice(offset(p0=50))  # another query's epoch
+    assert committer.sent == []
+    reader._on_notice(offset(p0=34))
+    assert committer.sent == [{("t", 0): 34}]
+
+
 def test_without_a_group_nothing_is_committed() -> None:
     reader = FlinkishStreamReader(parse_options(
         {k: v for k, v in OPTIONS.items() if k != "kafka.group.id"}))
@@ -75,20 +86,24 @@ def test_a_failed_commit_is_tried_again_with_the_next_epoch_or_after_the_interva
     now = [1000.0]
     monkeypatch.setattr(group_offsets.time, "monotonic", lambda: now[0])
     committer = Recording(answers=[False, False, False, True])
-    assert not committer.commit({("t", 0): 10})
+
+    def commit(offset: int) -> bool:
+        return committer.epoch_committed(f"end {offset}", {("t", 0): offset})
+
+    assert not commit(10)
     # Spark plans every few milliseconds while there is no new data: not each time again
     now[0] += 1
-    assert not committer.commit({("t", 0): 10})
+    assert not commit(10)
     assert len(committer.sent) == 1
     # the next epoch's offsets are tried at once
-    assert not committer.commit({("t", 0): 20})
+    assert not commit(20)
     assert len(committer.sent) == 2
     # the same offsets once the interval has passed
     now[0] += group_offsets.RETRY_INTERVAL_S
-    assert not committer.commit({("t", 0): 20})
-    assert committer.commit({("t", 0): 30})
+    assert not commit(20)
+    assert commit(30)
     assert committer.committed == {("t", 0): 30}
-    assert committer.commit({("t", 0): 30}) and len(committer.sent) == 4
+    assert commit(30) and len(committer.sent) == 4
 
 
 def test_a_listener_notice_counts_only_for_an_epoch_the_reader_planned_and_not_committed(

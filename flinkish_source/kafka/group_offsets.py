@@ -9,14 +9,20 @@ once Spark has written that epoch to its commit log. The checkpoint stays the on
 ever reads these offsets back, and a failed commit is logged and tried again with the next
 epoch's offsets (or, for the same offsets, after ``RETRY_INTERVAL_S``), never failing the query.
 
-When: Spark plans epoch N+1 from epoch N's end, and calls the reader's ``latestOffset(end_N)``
-only after N's commit log is written (a restart replays an uncommitted epoch before it plans
-again). So that call commits ``end_N``: right after the epoch with the default trigger; at the
-next trigger with ``processingTime``; and, under ``Trigger.AvailableNow``, for the run's last
-epoch too, before the query ends (Spark asks once more for new data, finds none, and stops).
-The reader's own ``commit(end_N)`` comes later, when epoch N+1 is already journaled, and
-``stop()`` is not called on a graceful stop, so neither is used. A query stopped with ``stop()``
-while it waits for its next trigger leaves its last epoch uncommitted until it runs again.
+When: as soon as Spark has the epoch in its commit log, at whichever of these comes first:
+
+- Spark plans from the epoch's end: it calls the reader's ``latestOffset(end_N)`` only after
+  N's commit log is written (a restart replays an uncommitted epoch before it plans again):
+  at once with the default trigger, at the next trigger with ``processingTime``, and, under
+  ``Trigger.AvailableNow``, for the run's last epoch too, before the query ends;
+- the session's listener passes on the epoch's progress event (``flinkish.epoch_listener``,
+  ``flinkish_source.epoch_notices``): right after the epoch whatever the trigger, and for the
+  last epoch of a query stopped while it waits for its next trigger.
+
+A notice counts only for an epoch this reader planned and has not committed (``planned``,
+``epoch_committed``), so the group never runs ahead of the commit log nor back behind it.
+The reader's own ``commit(end_N)`` comes later (when epoch N+1 is journaled) and ``stop()`` is
+not called on a graceful stop, so neither is used.
 """
 
 from __future__ import annotations
@@ -79,6 +85,11 @@ class GroupOffsetCommitter:
         with self._lock:
             self._planned.append(epoch)
 
+    def expects(self, epoch: str) -> bool:
+        """Whether ``epoch`` is planned and not committed yet."""
+        with self._lock:
+            return epoch in self._planned
+
     def epoch_committed(self, epoch: str, offsets: Mapping[TopicPartitionKey, int],
                         notice: bool = False) -> bool:
         """Spark has committed the epoch ``epoch``, which ends at ``offsets``: commit them, and
@@ -93,14 +104,10 @@ class GroupOffsetCommitter:
                 return False
             return self._commit_changed(offsets)
 
-    def commit(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
+    def _commit_changed(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
         """Commit ``offsets`` (the next offset to read, per partition), unless the group holds
         them already; False, with a warning, when Kafka refused or could not be reached (the
         next epoch's offsets are tried at once, the same ones after ``RETRY_INTERVAL_S``)."""
-        with self._lock:
-            return self._commit_changed(offsets)
-
-    def _commit_changed(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
         changed = {tp: o for tp, o in offsets.items() if self.committed.get(tp) != o}
         if not changed:
             return True
