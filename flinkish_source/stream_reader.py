@@ -239,6 +239,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        # Spark plans from an epoch's end only once the epoch is in its commit log; the
+        # query's initial offset ends no epoch
         if start != self._initial:
             self._commit_to_group(start)
         offset = self._latest_offset(start, limit)
