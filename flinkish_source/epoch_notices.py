@@ -9,8 +9,8 @@ later still or not at all. ``flinkish.register`` therefore adds a ``StreamingQue
 driver-side readers on the same machine, through Unix sockets in a directory only the user can
 enter (``notice_dir``). A reader that commits to a consumer group listens there
 (``NoticeListener``) and commits an end offset it is told about only if it planned that very
-offset itself, so a notice can neither name another query's epoch nor carry anything but
-offsets: the Kafka settings (and their secrets) never leave the reader's process.
+offset itself, so a notice cannot make it commit another query's epoch, and carries nothing
+but offsets: the Kafka settings (and their secrets) never leave the reader's process.
 
 The listener runs where the session's listeners run: in the driver's Python process on a
 classic session, in a Python process of the Connect server on a Connect one; both on the host
@@ -51,14 +51,25 @@ def notice_dir() -> Path | None:
         path.mkdir(mode=0o700, exist_ok=True)
         info = path.lstat()
     except OSError as exc:
-        logger.warning("cannot use %s for completed-epoch notices: %s", path, exc)
+        _warn_once(f"cannot use {path} for completed-epoch notices: {exc}")
         return None
     if (not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid()
             or info.st_mode & 0o077):
-        logger.warning("not using %s for completed-epoch notices: it must be a directory "
-                       "that only this user owns and can enter (mode 700)", path)
+        _warn_once(f"not using {path} for completed-epoch notices: it must be a directory "
+                   "that only this user owns and can enter (mode 700)")
         return None
     return path
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """The listener looks for the directory at every progress report: say what is wrong once
+    (each reader commits at planning meanwhile)."""
+    if message not in _warned:
+        _warned.add(message)
+        logger.warning("%s; consumer groups get each epoch when Spark plans from it", message)
 
 
 def canonical(offset: Any) -> str:
