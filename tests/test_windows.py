@@ -70,8 +70,10 @@ class Expired:
 
 class Runner:
     """Drives a processor batch by batch as Spark does: every key group's rows, then every
-    group's expired timers (each once), with the batch's watermark. ``group`` maps a key to
-    its key group (by default its own)."""
+    group's expired timers (each once), with the batch's watermark. A timer has expired when
+    it is below the batch's watermark (``TimerStateImpl.getExpiredTimers``: ``ts <
+    watermark``), and Spark deletes it after its visit. ``group`` maps a key to its key group
+    (by default its own)."""
 
     def __init__(self, processor: windows.WindowProcessor,
                  group: Callable[[str], Any] = lambda key: key) -> None:
@@ -88,7 +90,7 @@ class Runner:
             self.handle.key = (group,)
             out += self.processor.handleInputRows((group,), iter(mine), values)
         for key, timers in list(self.handle.timers.items()):
-            for timestamp in sorted(t for t in timers if t <= watermark):
+            for timestamp in sorted(t for t in timers if t < watermark):
                 self.handle.key = key
                 out += self.processor.handleExpiredTimer(key, values, Expired(timestamp))
                 self.handle.timers[key].discard(timestamp)
@@ -127,12 +129,14 @@ def processor(assigner: Any, function: Any, value: str | None = "v", **kw: Any) 
 def test_windows_fire_by_timer_when_the_key_has_nothing_new_and_state_is_dropped() -> None:
     run = Runner(processor(windows.tumbling("10 s"), windows.Sum()))
     assert run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("b", 3_000, 7)]) == []
-    # Spark knows each group's earliest timer only: a visit fires every window due
-    assert run.handle.timers == {("a",): {9_999}, ("b",): {9_999}}
+    # Spark knows each group's earliest timer only, a millisecond before it: Spark hands a
+    # timer over when the watermark is past it, the core fires one when the watermark reaches
+    # it; a visit fires every window due
+    assert run.handle.timers == {("a",): {9_998}, ("b",): {9_998}}
     out = run.batch(9_999, [("a", 15_000, 1)])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
     # window [0, 10 s) is gone from both keys' state and timers; b has nothing left at all
-    assert run.handle.timers == {("a",): {19_999}, ("b",): set()}
+    assert run.handle.timers == {("a",): {19_998}, ("b",): set()}
     assert ("b",) not in run.handle.values
     assert fired(run.batch(20_000, [])) == [("a", 10_000, 6, 0, "ON_TIME", True)]
     assert run.handle.values == {}
@@ -143,14 +147,28 @@ def test_one_visit_fires_all_windows_due_and_leaves_the_spark_timer_at_the_next(
     run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("a", 25_000, 1)])
     # a state stored with a Spark timer per window end (as earlier versions kept it)
     state, _ = run.handle.values[("a",)]
-    run.handle.values[("a",)] = (state, [9_999, 19_999, 29_999])
-    run.handle.timers[("a",)] = {9_999, 19_999, 29_999}
+    run.handle.values[("a",)] = (state, [9_998, 19_998, 29_998])
+    run.handle.timers[("a",)] = {9_998, 19_998, 29_998}
     # the first expired timer's visit fires both windows and deletes the second, which Spark
     # had listed already: its visit returns at once
     out = run.batch(19_999, [])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("a", 10_000, 5, 0, "ON_TIME", True)]
-    assert run.handle.timers == {("a",): {29_999}}
-    assert run.handle.values[("a",)][1] == [29_999]
+    assert run.handle.timers == {("a",): {29_998}}
+    assert run.handle.values[("a",)][1] == [29_998]
+
+
+def test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_rises() -> None:
+    # Flink's order: W = 75 s, then 74,999, 76, 77 and 78 s in window [70 s, 80 s), whose
+    # ContinuousEventTimeTrigger interval timer (75 s) is at W; the next watermark fires it
+    # with all four. Here the records come over three batches of the same watermark.
+    run = Runner(processor(windows.tumbling("10 s"), windows.Count(),
+                           trigger=windows.ContinuousEventTimeTrigger(3_000)))
+    assert run.batch(75_000, [("a", 74_999, 0)]) == []
+    assert run.handle.timers == {("a",): {75_000}}  # handed over once the watermark passes 75 s
+    assert run.batch(75_000, [("a", 76_000, 0), ("a", 77_000, 0)]) == []
+    assert run.batch(75_000, [("a", 78_000, 0)]) == []
+    assert fired(run.batch(76_000, [])) == [("a", 70_000, 4, 0, "EARLY", False)]
+    assert run.handle.timers == {("a",): {77_999}}  # the next interval, 78 s
 
 
 def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it() -> None:
@@ -177,10 +195,10 @@ def test_rows_of_a_batch_are_fed_in_event_time_order() -> None:
 def test_keys_of_one_key_group_share_its_state_and_timers() -> None:
     run = Runner(processor(windows.tumbling("10 s"), windows.Sum()), group=lambda key: 0)
     run.batch(-1, [("a", 1_000, 2), ("b", 3_000, 7), ("a", 12_000, 5)])
-    assert run.handle.timers == {(0,): {9_999}}  # one timer for both keys' windows
+    assert run.handle.timers == {(0,): {9_998}}  # one timer for both keys' windows
     out = run.batch(9_999, [])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
-    assert run.handle.timers == {(0,): {19_999}} and (0,) in run.handle.values
+    assert run.handle.timers == {(0,): {19_998}} and (0,) in run.handle.values
     assert fired(run.batch(19_999, [("b", 25_000, 1)])) == [("a", 10_000, 5, 0, "ON_TIME", True)]
     assert fired(run.batch(29_999, [])) == [("b", 20_000, 1, 0, "ON_TIME", True)]
     assert run.handle.values == {}
@@ -199,9 +217,9 @@ def test_processing_time_timers_fire_only_when_their_key_group_is_visited() -> N
 def test_sessions_merge_across_batches() -> None:
     run = Runner(processor(windows.session("5 s"), windows.Count()))
     run.batch(-1, [("a", 0, 0), ("a", 8_000, 0)])
-    assert run.handle.timers == {("a",): {4_999}}
+    assert run.handle.timers == {("a",): {4_998}}
     run.batch(-1, [("a", 4_000, 0)])
-    assert run.handle.timers == {("a",): {12_999}}
+    assert run.handle.timers == {("a",): {12_998}}
     assert fired(run.batch(13_000, [])) == [("a", 0, 3, 0, "ON_TIME", True)]
 
 
