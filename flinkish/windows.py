@@ -402,11 +402,11 @@ class WindowProcessor(StatefulProcessor):
 
         The core fires a timer at the first watermark that is at or past it and greater than
         its current one (a repeated watermark fires nothing, as in Flink); Spark hands over a
-        timer T in a batch whose watermark is greater than T (``TimerStateImpl
-        .getExpiredTimers`` lists ``ts < watermark``). So T is ``earliest - 1``, or the
-        current watermark when the timer is already at or below it: a record late for its
-        trigger's interval registered it, and it fires when the watermark next rises."""
-        return max(earliest - 1, watermark)
+        timer T in the first batch whose watermark is at or past T. So T is ``earliest``, or
+        a millisecond past the current watermark when the timer is already at or below it (a
+        record late for its trigger's interval registered it): it fires when the watermark
+        next rises, and never in the batch that set it, which Spark would then delete."""
+        return max(earliest, watermark + 1)
 
     def _store(self, operator: WindowOperator, registered: set[int]) -> None:
         """Saves the group's state and sets the group's one Spark timer from the core's

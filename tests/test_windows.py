@@ -71,9 +71,8 @@ class Expired:
 class Runner:
     """Drives a processor batch by batch as Spark does: every key group's rows, then every
     group's expired timers (each once), with the batch's watermark. A timer has expired when
-    it is below the batch's watermark (``TimerStateImpl.getExpiredTimers``: ``ts <
-    watermark``), and Spark deletes it after its visit. ``group`` maps a key to its key group
-    (by default its own)."""
+    the batch's watermark is at or past it, and Spark deletes it after its visit. ``group``
+    maps a key to its key group (by default its own)."""
 
     def __init__(self, processor: windows.WindowProcessor,
                  group: Callable[[str], Any] = lambda key: key) -> None:
@@ -90,7 +89,7 @@ class Runner:
             self.handle.key = (group,)
             out += self.processor.handleInputRows((group,), iter(mine), values)
         for key, timers in list(self.handle.timers.items()):
-            for timestamp in sorted(t for t in timers if t < watermark):
+            for timestamp in sorted(t for t in timers if t <= watermark):
                 self.handle.key = key
                 out += self.processor.handleExpiredTimer(key, values, Expired(timestamp))
                 self.handle.timers[key].discard(timestamp)
@@ -129,14 +128,12 @@ def processor(assigner: Any, function: Any, value: str | None = "v", **kw: Any) 
 def test_windows_fire_by_timer_when_the_key_has_nothing_new_and_state_is_dropped() -> None:
     run = Runner(processor(windows.tumbling("10 s"), windows.Sum()))
     assert run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("b", 3_000, 7)]) == []
-    # Spark knows each group's earliest timer only, a millisecond before it: Spark hands a
-    # timer over when the watermark is past it, the core fires one when the watermark reaches
-    # it; a visit fires every window due
-    assert run.handle.timers == {("a",): {9_998}, ("b",): {9_998}}
+    # Spark knows each group's earliest timer only: a visit fires every window due
+    assert run.handle.timers == {("a",): {9_999}, ("b",): {9_999}}
     out = run.batch(9_999, [("a", 15_000, 1)])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
     # window [0, 10 s) is gone from both keys' state and timers; b has nothing left at all
-    assert run.handle.timers == {("a",): {19_998}, ("b",): set()}
+    assert run.handle.timers == {("a",): {19_999}, ("b",): set()}
     assert ("b",) not in run.handle.values
     assert fired(run.batch(20_000, [])) == [("a", 10_000, 6, 0, "ON_TIME", True)]
     assert run.handle.values == {}
@@ -147,14 +144,14 @@ def test_one_visit_fires_all_windows_due_and_leaves_the_spark_timer_at_the_next(
     run.batch(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("a", 25_000, 1)])
     # a state stored with a Spark timer per window end (as earlier versions kept it)
     state, _ = run.handle.values[("a",)]
-    run.handle.values[("a",)] = (state, [9_998, 19_998, 29_998])
-    run.handle.timers[("a",)] = {9_998, 19_998, 29_998}
+    run.handle.values[("a",)] = (state, [9_999, 19_999, 29_999])
+    run.handle.timers[("a",)] = {9_999, 19_999, 29_999}
     # the first expired timer's visit fires both windows and deletes the second, which Spark
     # had listed already: its visit returns at once
     out = run.batch(19_999, [])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("a", 10_000, 5, 0, "ON_TIME", True)]
-    assert run.handle.timers == {("a",): {29_998}}
-    assert run.handle.values[("a",)][1] == [29_998]
+    assert run.handle.timers == {("a",): {29_999}}
+    assert run.handle.values[("a",)][1] == [29_999]
 
 
 def test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_rises() -> None:
@@ -164,11 +161,12 @@ def test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_ri
     run = Runner(processor(windows.tumbling("10 s"), windows.Count(),
                            trigger=windows.ContinuousEventTimeTrigger(3_000)))
     assert run.batch(75_000, [("a", 74_999, 0)]) == []
-    assert run.handle.timers == {("a",): {75_000}}  # handed over once the watermark passes 75 s
+    # Spark would hand over a timer at 75 s in this batch already: the group's is past it
+    assert run.handle.timers == {("a",): {75_001}}
     assert run.batch(75_000, [("a", 76_000, 0), ("a", 77_000, 0)]) == []
     assert run.batch(75_000, [("a", 78_000, 0)]) == []
     assert fired(run.batch(76_000, [])) == [("a", 70_000, 4, 0, "EARLY", False)]
-    assert run.handle.timers == {("a",): {77_999}}  # the next interval, 78 s
+    assert run.handle.timers == {("a",): {78_000}}  # the next interval
 
 
 def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it() -> None:
@@ -195,10 +193,10 @@ def test_rows_of_a_batch_are_fed_in_event_time_order() -> None:
 def test_keys_of_one_key_group_share_its_state_and_timers() -> None:
     run = Runner(processor(windows.tumbling("10 s"), windows.Sum()), group=lambda key: 0)
     run.batch(-1, [("a", 1_000, 2), ("b", 3_000, 7), ("a", 12_000, 5)])
-    assert run.handle.timers == {(0,): {9_998}}  # one timer for both keys' windows
+    assert run.handle.timers == {(0,): {9_999}}  # one timer for both keys' windows
     out = run.batch(9_999, [])
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("b", 0, 7, 0, "ON_TIME", True)]
-    assert run.handle.timers == {(0,): {19_998}} and (0,) in run.handle.values
+    assert run.handle.timers == {(0,): {19_999}} and (0,) in run.handle.values
     assert fired(run.batch(19_999, [("b", 25_000, 1)])) == [("a", 10_000, 5, 0, "ON_TIME", True)]
     assert fired(run.batch(29_999, [])) == [("b", 20_000, 1, 0, "ON_TIME", True)]
     assert run.handle.values == {}
@@ -217,9 +215,9 @@ def test_processing_time_timers_fire_only_when_their_key_group_is_visited() -> N
 def test_sessions_merge_across_batches() -> None:
     run = Runner(processor(windows.session("5 s"), windows.Count()))
     run.batch(-1, [("a", 0, 0), ("a", 8_000, 0)])
-    assert run.handle.timers == {("a",): {4_998}}
+    assert run.handle.timers == {("a",): {4_999}}
     run.batch(-1, [("a", 4_000, 0)])
-    assert run.handle.timers == {("a",): {12_998}}
+    assert run.handle.timers == {("a",): {12_999}}
     assert fired(run.batch(13_000, [])) == [("a", 0, 3, 0, "ON_TIME", True)]
 
 
