@@ -96,7 +96,7 @@ class Record:
     punctuation: bool  # sets its partition's watermark to its own event time
 
 
-def generate(seed: int, partitions: int = 2, per_partition: int = 14) -> list[Record]:
+def generate(seed: int, partitions: int = 2, per_partition: int = 10) -> list[Record]:
     """Records per partition in offset order: event times around a rising frontier, some a
     little out of order, some late by up to 15 s; some records punctuate (raise their
     partition's watermark to their own time, which the same watermark then covers for several
@@ -114,7 +114,7 @@ def generate(seed: int, partitions: int = 2, per_partition: int = 14) -> list[Re
                 behind = rng.choice((0, 200, 900, 1_500)) if rng.random() < 0.75 \
                     else rng.randrange(3_000, 15_000)
                 timestamp = frontier - behind
-                flag = timestamp > mark and rng.random() < 0.35
+                flag = timestamp > mark and rng.random() < 0.25
             else:  # the closing punctuation, then records for Spark to apply it with
                 timestamp = frontier + 30_000 + (i - per_partition)
                 flag = i == per_partition

@@ -22,41 +22,17 @@ from hypothesis import strategies as st
 from flinkish_core.windowing import (
     ContinuousEventTimeTrigger,
     Count,
-    CountEvictor,
     CountTrigger,
-    EventTimeSessionWindows,
-    GlobalWindows,
     PurgingTrigger,
-    SlidingEventTimeWindows,
     Sum,
     TimeWindow,
-    Trigger,
-    TriggerContext,
-    TriggerResult,
     TumblingEventTimeWindows,
-    Window,
     WindowOperator,
     WindowOutput,
 )
+from integration.window_cases import CASES, TimerAtElementTrigger, WindowCase
 
 Panes = list[tuple[Any, ...]]
-
-
-class TimerAtElementTrigger(Trigger):
-    """A user's trigger: every element asks for a firing when the watermark reaches the
-    element's own time, which for an element at or below the watermark is the next advance."""
-
-    def on_element(self, element: Any, timestamp: int | None, window: Window,
-                   ctx: TriggerContext) -> TriggerResult:
-        assert timestamp is not None
-        ctx.register_event_time_timer(timestamp)
-        return TriggerResult.CONTINUE
-
-    def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
-        return TriggerResult.FIRE
-
-    def clear(self, window: Window, ctx: TriggerContext) -> None:
-        pass
 
 
 def panes(outputs: list[WindowOutput]) -> Panes:
@@ -121,22 +97,6 @@ def test_a_count_trigger_with_late_elements_inside_the_lateness() -> None:
 
 # ---------------------------------------------------------------- Flink's order, Spark's order
 
-#: (name, operator factory): Flink's continuous, count and custom triggers, late elements
-#: inside the allowed lateness, an evictor, merging windows
-OPERATORS: list[tuple[str, Any]] = [
-    ("tumbling-continuous-lateness", continuous),
-    ("sliding-count-lateness", lambda: WindowOperator(
-        SlidingEventTimeWindows(10_000, 5_000), Sum(), CountTrigger(3), allowed_lateness=4_000)),
-    ("tumbling-custom-lateness", lambda: WindowOperator(
-        TumblingEventTimeWindows(10_000), Count(), TimerAtElementTrigger(),
-        allowed_lateness=6_000)),
-    ("session-continuous-lateness", lambda: WindowOperator(
-        EventTimeSessionWindows(3_000), Count(), ContinuousEventTimeTrigger(2_000),
-        allowed_lateness=3_000)),
-    ("global-count-evictor", lambda: WindowOperator(
-        GlobalWindows(), Sum(), CountTrigger(3), evictor=CountEvictor(2))),
-]
-
 Round = tuple[int, list[list[tuple[str, int, int]]]]
 """One watermark and the records that follow it, in pieces (key, value, event time)."""
 
@@ -197,9 +157,11 @@ def spark_order(make: Any, schedule: list[Round]) -> Panes:
 
 
 @settings(max_examples=60, deadline=None)
-@given(drawn=rounds, which=st.sampled_from([name for name, _ in OPERATORS]))
+@given(drawn=rounds, case=st.sampled_from(CASES))
 def test_splitting_a_watermarks_records_into_visits_changes_nothing(
-        drawn: list[tuple[int, list[list[tuple[str, int, int]]]]], which: str) -> None:
-    make = dict(OPERATORS)[which]
+        drawn: list[tuple[int, list[list[tuple[str, int, int]]]]], case: WindowCase) -> None:
+    """Flink's continuous, count and custom triggers, late elements inside the allowed
+    lateness, evictors, every event-time assigner (``integration.window_cases``)."""
+    make = case.operator
     plan = schedule(drawn)
     assert spark_order(make, plan) == flink_order(make, plan)
