@@ -122,26 +122,26 @@ def _fails_fast(call: object, expected: str, listener: TlsListener) -> KafkaSecu
     return failure.value
 
 
+def _listing_fails_fast(options: SourceOptions, listener: TlsListener) -> KafkaSecurityError:
+    """The driver's first look at the cluster (listing topics) refused by TLS."""
+    metadata = KafkaMetadata(options)
+    try:
+        return _fails_fast(metadata.partitions, "TLS verification failed", listener)
+    finally:
+        metadata.close()
+
+
 def test_an_untrusted_broker_certificate_fails_listing_topics_fast(
         tmp_path: Path, mutual_tls: TlsListener) -> None:
     stranger = Pki(tmp_path)  # another CA: the broker's certificate is not trusted
     options = _options(mutual_tls, **stranger.truststore("PEM"), **stranger.keystore("PEM"))
-    metadata = KafkaMetadata(options)
-    try:
-        failure = _fails_fast(metadata.partitions, "TLS verification failed", mutual_tls)
-    finally:
-        metadata.close()
+    failure = _listing_fails_fast(options, mutual_tls)
     assert "certificate verify failed" in str(failure)
     assert "kafka.ssl.truststore" in str(failure)
 
 
 def test_a_missing_client_certificate_fails_fast(pki: Pki, mutual_tls: TlsListener) -> None:
-    options = _options(mutual_tls, **pki.truststore("PEM"))
-    metadata = KafkaMetadata(options)
-    try:
-        failure = _fails_fast(metadata.partitions, "TLS verification failed", mutual_tls)
-    finally:
-        metadata.close()
+    failure = _listing_fails_fast(_options(mutual_tls, **pki.truststore("PEM")), mutual_tls)
     assert "certificate required" in str(failure)
     assert mutual_tls.handshakes == []
 
