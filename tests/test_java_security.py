@@ -136,9 +136,11 @@ def test_oauth_unsecured_token() -> None:
     config, _ = translate({
         "sasl.mechanism": "OAUTHBEARER",
         "sasl.jaas.config": jaas(OAUTH, unsecuredLoginStringClaim_sub="admin",
-                                 unsecuredLoginLifetimeSeconds="600")})
+                                 unsecuredLoginLifetimeSeconds="600",
+                                 unsecuredLoginExtension_traceId="t1")})
     assert config["enable.sasl.oauthbearer.unsecure.jwt"] == "true"
-    assert config["sasl.oauthbearer.config"] == "principal=admin lifeSeconds=600"
+    assert config["sasl.oauthbearer.config"] == (
+        "principal=admin lifeSeconds=600 extension_traceId=t1")
 
 
 def test_an_unknown_callback_handler_names_the_ones_translated() -> None:
@@ -164,7 +166,12 @@ def test_an_unknown_callback_handler_names_the_ones_translated() -> None:
     ({"ssl.cipher.suites": "TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384"}, "OpenSSL names"),
     ({"ssl.endpoint.identification.algorithm": "ldap"}, "is not https or"),
     ({"sasl.jaas.config": jaas(PLAIN, user="u", password="p")},
-     "PlainLoginModule does not take 'user'"),
+     "PlainLoginModule option 'user' is not translated .translated: username, password"),
+    ({"sasl.jaas.config": jaas(PLAIN, username="u", password="p", extension_a="b")},
+     "option 'extension_a' is not translated"),
+    ({"sasl.mechanism": "AWS_MSK_IAM",
+      "sasl.jaas.config": jaas(IAM_MODULE, awsStsRegion="eu-west-1")},
+     "IAMLoginModule option 'awsStsRegion' is not translated"),
     ({"sasl.jaas.config": jaas("com.sun.security.auth.module.Krb5LoginModule",
                                useKeyTab="true")}, "sasl.kerberos.principal"),
     ({"sasl.jaas.config": jaas("com.acme.Login")}, "com.acme.Login is not translated"),
