@@ -262,6 +262,19 @@ def test_keystores_become_certificate_and_key_files(pki: Pki, kind: str) -> None
         assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
 
 
+@pytest.mark.parametrize("kind", ["PEM", "PKCS12", pytest.param("JKS", marks=needs_keytool)])
+def test_a_store_type_not_given_is_told_from_the_content(pki: Pki, tmp_path: Path,
+                                                          kind: str) -> None:
+    given = pki.truststore(kind)
+    del given["ssl.truststore.type"]
+    if kind == "PEM":  # as `openssl pkcs12 -nokeys` writes it: attributes before the block
+        path = tmp_path / "ca-with-attributes.pem"
+        path.write_text("Bag Attributes\n    friendlyName: ca\n"
+                        + Path(given["ssl.truststore.location"]).read_text())
+        given["ssl.truststore.location"] = str(path)
+    assert _certs(parse(**given).client_config()["ssl.ca.location"]) == [pki.ca]
+
+
 def test_a_librdkafka_style_pkcs12_keystore_is_converted_too(pki: Pki) -> None:
     given = pki.keystore("PKCS12")
     given.pop("ssl.keystore.type")
