@@ -340,6 +340,26 @@ def test_files_are_converted_once_per_process_and_removed_at_exit(pki: Pki) -> N
     assert path and not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
 
 
+def test_a_store_renewed_in_place_is_converted_again(pki: Pki, tmp_path: Path) -> None:
+    path = tmp_path / "rotating-ca.pem"
+    path.write_bytes(Path(pki.ca_pem).read_bytes())
+    given = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(path)}
+    before = parse(**given).client_config()["ssl.ca.location"]
+    (tmp_path / "renewed").mkdir()
+    renewed = Pki(tmp_path / "renewed")
+    path.write_bytes(Path(renewed.ca_pem).read_bytes())
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    after = parse(**given).client_config()["ssl.ca.location"]
+    assert after != before and _certs(after) == [renewed.ca] and _certs(before) == [pki.ca]
+
+
+@needs_keytool
+def test_a_jks_truststore_without_a_password_is_read_as_java_reads_it(pki: Pki) -> None:
+    given = pki.truststore("JKS")
+    del given["ssl.truststore.password"]  # Java then skips the integrity check
+    assert _certs(parse(**given).client_config()["ssl.ca.location"]) == [pki.ca]
+
+
 def test_directories_of_processes_that_are_gone_are_swept(tmp_path: Path) -> None:
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
