@@ -324,19 +324,23 @@ def test_store_passwords_and_keys_are_masked(pki: Pki) -> None:
         assert KEY_PW not in shown and STORE_PW not in shown and "PRIVATE KEY" not in shown
 
 
-def test_files_are_converted_once_per_process_and_removed_at_exit(pki: Pki) -> None:
+def test_files_are_written_for_clients_once_per_process_and_removed_at_exit(pki: Pki) -> None:
     given = pki.truststore("PEM")
     first = parse(**given).client_config()["ssl.ca.location"]
     assert parse(**given).client_config()["ssl.ca.location"] == first
     script = (
+        "import glob, os, tempfile\n"
         "from flinkish_source.options import parse_options\n"
         f"o = parse_options({{'kafka.bootstrap.servers': 'b:1', 'subscribe': 't', "
         f"'includeMarkers': 'false', 'kafka.ssl.truststore.type': 'PEM', "
         f"'kafka.ssl.truststore.location': {given['ssl.truststore.location']!r}}})\n"
+        "mine = os.path.join(tempfile.gettempdir(), f'flinkish-tls-{os.getpid()}-*')\n"
+        "print(len(glob.glob(mine)))\n"  # load() reads the store, writes nothing
         "print(o.client_config()['ssl.ca.location'])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True, timeout=60)
-    path = done.stdout.strip()
+    written_at_load, path = done.stdout.split()
+    assert written_at_load == "0"
     assert path and not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
 
 
