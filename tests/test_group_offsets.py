@@ -160,3 +160,24 @@ def test_notices_refuse_a_directory_others_can_enter(
     os.chmod(tmp_path / f"flinkish-epochs-{os.getuid()}", 0o777)
     assert epoch_notices.notice_dir() is None
     assert epoch_notices.send([offset(p0=1)]) == 0
+
+
+def test_the_committer_connects_with_the_sources_translated_security_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import confluent_kafka
+
+    built: dict[str, Any] = {}
+
+    class Built:
+        def __init__(self, config: dict[str, Any]) -> None:
+            built.update(config)
+
+    monkeypatch.setattr(confluent_kafka, "Consumer", Built)
+    options = parse_options({
+        **OPTIONS, "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
+        "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
+                                  'required username="etl" password="s3cret";'})
+    GroupOffsetCommitter(options)._client()
+    assert (built["sasl.username"], built["sasl.password"]) == ("etl", "s3cret")
+    assert built["group.id"] == "watch" and built["security.protocol"] == "SASL_SSL"
