@@ -141,7 +141,7 @@ def test_spark_fires_what_the_core_fires_batch_by_batch(
     index = CASES.index(case)
     records = generate(1_000 * seed + index)
     rows, checkpoint = run_case(spark, kafka_bootstrap, topic(2), tmp_path, case, records,
-                                max_offsets=3 + (seed + index) % 3)
+                                max_offsets=2 + (seed + index) % 3)
     batches = journal(checkpoint)
     expected = replay(case, records, batches)
     assert_same(rows, expected, batches)

@@ -96,32 +96,33 @@ class Record:
     punctuation: bool  # sets its partition's watermark to its own event time
 
 
-def generate(seed: int, partitions: int = 2, per_partition: int = 10) -> list[Record]:
-    """Records per partition in offset order: event times around a rising frontier, some a
-    little out of order, some late by up to 15 s; some records punctuate (raise their
-    partition's watermark to their own time, which the same watermark then covers for several
-    records); a last punctuation 30 s ahead closes most windows. Event times are unique per
-    key, so records of one key have one order in any batch."""
+def generate(seed: int, partitions: int = 2, rounds: int = 3) -> list[Record]:
+    """Records per partition in offset order, in rounds: each round every partition's first
+    record punctuates (raises its watermark to the round's frontier), then come 3 to 6
+    records around the frontier, a little out of order or late by up to 15 s, read in
+    several batches under the same watermark; a last punctuation 30 s ahead closes most
+    windows. Event times are unique per key, so records of one key have one order in any
+    batch."""
     rng = random.Random(seed)
     taken: set[tuple[str, int]] = set()
-    out: list[Record] = []
-    for p in range(partitions):
-        frontier, mark = BASE + rng.randrange(0, 3_000), 0
-        for i in range(per_partition + 3):
-            key = rng.choice("abc")
-            if i < per_partition:
-                frontier += rng.choice((0, 0, 400, 1_100, 2_500))
-                behind = rng.choice((0, 200, 900, 1_500)) if rng.random() < 0.75 \
-                    else rng.randrange(3_000, 15_000)
-                timestamp = frontier - behind
-                flag = timestamp > mark and rng.random() < 0.25
-            else:  # the closing punctuation, then records for Spark to apply it with
-                timestamp = frontier + 30_000 + (i - per_partition)
-                flag = i == per_partition
-            while (key, timestamp) in taken:
-                timestamp += 1
-            taken.add((key, timestamp))
-            if flag:
-                mark = timestamp
-            out.append(Record(p, key, rng.randrange(1, 10), timestamp, flag))
-    return out
+    per_partition: list[list[Record]] = [[] for _ in range(partitions)]
+    frontier = BASE + rng.randrange(0, 3_000)
+
+    def add(p: int, timestamp: int, flag: bool) -> None:
+        key = rng.choice("abc")
+        while (key, timestamp) in taken:
+            timestamp += 1
+        taken.add((key, timestamp))
+        per_partition[p].append(Record(p, key, rng.randrange(1, 10), timestamp, flag))
+
+    for _ in range(rounds):
+        frontier += rng.choice((1_100, 2_500, 4_000))
+        for p in range(partitions):
+            add(p, frontier, True)
+            for _ in range(rng.randint(3, 6)):
+                add(p, frontier + rng.choice((-900, -200, 0, 300, 1_500)) if rng.random() < 0.75
+                    else frontier - rng.randrange(3_000, 15_000), False)
+    for p in range(partitions):  # the closing punctuation, then records to apply it with
+        for i in range(3):
+            add(p, frontier + 30_000 + 10 * p + i, i == 0)
+    return [r for records in per_partition for r in records]
