@@ -218,7 +218,86 @@ def _rewritten(payload: bytes, found: list[_Address], ports: list[int], flexible
     return bytes(out + payload[at:])
 
 
-async def _frame(reader: asyncio.StreamReader) -> bytes | None:
+class _Stream:
+    """A client connection, in TLS when given an SSL context.
+
+    TLS is spoken through an ``SSLObject`` on memory buffers rather than asyncio's own TLS
+    transport, which drops the alert OpenSSL writes when a handshake fails (Python 3.11's
+    ``sslproto`` aborts without flushing it): a client refused for want of a certificate would
+    only see the connection close, where a Kafka broker's client is told
+    "certificate required"."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 tls: ssl.SSLContext | None) -> None:
+        self.reader, self.writer = reader, writer
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self.tls = None if tls is None else tls.wrap_bio(self._in, self._out, server_side=True)
+        self._buffer = bytearray()
+
+    async def handshake(self) -> None:
+        assert self.tls is not None
+        while True:
+            try:
+                self.tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self.drain()
+                await self._receive()
+            except ssl.SSLError:
+                await self.drain()  # the alert, so the client learns why
+                raise
+        await self.drain()
+
+    async def _receive(self) -> None:
+        data = await self.reader.read(65536)
+        if not data:
+            raise asyncio.IncompleteReadError(b"", None)
+        self._in.write(data)
+
+    async def readexactly(self, n: int) -> bytes:
+        if self.tls is None:
+            return await self.reader.readexactly(n)
+        while len(self._buffer) < n:
+            try:
+                chunk = self.tls.read(65536)
+            except ssl.SSLWantReadError:
+                await self.drain()
+                await self._receive()
+                continue
+            except ssl.SSLZeroReturnError:
+                chunk = b""
+            if not chunk:  # the client's close_notify
+                raise asyncio.IncompleteReadError(bytes(self._buffer), n)
+            self._buffer += chunk
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    def write(self, data: bytes) -> None:
+        if self.tls is None:
+            self.writer.write(data)
+        else:
+            self.tls.write(data)
+
+    async def drain(self) -> None:
+        if self.tls is not None and self._out.pending:
+            self.writer.write(self._out.read())
+        await self.writer.drain()
+
+    def peer_subject(self) -> dict[str, str]:
+        assert self.tls is not None
+        return dict(rdn[0] for rdn in (self.tls.getpeercert() or {}).get("subject", ()))
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+Reader = _Stream | asyncio.StreamReader
+Writer = _Stream | asyncio.StreamWriter
+
+
+async def _frame(reader: Reader) -> bytes | None:
     """One size-prefixed frame, or None at the end of the stream."""
     try:
         size = struct.unpack(">i", await reader.readexactly(4))[0]
@@ -229,7 +308,7 @@ async def _frame(reader: asyncio.StreamReader) -> bytes | None:
         return None
 
 
-def _send(writer: asyncio.StreamWriter, payload: bytes) -> None:
+def _send(writer: Writer, payload: bytes) -> None:
     writer.write(struct.pack(">i", len(payload)) + payload)
 
 
@@ -357,56 +436,52 @@ class SecuredKafka:
         listener = self._listeners.setdefault(security, _Listener(security))
         port = listener.ports.get(broker)
         if port is None:
-            tls: dict[str, Any] = (
-                {"ssl": self._tls(security), "ssl_handshake_timeout": 10} if security.tls else {})
+            tls = self._tls(security) if security.tls else None
             server = await asyncio.start_server(
-                lambda r, w: self._accept(r, w, listener, broker), "127.0.0.1", 0, **tls)
+                lambda r, w: self._accept(_Stream(r, w, tls), listener, broker), "127.0.0.1", 0)
             listener.servers.append(server)
             port = listener.ports[broker] = server.sockets[0].getsockname()[1]
         return port
 
-    def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                listener: _Listener, broker: tuple[str, int]) -> None:
-        task = asyncio.ensure_future(self._serve(reader, writer, listener, broker))
+    def _accept(self, client: _Stream, listener: _Listener, broker: tuple[str, int]) -> None:
+        task = asyncio.ensure_future(self._serve(client, listener, broker))
         self._connections.add(task)
         task.add_done_callback(self._connections.discard)
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                     listener: _Listener, broker: tuple[str, int]) -> None:
+    async def _serve(self, client: _Stream, listener: _Listener, broker: tuple[str, int]) -> None:
         up_writer: asyncio.StreamWriter | None = None
         try:
-            up_reader, up_writer = await asyncio.open_connection(*broker)
+            if client.tls is not None:
+                await asyncio.wait_for(client.handshake(), 10)
             if listener.security.client_certificate:
-                subject = dict(rdn[0] for rdn in writer.get_extra_info("peercert")["subject"])
-                self.logins.append(Login("SSL", f"CN={subject['commonName']}"))
+                self.logins.append(Login("SSL", f"CN={client.peer_subject()['commonName']}"))
+            up_reader, up_writer = await asyncio.open_connection(*broker)
             if listener.security.sasl and not await self._authenticate(
-                    reader, writer, up_reader, up_writer):
+                    client, up_reader, up_writer):
                 return
             pending: dict[int, tuple[int, int]] = {}
-            ahead = asyncio.ensure_future(self._requests(reader, up_writer, pending))
-            back = asyncio.ensure_future(
-                self._responses(up_reader, writer, pending, listener))
+            ahead = asyncio.ensure_future(self._requests(client, up_writer, pending))
+            back = asyncio.ensure_future(self._responses(up_reader, client, pending, listener))
             try:
                 await asyncio.wait([ahead, back], return_when=asyncio.FIRST_COMPLETED)
             finally:
                 ahead.cancel()
                 back.cancel()
                 await asyncio.gather(ahead, back, return_exceptions=True)
-        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError):
+        except (ConnectionError, ssl.SSLError, asyncio.IncompleteReadError, TimeoutError):
             pass  # a client gone or refused mid-way: nothing to pipe any more
         finally:
-            for w in (writer, up_writer):
-                if w is not None:
-                    w.close()
+            client.close()
+            if up_writer is not None:
+                up_writer.close()
 
-    async def _authenticate(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                            up_reader: asyncio.StreamReader,
+    async def _authenticate(self, client: _Stream, up_reader: asyncio.StreamReader,
                             up_writer: asyncio.StreamWriter) -> bool:
         """Runs the SASL exchange; True once the client is logged in."""
         current: Exchange | None = None
         bare_tokens = False  # SaslHandshake v0: the SASL messages follow without Kafka framing
         while True:
-            frame = await _frame(reader)
+            frame = await _frame(client)
             if frame is None:
                 return False
             if bare_tokens and current is not None:
@@ -414,8 +489,8 @@ class SecuredKafka:
                     reply = current.step(frame)
                 except AuthenticationFailed:
                     return False  # v0 has no way to say why: Kafka closes the connection
-                _send(writer, reply)
-                await writer.drain()
+                _send(client, reply)
+                await client.drain()
                 if current.login is not None:
                     self.logins.append(current.login)
                     return True
@@ -426,7 +501,7 @@ class SecuredKafka:
                 answer = await _frame(up_reader)
                 if answer is None:
                     return False
-                _send(writer, answer)
+                _send(client, answer)
             elif api == SASL_HANDSHAKE:
                 mechanism = _request_body(frame, flexible=False).string() or ""
                 known = mechanism in self.mechanisms
@@ -434,7 +509,7 @@ class SecuredKafka:
                 bare_tokens = known and version == 0
                 listed = struct.pack(">i", len(self.mechanisms)) + b"".join(
                     _string(m, False) for m in self.mechanisms)
-                _send(writer, struct.pack(">ih", correlation,
+                _send(client, struct.pack(">ih", correlation,
                                           0 if known else UNSUPPORTED_SASL_MECHANISM) + listed)
             elif api == SASL_AUTHENTICATE and current is not None:
                 flexible = version >= 2
@@ -451,8 +526,8 @@ class SecuredKafka:
                         else struct.pack(">i", len(reply))) + reply
                 if version >= 1:
                     out += struct.pack(">q", 0)  # session lifetime: no re-authentication
-                _send(writer, out + (b"\x00" if flexible else b""))
-                await writer.drain()
+                _send(client, out + (b"\x00" if flexible else b""))
+                await client.drain()
                 if error:
                     return False
                 if current.login is not None:
@@ -460,9 +535,9 @@ class SecuredKafka:
                     return True
             else:
                 return False  # any other request before authentication: Kafka closes too
-            await writer.drain()
+            await client.drain()
 
-    async def _requests(self, reader: asyncio.StreamReader, up_writer: asyncio.StreamWriter,
+    async def _requests(self, reader: Reader, up_writer: asyncio.StreamWriter,
                         pending: dict[int, tuple[int, int]]) -> None:
         while (frame := await _frame(reader)) is not None:
             api, version, correlation = struct.unpack_from(">hhi", frame)
@@ -471,7 +546,7 @@ class SecuredKafka:
             _send(up_writer, frame)
             await up_writer.drain()
 
-    async def _responses(self, up_reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+    async def _responses(self, up_reader: asyncio.StreamReader, writer: Writer,
                          pending: dict[int, tuple[int, int]], listener: _Listener) -> None:
         while (frame := await _frame(up_reader)) is not None:
             rewrite = pending.pop(struct.unpack_from(">i", frame)[0], None)
