@@ -42,7 +42,7 @@ class GroupOffsetCommitter:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer({
-                **self._options.kafka_config,
+                **self._options.client_config(),
                 "group.id": self._options.commit_group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
