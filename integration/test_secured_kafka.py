@@ -9,6 +9,7 @@ a Kafka broker gives. Then the flinkish source reading a topic exactly through t
 
 from __future__ import annotations
 
+import base64
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,9 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from integration.kafka_helpers import produce, run_available_now, source
-from integration.pki import KEY_PASSWORD, Pki
+from flinkish_source.java_security import client_config, translate
+from integration.kafka_helpers import Collector, produce, run_available_now, source, start
+from integration.pki import KEY_PASSWORD, STORE_PASSWORD, Pki
 from integration.sasl_server import Login
 from integration.secured_listener import (
     MUTUAL_TLS,
@@ -27,6 +29,7 @@ from integration.secured_listener import (
     SSL,
     SecuredKafka,
     Security,
+    msk_iam_principal,
     token_check,
 )
 from integration.token_endpoint import TokenEndpoint
@@ -34,6 +37,14 @@ from integration.token_endpoint import TokenEndpoint
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "alice", "alice-secret"
+#: Azure Event Hubs' Kafka endpoint: PLAIN, this user name, the connection string as password
+EVENT_HUBS_USER = "$ConnectionString"
+EVENT_HUBS_PASSWORD = ("Endpoint=sb://flinkish-test.servicebus.windows.net/;"
+                       "SharedAccessKeyName=RootManageSharedAccessKey;"
+                       "SharedAccessKey=Zmxpbmtpc2gtdGVzdC1rZXk=")
+#: fake static AWS credentials: the MSK IAM signer signs locally, nothing calls AWS
+AWS_ENV = {"AWS_ACCESS_KEY_ID": "AKIAFLINKISHTEST0000", "AWS_SECRET_ACCESS_KEY": "fake-secret",
+           "AWS_REGION": "eu-west-1"}
 CLIENT_ID, CLIENT_SECRET = "flinkish-oidc-client", "oidc-client-secret"
 PARTITIONS, PER_PARTITION = 3, 10
 
@@ -52,7 +63,7 @@ def token_endpoint() -> Iterator[TokenEndpoint]:
 @pytest.fixture(scope="module")
 def secured(kafka_bootstrap: str, pki: Pki) -> Iterator[SecuredKafka]:
     """Every secured listener of this module, in front of the session's broker."""
-    users = {USER: PASSWORD}
+    users = {USER: PASSWORD, EVENT_HUBS_USER: EVENT_HUBS_PASSWORD}
     with SecuredKafka(kafka_bootstrap, pki, users, token_check({USER, CLIENT_ID})) as listeners:
         yield listeners
 
@@ -206,3 +217,159 @@ def test_source_reads_exactly_through_sasl_ssl_with_librdkafka_names(
     got = sorted((r.partition, r.offset, r.key, r.value) for r in rows if r.kind == "record")
     assert got == expected_records()
     assert Login("SCRAM-SHA-512", USER) in secured.logins[before:]
+
+
+PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
+OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
+OIDC_HANDLER = "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerLoginCallbackHandler"
+
+
+def java_option_sets(pki: Pki, token_url: str) -> dict[str, tuple[Security, dict[str, str]]]:
+    """Option sets as users write them for Spark's ``format("kafka")`` (the Java client's
+    names), one per kind of cluster, each with the listener it reaches."""
+    pem_trust = {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": pki.ca_pem}
+    jks_trust = {"kafka.ssl.truststore.location": pki.truststore_jks,
+                 "kafka.ssl.truststore.password": STORE_PASSWORD}
+    return {
+        # Confluent Cloud, as Databricks users write it (the shaded class name)
+        "confluent-cloud": (SASL_SSL, {
+            "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.jaas.config": f"kafkashaded.{PLAIN_MODULE} required "
+                                      f"username='{USER}' password='{PASSWORD}';",
+            **pem_trust}),
+        # MSK (or any cluster) with SCRAM, a JKS trust store
+        "scram-sha-512": (SASL_SSL, {
+            "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
+            "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule"
+                                      f' required username="{USER}" password="{PASSWORD}";',
+            **jks_trust}),
+        # a self-managed cluster with mutual TLS: JKS trust and key stores
+        "mutual-tls-jks": (MUTUAL_TLS, {
+            "kafka.security.protocol": "SSL", **jks_trust,
+            "kafka.ssl.keystore.location": pki.client_keystore_jks,
+            "kafka.ssl.keystore.password": STORE_PASSWORD,
+            "kafka.ssl.key.password": KEY_PASSWORD,
+            "kafka.ssl.endpoint.identification.algorithm": "https"}),
+        # Azure Event Hubs' Kafka endpoint
+        "event-hubs": (SASL_SSL, {
+            "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
+            "kafka.sasl.jaas.config": f'{PLAIN_MODULE} required username="{EVENT_HUBS_USER}" '
+                                      f'password="{EVENT_HUBS_PASSWORD}";',
+            **pem_trust}),
+        # OAuth 2 client credentials against an identity provider (KIP-768)
+        "oauthbearer-oidc": (SASL_SSL, {
+            "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "OAUTHBEARER",
+            "kafka.sasl.login.callback.handler.class": OIDC_HANDLER,
+            "kafka.sasl.oauthbearer.token.endpoint.url": token_url,
+            "kafka.sasl.jaas.config":
+                f"{OAUTH_MODULE} required clientId='{CLIENT_ID}' clientSecret='{CLIENT_SECRET}' scope='kafka'"
+                " extension_logicalCluster='lkc-flinkish';",
+            **pem_trust}),
+        # AWS MSK with IAM through OAUTHBEARER (the signer's token)
+        "msk-iam": (SASL_SSL, {
+            "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "OAUTHBEARER",
+            "kafka.sasl.jaas.config": f"{OAUTH_MODULE} required;",
+            "kafka.sasl.login.callback.handler.class":
+                "software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler",
+            **jks_trust}),
+        # the same with MSK's own mechanism name, which librdkafka lacks
+        "msk-iam-aws-msk-iam": (SASL_SSL, {
+            "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "AWS_MSK_IAM",
+            "kafka.sasl.jaas.config": "software.amazon.msk.auth.iam.IAMLoginModule required;",
+            "kafka.sasl.client.callback.handler.class":
+                "software.amazon.msk.auth.iam.IAMClientCallbackHandler",
+            **jks_trust}),
+    }
+
+
+#: who each option set logs in as
+JAVA_LOGINS = {
+    "confluent-cloud": ("PLAIN", USER), "scram-sha-512": ("SCRAM-SHA-512", USER),
+    "mutual-tls-jks": ("SSL", "CN=flinkish-test-client"),
+    "event-hubs": ("PLAIN", EVENT_HUBS_USER), "oauthbearer-oidc": ("OAUTHBEARER", CLIENT_ID),
+    "msk-iam": ("OAUTHBEARER", AWS_ENV["AWS_ACCESS_KEY_ID"]),
+    "msk-iam-aws-msk-iam": ("OAUTHBEARER", AWS_ENV["AWS_ACCESS_KEY_ID"]),
+}
+MSK_SETS = ("msk-iam", "msk-iam-aws-msk-iam")
+
+
+@pytest.mark.parametrize("name", MSK_SETS)
+def test_msk_iam_token_is_exchanged_through_oauthbearer(
+    secured: SecuredKafka, pki: Pki, token_endpoint: TokenEndpoint, topic: Any,
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The MSK IAM option set, translated, drives a librdkafka client here: the token the
+    signer makes from the (fake, static) AWS credentials reaches the listener through
+    OAUTHBEARER, and is a SigV4-presigned ``kafka-cluster:Connect`` URL for that key and
+    region."""
+    for key, value in AWS_ENV.items():
+        monkeypatch.setenv(key, value)
+    for key in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    security, options = java_option_sets(pki, token_endpoint.url)[name]
+    kafka = {k[len("kafka."):]: v for k, v in options.items()}
+    kafka["bootstrap.servers"] = secured.bootstrap(security)
+    config = client_config(*translate(kafka))
+    listed = topic(1)
+    before = len(secured.logins)
+    consumer = Consumer({**config, "group.id": "msk-iam"})
+    try:
+        metadata = consumer.list_topics(listed, timeout=30)
+        assert list(metadata.topics[listed].partitions) == [0]
+    finally:
+        consumer.close()
+    logins = secured.logins[before:]
+    assert logins and {(x.mechanism, x.principal) for x in logins} == {
+        ("OAUTHBEARER", AWS_ENV["AWS_ACCESS_KEY_ID"])}
+    token = logins[0].token
+    assert token is not None and msk_iam_principal(token) == AWS_ENV["AWS_ACCESS_KEY_ID"]
+    url = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    assert url.startswith("https://kafka.eu-west-1.amazonaws.com/?")
+    assert "%2Feu-west-1%2Fkafka-cluster%2Faws4_request" in url
+
+
+def _start_all(spark: Any, bootstrap_of: Any, option_sets: dict[str, tuple[Security, dict[str, str]]],
+               topic: str, root: Path) -> dict[str, tuple[Any, Collector]]:
+    """Each option set's availableNow query over ``topic``, all started before any is awaited
+    (one Spark start-up cost shared by all)."""
+    queries = {}
+    for name, (security, options) in option_sets.items():
+        df = source(spark, bootstrap_of(security), topic, str(root / name / "state"), **options)
+        collector = Collector()
+        queries[name] = (start(df, str(root / name / "checkpoint"), collector,
+                               available_now=True), collector)
+    return queries
+
+
+def test_source_reads_exactly_with_java_client_option_sets(
+    spark: Any, secured: SecuredKafka, pki: Pki, token_endpoint: TokenEndpoint,
+    records_topic: str, tmp_path: Path
+) -> None:
+    """The ``kafka.*`` options of Confluent Cloud, SCRAM with a JKS trust store, mutual TLS
+    with JKS stores, Event Hubs and OAuth client credentials, unchanged from ``format("kafka")``:
+    each query reads every record exactly once, logged in as its option set says. (MSK IAM
+    needs AWS credentials in the workers' environment: it reads on the Connect server, below.)"""
+    sets = java_option_sets(pki, token_endpoint.url)
+    for name in MSK_SETS:
+        del sets[name]
+    before = len(secured.logins)
+    queries = _start_all(spark, secured.bootstrap, sets, records_topic, tmp_path)
+    failures = {}
+    for name, (query, collector) in queries.items():
+        query.awaitTermination(300)
+        if query.isActive:
+            query.stop()
+            failures[name] = "did not finish in 300 s"
+        elif query.exception() is not None:
+            failures[name] = str(query.exception())[:2000]
+        else:
+            got = sorted((r.partition, r.offset, r.key, r.value)
+                         for r in collector.snapshot() if r.kind == "record")
+            if got != expected_records():
+                failures[name] = f"read {len(got)} records, not exactly the topic's"
+    assert not failures, "\n".join(f"{k}: {v}" for k, v in failures.items())
+    logins = {(x.mechanism, x.principal) for x in secured.logins[before:]}
+    assert {JAVA_LOGINS[name] for name in sets} <= logins
+    assert {"client_id": CLIENT_ID, "scope": "kafka"} in token_endpoint.grants
+    assert any(x.extensions.get("logicalCluster") == "lkc-flinkish"
+               for x in secured.logins[before:])
