@@ -10,6 +10,7 @@ a Kafka broker gives. Then the flinkish source reading a topic exactly through t
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -373,3 +374,48 @@ def test_source_reads_exactly_with_java_client_option_sets(
     assert {"client_id": CLIENT_ID, "scope": "kafka"} in token_endpoint.grants
     assert any(x.extensions.get("logicalCluster") == "lkc-flinkish"
                for x in secured.logins[before:])
+
+
+def test_refused_clients_fail_the_query_fast_and_clearly(
+    spark: Any, secured: SecuredKafka, pki: Pki, token_endpoint: TokenEndpoint,
+    records_topic: str, tmp_path: Path
+) -> None:
+    """A wrong password, a trust store without the brokers' CA and a missing client
+    certificate each end their query within seconds (not at the 120 s bound of an unanswered
+    poll), saying what failed and naming the servers, without the secret."""
+    sets = java_option_sets(pki, token_endpoint.url)
+    wrong = "not-the-password"
+    wrong_password = dict(sets["confluent-cloud"][1])
+    wrong_password["kafka.sasl.jaas.config"] = wrong_password["kafka.sasl.jaas.config"].replace(
+        PASSWORD, wrong)
+    wrong_ca = {**sets["confluent-cloud"][1], "kafka.ssl.truststore.location": pki.wrong_ca_pem}
+    no_certificate = {k: v for k, v in sets["mutual-tls-jks"][1].items()
+                      if not k.startswith(("kafka.ssl.keystore.", "kafka.ssl.key."))}
+    cases = {  # the option set, the listener, what the error must say
+        "wrong-password": (SASL_SSL, wrong_password, "authentication failed"),
+        "wrong-ca": (SASL_SSL, wrong_ca, "TLS verification failed"),
+        "no-client-certificate": (MUTUAL_TLS, no_certificate, "TLS verification failed"),
+    }
+    started = time.monotonic()
+    queries = _start_all(
+        spark, secured.bootstrap,
+        # the source's default poll bound (120 s), which a refusal must not wait out
+        {name: (security, {**options, "kafkaConsumer.pollTimeoutMs": None})
+         for name, (security, options, _) in cases.items()},
+        records_topic, tmp_path)
+    problems = {}
+    for name, (query, _) in queries.items():
+        with contextlib.suppress(Exception):  # the query's own error, read below
+            query.awaitTermination(150)
+        took = time.monotonic() - started
+        error = str(query.exception()) if not query.isActive and query.exception() else ""
+        if query.isActive:
+            query.stop()
+        expected = cases[name][2]
+        if expected not in error or secured.bootstrap(cases[name][0]) not in error:
+            problems[name] = f"after {took:.0f} s: {error[:1500] or 'no error'}"
+        elif took > 60:
+            problems[name] = f"failed only after {took:.0f} s"
+        elif wrong in error or STORE_PASSWORD in error:
+            problems[name] = "the error shows a secret"
+    assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
