@@ -17,7 +17,8 @@ Protocol on stdout (one JSON object a line) and stdin:
 ``ValveForEachBatch``), ``target`` and its ``dsn``/``table`` or ``path`` (the sink's, or for
 ``valve`` the file each delivered epoch is appended to), ``max_offsets``, and optionally
 ``stop_after``: run with a processing-time trigger, stop the query once that batch has committed,
-then start it again from its checkpoint and run it to the end.
+then start it again from its checkpoint and run it to the end; ``options``: more source
+options (e.g. a secured cluster's ``kafka.*`` settings).
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
         .option("watermark.maxOutOfOrderness", "1 second")
         .option("checkpointing.location", job["checkpoint"] + "-source-state")
         .option("kafkaConsumer.pollTimeoutMs", "20000")
+        .options(**job.get("options", {}))
         .load()
     )
     if job["kind"] == "valve":

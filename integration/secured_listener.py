@@ -287,7 +287,8 @@ class _Stream:
 
     def peer_subject(self) -> dict[str, str]:
         assert self.tls is not None
-        return dict(rdn[0] for rdn in (self.tls.getpeercert() or {}).get("subject", ()))
+        subject: Any = (self.tls.getpeercert() or {}).get("subject", ())
+        return {key: value for rdn in subject for key, value in rdn}
 
     def close(self) -> None:
         self.writer.close()

@@ -12,14 +12,16 @@ from __future__ import annotations
 import base64
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from flinkish_source.java_security import client_config, translate
+from integration.connect_session import FAKE_AWS_ENV, Child, run_client
 from integration.kafka_helpers import Collector, produce, run_available_now, source, start
 from integration.pki import KEY_PASSWORD, STORE_PASSWORD, Pki
 from integration.sasl_server import Login
@@ -43,9 +45,6 @@ EVENT_HUBS_USER = "$ConnectionString"
 EVENT_HUBS_PASSWORD = ("Endpoint=sb://flinkish-test.servicebus.windows.net/;"
                        "SharedAccessKeyName=RootManageSharedAccessKey;"
                        "SharedAccessKey=Zmxpbmtpc2gtdGVzdC1rZXk=")
-#: fake static AWS credentials: the MSK IAM signer signs locally, nothing calls AWS
-AWS_ENV = {"AWS_ACCESS_KEY_ID": "AKIAFLINKISHTEST0000", "AWS_SECRET_ACCESS_KEY": "fake-secret",
-           "AWS_REGION": "eu-west-1"}
 CLIENT_ID, CLIENT_SECRET = "flinkish-oidc-client", "oidc-client-secret"
 PARTITIONS, PER_PARTITION = 3, 10
 
@@ -203,6 +202,14 @@ def test_listener_refuses_bad_credentials_as_kafka_does(
     assert secured.logins[before:] == []
 
 
+def librdkafka_sasl_ssl(pki: Pki) -> dict[str, str]:
+    """SASL_SSL with SCRAM-SHA-512, in librdkafka's names (what worked before the Java names
+    were translated)."""
+    return {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanisms": "SCRAM-SHA-512",
+            "kafka.sasl.username": USER, "kafka.sasl.password": PASSWORD,
+            "kafka.ssl.ca.location": pki.ca_pem}
+
+
 def test_source_reads_exactly_through_sasl_ssl_with_librdkafka_names(
     spark: Any, secured: SecuredKafka, pki: Pki, records_topic: str, tmp_path: Path
 ) -> None:
@@ -210,10 +217,7 @@ def test_source_reads_exactly_through_sasl_ssl_with_librdkafka_names(
     clients: every record exactly once, over SASL_SSL with SCRAM-SHA-512."""
     before = len(secured.logins)
     df = source(spark, secured.bootstrap(SASL_SSL), records_topic, str(tmp_path / "state"),
-                **{"kafka.security.protocol": "SASL_SSL",
-                   "kafka.sasl.mechanisms": "SCRAM-SHA-512",
-                   "kafka.sasl.username": USER, "kafka.sasl.password": PASSWORD,
-                   "kafka.ssl.ca.location": pki.ca_pem})
+                **librdkafka_sasl_ssl(pki))
     rows = run_available_now(df, str(tmp_path / "checkpoint"))
     got = sorted((r.partition, r.offset, r.key, r.value) for r in rows if r.kind == "record")
     assert got == expected_records()
@@ -222,10 +226,13 @@ def test_source_reads_exactly_through_sasl_ssl_with_librdkafka_names(
 
 PLAIN_MODULE = "org.apache.kafka.common.security.plain.PlainLoginModule"
 OAUTH_MODULE = "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule"
-OIDC_HANDLER = "org.apache.kafka.common.security.oauthbearer.secured.OAuthBearerLoginCallbackHandler"
+OIDC_HANDLER = ("org.apache.kafka.common.security.oauthbearer.secured."
+                "OAuthBearerLoginCallbackHandler")
+#: name -> the listener and the source options
+OptionSets = dict[str, tuple[Security, dict[str, str]]]
 
 
-def java_option_sets(pki: Pki, token_url: str) -> dict[str, tuple[Security, dict[str, str]]]:
+def java_option_sets(pki: Pki, token_url: str) -> OptionSets:
     """Option sets as users write them for Spark's ``format("kafka")`` (the Java client's
     names), one per kind of cluster, each with the listener it reaches."""
     pem_trust = {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": pki.ca_pem}
@@ -263,7 +270,8 @@ def java_option_sets(pki: Pki, token_url: str) -> dict[str, tuple[Security, dict
             "kafka.sasl.login.callback.handler.class": OIDC_HANDLER,
             "kafka.sasl.oauthbearer.token.endpoint.url": token_url,
             "kafka.sasl.jaas.config":
-                f"{OAUTH_MODULE} required clientId='{CLIENT_ID}' clientSecret='{CLIENT_SECRET}' scope='kafka'"
+                f"{OAUTH_MODULE} required clientId='{CLIENT_ID}'"
+                f" clientSecret='{CLIENT_SECRET}' scope='kafka'"
                 " extension_logicalCluster='lkc-flinkish';",
             **pem_trust}),
         # AWS MSK with IAM through OAUTHBEARER (the signer's token)
@@ -288,8 +296,8 @@ JAVA_LOGINS = {
     "confluent-cloud": ("PLAIN", USER), "scram-sha-512": ("SCRAM-SHA-512", USER),
     "mutual-tls-jks": ("SSL", "CN=flinkish-test-client"),
     "event-hubs": ("PLAIN", EVENT_HUBS_USER), "oauthbearer-oidc": ("OAUTHBEARER", CLIENT_ID),
-    "msk-iam": ("OAUTHBEARER", AWS_ENV["AWS_ACCESS_KEY_ID"]),
-    "msk-iam-aws-msk-iam": ("OAUTHBEARER", AWS_ENV["AWS_ACCESS_KEY_ID"]),
+    "msk-iam": ("OAUTHBEARER", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"]),
+    "msk-iam-aws-msk-iam": ("OAUTHBEARER", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"]),
 }
 MSK_SETS = ("msk-iam", "msk-iam-aws-msk-iam")
 
@@ -303,7 +311,7 @@ def test_msk_iam_token_is_exchanged_through_oauthbearer(
     signer makes from the (fake, static) AWS credentials reaches the listener through
     OAUTHBEARER, and is a SigV4-presigned ``kafka-cluster:Connect`` URL for that key and
     region."""
-    for key, value in AWS_ENV.items():
+    for key, value in FAKE_AWS_ENV.items():
         monkeypatch.setenv(key, value)
     for key in ("AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
         monkeypatch.delenv(key, raising=False)
@@ -321,15 +329,16 @@ def test_msk_iam_token_is_exchanged_through_oauthbearer(
         consumer.close()
     logins = secured.logins[before:]
     assert logins and {(x.mechanism, x.principal) for x in logins} == {
-        ("OAUTHBEARER", AWS_ENV["AWS_ACCESS_KEY_ID"])}
+        ("OAUTHBEARER", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"])}
     token = logins[0].token
-    assert token is not None and msk_iam_principal(token) == AWS_ENV["AWS_ACCESS_KEY_ID"]
+    assert token is not None and msk_iam_principal(token) == FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"]
     url = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
     assert url.startswith("https://kafka.eu-west-1.amazonaws.com/?")
     assert "%2Feu-west-1%2Fkafka-cluster%2Faws4_request" in url
 
 
-def _start_all(spark: Any, bootstrap_of: Any, option_sets: dict[str, tuple[Security, dict[str, str]]],
+def _start_all(spark: Any, bootstrap_of: Callable[[Security], str],
+               option_sets: Mapping[str, tuple[Security, Mapping[str, str | None]]],
                topic: str, root: Path) -> dict[str, tuple[Any, Collector]]:
     """Each option set's availableNow query over ``topic``, all started before any is awaited
     (one Spark start-up cost shared by all)."""
@@ -419,3 +428,32 @@ def test_refused_clients_fail_the_query_fast_and_clearly(
         elif wrong in error or STORE_PASSWORD in error:
             problems[name] = "the error shows a secret"
     assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
+
+
+def test_source_reads_exactly_through_secured_listeners_on_connect(
+    connect_server: tuple[Child, int], secured: SecuredKafka, pki: Pki,
+    token_endpoint: TokenEndpoint, records_topic: str, tmp_path: Path
+) -> None:
+    """On a Spark Connect session (queries planned and read by the server's Python workers):
+    librdkafka's names, the Confluent Cloud option set and MSK IAM (the server's environment
+    holds fake AWS credentials, as an MSK client's machine holds real ones) each read every
+    record exactly once into the flinkish Parquet sink."""
+    java = java_option_sets(pki, token_endpoint.url)
+    sets = {"librdkafka-scram-sha-512": (SASL_SSL, librdkafka_sasl_ssl(pki)),
+            "confluent-cloud": java["confluent-cloud"], "msk-iam": java["msk-iam"]}
+    jobs = [{"name": name, "kind": "records", "target": "parquet", "topic": records_topic,
+             "bootstrap": secured.bootstrap(security), "options": options,
+             "checkpoint": str(tmp_path / name / "checkpoint"),
+             "path": str(tmp_path / name / "out"), "max_offsets": 1_000}
+            for name, (security, options) in sets.items()]
+    before = len(secured.logins)
+    run_client(connect_server, tmp_path, jobs)
+    for job in jobs:
+        table = ds.dataset(job["path"], format="parquet").to_table(
+            columns=["partition", "offset", "key", "value"])
+        got = sorted(zip(*(table.column(c).to_pylist() for c in table.column_names),
+                         strict=True))
+        assert got == expected_records(), job["name"]
+    logins = {(x.mechanism, x.principal) for x in secured.logins[before:]}
+    assert {("SCRAM-SHA-512", USER), JAVA_LOGINS["confluent-cloud"],
+            JAVA_LOGINS["msk-iam"]} <= logins
