@@ -89,19 +89,42 @@ class _Tokenizer:
                 return self._quoted(c, at)
             if c == "/":
                 after = self._peek(1)
+                self._pos += 2  # StreamTokenizer reads the character after '/' in any case
                 if after == "*":
-                    close = text.find("*/", at + 2)
-                    if close < 0:
-                        self._pos = len(text)
+                    if not self._block_comment():
                         return _Token(_EOF, None, len(text))
-                    self._pos = close + 2
                     continue
-                # '//' or a lone '/': both comment out the rest of the line
+                # '//' or a lone '/' (whose next character, even a line break, is gone):
+                # the rest of the line is a comment
                 while self._pos < len(text) and text[self._pos] not in "\r\n":
                     self._pos += 1
                 continue
             self._pos += 1
             return _Token(_ORDINARY, c, at)
+
+    def _read(self) -> str | None:
+        c = self._peek()
+        self._pos += 1
+        return c
+
+    def _block_comment(self) -> bool:
+        """Skip to the ``*/`` closing a ``/*`` comment, as StreamTokenizer does (the character
+        after a line break is read without being checked, so ``*`` and ``/`` split by one do
+        not close it); False at the end of input."""
+        previous: str | None = None
+        c = self._read()
+        while not (c == "/" and previous == "*"):
+            if c == "\r":
+                c = self._read()
+                if c == "\n":
+                    c = self._read()
+            elif c == "\n":
+                c = self._read()
+            if c is None:
+                return False
+            previous = c
+            c = self._read()
+        return True
 
     def _quoted(self, quote: str, at: int) -> _Token:
         text = self._text

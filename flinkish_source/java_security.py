@@ -196,14 +196,17 @@ def _mechanism(kafka: dict[str, str]) -> str | None:
     return given.strip().upper() if given is not None else None
 
 
-def _only(entry: JaasEntry, module: str, allowed: tuple[str, ...]) -> None:
+def _only(entry: JaasEntry, module: str, allowed: tuple[str, ...],
+          extensions: str | None = None) -> None:
+    """Fail on login module options that would be dropped (a typo, or one with no
+    equivalent), naming them (never their values)."""
     unknown = sorted(k for k in entry.options if k not in allowed
-                     and not k.startswith("extension_"))
+                     and not (extensions and k.startswith(extensions)))
     if unknown:
         raise OptionError(
-            f"option kafka.sasl.jaas.config: {module} does not take "
-            + ", ".join(repr(k) for k in unknown) + " (it takes "
-            + ", ".join(allowed) + ")")
+            f"option kafka.sasl.jaas.config: {module} option "
+            + ", ".join(repr(k) for k in unknown) + " is not translated (translated: "
+            + ", ".join(allowed) + (f", {extensions}<name>" if extensions else "") + ")")
 
 
 def _need_mechanism(given: str | None, module: str, accepted: tuple[str, ...]) -> str:
@@ -278,8 +281,7 @@ def _sasl(kafka: dict[str, str], out: dict[str, str], jaas: str, mechanism: str 
         if module == _SCRAM and "tokenauth" in entry.options:
             raise OptionError("option kafka.sasl.jaas.config: delegation tokens (tokenauth) "
                               "are not supported by librdkafka")
-        for twin in ("sasl.username", "sasl.password"):
-            _conflict(kafka, "sasl.jaas.config", (twin,))
+        _conflict(kafka, "sasl.jaas.config", ("sasl.username", "sasl.password"))
         missing = [k for k in ("username", "password") if k not in entry.options]
         if missing:
             raise OptionError(f"option kafka.sasl.jaas.config: {short} needs "
@@ -296,11 +298,11 @@ def _sasl(kafka: dict[str, str], out: dict[str, str], jaas: str, mechanism: str 
         return _msk_iam(entry, short, kafka.get("bootstrap.servers", ""))
     if module == _OAUTH:
         out["sasl.mechanisms"] = _need_mechanism(mechanism, short, ("OAUTHBEARER",))
-        for twin in ("sasl.oauthbearer.method", "sasl.oauthbearer.client.id",
-                     "sasl.oauthbearer.client.secret", "sasl.oauthbearer.scope",
-                     "sasl.oauthbearer.extensions", "sasl.oauthbearer.config",
-                     "enable.sasl.oauthbearer.unsecure.jwt"):
-            _conflict(kafka, "sasl.jaas.config", (twin,))
+        _conflict(kafka, "sasl.jaas.config", (
+            "sasl.oauthbearer.method", "sasl.oauthbearer.client.id",
+            "sasl.oauthbearer.client.secret", "sasl.oauthbearer.scope",
+            "sasl.oauthbearer.extensions", "sasl.oauthbearer.config",
+            "enable.sasl.oauthbearer.unsecure.jwt"))
         return _oauth(kafka, out, entry, short, login_handler)
     if module == _KRB5:
         raise OptionError(
@@ -316,12 +318,15 @@ def _sasl(kafka: dict[str, str], out: dict[str, str], jaas: str, mechanism: str 
 def _oauth(kafka: dict[str, str], out: dict[str, str], entry: JaasEntry, short: str,
            handler: str | None) -> MskIam | None:
     opts = entry.options
-    extensions = {k[len("extension_"):]: v for k, v in opts.items()
-                  if k.startswith("extension_")}
+
+    def extensions(prefix: str) -> dict[str, str]:
+        return {k[len(prefix):]: v for k, v in opts.items() if k.startswith(prefix)}
+
     if handler is None:
         # Java's default: an unsecured JWT built from the unsecuredLogin* options
         _only(entry, short, ("unsecuredLoginStringClaim_sub", "unsecuredLoginListClaim_scope",
-                             "unsecuredLoginLifetimeSeconds"))
+                             "unsecuredLoginLifetimeSeconds"),
+              extensions="unsecuredLoginExtension_")
         if "unsecuredLoginStringClaim_sub" not in opts:
             raise OptionError(
                 "option kafka.sasl.jaas.config: OAuthBearerLoginModule without "
@@ -333,12 +338,13 @@ def _oauth(kafka: dict[str, str], out: dict[str, str], entry: JaasEntry, short: 
             parts.append(f"scope={opts['unsecuredLoginListClaim_scope']}")
         if "unsecuredLoginLifetimeSeconds" in opts:
             parts.append(f"lifeSeconds={opts['unsecuredLoginLifetimeSeconds']}")
-        parts += [f"extension_{k}={v}" for k, v in extensions.items()]
+        parts += [f"extension_{k}={v}"
+                  for k, v in extensions("unsecuredLoginExtension_").items()]
         out["enable.sasl.oauthbearer.unsecure.jwt"] = "true"
         out["sasl.oauthbearer.config"] = " ".join(parts)
         return None
     if handler in _OIDC_HANDLERS:
-        _only(entry, short, ("clientId", "clientSecret", "scope"))
+        _only(entry, short, ("clientId", "clientSecret", "scope"), extensions="extension_")
         missing = [k for k in ("clientId", "clientSecret") if not opts.get(k)]
         if missing:
             raise OptionError("option kafka.sasl.jaas.config: client credentials need "
@@ -356,9 +362,9 @@ def _oauth(kafka: dict[str, str], out: dict[str, str], entry: JaasEntry, short: 
         out["sasl.oauthbearer.client.secret"] = opts["clientSecret"]
         if opts.get("scope"):
             out["sasl.oauthbearer.scope"] = opts["scope"]
-        if extensions:
+        if extensions("extension_"):
             out["sasl.oauthbearer.extensions"] = ",".join(
-                f"{k}={v}" for k, v in extensions.items())
+                f"{k}={v}" for k, v in extensions("extension_").items())
         return None
     if handler == _IAM_OAUTH_HANDLER:
         return _msk_iam(entry, short, kafka.get("bootstrap.servers", ""))

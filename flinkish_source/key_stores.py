@@ -224,7 +224,7 @@ def read_store(spec: StoreSpec) -> StoreContent:
             raise _bad(spec, f"cannot be read ({exc.strerror}); the file must exist on the "
                              "driver and on every executor") from None
     if data is None or spec.store_type == "PEM" or (
-            spec.store_type is None and data.lstrip().startswith(b"-----")):
+            spec.store_type is None and b"-----BEGIN " in data[:8192]):
         return _read_pem(spec, data)
     if len(data) >= 4 and struct.unpack_from(">I", data)[0] in (_JKS_MAGIC, _JCEKS_MAGIC):
         return _read_jks(spec, data)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
+from flinkish_core.errors import WorkerEnvironmentError
 from flinkish_source.java_security import MskIam
 
 __all__ = ["token_callback"]
@@ -28,7 +29,7 @@ def token_callback(spec: MskIam) -> Callable[[str], tuple[str, float]]:
     try:
         from aws_msk_iam_sasl_signer import MSKAuthTokenProvider as signer
     except ImportError as exc:
-        raise RuntimeError(
+        raise WorkerEnvironmentError(
             f"AWS MSK IAM authentication needs the signer library on the driver and every "
             f"executor: {_EXTRA} (aws-msk-iam-sasl-signer-python); {exc}") from None
 

@@ -173,8 +173,9 @@ class BrokerWait:
     ipv4#127.0.0.1:1 failed: Connection refused``), more telling than the call's error; when
     it says the brokers refused the client (:func:`security_failure`), the wait ends at once
     with :class:`KafkaSecurityError`. librdkafka reports such a refusal only there, while the
-    call itself waits out its timeout, so the first attempt is short (:data:`FIRST_ATTEMPT_S`):
-    a wrong password or an untrusted certificate fails within seconds.
+    call itself waits out its timeout, so the first attempt of a client with TLS or SASL is
+    short (:data:`FIRST_ATTEMPT_S`): a wrong password or an untrusted certificate fails within
+    seconds.
     """
 
     def __init__(
@@ -197,7 +198,9 @@ class BrokerWait:
 
     def call(self, attempt: Callable[[float], _T]) -> _T:
         """``attempt(timeout_s)`` until it answers, retrying unanswered slices to the bound."""
-        first = True
+        # a plaintext client is never refused, so its first attempt gets a whole slice too
+        protocol = str(self._options.kafka_config.get("security.protocol", "plaintext"))
+        first = protocol.strip().lower() != "plaintext"
         while True:
             begun = time.monotonic()
             limit = FIRST_ATTEMPT_S if first else self.step
