@@ -36,7 +36,6 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -412,9 +411,6 @@ class SecuredKafka:
             self._route(security, self.upstream), self._loop).result(30)
         return f"127.0.0.1:{port}"
 
-    def logins_since(self, count: int) -> list[Login]:
-        return self.logins[count:]
-
     async def _close(self) -> None:
         for listener in self._listeners.values():
             for server in listener.servers:
@@ -559,11 +555,3 @@ class SecuredKafka:
             _send(writer, frame)
             await writer.drain()
 
-
-def wait_for(condition: Callable[[], bool], timeout: float, what: str) -> None:
-    """Polls ``condition`` until it holds; fails naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not happen within {timeout:g} s")
-        time.sleep(0.05)

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -208,6 +210,45 @@ def librdkafka_sasl_ssl(pki: Pki) -> dict[str, str]:
     return {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanisms": "SCRAM-SHA-512",
             "kafka.sasl.username": USER, "kafka.sasl.password": PASSWORD,
             "kafka.ssl.ca.location": pki.ca_pem}
+
+
+def _exchange(sock: socket.socket, payload: bytes) -> bytes:
+    """Send one size-prefixed frame; the answer's payload (empty if the listener hung up)."""
+    sock.sendall(struct.pack(">i", len(payload)) + payload)
+    head = sock.recv(4, socket.MSG_WAITALL)
+    if len(head) < 4:
+        return b""
+    size = struct.unpack(">i", head)[0]
+    return sock.recv(size, socket.MSG_WAITALL) if size else b""
+
+
+@pytest.mark.parametrize("password", [PASSWORD, "wrong"], ids=["right-password", "wrong-password"])
+def test_listener_speaks_sasl_handshake_v0_and_old_metadata(
+    secured: SecuredKafka, password: str
+) -> None:
+    """The pre-KIP-152 exchange old clients use (SaslHandshake v0, then bare SASL tokens), and
+    a Metadata v0 response rewritten to name the listener: by hand, as no librdkafka build
+    still sends either."""
+    host, port = secured.bootstrap(SASL_PLAINTEXT).split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        client = struct.pack(">h", 3) + b"raw"
+        answer = _exchange(sock, struct.pack(">hhi", 17, 0, 1) + client
+                           + struct.pack(">h", 5) + b"PLAIN")
+        assert answer[:6] == struct.pack(">ih", 1, 0) and b"SCRAM-SHA-512" in answer
+        token = f"\0{USER}\0{password}".encode()
+        sock.sendall(struct.pack(">i", len(token)) + token)
+        head = sock.recv(4, socket.MSG_WAITALL)
+        if password != PASSWORD:
+            assert head == b"", "a refused v0 login must close the connection"
+            return
+        assert head == struct.pack(">i", 0)  # the empty server token: logged in
+        answer = _exchange(sock, struct.pack(">hhi", 3, 0, 2) + client + struct.pack(">i", 0))
+    correlation, brokers, _node = struct.unpack_from(">iii", answer)
+    (length,) = struct.unpack_from(">h", answer, 12)
+    advertised = answer[14:14 + length].decode()
+    (advertised_port,) = struct.unpack_from(">i", answer, 14 + length)
+    assert (correlation, brokers) == (2, 1)
+    assert f"{advertised}:{advertised_port}" == secured.bootstrap(SASL_PLAINTEXT)
 
 
 def test_source_reads_exactly_through_sasl_ssl_with_librdkafka_names(
