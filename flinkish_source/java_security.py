@@ -31,8 +31,8 @@ from typing import Any
 from flinkish_core.errors import OptionError
 from flinkish_core.jaas import JaasEntry, JaasError, parse_jaas_config
 
-__all__ = ["NO_SECURITY", "ClientSecurity", "MskIam", "StoreSpec", "client_config",
-           "translate"]
+__all__ = ["NO_SECURITY", "ClientSecurity", "MskIam", "StoreSpec", "check_client_security",
+           "client_config", "translate"]
 
 #: Databricks shades the Kafka client: its class names start with this.
 SHADED_PREFIX = "kafkashaded."
@@ -170,6 +170,22 @@ def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
 
         config["oauth_cb"] = token_callback(security.msk_iam)
     return config
+
+
+def check_client_security(security: ClientSecurity) -> None:
+    """Read the stores and load the MSK signer now, at ``load()``, so that a wrong password or
+    a missing library fails there; no file is written (the process that plans may not be the
+    one that builds clients)."""
+    if security.truststore is not None or security.keystore is not None:
+        from flinkish_source.key_stores import read_store
+
+        for store in (security.truststore, security.keystore):
+            if store is not None:
+                read_store(store)
+    if security.msk_iam is not None:
+        from flinkish_source.msk_iam import token_callback
+
+        token_callback(security.msk_iam)
 
 
 def _class(name: str) -> str:

@@ -275,15 +275,22 @@ def _write(directory: str, name: str, data: bytes) -> str:
 
 
 def store_files(spec: StoreSpec) -> StoreFiles:
-    """The PEM files of ``spec`` in this process, converted on first use."""
+    """The PEM files of ``spec`` in this process, converted on first use (and again when the
+    store's file changed)."""
     from cryptography.hazmat.primitives.serialization import (
         Encoding,
         NoEncryption,
         PrivateFormat,
     )
 
-    # every field, passwords included (the repr masks them)
-    key = (os.getpid(), fingerprint(*dataclasses.astuple(spec)))
+    # every field, passwords included (the repr masks them), and the file's modification
+    # time: a store renewed in place (a rotated certificate) is converted again for the
+    # clients built after it
+    modified = None
+    if spec.location is not None:
+        with contextlib.suppress(OSError):
+            modified = os.stat(spec.location).st_mtime_ns
+    key = (os.getpid(), fingerprint(*dataclasses.astuple(spec), modified))
     with _lock:
         if key in _files:
             return _files[key]

@@ -22,7 +22,13 @@ from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
 from flinkish_core.secrets import redact_config, secret_values
 from flinkish_core.watermark import DEFAULT_HORIZON_MS
-from flinkish_source.java_security import NO_SECURITY, ClientSecurity, client_config, translate
+from flinkish_source.java_security import (
+    NO_SECURITY,
+    ClientSecurity,
+    check_client_security,
+    client_config,
+    translate,
+)
 
 __all__ = ["OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
 
@@ -581,9 +587,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         ending_times=ending_times,
         client_security=security,
     )
-    # the stores are read and the MSK signer imported now, so that a wrong password or a
-    # missing library fails load(), not the first read task
-    parsed.client_config()
+    check_client_security(security)
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(
             "option checkpointing.location is required: per-partition watermarks carry the "

@@ -324,20 +324,44 @@ def test_store_passwords_and_keys_are_masked(pki: Pki) -> None:
         assert KEY_PW not in shown and STORE_PW not in shown and "PRIVATE KEY" not in shown
 
 
-def test_files_are_converted_once_per_process_and_removed_at_exit(pki: Pki) -> None:
+def test_files_are_written_for_clients_once_per_process_and_removed_at_exit(pki: Pki) -> None:
     given = pki.truststore("PEM")
     first = parse(**given).client_config()["ssl.ca.location"]
     assert parse(**given).client_config()["ssl.ca.location"] == first
     script = (
+        "import glob, os, tempfile\n"
         "from flinkish_source.options import parse_options\n"
         f"o = parse_options({{'kafka.bootstrap.servers': 'b:1', 'subscribe': 't', "
         f"'includeMarkers': 'false', 'kafka.ssl.truststore.type': 'PEM', "
         f"'kafka.ssl.truststore.location': {given['ssl.truststore.location']!r}}})\n"
+        "mine = os.path.join(tempfile.gettempdir(), f'flinkish-tls-{os.getpid()}-*')\n"
+        "print(len(glob.glob(mine)))\n"  # load() reads the store, writes nothing
         "print(o.client_config()['ssl.ca.location'])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           check=True, timeout=60)
-    path = done.stdout.strip()
+    written_at_load, path = done.stdout.split()
+    assert written_at_load == "0"
     assert path and not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
+
+
+def test_a_store_renewed_in_place_is_converted_again(pki: Pki, tmp_path: Path) -> None:
+    path = tmp_path / "rotating-ca.pem"
+    path.write_bytes(Path(pki.ca_pem).read_bytes())
+    given = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(path)}
+    before = parse(**given).client_config()["ssl.ca.location"]
+    (tmp_path / "renewed").mkdir()
+    renewed = Pki(tmp_path / "renewed")
+    path.write_bytes(Path(renewed.ca_pem).read_bytes())
+    os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
+    after = parse(**given).client_config()["ssl.ca.location"]
+    assert after != before and _certs(after) == [renewed.ca] and _certs(before) == [pki.ca]
+
+
+@needs_keytool
+def test_a_jks_truststore_without_a_password_is_read_as_java_reads_it(pki: Pki) -> None:
+    given = pki.truststore("JKS")
+    del given["ssl.truststore.password"]  # Java then skips the integrity check
+    assert _certs(parse(**given).client_config()["ssl.ca.location"]) == [pki.ca]
 
 
 def test_directories_of_processes_that_are_gone_are_swept(tmp_path: Path) -> None:
