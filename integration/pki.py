@@ -25,6 +25,9 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 STORE_PASSWORD = "store-secret"
 KEY_PASSWORD = "key-secret"
+CLIENT_NAME = "flinkish-test-client"
+#: how a listener names the client it authenticated by its certificate
+CLIENT_PRINCIPAL = f"CN={CLIENT_NAME}"
 _EC = ec.SECP256R1()
 
 
@@ -94,8 +97,7 @@ class Pki:
         directory.mkdir(parents=True, exist_ok=True)
         ca = _authority("flinkish test CA")
         server = _leaf(ca, "flinkish test broker", server=True)
-        self._client = _leaf(ca, "flinkish-test-client", server=False)
-        self.client_principal = "CN=flinkish-test-client"
+        self._client = _leaf(ca, CLIENT_NAME, server=False)
         self.ca_pem = self._write("ca.pem", _pem(ca.cert))
         self.server_cert_pem = self._write("server.pem", _pem(server.cert) + _pem(ca.cert))
         self.server_key_pem = self._write("server.key", server.key.private_bytes(

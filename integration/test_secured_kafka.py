@@ -25,7 +25,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from flinkish_source.java_security import client_config, translate
 from integration.connect_session import FAKE_AWS_ENV, Child, run_client
 from integration.kafka_helpers import Collector, produce, run_available_now, source, start
-from integration.pki import KEY_PASSWORD, STORE_PASSWORD, Pki
+from integration.pki import CLIENT_PRINCIPAL, KEY_PASSWORD, STORE_PASSWORD, Pki
 from integration.sasl_server import Login
 from integration.secured_listener import (
     MUTUAL_TLS,
@@ -109,7 +109,7 @@ def _librdkafka_settings(pki: Pki) -> dict[str, tuple[Security, dict[str, Any], 
         "mutual-tls": (MUTUAL_TLS, {
             "ssl.ca.location": pki.ca_pem, "ssl.certificate.location": pki.client_cert_pem,
             "ssl.key.location": pki.client_key_pem, "ssl.key.password": KEY_PASSWORD},
-            Login("SSL", pki.client_principal)),
+            Login("SSL", CLIENT_PRINCIPAL)),
     }
 
 
@@ -335,7 +335,7 @@ def java_option_sets(pki: Pki, token_url: str) -> OptionSets:
 #: who each option set logs in as
 JAVA_LOGINS = {
     "confluent-cloud": ("PLAIN", USER), "scram-sha-512": ("SCRAM-SHA-512", USER),
-    "mutual-tls-jks": ("SSL", "CN=flinkish-test-client"),
+    "mutual-tls-jks": ("SSL", CLIENT_PRINCIPAL),
     "event-hubs": ("PLAIN", EVENT_HUBS_USER), "oauthbearer-oidc": ("OAUTHBEARER", CLIENT_ID),
     "msk-iam": ("OAUTHBEARER", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"]),
     "msk-iam-aws-msk-iam": ("OAUTHBEARER", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"]),
