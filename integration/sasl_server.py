@@ -4,17 +4,23 @@ PLAIN (RFC 4616), SCRAM-SHA-256 / SCRAM-SHA-512 (RFC 5802, RFC 7677: the server 
 salted keys) and OAUTHBEARER (RFC 7628's client initial response). Each exchange is a
 :class:`Exchange` fed the client's messages one by one; a bad credential raises
 :class:`AuthenticationFailed` with the message a Kafka broker sends (the listener answers it
-with ``SASL_AUTHENTICATION_FAILED``). Tokens are judged by a callable the test supplies.
+with ``SASL_AUTHENTICATION_FAILED``). Tokens are judged by a callable the test supplies
+(:func:`token_check` makes the usual one).
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
 import hashlib
 import hmac
+import json
 import os
+import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 SCRAM_ITERATIONS = 4096  # Kafka's minimum
@@ -156,3 +162,48 @@ def exchange(mechanism: str, users: dict[str, str], check: TokenCheck) -> Exchan
         return _OAuthBearer(check)
     raise ValueError(mechanism)
 
+
+def msk_iam_principal(token: str) -> str | None:
+    """The access key id in an AWS MSK IAM token (base64url of a SigV4-presigned
+    ``kafka-cluster:Connect`` URL, as ``aws-msk-iam-sasl-signer-python`` makes it), else None."""
+    try:
+        url = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+    parsed = urllib.parse.urlparse(url)
+    query = urllib.parse.parse_qs(parsed.query)
+    if parsed.scheme != "https" or not parsed.hostname or not parsed.hostname.startswith("kafka.") \
+            or query.get("Action") != ["kafka-cluster:Connect"] \
+            or "X-Amz-Signature" not in query or "X-Amz-Credential" not in query:
+        return None
+    return query["X-Amz-Credential"][0].split("/", 1)[0]
+
+
+def unsecured_jwt_claims(token: str) -> dict[str, Any] | None:
+    """The claims of a JWT (its signature is not checked: the tests' tokens are unsigned)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
+    except (binascii.Error, ValueError):
+        return None
+    return claims if isinstance(claims, dict) else None
+
+
+def token_check(principals: set[str]) -> TokenCheck:
+    """Accepts an unexpired JWT whose subject is one of ``principals``, or a well-formed MSK IAM
+    token (the tests sign with fake credentials: its form is what can be checked here)."""
+
+    def check(token: str, extensions: dict[str, str]) -> str:
+        claims = unsecured_jwt_claims(token)
+        if claims is not None:
+            if claims.get("sub") in principals and float(claims.get("exp", 0)) > time.time():
+                return str(claims["sub"])
+            raise AuthenticationFailed("{\"status\":\"invalid_token\"}")
+        key = msk_iam_principal(token)
+        if key is not None:
+            return key
+        raise AuthenticationFailed("{\"status\":\"invalid_token\"}")
+
+    return check

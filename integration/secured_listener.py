@@ -12,10 +12,10 @@ thread of the test process. Each listener (one per :class:`Security`) accepts a 
   SaslHandshake (v0 with bare SASL tokens after it, v1 with SaslAuthenticate v0..v2) itself,
   checking the credentials (:mod:`integration.sasl_server`); a bad one is answered with
   ``SASL_AUTHENTICATION_FAILED`` (58) and the broker's message, and the connection closed;
-- then pipes the connection to the broker byte for byte, except for the three responses that
-  name brokers (Metadata, FindCoordinator, DescribeCluster): their hosts and ports are rewritten
-  to this listener's own, so a client told where a partition's leader is comes back through
-  the proxy.
+- then pipes the connection to the broker byte for byte, except for the two responses that
+  name brokers to librdkafka (Metadata, FindCoordinator; its admin client's cluster description
+  is a Metadata request too): their hosts and ports are rewritten to this listener's own, so a
+  client told where a partition's leader is comes back through the proxy.
 
 Why rewrite rather than start one broker per listener advertising the proxy's address: one
 broker then serves every listener and the plain ``kafka_bootstrap`` alike, so a test creates
@@ -28,14 +28,9 @@ one, or a container) is proxied as faithfully as the single embedded broker.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
-import json
 import ssl
 import struct
 import threading
-import time
-import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,7 +49,6 @@ SASL_AUTHENTICATE = 36
 API_VERSIONS = 18
 METADATA = 3
 FIND_COORDINATOR = 10
-DESCRIBE_CLUSTER = 60
 UNSUPPORTED_SASL_MECHANISM = 33
 SASL_AUTHENTICATION_FAILED = 58
 MAX_FRAME = 100 * 1024 * 1024
@@ -155,15 +149,14 @@ def _address(cursor: _Cursor, found: list[_Address]) -> None:
 
 
 def _flexible(api: int, version: int) -> bool:
-    """Whether a response of these (Metadata v9+, FindCoordinator v3+, DescribeCluster) uses
-    the compact encodings and tagged fields (KIP-482)."""
-    return (api == METADATA and version >= 9) or (api == FIND_COORDINATOR and version >= 3) \
-        or api == DESCRIBE_CLUSTER
+    """Whether a response of these (Metadata v9+, FindCoordinator v3+) uses the compact
+    encodings and tagged fields (KIP-482)."""
+    return (api == METADATA and version >= 9) or (api == FIND_COORDINATOR and version >= 3)
 
 
 def _broker_addresses(payload: bytes, api: int, version: int) -> list[_Address]:
-    """The broker addresses in a Metadata, FindCoordinator or DescribeCluster response
-    (``payload`` from the correlation id on). Everything after them is left unread."""
+    """The broker addresses in a Metadata or FindCoordinator response (``payload`` from the
+    correlation id on). Everything after them is left unread."""
     c = _Cursor(payload, 4, _flexible(api, version))
     c.tags()  # the response header's
     found: list[_Address] = []
@@ -176,7 +169,7 @@ def _broker_addresses(payload: bytes, api: int, version: int) -> list[_Address]:
             if version >= 1:
                 c.string()  # rack
             c.tags()
-    elif api == FIND_COORDINATOR:
+    else:  # FindCoordinator
         if version >= 1:
             c.fixed(">i")
         if version < 4:
@@ -193,19 +186,6 @@ def _broker_addresses(payload: bytes, api: int, version: int) -> list[_Address]:
                 c.fixed(">h")
                 c.string()
                 c.tags()
-    else:  # DescribeCluster
-        c.fixed(">i")
-        c.fixed(">h")
-        c.string()
-        if version >= 1:
-            c.fixed(">b")  # endpoint type
-        c.string()  # cluster id
-        c.fixed(">i")  # controller
-        for _ in range(c.length(">i")):
-            c.fixed(">i")
-            _address(c, found)
-            c.string()
-            c.tags()
     return found
 
 
@@ -327,52 +307,6 @@ class _Listener:
     security: Security
     ports: dict[tuple[str, int], int] = field(default_factory=dict)
     servers: list[asyncio.Server] = field(default_factory=list)
-
-
-def msk_iam_principal(token: str) -> str | None:
-    """The access key id in an AWS MSK IAM token (base64url of a SigV4-presigned
-    ``kafka-cluster:Connect`` URL, as ``aws-msk-iam-sasl-signer-python`` makes it), else None."""
-    try:
-        url = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)).decode()
-    except (binascii.Error, UnicodeDecodeError):
-        return None
-    parsed = urllib.parse.urlparse(url)
-    query = urllib.parse.parse_qs(parsed.query)
-    if parsed.scheme != "https" or not parsed.hostname or not parsed.hostname.startswith("kafka.") \
-            or query.get("Action") != ["kafka-cluster:Connect"] \
-            or "X-Amz-Signature" not in query or "X-Amz-Credential" not in query:
-        return None
-    return query["X-Amz-Credential"][0].split("/", 1)[0]
-
-
-def unsecured_jwt_claims(token: str) -> dict[str, Any] | None:
-    """The claims of a JWT (its signature is not checked: the tests' tokens are unsigned)."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        claims = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):
-        return None
-    return claims if isinstance(claims, dict) else None
-
-
-def token_check(principals: set[str]) -> TokenCheck:
-    """Accepts an unexpired JWT whose subject is one of ``principals``, or a well-formed MSK IAM
-    token (the tests sign with fake credentials: its form is what can be checked here)."""
-
-    def check(token: str, extensions: dict[str, str]) -> str:
-        claims = unsecured_jwt_claims(token)
-        if claims is not None:
-            if claims.get("sub") in principals and float(claims.get("exp", 0)) > time.time():
-                return str(claims["sub"])
-            raise AuthenticationFailed("{\"status\":\"invalid_token\"}")
-        key = msk_iam_principal(token)
-        if key is not None:
-            return key
-        raise AuthenticationFailed("{\"status\":\"invalid_token\"}")
-
-    return check
 
 
 class SecuredKafka:
@@ -538,7 +472,7 @@ class SecuredKafka:
                         pending: dict[int, tuple[int, int]]) -> None:
         while (frame := await _frame(reader)) is not None:
             api, version, correlation = struct.unpack_from(">hhi", frame)
-            if api in (METADATA, FIND_COORDINATOR, DESCRIBE_CLUSTER):
+            if api in (METADATA, FIND_COORDINATOR):
                 pending[correlation] = (api, version)
             _send(up_writer, frame)
             await up_writer.drain()

@@ -26,7 +26,7 @@ from flinkish_source.java_security import client_config, translate
 from integration.connect_session import FAKE_AWS_ENV, Child, run_client
 from integration.kafka_helpers import Collector, produce, run_available_now, source, start
 from integration.pki import CLIENT_PRINCIPAL, KEY_PASSWORD, STORE_PASSWORD, Pki
-from integration.sasl_server import Login
+from integration.sasl_server import Login, msk_iam_principal, token_check
 from integration.secured_listener import (
     MUTUAL_TLS,
     SASL_PLAINTEXT,
@@ -34,8 +34,6 @@ from integration.secured_listener import (
     SSL,
     SecuredKafka,
     Security,
-    msk_iam_principal,
-    token_check,
 )
 from integration.token_endpoint import TokenEndpoint
 
