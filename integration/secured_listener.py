@@ -5,7 +5,7 @@ The embedded broker cannot serve a secured listener itself (Tansu 0.6.0 with
 serve TLS), so :class:`SecuredKafka` is a proxy of ours in front of it, in an asyncio loop on a
 thread of the test process. Each listener (one per :class:`Security`) accepts a client, then
 
-- terminates TLS with the test PKI's server certificate (:mod:`integration.pki`), requiring a
+- terminates TLS with a server certificate made at test time (``tests/pki.py``), requiring a
   client certificate signed by the test CA in the mutual-TLS mode;
 - with SASL, relays ApiVersions to the broker (a Kafka broker lists SaslHandshake and
   SaslAuthenticate there whether or not it authenticates itself; Tansu does) and answers
@@ -34,7 +34,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from integration.pki import Pki
 from integration.sasl_server import (
     MECHANISMS,
     AuthenticationFailed,
@@ -314,11 +313,12 @@ class SecuredKafka:
     demand by :meth:`bootstrap`; :attr:`logins` records every successful authentication.
     A context manager: leaving it closes every listener and connection."""
 
-    def __init__(self, upstream: str, pki: Pki, users: dict[str, str],
+    def __init__(self, upstream: str, server_pem: str, ca_pem: str, users: dict[str, str],
                  check: TokenCheck, mechanisms: tuple[str, ...] = MECHANISMS) -> None:
         host, _, port = upstream.split(",")[0].rpartition(":")
         self.upstream = (host, int(port))
-        self.pki = pki
+        self.server_pem = server_pem  # the listeners' certificate chain and key
+        self.ca_pem = ca_pem  # what a client certificate must be signed by
         self.users = users
         self.check = check
         self.mechanisms = mechanisms
@@ -356,10 +356,10 @@ class SecuredKafka:
     def _tls(self, security: Security) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.load_cert_chain(self.pki.server_cert_pem, self.pki.server_key_pem)
+        context.load_cert_chain(self.server_pem)
         if security.client_certificate:
             context.verify_mode = ssl.CERT_REQUIRED
-            context.load_verify_locations(self.pki.ca_pem)
+            context.load_verify_locations(self.ca_pem)
         return context
 
     async def _route(self, security: Security, broker: tuple[str, int]) -> int:

@@ -15,6 +15,7 @@ import socket
 import struct
 import time
 from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,6 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from flinkish_source.java_security import client_config, translate
 from integration.connect_session import FAKE_AWS_ENV, Child, run_client
 from integration.kafka_helpers import Collector, produce, run_available_now, source, start
-from integration.pki import CLIENT_PRINCIPAL, KEY_PASSWORD, STORE_PASSWORD, Pki
 from integration.sasl_server import Login, msk_iam_principal, token_check
 from integration.secured_listener import (
     MUTUAL_TLS,
@@ -36,6 +36,7 @@ from integration.secured_listener import (
     Security,
 )
 from integration.token_endpoint import TokenEndpoint
+from tests.pki import KEY_PW, STORE_PW, Pki
 
 pytestmark = pytest.mark.integration
 
@@ -49,9 +50,31 @@ CLIENT_ID, CLIENT_SECRET = "flinkish-oidc-client", "oidc-client-secret"
 PARTITIONS, PER_PARTITION = 3, 10
 
 
+@dataclass(frozen=True)
+class Certificates:
+    """The files and stores the tests' clients and listeners use."""
+
+    ca_pem: str
+    wrong_ca_pem: str  # an unrelated CA's
+    server_pem: str  # the listeners' chain and key
+    client_pem: str  # the client's key (encrypted with KEY_PW) and chain
+    jks_trust: dict[str, str]  # Java options: the CA in a JKS trust store
+    jks_keystore: dict[str, str]  # Java options: the client's key and chain in a JKS store
+
+
+#: how the listener names the client it authenticated by its certificate (tests/pki.py's)
+CLIENT_PRINCIPAL = "CN=flinkish-client"
+
+
 @pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Pki:
-    return Pki(tmp_path_factory.mktemp("pki"))
+def pki(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
+    made = Pki(tmp_path_factory.mktemp("pki"))
+    client = made.keystore("PEM")["ssl.keystore.location"]
+    return Certificates(
+        ca_pem=made.ca_pem, wrong_ca_pem=Pki(tmp_path_factory.mktemp("other-ca")).ca_pem,
+        server_pem=made.server_pem, client_pem=client,
+        jks_trust={f"kafka.{k}": v for k, v in made.truststore("JKS").items()},
+        jks_keystore={f"kafka.{k}": v for k, v in made.keystore("JKS").items()})
 
 
 @pytest.fixture(scope="module")
@@ -61,10 +84,11 @@ def token_endpoint() -> Iterator[TokenEndpoint]:
 
 
 @pytest.fixture(scope="module")
-def secured(kafka_bootstrap: str, pki: Pki) -> Iterator[SecuredKafka]:
+def secured(kafka_bootstrap: str, pki: Certificates) -> Iterator[SecuredKafka]:
     """Every secured listener of this module, in front of the session's broker."""
     users = {USER: PASSWORD, EVENT_HUBS_USER: EVENT_HUBS_PASSWORD}
-    with SecuredKafka(kafka_bootstrap, pki, users, token_check({USER, CLIENT_ID})) as listeners:
+    with SecuredKafka(kafka_bootstrap, pki.server_pem, pki.ca_pem, users,
+                      token_check({USER, CLIENT_ID})) as listeners:
         yield listeners
 
 
@@ -86,8 +110,9 @@ def expected_records() -> list[tuple[int, int, bytes, bytes]]:
                   for p in range(PARTITIONS) for i in range(PER_PARTITION))
 
 
-# librdkafka's settings for each way in, and the login the listener must record for it
-def _librdkafka_settings(pki: Pki) -> dict[str, tuple[Security, dict[str, Any], Login | None]]:
+def _librdkafka_settings(pki: Certificates
+                         ) -> dict[str, tuple[Security, dict[str, Any], Login | None]]:
+    """librdkafka's settings for each way in, and the login the listener must record."""
     sasl = {"ssl.ca.location": pki.ca_pem, "sasl.username": USER, "sasl.password": PASSWORD}
     return {
         "sasl-ssl-plain": (SASL_SSL, {"sasl.mechanisms": "PLAIN", **sasl},
@@ -105,8 +130,8 @@ def _librdkafka_settings(pki: Pki) -> dict[str, tuple[Security, dict[str, Any], 
             "sasl.password": PASSWORD}, Login("SCRAM-SHA-512", USER)),
         "ssl": (SSL, {"ssl.ca.location": pki.ca_pem}, None),
         "mutual-tls": (MUTUAL_TLS, {
-            "ssl.ca.location": pki.ca_pem, "ssl.certificate.location": pki.client_cert_pem,
-            "ssl.key.location": pki.client_key_pem, "ssl.key.password": KEY_PASSWORD},
+            "ssl.ca.location": pki.ca_pem, "ssl.certificate.location": pki.client_pem,
+            "ssl.key.location": pki.client_pem, "ssl.key.password": KEY_PW},
             Login("SSL", CLIENT_PRINCIPAL)),
     }
 
@@ -124,7 +149,7 @@ def _client_config(secured: SecuredKafka, security: Security, settings: dict[str
 
 @pytest.mark.parametrize("name", SETTINGS)
 def test_listener_produces_and_consumes_with_each_security_setting(
-    secured: SecuredKafka, pki: Pki, topic: Any, name: str
+    secured: SecuredKafka, pki: Certificates, topic: Any, name: str
 ) -> None:
     """Through the listener: produce, consume every record back, commit the group's offsets
     (Metadata and FindCoordinator both send the client back to the listener)."""
@@ -177,7 +202,7 @@ def _first_error(config: dict[str, Any], errors: list[KafkaError]) -> tuple[Kafk
 @pytest.mark.parametrize("case", ["wrong-password-plain", "wrong-password-scram",
                                   "unknown-user-scram", "wrong-ca", "no-client-certificate"])
 def test_listener_refuses_bad_credentials_as_kafka_does(
-    secured: SecuredKafka, pki: Pki, case: str
+    secured: SecuredKafka, pki: Certificates, case: str
 ) -> None:
     sasl = {"ssl.ca.location": pki.ca_pem, "sasl.username": USER, "sasl.password": "wrong"}
     security, settings, expected = {
@@ -202,7 +227,7 @@ def test_listener_refuses_bad_credentials_as_kafka_does(
     assert secured.logins[before:] == []
 
 
-def librdkafka_sasl_ssl(pki: Pki) -> dict[str, str]:
+def librdkafka_sasl_ssl(pki: Certificates) -> dict[str, str]:
     """SASL_SSL with SCRAM-SHA-512, in librdkafka's names (what worked before the Java names
     were translated)."""
     return {"kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanisms": "SCRAM-SHA-512",
@@ -250,7 +275,7 @@ def test_listener_speaks_sasl_handshake_v0_and_old_metadata(
 
 
 def test_source_reads_exactly_through_sasl_ssl_with_librdkafka_names(
-    spark: Any, secured: SecuredKafka, pki: Pki, records_topic: str, tmp_path: Path
+    spark: Any, secured: SecuredKafka, pki: Certificates, records_topic: str, tmp_path: Path
 ) -> None:
     """``kafka.*`` options in librdkafka's names reach the driver's and the read tasks'
     clients: every record exactly once, over SASL_SSL with SCRAM-SHA-512."""
@@ -271,12 +296,11 @@ OIDC_HANDLER = ("org.apache.kafka.common.security.oauthbearer.secured."
 OptionSets = dict[str, tuple[Security, dict[str, str]]]
 
 
-def java_option_sets(pki: Pki, token_url: str) -> OptionSets:
+def java_option_sets(pki: Certificates, token_url: str) -> OptionSets:
     """Option sets as users write them for Spark's ``format("kafka")`` (the Java client's
     names), one per kind of cluster, each with the listener it reaches."""
     pem_trust = {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": pki.ca_pem}
-    jks_trust = {"kafka.ssl.truststore.location": pki.truststore_jks,
-                 "kafka.ssl.truststore.password": STORE_PASSWORD}
+    jks_trust = pki.jks_trust
     return {
         # Confluent Cloud, as Databricks users write it (the shaded class name)
         "confluent-cloud": (SASL_SSL, {
@@ -292,10 +316,7 @@ def java_option_sets(pki: Pki, token_url: str) -> OptionSets:
             **jks_trust}),
         # a self-managed cluster with mutual TLS: JKS trust and key stores
         "mutual-tls-jks": (MUTUAL_TLS, {
-            "kafka.security.protocol": "SSL", **jks_trust,
-            "kafka.ssl.keystore.location": pki.client_keystore_jks,
-            "kafka.ssl.keystore.password": STORE_PASSWORD,
-            "kafka.ssl.key.password": KEY_PASSWORD,
+            "kafka.security.protocol": "SSL", **jks_trust, **pki.jks_keystore,
             "kafka.ssl.endpoint.identification.algorithm": "https"}),
         # Azure Event Hubs' Kafka endpoint
         "event-hubs": (SASL_SSL, {
@@ -343,7 +364,7 @@ MSK_SETS = ("msk-iam", "msk-iam-aws-msk-iam")
 
 @pytest.mark.parametrize("name", MSK_SETS)
 def test_msk_iam_token_is_exchanged_through_oauthbearer(
-    secured: SecuredKafka, pki: Pki, token_endpoint: TokenEndpoint, topic: Any,
+    secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint, topic: Any,
     monkeypatch: pytest.MonkeyPatch, name: str
 ) -> None:
     """The MSK IAM option set, translated, drives a librdkafka client here: the token the
@@ -391,7 +412,7 @@ def _start_all(spark: Any, bootstrap_of: Callable[[Security], str],
 
 
 def test_source_reads_exactly_with_java_client_option_sets(
-    spark: Any, secured: SecuredKafka, pki: Pki, token_endpoint: TokenEndpoint,
+    spark: Any, secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint,
     records_topic: str, tmp_path: Path
 ) -> None:
     """The ``kafka.*`` options of Confluent Cloud, SCRAM with a JKS trust store, mutual TLS
@@ -425,7 +446,7 @@ def test_source_reads_exactly_with_java_client_option_sets(
 
 
 def test_refused_clients_fail_the_query_fast_and_clearly(
-    spark: Any, secured: SecuredKafka, pki: Pki, token_endpoint: TokenEndpoint,
+    spark: Any, secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint,
     records_topic: str, tmp_path: Path
 ) -> None:
     """A wrong password, a trust store without the brokers' CA and a missing client
@@ -464,13 +485,13 @@ def test_refused_clients_fail_the_query_fast_and_clearly(
             problems[name] = f"after {took:.0f} s: {error[:1500] or 'no error'}"
         elif took > 60:
             problems[name] = f"failed only after {took:.0f} s"
-        elif wrong in error or STORE_PASSWORD in error:
+        elif wrong in error or STORE_PW in error:
             problems[name] = "the error shows a secret"
     assert not problems, "\n".join(f"{k}: {v}" for k, v in problems.items())
 
 
 def test_source_reads_exactly_through_secured_listeners_on_connect(
-    connect_server: tuple[Child, int], secured: SecuredKafka, pki: Pki,
+    connect_server: tuple[Child, int], secured: SecuredKafka, pki: Certificates,
     token_endpoint: TokenEndpoint, records_topic: str, tmp_path: Path
 ) -> None:
     """On a Spark Connect session (queries planned and read by the server's Python workers):
