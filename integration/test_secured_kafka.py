@@ -59,6 +59,7 @@ class Certificates:
     server_pem: str  # the listeners' chain and key
     client_pem: str  # the client's key (encrypted with KEY_PW) and chain
     jks_trust: dict[str, str]  # Java options: the CA in a JKS trust store
+    pkcs12_trust: dict[str, str]  # Java options: the CA in a PKCS#12 trust store
     jks_keystore: dict[str, str]  # Java options: the client's key and chain in a JKS store
 
 
@@ -74,6 +75,7 @@ def pki(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
         ca_pem=made.ca_pem, wrong_ca_pem=Pki(tmp_path_factory.mktemp("other-ca")).ca_pem,
         server_pem=made.server_pem, client_pem=client,
         jks_trust={f"kafka.{k}": v for k, v in made.truststore("JKS").items()},
+        pkcs12_trust={f"kafka.{k}": v for k, v in made.truststore("PKCS12").items()},
         jks_keystore={f"kafka.{k}": v for k, v in made.keystore("JKS").items()})
 
 
@@ -300,7 +302,6 @@ def java_option_sets(pki: Certificates, token_url: str) -> OptionSets:
     """Option sets as users write them for Spark's ``format("kafka")`` (the Java client's
     names), one per kind of cluster, each with the listener it reaches."""
     pem_trust = {"kafka.ssl.truststore.type": "PEM", "kafka.ssl.truststore.location": pki.ca_pem}
-    jks_trust = pki.jks_trust
     return {
         # Confluent Cloud, as Databricks users write it (the shaded class name)
         "confluent-cloud": (SASL_SSL, {
@@ -313,17 +314,17 @@ def java_option_sets(pki: Certificates, token_url: str) -> OptionSets:
             "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "SCRAM-SHA-512",
             "kafka.sasl.jaas.config": "org.apache.kafka.common.security.scram.ScramLoginModule"
                                       f' required username="{USER}" password="{PASSWORD}";',
-            **jks_trust}),
+            **pki.jks_trust}),
         # a self-managed cluster with mutual TLS: JKS trust and key stores
         "mutual-tls-jks": (MUTUAL_TLS, {
-            "kafka.security.protocol": "SSL", **jks_trust, **pki.jks_keystore,
+            "kafka.security.protocol": "SSL", **pki.jks_trust, **pki.jks_keystore,
             "kafka.ssl.endpoint.identification.algorithm": "https"}),
-        # Azure Event Hubs' Kafka endpoint
+        # Azure Event Hubs' Kafka endpoint (a PKCS#12 trust store here)
         "event-hubs": (SASL_SSL, {
             "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
             "kafka.sasl.jaas.config": f'{PLAIN_MODULE} required username="{EVENT_HUBS_USER}" '
                                       f'password="{EVENT_HUBS_PASSWORD}";',
-            **pem_trust}),
+            **pki.pkcs12_trust}),
         # OAuth 2 client credentials against an identity provider (KIP-768)
         "oauthbearer-oidc": (SASL_SSL, {
             "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "OAUTHBEARER",
@@ -340,14 +341,14 @@ def java_option_sets(pki: Certificates, token_url: str) -> OptionSets:
             "kafka.sasl.jaas.config": f"{OAUTH_MODULE} required;",
             "kafka.sasl.login.callback.handler.class":
                 "software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler",
-            **jks_trust}),
+            **pki.jks_trust}),
         # the same with MSK's own mechanism name, which librdkafka lacks
         "msk-iam-aws-msk-iam": (SASL_SSL, {
             "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "AWS_MSK_IAM",
             "kafka.sasl.jaas.config": "software.amazon.msk.auth.iam.IAMLoginModule required;",
             "kafka.sasl.client.callback.handler.class":
                 "software.amazon.msk.auth.iam.IAMClientCallbackHandler",
-            **jks_trust}),
+            **pki.jks_trust}),
     }
 
 
