@@ -18,8 +18,9 @@ Protocol on stdout (one JSON object a line) and stdin:
 ``valve`` the file each delivered epoch is appended to), ``max_offsets``, and optionally
 ``stop_after``: run with a processing-time trigger (every ``interval``, default 0 seconds), stop
 the query once that batch has committed, then start it again from its checkpoint and run it to
-the end; and ``group``: the query's ``kafka.group.id``, which must hold the end offsets of batch
-``stop_after`` before the query is stopped (reported as ``group_before_stop``).
+the end; ``group``: the query's ``kafka.group.id``, which must hold the end offsets of batch
+``stop_after`` before the query is stopped (reported as ``group_before_stop``); ``options``:
+more source options (e.g. a secured cluster's ``kafka.*`` settings).
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
         .option("watermark.maxOutOfOrderness", "1 second")
         .option("checkpointing.location", job["checkpoint"] + "-source-state")
         .option("kafkaConsumer.pollTimeoutMs", "20000")
+        .options(**job.get("options", {}))
     )
     if job.get("group"):
         df = df.option("kafka.group.id", job["group"])
