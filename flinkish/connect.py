@@ -15,6 +15,9 @@ things ``flinkish.register`` does through the JVM on a classic session are done 
   and the runners of the queries that follow only overwrite them. Registering on Connect gives
   the session a data source of its own, with a map of its own (``SparkConnectPlanner`` creates an
   empty one per registration); every later ``format("flinkish")`` of the session uses it.
+- **The completed-epoch listener** (``flinkish.epoch_listener``) is added with
+  ``spark.streams.addListener``, which on Connect runs it in a Python process of the server,
+  on the host of the queries' source readers it talks to.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailable
 from pyspark.sql.types import StructType
 
 from flinkish.data_source import FlinkishDataSource
+from flinkish.epoch_listener import CompletedEpochListener
 from flinkish_core.locations import MASTER_ENV
 
 #: The option that turns a ``format("flinkish")`` read into ``register``'s warm-up reader.
@@ -120,6 +124,7 @@ def register_connect(spark: Any) -> None:
             return
         spark.dataSource.register(connect_source(spark.conf.get("spark.master")))
         _warm_up(spark)
+        spark.streams.addListener(CompletedEpochListener())
         _prepared.add(spark.session_id)
 
 

@@ -72,6 +72,21 @@ def _lag(now_ms: int, watermark: Any) -> int | None:
     return now_ms - int(watermark)
 
 
+def _flinkish_sources(progress: Mapping[str, Any]) -> list[tuple[Mapping[str, Any], Any]]:
+    """The flinkish sources of one progress report, each with its end offset (parsed)."""
+    out = []
+    for source in progress.get("sources") or []:
+        end = _json(source.get("endOffset"))
+        if isinstance(end, Mapping) and isinstance(end.get("topics"), Mapping):
+            out.append((source, end))
+    return out
+
+
+def end_offsets(progress: Mapping[str, Any]) -> list[Any]:
+    """The end offset of every flinkish source in one progress report (its JSON dict)."""
+    return [end for _, end in _flinkish_sources(progress)]
+
+
 def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[SourceLag]:
     """The lag figures of every flinkish source in one progress report (its JSON dict);
     ``now_ms`` defaults to the report's own timestamp."""
@@ -79,10 +94,8 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
         stamp = progress.get("timestamp")
         now_ms = int(time.time() * 1000) if stamp is None else _parse_ms(str(stamp))
     out = []
-    for source in progress.get("sources") or []:
-        end, latest = _json(source.get("endOffset")), _json(source.get("latestOffset"))
-        if not isinstance(end, Mapping) or not isinstance(end.get("topics"), Mapping):
-            continue
+    for source, end in _flinkish_sources(progress):
+        latest = _json(source.get("latestOffset"))
         behind: dict[str, int] = {}
         watermarks: dict[str, int] = {}
         idle: dict[str, int] = {}

@@ -22,6 +22,7 @@ from typing import Any
 
 from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
+from flinkish.epoch_listener import listen
 from flinkish.worker_python import check_worker_python
 from flinkish_core.locations import MASTER_ENV
 
@@ -38,7 +39,9 @@ def register(spark: Any) -> None:
     discovery of the installed ``pyspark_flinkish`` module registers the format by itself, but
     only this call seeds the shared environment described in the module docstring, and tells
     the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
-    a cluster fails at query start instead of losing the executors' watermark state. It first
+    a cluster fails at query start instead of losing the executors' watermark state, and adds
+    the listener that has each completed epoch committed to the query's consumer group right
+    away (``flinkish.epoch_listener``). It first
     checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
     On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
     """
@@ -50,6 +53,7 @@ def register(spark: Any) -> None:
     if not manager.dataSourceExists(FlinkishDataSource.name()):
         spark.dataSource.register(FlinkishDataSource)
     seed_runner_environment(spark)
+    listen(spark)
 
 
 def seed_runner_environment(spark: Any) -> dict[str, str]:

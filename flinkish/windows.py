@@ -9,8 +9,9 @@ turns an integer column with a null into floats). It is grouped by key group (a 
 user's key columns, as Flink's keyed state is): each group's core state (all its keys'
 windows) lives in one value state (JSON), because every visit of a group costs round trips to
 the JVM's state server, and grouping makes them per group, not per key.
-The earliest of a group's event-time timers in the core is the group's timer in the state
-store, so a key with nothing new still fires and cleans up when the watermark passes. Records
+One timer in the state store per group wakes the group when the watermark passes its
+earliest event-time timer in the core, so a key with nothing new still fires and cleans up
+(:meth:`WindowProcessor._spark_timer` says when). Records
 and firings cross between the JVM and Python packed: a row per key group and Arrow batch in,
 a row per visit out, each column an array.
 
@@ -299,6 +300,22 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
+_heap_frozen = False
+
+
+def _freeze_worker_heap() -> None:
+    """Moves everything the Python worker holds so far (PySpark's, pyarrow's and flinkish's
+    modules) out of the cyclic collector's reach, once per process. PySpark's worker daemon
+    runs a full ``gc.collect()`` after every task, which walks all of it: ~75,000 objects, tens
+    of milliseconds a task. Frozen objects are still freed by reference counting; what is
+    frozen and later becomes cyclic garbage is never collected, which bounds the cost to what
+    one task's set-up left behind."""
+    global _heap_frozen
+    if not _heap_frozen:
+        _heap_frozen = True
+        gc.freeze()
+
+
 def _bound(window: Any, end: bool) -> int | None:
     """A window's start or end (ms); None for the global window."""
     if isinstance(window, GlobalWindow):
@@ -326,6 +343,7 @@ class WindowProcessor(StatefulProcessor):
         self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
 
     def init(self, handle: Any) -> None:
+        _freeze_worker_heap()
         self.handle = handle
         # the core's snapshot of the group (JSON) and the event-time timers registered for it
         self.state = handle.getValueState("window", "state string, timers array<long>")
@@ -354,8 +372,8 @@ class WindowProcessor(StatefulProcessor):
         processing time, its records fed, stored again; returns the output. Everything else it
         built is garbage when it returns, before the cyclic collector runs again."""
         operator, registered = self._restore(stored)
-        # Spark deletes an expired timer after the visit; every core timer at or below the
-        # watermark fires now, so the core wants none of them any more
+        # Spark deletes an expired timer after the visit, and the next one this visit sets is
+        # at or above the batch's watermark, so never the expired one
         if expired is not None:
             registered.discard(expired)
         outputs = self._advance(operator, timer_values)
@@ -394,15 +412,29 @@ class WindowProcessor(StatefulProcessor):
         return [operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
                 operator.process_processing_time(timer_values.getCurrentProcessingTimeInMs())]
 
+    @staticmethod
+    def _spark_timer(earliest: int, watermark: int) -> int:
+        """The Spark timer that visits a group in the first batch whose watermark fires the
+        core's ``earliest`` event-time timer, the core being at ``watermark``.
+
+        The core fires a timer at the first watermark that is at or past it and greater than
+        its current one (a repeated watermark fires nothing, as in Flink); Spark hands over a
+        timer T in the first batch whose watermark is at or past T. So T is ``earliest``, or
+        a millisecond past the current watermark when the timer is already at or below it (a
+        record late for its trigger's interval registered it): it fires when the watermark
+        next rises, and never in the batch that set it, which Spark would then delete."""
+        return max(earliest, watermark + 1)
+
     def _store(self, operator: WindowOperator, registered: set[int]) -> None:
-        """Saves the group's state and makes the Spark timer the core's earliest event-time
-        timer: every visit brings the core to the batch's watermark, firing all its timers
-        due, so one Spark timer per group is enough for a visit when the earliest is due (a
-        timer per timestamp would cost a round trip to register and one to delete each)."""
+        """Saves the group's state and sets the group's one Spark timer from the core's
+        earliest event-time timer: every visit brings the core to the batch's watermark,
+        firing all its timers due, so one Spark timer per group is enough (a timer per
+        timestamp would cost a round trip to register and one to delete each)."""
         snapshot = operator.snapshot(copy=False)
         timers = [timestamp for entry in snapshot["keys"]
                   for _, timestamp, _ in entry["event_timers"]]
-        wanted = {min(timers)} if timers else set()
+        wanted = ({self._spark_timer(min(timers), operator.current_watermark)}
+                  if timers else set())
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:

@@ -4,7 +4,9 @@ One copy of the rule, used by the source (Kafka client settings) and the sink (P
 target paths) for every repr, log line, error message and record they write:
 
 * a setting whose *name* looks secret (``sasl``, ``ssl``, ``password``, ``secret``, ``token``,
-  ``credential``, ``key`` as in ``api.key``) has its value replaced by :data:`MASK`;
+  ``credential``, ``key`` as in ``api.key``) has its value replaced by :data:`MASK`, but for
+  the few Kafka client settings that name a method or a file, which an error must show
+  (:data:`NOT_SECRET`: ``sasl.mechanism`` …);
 * a PostgreSQL connection string keeps its shape but not its password, in both libpq forms:
   ``host=h password=pw`` (also quoted, ``password='p w'``) and
   ``postgresql://user:pw@host/db?password=pw``; a URI of any scheme loses the password of its
@@ -31,6 +33,12 @@ SECRET_KEY = re.compile(
     r"(sasl|ssl|password|passwd|secret|token|credential|api[._-]?key|private[._-]?key)",
     re.IGNORECASE,
 )
+#: Kafka client settings that match :data:`SECRET_KEY` but name a method (shown in
+#: errors: "authentication failed with SASL mechanism SCRAM-SHA-512" is what one checks).
+NOT_SECRET = frozenset({
+    "sasl.mechanism", "sasl.mechanisms", "sasl.oauthbearer.method",
+    "ssl.endpoint.identification.algorithm", "ssl.keystore.type", "ssl.truststore.type",
+})
 #: Connection-string keys whose values are secret (``sslmode``, ``sslcert`` are not).
 _DSN_SECRET_KEY = re.compile(r"(password|passwd|secret|token)", re.IGNORECASE)
 
@@ -51,7 +59,10 @@ _MIN_SCRUB = 3
 
 def is_secret_key(key: str) -> bool:
     """Whether a setting called ``key`` holds a secret (``kafka.sasl.jaas.config`` …)."""
-    return SECRET_KEY.search(key) is not None
+    name = key.lower()
+    if name.startswith("kafka."):
+        name = name[len("kafka."):]
+    return name not in NOT_SECRET and SECRET_KEY.search(key) is not None
 
 
 def redact_config(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,13 @@ from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
 from flinkish_core.secrets import redact_config, secret_values
 from flinkish_core.watermark import DEFAULT_HORIZON_MS
+from flinkish_source.java_security import (
+    NO_SECURITY,
+    ClientSecurity,
+    check_client_security,
+    client_config,
+    translate,
+)
 
 __all__ = ["OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
 
@@ -129,7 +136,7 @@ class TopicSelection:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    kafka_config: dict[str, str] = field(repr=False)  # may hold secrets
+    kafka_config: dict[str, str] = field(repr=False)  # librdkafka's names; may hold secrets
     topics: TopicSelection
     starting: str | dict[str, dict[int, int]] = "latest"
     ending: str | dict[str, dict[int, int]] | None = None
@@ -167,6 +174,8 @@ class SourceOptions:
     # starts at the partition's end ("latest")
     starting_times_latest: bool = False
     ending_times: int | dict[str, dict[int, int]] | None = None
+    # key stores and the MSK IAM callback, added where each client is built (client_config)
+    client_security: ClientSecurity = field(default=NO_SECURITY, repr=False)
 
     @property
     def bounded(self) -> bool:
@@ -191,7 +200,13 @@ class SourceOptions:
     @property
     def kafka_secrets(self) -> list[str]:
         """The secret values among the client settings, to scrub from a client's messages."""
-        return secret_values(self.kafka_config)
+        return secret_values(self.kafka_config) + self.client_security.secrets()
+
+    def client_config(self) -> dict[str, Any]:
+        """The settings of a librdkafka client of this query: ``kafka_config`` with the key
+        stores' PEM files and the MSK IAM token callback (see
+        :func:`flinkish_source.java_security.client_config`)."""
+        return client_config(self.kafka_config, self.client_security)
 
 
 def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
@@ -375,6 +390,7 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     for key, why in _FORBIDDEN_KAFKA.items():
         if key in kafka:
             raise OptionError(f"option kafka.{key} is not supported: {why}")
+    kafka, security = translate(kafka)
 
     topics = _topics(options)
 
@@ -569,7 +585,9 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         starting_times=starting_times,
         starting_times_latest=strategy_text == "latest",
         ending_times=ending_times,
+        client_security=security,
     )
+    check_client_security(security)
     if parsed.needs_state and not parsed.state_location:
         raise OptionError(
             "option checkpointing.location is required: per-partition watermarks carry the "

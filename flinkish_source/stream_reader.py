@@ -42,6 +42,7 @@ from flinkish_source.combined_watermark import (
     horizon_limit,
     journal,
 )
+from flinkish_source.epoch_notices import NoticeListener, canonical
 from flinkish_source.kafka import KafkaMetadata, TopicPartitionKey
 from flinkish_source.kafka.group_offsets import GroupOffsetCommitter
 from flinkish_source.kafka.metadata import OffsetRange
@@ -127,6 +128,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[TopicPartitionKey, int] | None = None
         self._state_store: SourceStateStore | None = None
         self._committer: GroupOffsetCommitter | None = None
+        # where the query's listener says Spark committed an epoch (flinkish_source.epoch_notices)
+        self._notices: NoticeListener | None = None
         # processing time (ms) of the last batch planned (Spark's lastTriggerMillis: 0 lets
         # the first planning through whatever minOffsetsPerTrigger says)
         self._last_trigger_ms = 0
@@ -146,6 +149,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_metadata"] = None
         state["_state_store"] = None
         state["_committer"] = None
+        state["_notices"] = None
         return state
 
     @property
@@ -235,6 +239,16 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        # Spark plans from an epoch's end only once the epoch is in its commit log; the
+        # query's initial offset ends no epoch
+        if start != self._initial:
+            self._commit_to_group(start)
+        offset = self._latest_offset(start, limit)
+        if self._options.commit_group is not None and offset != start:
+            self._expect_notice(offset)
+        return offset
+
+    def _latest_offset(self, start: dict, limit: ReadLimit) -> dict:
         self._prepared = None
         partitions, ranges = self._cluster(exact=False)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
@@ -264,6 +278,34 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             offset[OFFSET_KEY] = self._planning_valve(start, positions, end, combined,
                                                       self._closing(end))
         return offset
+
+    def _commit_to_group(self, end: dict, notice: bool = False) -> None:
+        """Commit the epoch that ends at ``end``, which Spark has in its commit log, to the
+        query's consumer group, if it names one (:mod:`flinkish_source.kafka.group_offsets`:
+        when Spark plans from ``end``, or when its listener's ``notice`` comes first)."""
+        if self._options.commit_group is None:
+            return
+        self._group.epoch_committed(
+            canonical(end), {tp: pos.offset for tp, pos in from_json(end).items()}, notice)
+
+    @property
+    def _group(self) -> GroupOffsetCommitter:
+        if self._committer is None:
+            self._committer = GroupOffsetCommitter(self._options)
+        return self._committer
+
+    def _expect_notice(self, end: dict) -> None:
+        """Spark is about to run the batch that ends at ``end``: the query's listener may say
+        when Spark has committed it; listen for that from the first batch on."""
+        self._group.planned(canonical(end))
+        if self._notices is None:
+            self._notices = NoticeListener(self._on_notice)
+
+    def _on_notice(self, end: Any) -> None:
+        """The query's listener says Spark committed the epoch that ends at ``end``: any
+        flinkish query's on this machine, so first whether this reader planned it."""
+        if self._group.expects(canonical(end)):
+            self._commit_to_group(end, notice=True)
 
     def _closing(self, end: Positions) -> bool:
         """Whether the batch ending at ``end`` ends the input for now: every partition at
@@ -383,21 +425,20 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def commit(self, end: dict) -> None:
         """Spark has durably committed the epoch that ``end`` ends and will never plan from
-        before it again: commit its offsets to the query's consumer group, if it names one
-        (:mod:`flinkish_source.kafka.group_offsets`), and forget older generator states (the
-        task records whose slices all end before their partitions' ``base``, and
-        per-partition records before it)."""
-        positions: Positions = from_json(end)
-        if self._options.commit_group is not None:
-            if self._committer is None:
-                self._committer = GroupOffsetCommitter(self._options)
-            self._committer.commit({tp: pos.offset for tp, pos in positions.items()})
+        before it again: forget older generator states (the task records whose slices all end
+        before their partitions' ``base``, and per-partition records before it). The consumer
+        group has that epoch already: Spark calls this only after ``latestOffset`` planned
+        from ``end`` (see ``_commit_to_group``)."""
         if self._options.state_location is None:
             return
+        positions: Positions = from_json(end)
         self._store.prune_all({tp: pos.base.at for tp, pos in positions.items()
                                if pos.base is not None})
 
     def stop(self) -> None:
+        if self._notices is not None:
+            self._notices.close()
+            self._notices = None
         if self._committer is not None:
             self._committer.close()
             self._committer = None

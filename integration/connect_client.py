@@ -16,8 +16,11 @@ Protocol on stdout (one JSON object a line) and stdin:
 ``kind`` (``records`` or ``windowed`` into the flinkish sink, ``valve`` through
 ``ValveForEachBatch``), ``target`` and its ``dsn``/``table`` or ``path`` (the sink's, or for
 ``valve`` the file each delivered epoch is appended to), ``max_offsets``, and optionally
-``stop_after``: run with a processing-time trigger, stop the query once that batch has committed,
-then start it again from its checkpoint and run it to the end.
+``stop_after``: run with a processing-time trigger (every ``interval``, default 0 seconds), stop
+the query once that batch has committed, then start it again from its checkpoint and run it to
+the end; ``group``: the query's ``kafka.group.id``, which must hold the end offsets of batch
+``stop_after`` before the query is stopped (reported as ``group_before_stop``); ``options``:
+more source options (e.g. a secured cluster's ``kafka.*`` settings).
 """
 
 from __future__ import annotations
@@ -68,8 +71,11 @@ def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
         .option("watermark.maxOutOfOrderness", "1 second")
         .option("checkpointing.location", job["checkpoint"] + "-source-state")
         .option("kafkaConsumer.pollTimeoutMs", "20000")
-        .load()
+        .options(**job.get("options", {}))
     )
+    if job.get("group"):
+        df = df.option("kafka.group.id", job["group"])
+    df = df.load()
     if job["kind"] == "valve":
         writer = df.writeStream.foreachBatch(
             ValveForEachBatch(EpochLog(job["path"]), job["checkpoint"]))
@@ -87,7 +93,30 @@ def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
     writer = writer.option("checkpointLocation", job["checkpoint"]).queryName(job["name"])
     if available_now:
         return writer.trigger(availableNow=True).start()
-    return writer.trigger(processingTime="0 seconds").start()
+    return writer.trigger(processingTime=job.get("interval", "0 seconds")).start()
+
+
+def _group_holds_last_epoch(job: dict[str, Any], query: Any, deadline: float) -> bool:
+    """Whether the job's consumer group comes to hold the end offsets of the query's last
+    batch before ``deadline``."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from flinkish.lag import end_offsets
+
+    [end] = end_offsets(json.loads(query.lastProgress.json))
+    wanted = {(t, int(p)): pos["offset"] for t, parts in end["topics"].items()
+              for p, pos in parts.items()}
+    consumer = Consumer({"bootstrap.servers": job["bootstrap"], "group.id": job["group"],
+                         "enable.auto.commit": False})
+    try:
+        while time.monotonic() < deadline:
+            got = consumer.committed([TopicPartition(t, p) for t, p in wanted], timeout=30)
+            if {(tp.topic, tp.partition): tp.offset for tp in got} == wanted:
+                return True
+            time.sleep(0.2)
+    finally:
+        consumer.close()
+    return False
 
 
 def _run(spark: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
@@ -106,6 +135,9 @@ def _run(spark: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
                 time.sleep(0.2)
             else:
                 raise TimeoutError(f"batch {job['stop_after']} not committed in time")
+            if job.get("group"):
+                result["group_before_stop"] = _group_holds_last_epoch(
+                    job, query, min(deadline, time.monotonic() + 60))
             query.stop()
             result["stopped_after"] = query.lastProgress["batchId"]
         query = _start(spark, job, available_now=True)

@@ -97,6 +97,50 @@ def test_each_completed_epochs_offsets_are_committed_to_the_consumer_group(
         assert sink.seen[batch] == end_offsets(checkpoint, batch - 1), batch
 
 
+def test_an_available_now_run_leaves_its_last_epoch_in_the_consumer_group(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+) -> None:
+    """The daily batch job of a lag exporter's user: 900 records in 3 partitions, 100 a batch;
+    when the query ends, the group holds where it ended, not the epoch before."""
+    name = topic(3)
+    produce(kafka_bootstrap, name, records(0, 300, partitions=3))
+    group = f"daily-{name}"
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"maxOffsetsPerTrigger": "100", "kafka.group.id": group})
+    run(events, tmp_path / "ck", Collector())
+    reader = GroupReader(kafka_bootstrap, group, name, 3)
+    wait_for(lambda: reader.committed() == {(name, p): 300 for p in range(3)}, 60,
+             f"group {group} at 300/300/300")
+
+
+def test_an_epoch_is_in_the_consumer_group_right_after_it_and_stays_after_stop(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
+) -> None:
+    """Batch 0 reads everything and the next trigger is an hour away: Spark does not call the
+    reader again before it is stopped, so only the session's listener (added by ``register``)
+    can have epoch 0 committed; it is, and ``stop()`` leaves it so."""
+    name = topic(3)
+    produce(kafka_bootstrap, name, records(0, 100, partitions=3))
+    flinkish.register(spark)
+    group = f"stopped-{name}"
+    checkpoint = tmp_path / "ck"
+    events = source(spark, kafka_bootstrap, name, str(tmp_path / "state"),
+                    **{"kafka.group.id": group})
+    query = (events.writeStream.foreachBatch(Collector())
+             .option("checkpointLocation", str(checkpoint))
+             .trigger(processingTime="1 hour").start())
+    reader = GroupReader(kafka_bootstrap, group, name, 3)
+    everything = {(name, p): 100 for p in range(3)}
+    try:
+        wait_for(lambda: reader.committed() == everything, 120, f"group {group} at epoch 0's end")
+    finally:
+        query.stop()
+    assert query.exception() is None and not query.isActive
+    assert sorted(p.name for p in (checkpoint / "commits").iterdir()
+                  if not p.name.startswith(".")) == ["0"]
+    assert end_offsets(checkpoint, 0) == everything == reader.committed()
+
+
 def test_progress_shows_the_latest_offsets_and_the_lag_figures(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
 ) -> None:
@@ -115,7 +159,7 @@ def test_progress_shows_the_latest_offsets_and_the_lag_figures(
     assert group is not None and group.startswith("lag-watch-")
     last = max(p["batchId"] for p in query.recentProgress)
     assert GroupReader(kafka_bootstrap, group, name, 2).committed() == end_offsets(
-        tmp_path / "ck", last - 1)
+        tmp_path / "ck", last)
     lags = {}
     for p in query.recentProgress:
         progress = json.loads(p.json)

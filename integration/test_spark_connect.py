@@ -1,23 +1,13 @@
 """Every public flinkish API on a Spark Connect session: ``register``, ``with_watermark``, the
 sink (PostgreSQL and Parquet), ``ValveForEachBatch``, queries started together, a stop and
-restart.
-
-The Connect server runs in a process of its own (``integration/connect_server.py``, on an
-ephemeral port) and each client in another (``integration/connect_client.py``): a Connect server
-is a classic SparkSession, which cannot share this process with the ``spark`` fixture, and a
-Connect client makes PySpark treat every session of its process as remote. The clients have no
-JVM, so nothing flinkish does there can reach for one.
+restart. The server and its clients are processes of their own
+(``integration/connect_session.py`` says why).
 """
 
 from __future__ import annotations
 
 import json
-import queue
-import subprocess
-import sys
-import threading
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,90 +15,17 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from flinkish.demo.processes import kill_tree
 from flinkish.session import RUNNER_ENV_KEYS
+from integration.connect_session import Child, run_client
+from integration.kafka_helpers import wait_for
+from integration.test_kafka_features import GroupReader
 from integration.test_sink_crash import BASE_TS, PARTITIONS, PER_PARTITION, TargetView, _input_topic
 from integration.test_window_crash import table_windows
 
 pytestmark = pytest.mark.integration
 
-ROOT = Path(__file__).resolve().parent.parent
 WINDOW_MS = 10_000
 MAX_OFFSETS = 100  # records per batch over all partitions: four data batches
-START_TIMEOUT = 120.0  # a Spark driver start on a busy 2-core machine
-RUN_TIMEOUT = 360.0
-
-
-class Child:
-    """A Python child process speaking one JSON object a line on stdout; stdin to talk back."""
-
-    def __init__(self, args: list[str], log: Path) -> None:
-        self.log = log
-        self._stderr = open(log, "wb")  # noqa: SIM115  (closed in close())
-        self.proc = subprocess.Popen(
-            [sys.executable, *args], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-            stderr=self._stderr, text=True, start_new_session=True,
-        )
-        self.lines: queue.Queue[str | None] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            if line.startswith("{"):
-                self.lines.put(line)
-        self.lines.put(None)
-
-    def expect(self, timeout: float, what: str) -> dict[str, Any]:
-        """The next JSON line; fails naming ``what`` (with the log's tail) after ``timeout``."""
-        try:
-            line = self.lines.get(timeout=timeout)
-        except queue.Empty:
-            line = None
-            reason = f"nothing after {timeout:g} s"
-        else:
-            reason = "the process exited"
-        if line is None:
-            tail = self.log.read_text(errors="replace")[-4000:]
-            raise AssertionError(f"waiting for {what}: {reason}\n{tail}")
-        return dict(json.loads(line))
-
-    def send(self, line: str) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write(line + "\n")
-        self.proc.stdin.flush()
-
-    def close(self, timeout: float = 60.0) -> None:
-        """Close stdin (the child's signal to stop its session and exit), then make sure that
-        it and every process it started are gone."""
-        assert self.proc.stdin is not None
-        try:
-            self.proc.stdin.close()
-            self.proc.wait(timeout)
-        except (subprocess.TimeoutExpired, BrokenPipeError):
-            pass
-        finally:
-            kill_tree(self.proc.pid, 30)
-            self.proc.wait()
-            self._stderr.close()
-
-
-@pytest.fixture(scope="module")
-def connect_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Child, int]]:
-    """The Connect server process and its port."""
-    server = Child(["-m", "integration.connect_server"],
-                   tmp_path_factory.mktemp("connect") / "server.log")
-    try:
-        yield server, int(server.expect(START_TIMEOUT, "the Connect server's port")["port"])
-    finally:
-        server.close()
-
-
-def _env_keys(server: Child, session: list[str]) -> list[str]:
-    server.send(json.dumps({"env": session}))
-    reply = server.expect(30, "the server's environment report")
-    assert "env" in reply, reply
-    return list(reply["env"])
 
 
 def _job(root: Path, name: str, kind: str, target: str, topic: str, bootstrap: str, dsn: str,
@@ -125,29 +42,6 @@ def _job(root: Path, name: str, kind: str, target: str, topic: str, bootstrap: s
     else:
         job["path"] = str(view.path)
     return job, view
-
-
-def _run_client(connect: tuple[Child, int], root: Path, jobs: list[dict[str, Any]]
-                ) -> tuple[dict[str, Any], list[str], list[dict[str, Any]]]:
-    """Run the jobs in a Connect client: (its register report, the session's environment keys
-    before the jobs started, their results); checks the keys did not change while they ran."""
-    server, port = connect
-    (root / "jobs.json").write_text(json.dumps(jobs, indent=1))
-    client = Child(["-m", "integration.connect_client", "--port", str(port),
-                    "--jobs", str(root / "jobs.json")], root / "client.log")
-    try:
-        hello = client.expect(START_TIMEOUT, "the client's register report")
-        before = _env_keys(server, hello["session"])
-        client.send("go")
-        results = [client.expect(RUN_TIMEOUT, f"job {job['name']}") for job in jobs]
-        assert client.expect(60, "the client's end")["done"]
-        after = _env_keys(server, hello["session"])
-    finally:
-        client.close()
-    assert after == before, "a query's source runner added keys to the shared map"
-    failed = [r for r in results if not r["ok"]]
-    assert not failed, "\n\n".join(f"{r['name']}: {r['error']}" for r in failed)
-    return hello, before, results
 
 
 def _expected_windows() -> Counter[tuple[int, int]]:
@@ -184,7 +78,7 @@ def test_every_api_on_connect_with_queries_started_together(
              ("valve", "valve", "parquet")]
     made = [_job(tmp_path, name, kind, target, topic, kafka_bootstrap, postgres_dsn)
             for name, kind, target in specs]
-    hello, keys, _ = _run_client(connect_server, tmp_path, [job for job, _ in made])
+    hello, keys, _ = run_client(connect_server, tmp_path, [job for job, _ in made])
     assert hello["connect"]
     assert set(RUNNER_ENV_KEYS) <= set(keys)
     views = {job["name"]: view for job, view in made}
@@ -207,17 +101,29 @@ def test_stop_and_restart_on_connect_is_exactly_once(
     connect_server: tuple[Child, int], kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path
 ) -> None:
     """Each query is stopped once its batch 1 committed, started again from its checkpoint
-    and run to the end: every record and every window exactly once."""
+    and run to the end: every record and every window exactly once.
+
+    A third commits to a consumer group and triggers hourly: Spark does not call its reader
+    again after batch 0 before it is stopped, so the group holds batch 0's end only through
+    the listener ``register`` added, which runs in the Connect server; after the restart's
+    ``availableNow`` run the group holds its last epoch's end."""
     topic = _input_topic(kafka_bootstrap, "connect-restart")
     made = [_job(tmp_path, "records-pg", "records", "postgres", topic, kafka_bootstrap,
                  postgres_dsn, stop_after=1),
             _job(tmp_path, "windowed-pq", "windowed", "parquet", topic, kafka_bootstrap,
-                 postgres_dsn, stop_after=1)]
-    _, _, results = _run_client(connect_server, tmp_path, [job for job, _ in made])
+                 postgres_dsn, stop_after=1),
+            _job(tmp_path, "grouped-pq", "records", "parquet", topic, kafka_bootstrap,
+                 postgres_dsn, stop_after=0, interval="1 hour", group=f"watch-{topic}")]
+    _, _, results = run_client(connect_server, tmp_path, [job for job, _ in made])
     # stopped before the end, so the restart had batches left to run
     assert all(1 <= r["stopped_after"] < PARTITIONS * PER_PARTITION // MAX_OFFSETS
-               for r in results), results
+               for r in results[:2]), results
     assert sorted(made[0][1].rows()) == _expected_rows()
     got = _windows(made[1][1])
     assert Counter({(w, p): c for w, p, c in got}) == _expected_windows()
     assert len(got) == len(_expected_windows()), "a window was written twice"
+    assert results[2]["stopped_after"] == 0 and results[2]["group_before_stop"], results[2]
+    assert sorted(made[2][1].rows()) == _expected_rows()
+    group = GroupReader(kafka_bootstrap, f"watch-{topic}", topic, PARTITIONS)
+    everything = {(topic, p): PER_PARTITION for p in range(PARTITIONS)}
+    wait_for(lambda: group.committed() == everything, 60, "the group at the input's end")

@@ -592,12 +592,11 @@ def test_parse_duration_ms_names_the_option() -> None:
 
 SECRETS = {
     "kafka.sasl.password": "hunter2-sasl",
-    "kafka.sasl.jaas.config": "org.apache.kafka.Login required password='jaas-secret';",
     "kafka.ssl.key.password": "ssl-key-secret",
     "kafka.ssl.keystore.password": "keystore-secret",
     "kafka.sasl.oauthbearer.client.secret": "oauth-secret",
 }
-SECRET_VALUES = ["hunter2-sasl", "jaas-secret", "ssl-key-secret", "keystore-secret", "oauth-secret"]
+SECRET_VALUES = ["hunter2-sasl", "ssl-key-secret", "keystore-secret", "oauth-secret"]
 
 BROKEN = [
     {"kafka.group.id": "g", "groupIdPrefix": "p"},
@@ -630,7 +629,6 @@ def test_safe_kafka_config_masks_secrets() -> None:
         "security.protocol": "SASL_SSL",
         "sasl.username": "***",
         "sasl.password": "***",
-        "sasl.jaas.config": "***",
         "ssl.key.password": "***",
         "ssl.keystore.password": "***",
         "sasl.oauthbearer.client.secret": "***",

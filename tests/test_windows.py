@@ -70,8 +70,9 @@ class Expired:
 
 class Runner:
     """Drives a processor batch by batch as Spark does: every key group's rows, then every
-    group's expired timers (each once), with the batch's watermark. ``group`` maps a key to
-    its key group (by default its own)."""
+    group's expired timers (each once), with the batch's watermark. A timer has expired when
+    the batch's watermark is at or past it, and Spark deletes it after its visit. ``group``
+    maps a key to its key group (by default its own)."""
 
     def __init__(self, processor: windows.WindowProcessor,
                  group: Callable[[str], Any] = lambda key: key) -> None:
@@ -151,6 +152,21 @@ def test_one_visit_fires_all_windows_due_and_leaves_the_spark_timer_at_the_next(
     assert fired(out) == [("a", 0, 2, 0, "ON_TIME", True), ("a", 10_000, 5, 0, "ON_TIME", True)]
     assert run.handle.timers == {("a",): {29_999}}
     assert run.handle.values[("a",)][1] == [29_999]
+
+
+def test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_rises() -> None:
+    # Flink's order: W = 75 s, then 74,999, 76, 77 and 78 s in window [70 s, 80 s), whose
+    # ContinuousEventTimeTrigger interval timer (75 s) is at W; the next watermark fires it
+    # with all four. Here the records come over three batches of the same watermark.
+    run = Runner(processor(windows.tumbling("10 s"), windows.Count(),
+                           trigger=windows.ContinuousEventTimeTrigger(3_000)))
+    assert run.batch(75_000, [("a", 74_999, 0)]) == []
+    # Spark would hand over a timer at 75 s in this batch already: the group's is past it
+    assert run.handle.timers == {("a",): {75_001}}
+    assert run.batch(75_000, [("a", 76_000, 0), ("a", 77_000, 0)]) == []
+    assert run.batch(75_000, [("a", 78_000, 0)]) == []
+    assert fired(run.batch(76_000, [])) == [("a", 70_000, 4, 0, "EARLY", False)]
+    assert run.handle.timers == {("a",): {78_000}}  # the next interval
 
 
 def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it() -> None:
@@ -249,3 +265,18 @@ def test_a_visit_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it(
         assert seen == [False, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_workers_heap_is_frozen_once_so_pysparks_collection_after_each_task_skips_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(windows, "_heap_frozen", False)
+    gc.unfreeze()
+    try:
+        processor(windows.tumbling("10 s"), windows.Count()).init(KeyedHandle())
+        frozen = gc.get_freeze_count()
+        assert frozen > 10_000  # the modules' objects, at least
+        later = [[i] for i in range(1_000)]
+        processor(windows.tumbling("10 s"), windows.Count()).init(KeyedHandle())
+        assert gc.get_freeze_count() <= frozen and later  # nothing frozen again
+    finally:
+        gc.unfreeze()

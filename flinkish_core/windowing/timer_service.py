@@ -2,10 +2,12 @@
 key, window and timestamp.
 
 A timer is registered at most once per (key, window, timestamp): registering it again does
-nothing. Event-time timers fire when the watermark reaches their timestamp (timestamp <= W),
-processing-time timers when the processing time does, in timestamp order (ties in
-registration order, so a run is deterministic). Timers registered while firing that are already
-due fire in the same advance, as in Flink's loop over the queue's head.
+nothing. Event-time timers fire when the watermark advances to their timestamp or past it
+(timestamp <= W, at a watermark greater than the one before: a timer registered at or below
+the current watermark waits for the next advance), processing-time timers when the processing
+time reaches them, in timestamp order (ties in registration order, so a run is deterministic).
+Timers registered while firing that are already due fire in the same advance, as in Flink's
+loop over the queue's head.
 """
 
 from __future__ import annotations

@@ -181,10 +181,19 @@ class WindowOperator:
         return self._out
 
     def process_watermark(self, watermark: int) -> WindowOutput:
-        """Advances event time to ``watermark`` (a watermark never goes back) and fires every
-        event-time timer at or before it, in timestamp order."""
+        """Advances event time to ``watermark`` and fires every event-time timer at or before
+        it, in timestamp order.
+
+        Only a strictly greater watermark advances anything, as in Flink, where the valve
+        forwards a watermark only when it rises and ``InternalTimerServiceImpl.advanceWatermark``
+        runs only then: a watermark at or below the current one fires nothing. So a timer
+        registered at or below the current watermark (an element that is late for its
+        ``ContinuousEventTimeTrigger`` interval, say) fires at the next advance, with whatever
+        the window holds by then, however often the same watermark is repeated before it."""
         self._out = WindowOutput()
-        self._timers.current_watermark = max(self._timers.current_watermark, watermark)
+        if watermark <= self._timers.current_watermark:
+            return self._out
+        self._timers.current_watermark = watermark
         queue = self._timers.event_time_timers
         while (timer := queue.poll(self._timers.current_watermark)) is not None:
             self._on_timer(timer, event_time=True)

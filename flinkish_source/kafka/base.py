@@ -15,6 +15,7 @@ import atexit
 import contextlib
 import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -43,6 +44,11 @@ class KafkaUnavailableError(RuntimeError):
     """The brokers could not be reached, or answered with an error, within the bounded wait."""
 
 
+class KafkaSecurityError(KafkaUnavailableError):
+    """The brokers refused the client: authentication failed, or TLS verification did (an
+    untrusted certificate on either side). Retrying cannot help, so it ends the wait at once."""
+
+
 class DataLossError(RuntimeError):
     """Offsets the query needs are gone (retention, deleted topic); see ``failOnDataLoss``."""
 
@@ -65,6 +71,73 @@ _UNANSWERED = frozenset({
 })
 
 
+#: librdkafka's codes for a refused login (reported by error_cb, out of band of any call)
+_AUTHENTICATION = frozenset({
+    KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
+    KafkaError.UNSUPPORTED_SASL_MECHANISM, KafkaError.ILLEGAL_SASL_STATE,
+})
+#: A TLS handshake that failed on a certificate: librdkafka reports the client's own check as
+#: _SSL, and the broker's refusal of the client's certificate (a TLS alert, seen at the first
+#: read under TLS 1.3) as a transport error carrying OpenSSL's reason.
+_TLS_REFUSED = re.compile(
+    r"SSL handshake failed|certificate verify failed|alert (?:certificate required|"
+    r"bad certificate|unknown ca|certificate unknown|certificate revoked|certificate expired|"
+    r"handshake failure|access denied|decrypt error)", re.IGNORECASE)
+
+
+def security_failure(error: KafkaError | None) -> str | None:
+    """What ``error`` says about the brokers refusing this client: "authentication failed",
+    "TLS verification failed", or None when it is no such refusal (e.g. no answer yet)."""
+    if error is None:
+        return None
+    if error.code() in _AUTHENTICATION:
+        return "authentication failed"
+    if error.code() == KafkaError._SSL or _TLS_REFUSED.search(error.str() or ""):
+        return "TLS verification failed"
+    return None
+
+
+def security_error(options: SourceOptions, what: str, error: KafkaError
+                   ) -> KafkaSecurityError | None:
+    """The error that ends a query whose client the brokers refused (see
+    :func:`security_failure`), or None."""
+    kind = security_failure(error)
+    if kind is None:
+        return None
+    check = (
+        "the credentials (kafka.sasl.jaas.config, or sasl.username / sasl.password) and "
+        "kafka.sasl.mechanism" if kind == "authentication failed" else
+        "that the trust store (kafka.ssl.truststore.*, or ssl.ca.location) holds the CA of "
+        "the brokers' certificates, that the host names match them (or "
+        "kafka.ssl.endpoint.identification.algorithm), and, where the brokers require a "
+        "client certificate, the key store (kafka.ssl.keystore.*)")
+    return KafkaSecurityError(
+        f"{what}: {kind} with bootstrap servers {servers(options)!r}: "
+        f"{scrub(error.str(), options.kafka_secrets)}; check {check}; client settings: "
+        f"{options.safe_kafka_config}")
+
+
+_refusals = threading.local()
+
+
+def note_refusal(error: KafkaError) -> None:
+    """A read consumer's ``error_cb``: keeps a refusal (:func:`security_failure`) for the thread
+    whose poll served it (callbacks run in the polling thread), see :func:`raise_refusal`. One
+    function for every consumer, so consumers of one query stay interchangeable in the pool."""
+    if security_failure(error) is not None:
+        _refusals.error = error
+
+
+def raise_refusal(options: SourceOptions, what: str) -> None:
+    """Raise :class:`KafkaSecurityError` if this thread's last poll served a refusal."""
+    error = getattr(_refusals, "error", None)
+    if error is not None:
+        _refusals.error = None
+        failure = security_error(options, what, error)
+        assert failure is not None
+        raise failure
+
+
 def servers(options: SourceOptions) -> str:
     return str(options.kafka_config.get("bootstrap.servers"))
 
@@ -77,6 +150,10 @@ def error_hint(options: SourceOptions) -> str:
         f"({WAIT_OPTION} sets how long to wait); client settings: "
         f"{options.safe_kafka_config}"
     )
+
+
+#: How long the first attempt of a wait for the brokers may take (see :class:`BrokerWait`).
+FIRST_ATTEMPT_S = 1.0
 
 
 def retry_step(bound_s: float) -> float:
@@ -93,12 +170,17 @@ class BrokerWait:
     bound it raises :class:`KafkaUnavailableError` naming the servers and the option. Errors
     that are not "no answer yet" (e.g. failed authentication) raise at once. ``complaints``
     returns the client's latest own report (its ``error_cb``, e.g. ``Connect to
-    ipv4#127.0.0.1:1 failed: Connection refused``), more telling than the call's error.
+    ipv4#127.0.0.1:1 failed: Connection refused``), more telling than the call's error; when
+    it says the brokers refused the client (:func:`security_failure`), the wait ends at once
+    with :class:`KafkaSecurityError`. librdkafka reports such a refusal only there, while the
+    call itself waits out its timeout, so the first attempt of a client with TLS or SASL is
+    short (:data:`FIRST_ATTEMPT_S`): a wrong password or an untrusted certificate fails within
+    seconds.
     """
 
     def __init__(
         self, options: SourceOptions, what: str,
-        complaints: Callable[[], str | None] | None = None,
+        complaints: Callable[[], KafkaError | None] | None = None,
     ) -> None:
         self._options = options
         self.what = what
@@ -106,6 +188,7 @@ class BrokerWait:
         self.step = retry_step(self.bound)
         self.started = time.monotonic()
         self._complaints = complaints
+        self._latest: KafkaError | None = None
 
     def elapsed(self) -> float:
         return time.monotonic() - self.started
@@ -115,10 +198,14 @@ class BrokerWait:
 
     def call(self, attempt: Callable[[float], _T]) -> _T:
         """``attempt(timeout_s)`` until it answers, retrying unanswered slices to the bound."""
+        # a plaintext client is never refused, so its first attempt gets a whole slice too
+        protocol = str(self._options.kafka_config.get("security.protocol", "plaintext"))
+        first = protocol.strip().lower() != "plaintext"
         while True:
             begun = time.monotonic()
+            limit = FIRST_ATTEMPT_S if first else self.step
             try:
-                return attempt(max(0.001, min(self.step, self.remaining())))
+                return attempt(max(0.001, min(limit, self.remaining())))
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 code = error.code() if isinstance(error, KafkaError) else None
@@ -126,20 +213,47 @@ class BrokerWait:
                     error.str() if isinstance(error, KafkaError) else str(exc),
                     self._options.kafka_secrets,
                 )
+                refused = (security_error(self._options, self.what, error)
+                           if isinstance(error, KafkaError) else None)
+                if refused is not None:
+                    raise refused from exc
                 if code not in _UNANSWERED:
                     raise KafkaUnavailableError(
                         f"{self.what}: the brokers answered with an error: {reason}; "
                         + error_hint(self._options)
                     ) from exc
+            if first:  # only a refusal ends the wait this early; otherwise a full slice next
+                first = False
+                self._refusal()
+                continue
             # a call that failed fast must not spin: one attempt per slice
             time.sleep(max(0.0, min(self.step - (time.monotonic() - begun), self.remaining())))
             self.unanswered(reason)
 
+    def _complaint(self) -> KafkaError | None:
+        """The client's latest report (the previous one if it made none since)."""
+        latest = self._complaints() if self._complaints is not None else None
+        if latest is not None:
+            self._latest = latest
+        return self._latest
+
+    def _refusal(self, complaint: KafkaError | None = None) -> None:
+        """Raise :class:`KafkaSecurityError` if the client's report says it was refused."""
+        complaint = complaint if complaint is not None else self._complaint()
+        refused = (security_error(self._options, self.what, complaint)
+                   if complaint is not None else None)
+        if refused is not None:
+            raise refused
+
     def unanswered(self, reason: str | None = None) -> None:
-        """One slice went unanswered: log a warning, or raise at the bound."""
-        complaint = self._complaints() if self._complaints is not None else None
+        """One slice went unanswered: log a warning, or raise at the bound (at once when the
+        client's report says it was refused)."""
+        complaint = self._complaint()
+        if complaint is not None:
+            self._refusal(complaint)
         detail = "; ".join(dict.fromkeys(
-            scrub(r, self._options.kafka_secrets) for r in (complaint, reason) if r
+            scrub(r, self._options.kafka_secrets)
+            for r in (complaint.str() if complaint is not None else None, reason) if r
         )) or "no answer"
         if self.remaining() <= 0:
             raise KafkaUnavailableError(
@@ -158,10 +272,11 @@ class BrokerWait:
 
 def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
     """librdkafka settings for a manually assigned, never-committing consumer."""
-    config: dict[str, Any] = dict(options.kafka_config)
+    config: dict[str, Any] = options.client_config()
     config.update(
         {
             "group.id": f"flinkish-{uuid.uuid4().hex}",
+            "error_cb": note_refusal,
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",

@@ -1,22 +1,36 @@
 """Completed epochs' end offsets committed to a Kafka consumer group, for monitoring only.
 
 Flink's ``KafkaSource`` commits the offsets of every completed checkpoint to its consumer group
-(``commit.offsets.on.checkpoint``) so that the tools Kafka users already run (lag exporters,
-``kafka-consumer-groups``) show the job's progress; Spark's Kafka source never does
-(SPARK-27549). flinkish does what Flink does: when a query names a group
-(``SourceOptions.commit_group``), the driver commits the end offsets of each epoch once Spark
-has durably committed that epoch. The checkpoint stays the only truth: nothing ever reads these
-offsets back, and a failed commit is logged and superseded by the next epoch's, never failing
-the query.
+(``commit.offsets.on.checkpoint``, on ``notifyCheckpointComplete``) so that the tools Kafka users
+already run (lag exporters, ``kafka-consumer-groups``) show the job's progress; Spark's Kafka
+source never does (SPARK-27549). flinkish does what Flink does: when a query names a group
+(``SourceOptions.commit_group``), the driver-side reader commits the end offsets of each epoch
+once Spark has written that epoch to its commit log. The checkpoint stays the only truth: nothing
+ever reads these offsets back, and a failed commit is logged and tried again with the next
+epoch's offsets (or, for the same offsets, after ``RETRY_INTERVAL_S``), never failing the query.
 
-Spark calls the reader's ``commit(end)`` for epoch N when it plans epoch N+1, after N's commit
-log is written, so the group's offsets trail the query by one micro-batch, and the last epoch
-of a run is committed when the query next starts.
+When: as soon as Spark has the epoch in its commit log, at whichever of these comes first:
+
+- Spark plans from the epoch's end: it calls the reader's ``latestOffset(end_N)`` only after
+  N's commit log is written (a restart replays an uncommitted epoch before it plans again):
+  at once with the default trigger, at the next trigger with ``processingTime``, and, under
+  ``Trigger.AvailableNow``, for the run's last epoch too, before the query ends;
+- the session's listener passes on the epoch's progress event (``flinkish.epoch_listener``,
+  ``flinkish_source.epoch_notices``): right after the epoch whatever the trigger, and for the
+  last epoch of a query stopped while it waits for its next trigger.
+
+A notice counts only for an epoch this reader planned and has not committed (``planned``,
+``epoch_committed``), so the group never runs ahead of the commit log nor back behind it.
+The reader's own ``commit(end_N)`` comes later (when epoch N+1 is journaled) and ``stop()`` is
+not called on a graceful stop, so neither is used.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -24,6 +38,16 @@ from flinkish_source.kafka.base import TopicPartitionKey
 from flinkish_source.options import SourceOptions
 
 logger = logging.getLogger(__name__)
+
+#: How long the same offsets wait before they are tried again after a failed commit: Spark asks
+#: for new data every few milliseconds while there is none, and an unreachable coordinator
+#: would otherwise be asked (and warned about) on every one of those plannings.
+RETRY_INTERVAL_S = 30.0
+
+
+#: How many planned epochs are remembered for completed-epoch notices: Spark runs one batch at a
+#: time, and a notice arrives before the next few are planned.
+PLANNED_KEPT = 8
 
 
 class GroupOffsetCommitter:
@@ -36,13 +60,19 @@ class GroupOffsetCommitter:
         self._options = options
         self._consumer: Any = None
         self.committed: dict[TopicPartitionKey, int] = {}
+        # the offsets of the last failed commit and when it failed (monotonic seconds)
+        self._failed: tuple[dict[TopicPartitionKey, int], float] | None = None
+        # planning and completed-epoch notices commit from different threads
+        self._lock = threading.Lock()
+        # the epochs planned and not committed yet, oldest first (their end offsets' keys)
+        self._planned: deque[str] = deque(maxlen=PLANNED_KEPT)
 
     def _client(self) -> Any:
         if self._consumer is None:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer({
-                **self._options.kafka_config,
+                **self._options.client_config(),
                 "group.id": self._options.commit_group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
@@ -50,14 +80,48 @@ class GroupOffsetCommitter:
             })
         return self._consumer
 
-    def commit(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
-        """Commit ``offsets`` (the next offset to read, per partition); False, with a warning,
-        when Kafka refused or could not be reached (the next epoch's commit supersedes it)."""
-        from confluent_kafka import KafkaException, TopicPartition
+    def planned(self, epoch: str) -> None:
+        """Spark is about to run the epoch ``epoch`` (its end offset's key)."""
+        with self._lock:
+            self._planned.append(epoch)
 
+    def expects(self, epoch: str) -> bool:
+        """Whether ``epoch`` is planned and not committed yet."""
+        with self._lock:
+            return epoch in self._planned
+
+    def epoch_committed(self, epoch: str, offsets: Mapping[TopicPartitionKey, int],
+                        notice: bool = False) -> bool:
+        """Spark has committed the epoch ``epoch``, which ends at ``offsets``: commit them, and
+        forget the epochs up to it. A ``notice`` (from the query's listener, which may lag
+        behind the planning) counts only for an epoch still planned: never a later epoch's
+        offsets replaced with an earlier one's, nor one this reader did not plan."""
+        with self._lock:
+            if epoch in self._planned:
+                while self._planned.popleft() != epoch:
+                    pass
+            elif notice:
+                return False
+            return self._commit_changed(offsets)
+
+    def _commit_changed(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
+        """Commit ``offsets`` (the next offset to read, per partition), unless the group holds
+        them already; False, with a warning, when Kafka refused or could not be reached (the
+        next epoch's offsets are tried at once, the same ones after ``RETRY_INTERVAL_S``)."""
         changed = {tp: o for tp, o in offsets.items() if self.committed.get(tp) != o}
         if not changed:
             return True
+        if self._failed is not None:
+            failed, at = self._failed
+            if failed == dict(offsets) and time.monotonic() - at < RETRY_INTERVAL_S:
+                return False
+        ok = self._commit(changed)
+        self._failed = None if ok else (dict(offsets), time.monotonic())
+        return ok
+
+    def _commit(self, changed: Mapping[TopicPartitionKey, int]) -> bool:
+        from confluent_kafka import KafkaException, TopicPartition
+
         try:
             results = self._client().commit(
                 offsets=[TopicPartition(t, p, o) for (t, p), o in sorted(changed.items())],

@@ -28,6 +28,7 @@ from flinkish_source.kafka.base import (
     RangeKey,
     ShortLog,
     error_hint,
+    raise_refusal,
     retention_loss,
     retry_step,
     servers,
@@ -163,6 +164,7 @@ class RangeReader(PooledRangeReader):
                 self._finish_other(self._assigned[(r.topic, r.partition)])
             self._fetch_ahead()
             self._poll()
+            raise_refusal(options, f"could not read {topic}/{partition}")
             if r.chunks or r.done:
                 continue
             fetch_pos = self._client().position([r.tp])[0].offset

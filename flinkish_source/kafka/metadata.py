@@ -29,6 +29,7 @@ from flinkish_source.kafka.base import (
     BrokerWait,
     TopicPartitionKey,
     consumer_config,
+    security_failure,
 )
 from flinkish_source.options import SourceOptions
 
@@ -49,7 +50,7 @@ class KafkaMetadata:
         self._options = options
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
-        self._complaint: str | None = None
+        self._complaint: KafkaError | None = None
         # per partition: the latest offset ListOffsets reported, and the high watermark the
         # fetch probe found for it (see offset_ranges)
         self._probed: dict[TopicPartitionKey, tuple[int, int]] = {}
@@ -73,7 +74,7 @@ class KafkaMetadata:
         The first call also creates the probe's consumer, which then connects to the cluster
         while this client's requests are answered."""
         if self._admin is None:
-            config: dict[str, Any] = dict(self._options.kafka_config)
+            config: dict[str, Any] = self._options.client_config()
             config.update({
                 "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
@@ -94,9 +95,12 @@ class KafkaMetadata:
         return self._options.kafka_config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
-        self._complaint = error.str()
+        """A client's ``error_cb``. A refusal (failed authentication, TLS verification) is
+        kept over the reports that follow it ("1/1 brokers are down"): it is the cause."""
+        if security_failure(self._complaint) is None:
+            self._complaint = error
 
-    def _complaints(self) -> str | None:
+    def _complaints(self) -> KafkaError | None:
         """The clients' latest own error report since the last call (served by a poll: the
         consumer has no assignment outside :meth:`_probe_high_watermarks`, so a poll takes no
         records)."""

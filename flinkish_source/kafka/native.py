@@ -116,7 +116,8 @@ def eligible(options: SourceOptions) -> str | None:
     security = str(options.kafka_config.get("security.protocol", "")).strip()
     if security.lower() not in _PLAIN_PROTOCOLS:
         return f"kafka.security.protocol={security} (only plaintext connections are native)"
-    if any(k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
+    if options.client_security.active or any(
+            k.startswith(_SECURE_PREFIXES) for k in options.kafka_config):
         return "kafka.sasl.*/kafka.ssl.* settings (only plaintext connections are native)"
     if str(options.kafka_config.get("check.crcs", "false")).strip().lower() == "true":
         return "kafka.check.crcs=true (the native decoder does not verify CRCs)"

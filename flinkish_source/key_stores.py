@@ -1,0 +1,311 @@
+"""Java key stores and trust stores (JKS, PKCS12, PEM) converted into the PEM files librdkafka
+reads (``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``).
+
+The files are written once per process and store (:func:`store_files`), where the client is
+built: the store's path names a file on that machine, executors included. They sit in a
+directory only this process's user can enter (0700), each readable by it alone (0600), and go
+when the process ends; a process that could not clean up (killed) leaves its directory to the
+next process that converts a store, which removes the directories of processes that are gone.
+
+JKS is read here (its format is small and fixed: Sun's ``JavaKeyStore``, keys protected by
+``KeyProtector``); PKCS12 and PEM by ``cryptography``. Errors name the option and the problem,
+never a password.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import hashlib
+import os
+import shutil
+import struct
+import tempfile
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from flinkish_core.errors import OptionError
+from flinkish_core.secrets import fingerprint
+from flinkish_source.java_security import StoreSpec
+
+__all__ = ["StoreContent", "StoreFiles", "read_store", "store_files"]
+
+_JKS_MAGIC = 0xFEEDFEED
+_JCEKS_MAGIC = 0xCECECECE
+#: Sun's key protection algorithm (``KeyProtector``), the only one JKS private keys use
+_SUN_KEY_PROTECTOR = bytes.fromhex("060a2b060104012a02110101")  # DER OID 1.3.6.1.4.1.42.2.17.1.1
+_DIR_PREFIX = "flinkish-tls-"
+
+
+@dataclass(frozen=True)
+class StoreContent:
+    """What a store holds that a client uses: trusted certificates, or a key and its chain."""
+
+    certificates: list[Any]  # cryptography x509.Certificate; a key store: the key's chain first
+    key: Any = None  # a private key (key stores)
+
+
+@dataclass(frozen=True)
+class StoreFiles:
+    """The PEM files of one store: ``ca`` for a trust store, ``certificate`` and ``key`` for a
+    key store."""
+
+    ca: str | None = None
+    certificate: str | None = None
+    key: str | None = None
+
+
+def _option(spec: StoreSpec, what: str) -> str:
+    return f"kafka.ssl.{spec.kind}.{what}"
+
+
+def _bad(spec: StoreSpec, problem: str) -> OptionError:
+    where = (f"option {_option(spec, 'location')} ({spec.location})" if spec.location
+             else f"the inline PEM {spec.kind}")
+    return OptionError(f"{where}: {problem}")
+
+
+def _utf(data: bytes, at: int) -> tuple[str, int]:
+    (length,) = struct.unpack_from(">H", data, at)
+    return data[at + 2: at + 2 + length].decode("utf-8", "replace"), at + 2 + length
+
+
+def _der_item(data: bytes, at: int) -> tuple[int, bytes, int]:
+    """One DER element at ``at``: its tag, its content and where the next one starts."""
+    tag, length = data[at], data[at + 1]
+    at += 2
+    if length & 0x80:
+        count = length & 0x7F
+        length = int.from_bytes(data[at: at + count], "big")
+        at += count
+    return tag, data[at: at + length], at + length
+
+
+def _jks_password(password: str) -> bytes:
+    return password.encode("utf-16-be")
+
+
+def _unprotect_jks_key(spec: StoreSpec, protected: bytes, password: str) -> bytes:
+    """The PKCS#8 key of a JKS private key entry (Sun's ``KeyProtector``: a SHA-1 key stream
+    seeded by a salt, and a SHA-1 check of the result)."""
+    _, info, _ = _der_item(protected, 0)  # EncryptedPrivateKeyInfo
+    _, algorithm, after = _der_item(info, 0)
+    _, encrypted, _ = _der_item(info, after)
+    if not algorithm.startswith(_SUN_KEY_PROTECTOR):
+        raise _bad(spec, "its private key is not protected with the JKS algorithm (a JCEKS "
+                         "entry?); convert the store with keytool -importkeystore "
+                         "-deststoretype PKCS12")
+    salt, body, check = encrypted[:20], encrypted[20:-20], encrypted[-20:]
+    pw = _jks_password(password)
+    stream = bytearray()
+    digest = salt
+    while len(stream) < len(body):
+        digest = hashlib.sha1(pw + digest).digest()
+        stream += digest
+    plain = bytes(a ^ b for a, b in zip(body, stream, strict=False))
+    if hashlib.sha1(pw + plain).digest() != check:
+        raise _bad(spec, f"the key password is wrong (option kafka.ssl.key.password, or "
+                         f"{_option(spec, 'password')} when the key has the store's password)")
+    return plain
+
+
+def _read_jks(spec: StoreSpec, data: bytes) -> StoreContent:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_der_private_key
+
+    magic, version, count = struct.unpack_from(">III", data, 0)
+    if magic == _JCEKS_MAGIC:
+        raise _bad(spec, "JCEKS stores are not read; convert it with keytool -importkeystore "
+                         "-deststoretype PKCS12")
+    if magic != _JKS_MAGIC or version not in (1, 2):
+        raise _bad(spec, "not a JKS store")
+    if spec.password:
+        body, digest = data[:-20], data[-20:]
+        expected = hashlib.sha1(
+            _jks_password(spec.password) + b"Mighty Aphrodite" + body).digest()
+        if expected != digest:
+            raise _bad(spec, f"the store password is wrong (option "
+                             f"{_option(spec, 'password')}), or the file is damaged")
+    at = 12
+    trusted: list[Any] = []
+    keys: list[tuple[str, bytes, list[Any]]] = []
+
+    def certificate() -> Any:
+        nonlocal at
+        if version == 2:
+            _, at = _utf(data, at)  # the certificate type, X.509
+        (length,) = struct.unpack_from(">I", data, at)
+        cert = x509.load_der_x509_certificate(data[at + 4: at + 4 + length])
+        at += 4 + length
+        return cert
+
+    for _ in range(count):
+        (tag,) = struct.unpack_from(">I", data, at)
+        alias, at = _utf(data, at + 4)
+        at += 8  # the entry's date
+        if tag == 1:
+            (length,) = struct.unpack_from(">I", data, at)
+            protected = data[at + 4: at + 4 + length]
+            (chain_length,) = struct.unpack_from(">I", data, at + 4 + length)
+            at += 8 + length
+            keys.append((alias, protected, [certificate() for _ in range(chain_length)]))
+        elif tag == 2:
+            trusted.append(certificate())
+        else:
+            raise _bad(spec, f"entry {alias!r} is of an unknown kind ({tag})")
+    if spec.kind == "truststore":
+        return StoreContent(trusted + [c for _, _, chain in keys for c in chain[:1]])
+    if len(keys) != 1:
+        raise _bad(spec, f"a key store needs exactly one private key entry, it has "
+                         f"{len(keys)}" + (f" ({', '.join(a for a, _, _ in keys)})"
+                                           if keys else ""))
+    _, protected, chain = keys[0]
+    password = spec.key_password or spec.password
+    if not password:
+        raise _bad(spec, f"the private key needs a password ({_option(spec, 'password')} "
+                         "or kafka.ssl.key.password)")
+    key = load_der_private_key(_unprotect_jks_key(spec, protected, password), None)
+    return StoreContent(chain, key)
+
+
+def _read_pkcs12(spec: StoreSpec, data: bytes) -> StoreContent:
+    from cryptography.hazmat.primitives.serialization import pkcs12
+
+    password = spec.password.encode() if spec.password else None
+    try:
+        store = pkcs12.load_pkcs12(data, password)
+    except ValueError:
+        raise _bad(spec, f"cannot open the PKCS12 store: the password (option "
+                         f"{_option(spec, 'password')}) is wrong or missing, or the file is "
+                         "damaged") from None
+    extra = [c.certificate for c in store.additional_certs]
+    if spec.kind == "truststore":
+        own = [store.cert.certificate] if store.cert is not None else []
+        return StoreContent(own + extra)
+    if store.key is None or store.cert is None:
+        raise _bad(spec, "the PKCS12 key store holds no private key with its certificate")
+    return StoreContent([store.cert.certificate] + extra, store.key)
+
+
+def _read_pem(spec: StoreSpec, data: bytes | None) -> StoreContent:
+    from cryptography import x509
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    text = data if data is not None else (spec.certificates or "").encode()
+    try:
+        certificates = x509.load_pem_x509_certificates(text)
+    except ValueError:
+        raise _bad(spec, "holds no PEM certificate (-----BEGIN CERTIFICATE-----)") from None
+    if spec.kind == "truststore":
+        return StoreContent(certificates)
+    key_text = spec.key.encode() if spec.key is not None else text
+    password = spec.key_password.encode() if spec.key_password else None
+    try:
+        key = load_pem_private_key(key_text, password)
+    except (ValueError, TypeError):
+        raise _bad(spec, "cannot read the PEM private key: kafka.ssl.key.password is wrong or "
+                         "missing, or there is no -----BEGIN (ENCRYPTED) PRIVATE KEY----- "
+                         "block") from None
+    return StoreContent(certificates, key)
+
+
+def read_store(spec: StoreSpec) -> StoreContent:
+    """The certificates (and key) of a store, of the type it is given as, or when no type is
+    given, the type its content shows (JKS, PKCS12 or PEM, as Java's keystore.type.compat
+    reads a PKCS12 file given as JKS)."""
+    data: bytes | None = None
+    if spec.location is not None:
+        try:
+            with open(spec.location, "rb") as f:
+                data = f.read()
+        except OSError as exc:
+            raise _bad(spec, f"cannot be read ({exc.strerror}); the file must exist on the "
+                             "driver and on every executor") from None
+    if data is None or spec.store_type == "PEM" or (
+            spec.store_type is None and b"-----BEGIN " in data[:8192]):
+        return _read_pem(spec, data)
+    if len(data) >= 4 and struct.unpack_from(">I", data)[0] in (_JKS_MAGIC, _JCEKS_MAGIC):
+        return _read_jks(spec, data)
+    if spec.store_type == "JKS" and not data.startswith(b"\x30"):
+        raise _bad(spec, "not a JKS or PKCS12 store")
+    return _read_pkcs12(spec, data)
+
+
+_lock = threading.Lock()
+_files: dict[tuple[int, str], StoreFiles] = {}
+_directory: dict[int, str] = {}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _private_directory() -> str:
+    """This process's directory for converted stores (0700), created on first use; the ones
+    left by processes that are gone are removed."""
+    pid = os.getpid()
+    if pid not in _directory:
+        base = tempfile.gettempdir()
+        with contextlib.suppress(OSError):
+            for name in os.listdir(base):
+                owner = name[len(_DIR_PREFIX):].split("-", 1)[0]
+                if name.startswith(_DIR_PREFIX) and owner.isdigit() and not _pid_alive(
+                        int(owner)):
+                    shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        path = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{pid}-")  # mode 0700
+        _directory[pid] = path
+        atexit.register(shutil.rmtree, path, True)
+    return _directory[pid]
+
+
+def _write(directory: str, name: str, data: bytes) -> str:
+    path = os.path.join(directory, name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return path
+
+
+def store_files(spec: StoreSpec) -> StoreFiles:
+    """The PEM files of ``spec`` in this process, converted on first use (and again when the
+    store's file changed)."""
+    from cryptography.hazmat.primitives.serialization import (
+        Encoding,
+        NoEncryption,
+        PrivateFormat,
+    )
+
+    # every field, passwords included (the repr masks them), and the file's modification
+    # time: a store renewed in place (a rotated certificate) is converted again for the
+    # clients built after it
+    modified = None
+    if spec.location is not None:
+        with contextlib.suppress(OSError):
+            modified = os.stat(spec.location).st_mtime_ns
+    key = (os.getpid(), fingerprint(*dataclasses.astuple(spec), modified))
+    with _lock:
+        if key in _files:
+            return _files[key]
+        content = read_store(spec)
+        if not content.certificates:
+            raise _bad(spec, "holds no certificate")
+        pem = b"".join(c.public_bytes(Encoding.PEM) for c in content.certificates)
+        directory = _private_directory()
+        name = key[1][:16]
+        if spec.kind == "truststore":
+            files = StoreFiles(ca=_write(directory, f"{name}-ca.pem", pem))
+        else:
+            key_pem = content.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
+                                                NoEncryption())
+            files = StoreFiles(certificate=_write(directory, f"{name}-cert.pem", pem),
+                               key=_write(directory, f"{name}-key.pem", key_pem))
+        _files[key] = files
+        return files
