@@ -195,22 +195,22 @@ class TwoPhaseCommitCoordinator:
         """Commit an epoch's decided pre-commits: one by one into a :class:`Target`, all at
         once into an :class:`EpochTarget` (the main one even without any: its commit
         publishes the epoch). Returns the gids committed."""
-        groups: list[tuple[AnyTarget, list[PreCommit]]] = [(self._target, [])]
-        if self._side is not None:
-            groups.append((self._side, []))
-        for pc in chosen:
-            groups[0 if self._target_of(pc.txn) is self._target else 1][1].append(pc)
+        whole: list[tuple[EpochTarget, list[PreCommit]]] = [
+            (t, []) for t in (self._target, self._side) if isinstance(t, EpochTarget)
+        ]
         committed: list[str] = []
-        for target, decided in groups:
+        for pc in chosen:
+            target = self._target_of(pc.txn)
             if isinstance(target, EpochTarget):
-                if decided or target is self._target:
-                    target.commit_epoch(decided, record)
-                    committed += [pc.txn.gid for pc in decided]
-                    failpoint("mid_commit", query=self._query, epoch=record.epoch)
+                next(group for t, group in whole if t is target).append(pc)
                 continue
-            for pc in decided:
-                target.commit(pc)
-                committed.append(pc.txn.gid)
+            target.commit(pc)
+            committed.append(pc.txn.gid)
+            failpoint("mid_commit", query=self._query, epoch=record.epoch)
+        for target, decided in whole:
+            if decided or target is self._target:
+                target.commit_epoch(decided, record)
+                committed += [pc.txn.gid for pc in decided]
                 failpoint("mid_commit", query=self._query, epoch=record.epoch)
         return committed
 
