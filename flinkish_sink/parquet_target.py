@@ -83,19 +83,7 @@ class ParquetTarget:
         (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a
         transaction over to a new file after that many rows (None: one file per transaction)."""
         text = os.fspath(path)
-        if not text:
-            raise ValueError("Parquet target path is empty")
-        try:
-            if "://" in text:
-                filesystem, base = pafs.FileSystem.from_uri(text)
-            else:
-                filesystem, base = pafs.LocalFileSystem(), os.path.abspath(text)
-        except (ValueError, OSError) as exc:
-            # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
-            reason = scrub(str(exc), dsn_secrets(text))
-            raise ValueError(
-                f"cannot use {mask_uri(text)!r} as a Parquet target path: {reason}"
-            ) from None
+        filesystem, base = filesystem_of(text, "a Parquet target path")
         self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
 
     @classmethod
@@ -186,7 +174,7 @@ class ParquetTarget:
             self._sync(temp)
             self._fs.move(temp, self._path(name))
         except BaseException:
-            _delete_file_if_present(self._fs, temp)
+            delete_file_if_present(self._fs, temp)
             raise
         self._sync(self._base)
 
@@ -286,7 +274,7 @@ class ParquetTarget:
             self._sync(temp)
             self._fs.move(temp, path)
         except BaseException:
-            _delete_file_if_present(self._fs, temp)
+            delete_file_if_present(self._fs, temp)
             raise
         self._sync(directory)
 
@@ -319,17 +307,7 @@ class ParquetTarget:
             self._fs.delete_dir(path)
 
     def _sync(self, path: str) -> None:
-        """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a
-        pre-commit or commit survives a machine crash; remote stores make a closed file or a
-        rename durable by themselves."""
-        local = _local_os_path(self._fs, path)
-        if local is None or os.name != "posix":
-            return
-        fd = os.open(local, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_path(self._fs, path)
 
 
 class ParquetTransaction:
@@ -443,7 +421,38 @@ def _files_of(pre_commit: PreCommit) -> list[str]:
     return [str(name) for name in files]
 
 
-def _delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
+def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem and path of ``location`` (a local path, or a URI
+    ``pyarrow.fs.FileSystem.from_uri`` knows: ``file://``, ``s3://``, ``gs://``, ``hdfs://``);
+    ValueError naming ``what`` it was to be, with any credentials in it masked."""
+    if not location:
+        raise ValueError(f"{what} is empty")
+    try:
+        if "://" in location:
+            filesystem, base = pafs.FileSystem.from_uri(location)
+            return filesystem, str(base)
+        return pafs.LocalFileSystem(), os.path.abspath(location)
+    except (ValueError, OSError) as exc:
+        # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
+        reason = scrub(str(exc), dsn_secrets(location))
+        raise ValueError(f"cannot use {mask_uri(location)!r} as {what}: {reason}") from None
+
+
+def sync_path(filesystem: pafs.FileSystem, path: str) -> None:
+    """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a pre-commit or
+    commit survives a machine crash; remote stores make a closed file or a rename durable by
+    themselves."""
+    local = _local_os_path(filesystem, path)
+    if local is None or os.name != "posix":
+        return
+    fd = os.open(local, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_file(path)
 
