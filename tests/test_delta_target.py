@@ -1,0 +1,365 @@
+"""DeltaTarget on a real Delta table (delta-rs) and a real CheckpointStore, without Spark: write
+tasks are ``begin_transaction(...).write(batch)`` / ``.pre_commit()``, the driver is
+:class:`TwoPhaseCommitCoordinator`, and what readers see is read back with ``deltalake``."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+
+from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
+from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker  # noqa: E402
+from flinkish_sink.delta_stats import FileStats  # noqa: E402
+from flinkish_sink.delta_target import (  # noqa: E402
+    STAGING_DIR,
+    DeltaTarget,
+    delta_location,
+    partition_value,
+)
+from flinkish_sink.target import PreCommit, TransactionId  # noqa: E402
+from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator  # noqa: E402
+
+QUERY = "q1"
+PREFIX = "flinkish"
+UTC = timezone.utc
+SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()),
+                    ("eventTime", pa.timestamp("us", tz="UTC"))])
+
+
+def batch(ids: list[int], name: str = "n") -> pa.RecordBatch:
+    return pa.record_batch(
+        [pa.array(ids, pa.int64()), pa.array([f"{name}{i % 2}" for i in ids]),
+         pa.array([i * 1_000_000 for i in ids], pa.timestamp("us", tz="UTC"))],
+        schema=SCHEMA)
+
+
+def txn(epoch: int, task: int, attempt: int = 0, *, run: str = "r1",
+        prefix: str = PREFIX) -> TransactionId:
+    return TransactionId(prefix, QUERY, epoch, task, attempt, run)
+
+
+def pre_commit(target: DeltaTarget, epoch: int, task: int, ids: list[int], *,
+               run: str = "r1", prefix: str = PREFIX) -> PreCommit:
+    transaction = target.begin_transaction(txn(epoch, task, run=run, prefix=prefix), SCHEMA)
+    transaction.write(batch(ids[:1]))
+    transaction.write(batch(ids[1:]))
+    result = transaction.pre_commit()
+    # what crosses from the task to the driver is JSON
+    return PreCommit.from_json(json.loads(json.dumps(result.to_json())))
+
+
+def table(path: Path) -> Any:
+    return deltalake.DeltaTable(str(path))
+
+
+def read_ids(path: Path) -> list[int]:
+    """What a Delta reader sees (the table's latest version)."""
+    return sorted(table(path).to_pyarrow_dataset().to_table().column("id").to_pylist())
+
+
+def data_files(path: Path) -> set[str]:
+    return {p.name for p in path.glob("part-*.parquet")}
+
+
+def referenced(path: Path) -> set[str]:
+    return set(pa.table(table(path).get_add_actions(flatten=True)).column("path").to_pylist())
+
+
+def marker(partition: int, watermark: int) -> list[Marker]:
+    return [Marker("t", partition, 0, KIND_STATUS, None, "ACTIVE"),
+            Marker("t", partition, 5, KIND_WATERMARK, watermark, None)]
+
+
+class Env:
+    def __init__(self, root: Path, *, side: bool = False, schema: pa.Schema = SCHEMA,
+                 **options: Any) -> None:
+        self.root = root
+        self.path = root / "table"
+        self.late_path = root / "late"
+        self.target = DeltaTarget(str(self.path), **options)
+        self.target.check(schema)
+        self.side = None
+        if side:
+            self.side = DeltaTarget(str(self.late_path))
+            self.side.check(SCHEMA)
+
+    def coordinator(self) -> TwoPhaseCommitCoordinator:
+        """A fresh driver-side writer, as Spark makes one for every commit."""
+        store = CheckpointStore(CheckpointStorage.open(str(self.root / "store")), owner=QUERY)
+        return TwoPhaseCommitCoordinator(store, self.target, PREFIX, QUERY,
+                                         side_target=self.side)
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Env:
+    return Env(tmp_path)
+
+
+# -- one version per epoch -------------------------------------------------------------------
+
+
+def test_an_epoch_is_invisible_until_committed_then_one_version(env: Env) -> None:
+    pcs = [pre_commit(env.target, 0, 0, [1, 2, 3]), pre_commit(env.target, 0, 1, [4, 5])]
+    created = table(env.path).version()
+    assert len(data_files(env.path)) == 2
+    assert read_ids(env.path) == []  # written, not referenced
+    assert env.target.pending(PREFIX, QUERY) == [txn(0, 0), txn(0, 1)]
+
+    outcome = env.coordinator().commit_epoch(0, pcs, marker(0, 4_000), rows=5, late_rows=0)
+
+    assert read_ids(env.path) == [1, 2, 3, 4, 5]
+    assert table(env.path).version() == created + 1  # both tasks' files in one version
+    assert table(env.path).transaction_version(QUERY) == 0
+    assert referenced(env.path) == data_files(env.path)
+    assert env.target.pending(PREFIX, QUERY) == []
+    assert not list((env.path / STAGING_DIR).iterdir())
+    assert outcome.committed == (txn(0, 0).gid, txn(0, 1).gid)
+
+
+def test_the_commit_carries_the_epochs_record(env: Env) -> None:
+    coordinator = env.coordinator()
+    coordinator.commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2])],
+                             marker(0, 4_000) + marker(1, 6_000), rows=2, late_rows=0)
+    idle = [Marker("t", 1, 7, KIND_STATUS, None, "IDLE"), *marker(0, 9_000)[1:]]
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [3])], idle,
+                                   rows=3, late_rows=1)
+
+    history = table(env.path).history(2)
+    records = [json.loads(h["userMetadata"])["flinkish"] for h in history]
+    assert [(r["epoch"], r["watermark"], r["watermark_source"], r["rows"], r["late_rows"])
+            for r in records] == [(1, 9_000, "valve", 3, 1), (0, 4_000, "valve", 2, 0)]
+    assert records[0]["idle_partitions"] == ["t/1"] and records[1]["idle_partitions"] == []
+    assert records[0]["query"] == QUERY and records[0]["app_id"] == QUERY
+    assert env.target.epoch_records(QUERY)[0]["epoch"] == 1
+    assert env.target.committed_watermark(QUERY) == 9_000
+    assert env.target.committed_watermark("other") is None
+
+
+def test_an_epoch_without_rows_still_commits_its_record(env: Env) -> None:
+    before = table(env.path).version()
+    env.coordinator().commit_epoch(0, [], marker(0, 1_000), rows=0, late_rows=0)
+    assert table(env.path).version() == before + 1
+    assert table(env.path).transaction_version(QUERY) == 0
+    assert read_ids(env.path) == []
+    assert env.target.committed_watermark(QUERY) == 1_000
+
+
+# -- replays, aborts, crashes ----------------------------------------------------------------
+
+
+def test_a_replayed_epoch_commits_nothing_and_removes_its_files(env: Env) -> None:
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2])], [], 2, 0)
+    version = table(env.path).version()
+    # the driver crashed before Spark logged the batch: a new run replays it, its tasks
+    # writing the rows again under their own transactions
+    replay = [pre_commit(env.target, 0, 0, [1, 2], run="r2")]
+    replay_files = data_files(env.path) - referenced(env.path)
+    assert replay_files
+
+    outcome = env.coordinator().commit_epoch(0, replay, [], 2, 0)
+
+    assert outcome.replayed and outcome.rolled_back == (txn(0, 0, run="r2").gid,)
+    assert table(env.path).version() == version
+    assert read_ids(env.path) == [1, 2]
+    assert data_files(env.path) == referenced(env.path)  # the replay's files are gone
+    assert env.target.pending(PREFIX, QUERY) == []
+
+
+def test_commit_epoch_is_idempotent_on_the_tables_txn(env: Env) -> None:
+    """A decided epoch committed, then the driver died before completing its checkpoint: the
+    replay commits the recorded decision again, and the table's txn says it is in."""
+    pcs = [pre_commit(env.target, 0, 0, [1, 2])]
+    record = env.coordinator()._epoch_record(0, {"markers": [], "rows": 2, "late_rows": 0})[1]
+    env.target.commit_epoch(pcs, record)
+    version = table(env.path).version()
+
+    env.target.commit_epoch(pcs, record)
+    DeltaTarget(str(env.path)).commit_epoch(pcs, record)  # another process, same decision
+
+    assert table(env.path).version() == version
+    assert read_ids(env.path) == [1, 2]
+
+
+def test_an_aborted_epoch_leaves_no_file(env: Env) -> None:
+    pcs = [pre_commit(env.target, 0, 0, [1, 2]), pre_commit(env.target, 0, 1, [3])]
+    rolled = env.coordinator().abort_epoch(0, [*pcs, None])
+    assert sorted(rolled) == [txn(0, 0).gid, txn(0, 1).gid]
+    assert data_files(env.path) == set()
+    assert env.target.pending(PREFIX, QUERY) == []
+    assert read_ids(env.path) == []
+
+
+def test_a_task_killed_mid_write_is_cleaned_up_by_the_next_commit(env: Env) -> None:
+    dead = env.target.begin_transaction(txn(0, 1, run="r0"), SCHEMA)
+    dead.write(batch([7, 8]))  # never closed nor pre-committed: the process died
+    assert txn(0, 1, run="r0") in env.target.pending(PREFIX, QUERY)
+
+    outcome = env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1])], [], 1, 0)
+
+    assert txn(0, 1, run="r0").gid in outcome.rolled_back
+    assert data_files(env.path) == referenced(env.path)
+    assert read_ids(env.path) == [1]
+
+
+def test_a_decided_epoch_is_committed_whole_by_recovery(env: Env) -> None:
+    """The driver died after recording the decision: ``recover`` (the CLI's --resolve, or
+    the replay) commits every decided pre-commit as one version with the epoch's record."""
+    pcs = [pre_commit(env.target, 0, 0, [1, 2]), pre_commit(env.target, 0, 1, [3])]
+    store = CheckpointStore(CheckpointStorage.open(str(env.root / "store")), owner=QUERY)
+    store.begin(0, {"decision": [p.to_json() for p in pcs],
+                    "markers": [m.to_json() for m in marker(0, 2_000)],
+                    "rows": 3, "late_rows": 0, "spark_watermark": None})
+    before = table(env.path).version()
+
+    committed, rolled = env.coordinator().recover()
+
+    assert sorted(committed) == [txn(0, 0).gid, txn(0, 1).gid] and rolled == []
+    assert table(env.path).version() == before + 1
+    assert read_ids(env.path) == [1, 2, 3]
+    assert env.target.committed_watermark(QUERY) == 2_000
+    # the replay then finds the epoch in the table and completes it without a second version
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2], run="r2")],
+                                   [], 3, 0)
+    assert table(env.path).version() == before + 1
+    assert data_files(env.path) == referenced(env.path)
+
+
+def test_a_decided_file_removed_outside_fails_the_commit_clearly(env: Env) -> None:
+    pcs = [pre_commit(env.target, 0, 0, [1, 2])]
+    for name in data_files(env.path):
+        (env.path / name).unlink()
+    with pytest.raises(RuntimeError, match="removed outside flinkish"):
+        env.coordinator().commit_epoch(0, pcs, [], 2, 0)
+    assert read_ids(env.path) == []
+
+
+# -- late rows -------------------------------------------------------------------------------
+
+
+def test_late_rows_go_to_the_side_table_each_under_its_own_txn(tmp_path: Path) -> None:
+    env = Env(tmp_path, side=True)
+    assert env.side is not None
+    late_prefix = PREFIX + LATE_SUFFIX
+    pcs = [pre_commit(env.target, 0, 0, [1, 2]),
+           pre_commit(env.side, 0, 0, [-1], prefix=late_prefix)]
+    env.coordinator().commit_epoch(0, pcs, [], 3, 1)
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [3])], [], 1, 0)
+
+    assert read_ids(env.path) == [1, 2, 3]
+    assert read_ids(env.late_path) == [-1]
+    assert table(env.path).transaction_version(QUERY) == 1
+    # the side table gets a version only in epochs with late rows
+    assert table(env.late_path).transaction_version(QUERY) == 0
+    assert env.side.pending(late_prefix, QUERY) == []
+    assert data_files(env.late_path) == referenced(env.late_path)
+
+
+# -- tables: creation, schema, partitions ----------------------------------------------------
+
+
+def test_windows_become_start_and_end_columns_and_partitions_are_written(tmp_path: Path
+                                                                          ) -> None:
+    window = pa.struct([("start", pa.timestamp("us", tz="UTC")),
+                        ("end", pa.timestamp("us", tz="UTC"))])
+    schema = pa.schema([("window", window), ("k", pa.string()), ("count", pa.int64())])
+    env = Env(tmp_path, schema=schema, partition_by=("k",))
+    rows = pa.record_batch([
+        pa.array([{"start": 0, "end": 10_000_000}, {"start": 10_000_000, "end": 20_000_000},
+                  None], window),
+        pa.array(["a", "b", None]), pa.array([3, 4, 5], pa.int64())], schema=schema)
+    transaction = env.target.begin_transaction(txn(0, 0), schema)
+    transaction.write(rows)
+    env.coordinator().commit_epoch(0, [transaction.pre_commit()], [], 3, 0)
+
+    dt = table(env.path)
+    assert dt.metadata().partition_columns == ["k"]
+    assert pa.schema(dt.schema().to_arrow()).names == ["window_start", "window_end", "k", "count"]
+    got = dt.to_pyarrow_dataset().to_table().sort_by("count").to_pylist()
+    assert [(r["k"], r["count"], r["window_start"]) for r in got] == [
+        ("a", 3, datetime(1970, 1, 1, tzinfo=UTC)),
+        ("b", 4, datetime(1970, 1, 1, 0, 0, 10, tzinfo=UTC)),
+        (None, 5, None)]
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    assert sorted(a["partition.k"] or "" for a in adds) == ["", "a", "b"]  # one file each
+    assert all(a["num_records"] == 1 for a in adds)
+
+
+def test_an_existing_table_of_another_schema_is_refused(tmp_path: Path) -> None:
+    DeltaTarget(str(tmp_path / "t")).check(SCHEMA)
+    other = pa.schema([("id", pa.string()), ("name", pa.string()), ("extra", pa.int32()),
+                       ("eventTime", pa.timestamp("us", tz="UTC"))])
+    with pytest.raises(ValueError, match="does not fit") as caught:
+        DeltaTarget(str(tmp_path / "t")).check(other)
+    message = str(caught.value)
+    assert "'id' is long in the table but string in the stream" in message
+    assert "['extra'] are not in the table" in message
+    with pytest.raises(ValueError, match=r"partitioned by \[\], not \['name'\]"):
+        DeltaTarget(str(tmp_path / "t"), partition_by=("name",)).check(SCHEMA)
+    with pytest.raises(ValueError, match="'nope' is not a column"):
+        DeltaTarget(str(tmp_path / "u"), partition_by=("nope",)).check(SCHEMA)
+
+
+def test_an_existing_partitioned_table_is_written_by_its_partitions(tmp_path: Path) -> None:
+    DeltaTarget(str(tmp_path / "t"), partition_by=("name",)).check(SCHEMA)
+    target = DeltaTarget(str(tmp_path / "t"))  # no partitionBy: the table's
+    shipped = pickle.loads(pickle.dumps(target))  # as Spark ships it to a task
+    transaction = shipped.begin_transaction(txn(0, 0), SCHEMA)
+    transaction.write(batch([1, 2, 3]))
+    adds = transaction.pre_commit().detail["adds"]  # type: ignore[index]
+    assert sorted(a["partition_values"]["name"] for a in adds) == ["n0", "n1"]
+
+
+def test_a_direct_write_is_visible_at_once(env: Env) -> None:
+    env.target.write_direct(batch([1, 2]))
+    env.target.write_direct(batch([]))
+    assert read_ids(env.path) == [1, 2]
+    assert env.target.pending(PREFIX, QUERY) == []
+
+
+# -- pieces ----------------------------------------------------------------------------------
+
+
+def test_file_statistics_bound_every_value() -> None:
+    schema = pa.schema([("i", pa.int32()), ("f", pa.float64()), ("s", pa.string()),
+                        ("t", pa.timestamp("us", tz="UTC")), ("b", pa.binary()),
+                        ("st", pa.struct([("x", pa.int64())])), ("l", pa.list_(pa.int64()))])
+    stats = FileStats(schema)
+    stats.add(pa.record_batch([
+        pa.array([3, None], pa.int32()), pa.array([1.5, float("nan")]),
+        pa.array(["b" * 40, "a"]), pa.array([1_500, 2_000_001], pa.timestamp("us", tz="UTC")),
+        pa.array([b"x", None]), pa.array([{"x": 1}, None], schema.field("st").type),
+        pa.array([[1], None], pa.list_(pa.int64()))], schema=schema))
+    stats.add(pa.record_batch([
+        pa.array([-7], pa.int32()), pa.array([2.0]), pa.array(["c"]),
+        pa.array([None], pa.timestamp("us", tz="UTC")), pa.array([b"y"]),
+        pa.array([{"x": 9}], schema.field("st").type), pa.array([[2]], pa.list_(pa.int64()))],
+        schema=schema))
+    got = json.loads(stats.to_json())
+    assert got["numRecords"] == 3
+    assert got["minValues"] == {"i": -7, "s": "a", "t": "1970-01-01T00:00:00.001Z",
+                                "st": {"x": 1}}
+    # the max timestamp rounds up to the millisecond; the 40-character string stays a
+    # minimum candidate only; NaN leaves the float without bounds
+    assert got["maxValues"] == {"i": 3, "s": "c", "t": "1970-01-01T00:00:02.001Z",
+                                "st": {"x": 9}}
+    assert got["nullCount"] == {"i": 1, "f": 0, "s": 0, "t": 1, "b": 1, "st": {"x": 1}}
+
+
+def test_partition_values_and_locations() -> None:
+    assert partition_value(datetime(2024, 5, 1, 12, tzinfo=UTC)) == "2024-05-01T12:00:00.000000Z"
+    assert partition_value(True) == "true" and partition_value(7) == "7"
+    assert partition_value(None) is None
+    uri, options = delta_location(
+        "s3://key:secret@bucket/t?endpoint_override=127.0.0.1:9000&scheme=http&region=r1")
+    assert uri == "s3://bucket/t"
+    assert options == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
+                       "AWS_REGION": "r1", "AWS_CONDITIONAL_PUT": "etag"}
+    assert delta_location("/data/t") == ("/data/t", {})
