@@ -144,6 +144,13 @@ class DeltaTarget:
         a table to create (an existing table's must match; empty: take the table's);
         ``app_id``: the ``txn`` app id of the epochs (default: the query's id, which Spark
         keeps in the checkpoint location across restarts)."""
+        try:
+            import deltalake  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "target delta needs the deltalake package (delta-rs) wherever the query runs, "
+                "executors included: pip install 'flinkish[delta]'"
+            ) from None
         self._fs, self._base = filesystem_of(path, "a Delta table path")
         self._base = self._base.rstrip("/")
         self._uri, self._storage = delta_location(path)
