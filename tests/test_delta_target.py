@@ -363,3 +363,15 @@ def test_partition_values_and_locations() -> None:
     assert options == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
                        "AWS_REGION": "r1", "AWS_CONDITIONAL_PUT": "etag"}
     assert delta_location("/data/t") == ("/data/t", {})
+
+
+def test_the_transactions_command_lists_and_resolves_a_delta_tables_leftovers(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flinkish.cli import main
+
+    env.target.begin_transaction(txn(0, 0), SCHEMA).write(batch([1]))  # died mid-write
+    assert main(["transactions", "--delta", str(env.path), "--query", QUERY]) == 0
+    assert f"lingering pre-commit {txn(0, 0).gid}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--resolve needs --checkpoint"):
+        main(["transactions", "--delta", str(env.path), "--query", QUERY, "--resolve"])
