@@ -2,7 +2,8 @@
 ``deltalake``: one table version per epoch, each row once, late rows in their own table, the
 epochs' records in the table's history and in ``flinkish inspect``; then Spark replaying a
 committed batch (its commit log entry lost) commits nothing, and a batch whose task failed
-leaves no file behind."""
+leaves no file behind. On the S3 test server: epochs commit once, and two queries appending to
+one table both land."""
 
 from __future__ import annotations
 
@@ -10,15 +11,16 @@ import json
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import pyarrow as pa
 import pytest
 
 from checkpointing.query import query_id
 from flinkish.inspect import load_epochs
-from flinkish_sink.delta_target import STAGING_DIR
+from flinkish_sink.delta_target import STAGING_DIR, DeltaTarget, delta_location
+from flinkish_sink.target import EpochRecord, TransactionId
 from integration.kafka_helpers import produce, source
-
-deltalake = pytest.importorskip("deltalake")
+from integration.s3_server import S3Server
 
 pytestmark = pytest.mark.integration
 
@@ -167,3 +169,55 @@ def test_a_failed_batch_leaves_no_file_and_the_rerun_is_exactly_once(
     _run(df, checkpoint, target="delta", path=str(out))
     assert _rows(out) == sorted((p, o) for p in range(PARTITIONS) for o in range(PER_PARTITION))
     assert _unreferenced(out) == set()
+
+
+def test_on_s3_epochs_commit_once_and_two_queries_appending_both_land(s3: S3Server) -> None:
+    """A table on the S3 test server (delta-rs' object store; log entries created with
+    If-None-Match): an epoch committed twice is one version, and two queries committing to
+    the same table at the same moment both land, each under its own app id."""
+    import threading
+    import uuid
+
+    bucket = f"delta-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(bucket)
+    location = s3.uri(bucket, "tables/events")
+    schema = pa.schema([("id", pa.int64())])
+    targets = [DeltaTarget(location), DeltaTarget(location)]
+    targets[0].check(schema)
+    targets[1].check(schema)
+
+    def pre_commit(target: DeltaTarget, query: str, epoch: int, ids: list[int]) -> Any:
+        transaction = target.begin_transaction(
+            TransactionId("flinkish", query, epoch, 0, 0, "r1"), schema)
+        transaction.write(pa.record_batch([pa.array(ids, pa.int64())], schema=schema))
+        return transaction.pre_commit()
+
+    def record(query: str, epoch: int) -> EpochRecord:
+        return EpochRecord(query, epoch, 1_000 * epoch, "valve", "ACTIVE", (), 1, 0)
+
+    first = pre_commit(targets[0], "q0", 0, [1, 2])
+    targets[0].commit_epoch([first], record("q0", 0))
+    targets[1].commit_epoch([first], record("q0", 0))  # a replay, from another process
+    pcs = [pre_commit(targets[i], f"q{i}", 1, [10 + i]) for i in range(2)]
+    failures: list[BaseException] = []
+
+    def commit(i: int) -> None:
+        try:
+            targets[i].commit_epoch([pcs[i]], record(f"q{i}", 1))
+        except BaseException as exc:  # reported below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=commit, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    uri, options = delta_location(location)
+    table = deltalake.DeltaTable(uri, storage_options=options)
+    ids = table.to_pyarrow_dataset().to_table().column("id").to_pylist()
+    assert sorted(ids) == [1, 2, 10, 11]
+    assert table.version() == 3  # created, q0's epoch 0, one version per query's epoch 1
+    assert (table.transaction_version("q0"), table.transaction_version("q1")) == (1, 1)
+    assert targets[0].pending("flinkish", "q0") == targets[1].pending("flinkish", "q1") == []
+    assert targets[0].committed_watermark("q0") == 1_000

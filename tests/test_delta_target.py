@@ -10,22 +10,21 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import pyarrow as pa
 import pytest
 
-deltalake = pytest.importorskip("deltalake")
-
-from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
-from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker  # noqa: E402
-from flinkish_sink.delta_stats import FileStats  # noqa: E402
-from flinkish_sink.delta_target import (  # noqa: E402
+from checkpointing import CheckpointStorage, CheckpointStore
+from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_sink.delta_stats import FileStats
+from flinkish_sink.delta_target import (
     STAGING_DIR,
     DeltaTarget,
     delta_location,
     partition_value,
 )
-from flinkish_sink.target import PreCommit, TransactionId  # noqa: E402
-from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator  # noqa: E402
+from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
 QUERY = "q1"
 PREFIX = "flinkish"
