@@ -53,7 +53,12 @@ import pyarrow.parquet as pq
 
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.delta_stats import FileStats
-from flinkish_sink.parquet_target import delete_file_if_present, filesystem_of, sync_path
+from flinkish_sink.parquet_target import (
+    delete_file_if_present,
+    filesystem_of,
+    sync_path,
+    type_differences,
+)
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.window_columns import table_batch, table_schema
 
@@ -224,7 +229,8 @@ class DeltaTarget:
             )
         self._partitions = existing
         self._check_partition_columns(columns)
-        problems = self._differences(pa.schema(table.schema().to_arrow()), columns)
+        problems = type_differences(_delta_types(pa.schema(table.schema().to_arrow())),
+                                    _delta_types(columns), "the table", _shown)
         if problems:
             raise ValueError(
                 f"Delta table {self._where!r} does not fit the stream's schema: "
@@ -246,23 +252,6 @@ class DeltaTarget:
                     f"option partitionBy: column {name!r} is {dtype}; a partition column must "
                     "be a string, integer, boolean, date or timestamp"
                 )
-
-    @staticmethod
-    def _differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
-        old_types, new_types = _delta_types(existing), _delta_types(new)
-        problems = []
-        missing = [n for n in new_types if n not in old_types]
-        if missing:
-            problems.append(f"columns {missing} are not in the table")
-        extra = [n for n in old_types if n not in new_types]
-        if extra:
-            problems.append(f"the table's columns {extra} are not in the stream")
-        problems += [
-            f"column {name!r} is {_shown(old_types[name])} in the table but "
-            f"{_shown(new_types[name])} in the stream"
-            for name in new_types if name in old_types and old_types[name] != new_types[name]
-        ]
-        return problems
 
     def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> DeltaTransaction:
         return DeltaTransaction(self, txn, schema)

@@ -51,6 +51,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -394,19 +395,28 @@ def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
     Order, nullability and metadata are ignored: Parquet readers match columns by name and
     Spark reads every column as nullable.
     """
-    old_types = {f.name: f.type for f in existing}
-    new_types = {f.name: f.type for f in new}
+    return type_differences({f.name: f.type for f in existing}, {f.name: f.type for f in new},
+                            "the existing files")
+
+
+def type_differences(
+    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
+    shown: Callable[[Any], str] = str,
+) -> list[str]:
+    """How the column types ``new`` (name -> type) differ from those ``existing`` in
+    ``where``: columns missing on either side, and types that are not equal (``shown`` as
+    text)."""
     differences = []
-    missing = [name for name in old_types if name not in new_types]
+    missing = [name for name in existing if name not in new]
     if missing:
-        differences.append(f"columns only in the existing files: {missing}")
-    added = [name for name in new_types if name not in old_types]
+        differences.append(f"columns only in {where}: {missing}")
+    added = [name for name in new if name not in existing]
     if added:
         differences.append(f"columns only in the new schema: {added}")
     differences.extend(
-        f"column {name!r} is {old_types[name]} in the existing files but {new_types[name]} now"
-        for name in old_types
-        if name in new_types and not old_types[name].equals(new_types[name])
+        f"column {name!r} is {shown(existing[name])} in {where} but {shown(new[name])} now"
+        for name in existing
+        if name in new and existing[name] != new[name]
     )
     return differences
 
