@@ -28,6 +28,11 @@ also of a task killed mid-write — deletes exactly its files; the manifest goes
 epoch's version is committed or the transaction rolled back. ``VACUUM`` leaves ``_``
 directories alone.
 
+With an upsert key (``upsertKey``) an epoch's rows replace the table's rows of the same key
+(a window's later pane its earlier one): the driver reads the epoch's decided files and merges
+them into the table (delta-rs ``MERGE``, NULL keys matching) as the epoch's one version, with
+the same ``txn`` and record; the tasks' files, never referenced, are then deleted.
+
 Two runs of one query (a zombie driver) cannot both commit an epoch: the checkpoint store
 fences the older one, and delta-rs refuses a commit whose app id another commit set since
 it read the table (``CommitFailedError``), after which the table's ``txn`` says whether the
@@ -144,11 +149,14 @@ class DeltaTarget:
 
     def __init__(
         self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
+        upsert_key: tuple[str, ...] = (),
     ) -> None:
         """``path``: the table's directory or URI; ``partition_by``: the partition columns of
         a table to create (an existing table's must match; empty: take the table's);
         ``app_id``: the ``txn`` app id of the epochs (default: the query's id, which Spark
-        keeps in the checkpoint location across restarts)."""
+        keeps in the checkpoint location across restarts); ``upsert_key``: the columns (of
+        the table: a window ``w`` is ``w_start``, ``w_end``) on which an epoch's row replaces
+        the table's row instead of adding one."""
         try:
             import deltalake  # noqa: F401
         except ImportError:
@@ -163,6 +171,7 @@ class DeltaTarget:
         self._wanted_partitions = tuple(partition_by)
         self._partitions: tuple[str, ...] | None = tuple(partition_by) or None
         self._app_id = app_id
+        self.upsert_key = upsert_key
         self._table_handle: Any = None
 
     def __repr__(self) -> str:
@@ -229,6 +238,12 @@ class DeltaTarget:
             )
         self._partitions = existing
         self._check_partition_columns(columns)
+        missing = [name for name in self.upsert_key if name not in columns.names]
+        if missing:
+            raise ValueError(
+                f"option upsertKey: {missing} are not columns of the stream's rows (their "
+                f"columns: {columns.names}; a window w is w_start and w_end)"
+            )
         problems = type_differences(_delta_types(pa.schema(table.schema().to_arrow())),
                                     _delta_types(columns), "the table", _shown)
         if problems:
@@ -320,18 +335,24 @@ class DeltaTarget:
         from deltalake.exceptions import CommitFailedError
 
         app = self.app_id(record.query)
+        adds = [add for decided in pre_commits for add in _adds_of(decided)]
         if not self._holds(app, record.epoch):
-            adds = [add for decided in pre_commits for add in _adds_of(decided)]
             self._check_present(adds, record.epoch)
+            metadata = {RECORD_KEY: {**record.to_json(), "app_id": app}}
             try:
-                self._commit_adds(adds, {RECORD_KEY: {**record.to_json(), "app_id": app}},
-                                  (app, record.epoch))
+                if self.upsert_key:
+                    self._merge(adds, metadata, (app, record.epoch))
+                else:
+                    self._commit_adds(adds, metadata, (app, record.epoch))
             except CommitFailedError:
                 # another commit with our app id since we read the table: if that was this
                 # epoch (an earlier run of the query), the epoch is in
                 if not self._holds(app, record.epoch):
                     raise
         for decided in pre_commits:
+            if self.upsert_key:  # the merge wrote the rows into files of its own
+                for add in _adds_of(decided):
+                    delete_file_if_present(self._fs, self._path(add["path"]))
             delete_file_if_present(self._fs, self._manifest(decided.txn))
 
     def _holds(self, app: str, epoch: int) -> bool:
@@ -365,6 +386,28 @@ class DeltaTarget:
             ),
         )
 
+    def _merge(self, adds: list[dict[str, Any]], record: dict[str, Any],
+               txn: tuple[str, int]) -> None:
+        """Merge the epoch's rows into the table on the upsert key, as one version: a row
+        replaces the table's row of its key (NULL matching NULL), or is added; of the epoch's
+        rows with one key the last one (in decision order) wins."""
+        from deltalake import CommitProperties, Transaction
+
+        rows = _last_per_key(
+            [pq.read_table(self._path(a["path"]), filesystem=self._fs) for a in adds],
+            self.upsert_key)
+        if rows is None:  # an epoch without rows still records itself
+            self._commit_adds([], record, txn)
+            return
+        predicate = " AND ".join(
+            f'(t."{name}" IS NOT DISTINCT FROM s."{name}")' for name in self.upsert_key)
+        self._table().merge(
+            rows, predicate, source_alias="s", target_alias="t",
+            commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": json.dumps(record)},
+                app_transactions=[Transaction(*txn)]),
+        ).when_matched_update_all().when_not_matched_insert_all().execute()
+
     def epoch_records(self, query: str | None = None) -> list[dict[str, Any]]:
         """The epoch records in the table's history, newest first (of ``query`` only, if
         given): what each epoch's commit says in its ``userMetadata``."""
@@ -385,6 +428,17 @@ def _adds_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
             "DeltaTarget"
         )
     return adds
+
+
+def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | None:
+    """The rows of ``tables`` (in order), only the last of each ``key``; None if none."""
+    rows = pa.concat_tables(tables) if tables else None
+    if rows is None or rows.num_rows == 0:
+        return None
+    order = "__flinkish_row"
+    numbered = rows.append_column(order, pa.array(range(rows.num_rows), pa.int64()))
+    last = numbered.group_by(list(key)).aggregate([(order, "max")]).column(f"{order}_max")
+    return rows.take(pc.take(last, pc.sort_indices(last)))
 
 
 class _DataFile:
@@ -410,8 +464,10 @@ class DeltaTransaction:
         self._target = target
         self._txn = txn
         self._partitions = target.partition_columns()
-        self._schema = pa.schema(
-            [f for f in table_schema(schema) if f.name not in self._partitions])
+        # a referenced file holds no partition column (its add action has the values); the
+        # files an upsert merges from are only read by the driver, which needs them whole
+        dropped = () if target.upsert_key else self._partitions
+        self._schema = pa.schema([f for f in table_schema(schema) if f.name not in dropped])
         self._open: dict[tuple[str | None, ...], _DataFile] = {}
         self._files: list[str] = []
         self._rows = 0

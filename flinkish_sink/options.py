@@ -64,7 +64,7 @@ class SinkOptions:
     #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
     #: PostgreSQL's VACUUM from cleaning up
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
-    #: the table's columns on which a row replaces the row of the same key (PostgreSQL only)
+    #: the table's columns on which a row replaces the row of the same key (PostgreSQL, Delta)
     upsert_key: tuple[str, ...] = ()
     #: the partition columns of a Delta table the sink creates (empty: the table's own)
     partition_by: tuple[str, ...] = ()
@@ -181,11 +181,11 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                 "warns), e.g. '15 min'"
             )
     upsert_key = tuple(c.strip() for c in options.get("upsertkey", "").split(",") if c.strip())
-    if "upsertkey" in options and (target != "postgres" or not upsert_key):
+    if "upsertkey" in options and (target == "parquet" or not upsert_key):
         raise OptionError(
             "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
-            "target postgres (the Parquet and Delta targets only append: a window's rows "
-            "carry its pane, whose highest index is the latest)"
+            "target postgres or delta (Parquet files only append: a window's rows carry its "
+            "pane, whose highest index is the latest)"
         )
     # Parquet files are staged by the write tasks and moved into place by the driver, Delta
     # data files written by the tasks and committed by the driver (the store, by contrast, is

@@ -153,7 +153,8 @@ def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
     if options.target == "delta":
         from flinkish_sink.delta_target import DeltaTarget
 
-        return DeltaTarget(path, partition_by=options.partition_by, app_id=options.app_id)
+        return DeltaTarget(path, partition_by=options.partition_by, app_id=options.app_id,
+                           upsert_key=() if late else options.upsert_key)
     from flinkish_sink.parquet_target import ParquetTarget
 
     return ParquetTarget(path)

@@ -374,3 +374,42 @@ def test_the_transactions_command_lists_and_resolves_a_delta_tables_leftovers(
     assert f"lingering pre-commit {txn(0, 0).gid}" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="--resolve needs --checkpoint"):
         main(["transactions", "--delta", str(env.path), "--query", QUERY, "--resolve"])
+
+
+def test_upsert_replaces_rows_by_key_in_one_version_per_epoch(tmp_path: Path) -> None:
+    """With an upsert key an epoch's rows replace the table's rows of their keys (a NULL key
+    matching a NULL key), the last of an epoch's rows per key winning, in one version."""
+    window = pa.struct([("start", pa.timestamp("us", tz="UTC")),
+                        ("end", pa.timestamp("us", tz="UTC"))])
+    schema = pa.schema([("k", pa.string()), ("window", window), ("pane", pa.int64())])
+    env = Env(tmp_path, schema=schema, upsert_key=("k", "window_start"),
+              partition_by=("k",))
+
+    def panes(*rows: tuple[str | None, int, int]) -> pa.RecordBatch:
+        return pa.record_batch([
+            pa.array([k for k, _, _ in rows]),
+            pa.array([{"start": s * 1_000_000, "end": (s + 10) * 1_000_000}
+                      for _, s, _ in rows], window),
+            pa.array([p for _, _, p in rows], pa.int64())], schema=schema)
+
+    def epoch(n: int, *tasks: pa.RecordBatch) -> None:
+        pcs = []
+        for task, rows in enumerate(tasks):
+            transaction = env.target.begin_transaction(txn(n, task), schema)
+            transaction.write(rows)
+            pcs.append(transaction.pre_commit())
+        env.coordinator().commit_epoch(n, pcs, [], sum(t.num_rows for t in tasks), 0)
+
+    epoch(0, panes(("a", 0, 0), ("b", 0, 0)), panes((None, 0, 0)))
+    version = table(env.path).version()
+    epoch(1, panes(("a", 0, 1), ("a", 0, 2), ("a", 10, 0)), panes((None, 0, 1)))
+    epoch(1, panes(("a", 0, 9)))  # a replay: the table holds epoch 1 already
+
+    got = table(env.path).to_pyarrow_dataset().to_table().to_pylist()
+    assert sorted((r["k"] or "", r["window_start"].second, r["pane"]) for r in got) == [
+        ("", 0, 1), ("a", 0, 2), ("a", 10, 0), ("b", 0, 0)]
+    assert table(env.path).version() == version + 1
+    assert data_files(env.path) == set()  # the tasks' files went: the merge wrote its own
+    assert env.target.pending(PREFIX, QUERY) == []
+    assert env.target.committed_watermark(QUERY) is None
+    assert [r["epoch"] for r in env.target.epoch_records(QUERY)] == [1, 0]

@@ -52,6 +52,7 @@ def test_delta_options() -> None:
     assert options.target == "delta"
     assert options.partition_by == ("k", "day") and options.app_id == "app"
     assert parse_sink_options(delta).app_id is None  # the query's id
+    assert parse_sink_options({**delta, "upsertKey": "k,w_start"}).upsert_key == ("k", "w_start")
     for bad, message in (
         ({**delta, "path": ""}, "option path is required with target delta"),
         ({**BASE, "partitionBy": "k"}, "option partitionBy applies to target delta only"),
@@ -59,7 +60,7 @@ def test_delta_options() -> None:
         ({**delta, "lateData": "side"}, "lateData=side with target delta needs option "
                                         "lateData.path"),
         ({**delta, "lateData": "side", "lateData.path": "/tmp/t"}, "another place than path"),
-        ({**delta, "upsertKey": "k"}, "the Parquet and Delta targets only append"),
+        ({**delta, "upsertKey": " "}, "with target postgres or delta"),
     ):
         with pytest.raises(OptionError, match=message):
             parse_sink_options(bad)
