@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import time
 import urllib.parse
 import uuid
@@ -66,6 +67,8 @@ from flinkish_sink.parquet_target import (
 )
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.window_columns import table_batch, table_schema
+
+logger = logging.getLogger(__name__)
 
 STAGING_DIR = "_flinkish_staging"
 _GID_SEPARATOR = "~"
@@ -149,14 +152,17 @@ class DeltaTarget:
 
     def __init__(
         self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
-        upsert_key: tuple[str, ...] = (),
+        upsert_key: tuple[str, ...] = (), compact_every: int = 0,
+        vacuum_retention_hours: int | None = None,
     ) -> None:
         """``path``: the table's directory or URI; ``partition_by``: the partition columns of
         a table to create (an existing table's must match; empty: take the table's);
         ``app_id``: the ``txn`` app id of the epochs (default: the query's id, which Spark
         keeps in the checkpoint location across restarts); ``upsert_key``: the columns (of
         the table: a window ``w`` is ``w_start``, ``w_end``) on which an epoch's row replaces
-        the table's row instead of adding one."""
+        the table's row instead of adding one; ``compact_every``: compact the table's small
+        files after every that many epochs (0: never); ``vacuum_retention_hours``: after
+        compacting, delete files the table stopped referencing that long ago (None: never)."""
         try:
             import deltalake  # noqa: F401
         except ImportError:
@@ -172,6 +178,8 @@ class DeltaTarget:
         self._partitions: tuple[str, ...] | None = tuple(partition_by) or None
         self._app_id = app_id
         self.upsert_key = upsert_key
+        self._compact_every = compact_every
+        self._vacuum_hours = vacuum_retention_hours
         self._table_handle: Any = None
 
     def __repr__(self) -> str:
@@ -349,11 +357,34 @@ class DeltaTarget:
                 # epoch (an earlier run of the query), the epoch is in
                 if not self._holds(app, record.epoch):
                     raise
+            if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
+                self._compact()
         for decided in pre_commits:
             if self.upsert_key:  # the merge wrote the rows into files of its own
                 for add in _adds_of(decided):
                     delete_file_if_present(self._fs, self._path(add["path"]))
             delete_file_if_present(self._fs, self._manifest(decided.txn))
+
+    def _compact(self) -> None:
+        """Rewrite the table's small files into fewer large ones (``OPTIMIZE``), then vacuum
+        if configured. Runs on the driver right after an epoch's commit, so never beside one
+        of this query's; it is one commit of its own that removes and adds the same rows
+        (``dataChange`` false), so no row is lost or doubled, and it does not touch ``txn``.
+        A failure is logged, not raised: the epoch is committed, and the next compaction
+        tries again."""
+        try:
+            table = self._table()
+            metrics = table.optimize.compact()
+            logger.info("Delta table %s compacted: %s files into %s", self._where,
+                        metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+            if self._vacuum_hours is not None:
+                deleted = table.vacuum(self._vacuum_hours, dry_run=False,
+                                       enforce_retention_duration=False)
+                logger.info("Delta table %s vacuumed: %s files deleted", self._where,
+                            len(deleted))
+        except Exception as exc:  # compaction is an optimisation: the epoch is in
+            logger.warning("compacting Delta table %s failed (the next compaction tries "
+                           "again): %s", self._where, exc)
 
     def _holds(self, app: str, epoch: int) -> bool:
         done = self._table().transaction_version(app)

@@ -33,12 +33,16 @@ _NAMES = (
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
     "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
-    "upsertKey", "partitionBy", "delta.appId",
+    "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
     "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
 )
 _KNOWN = {name.lower(): name for name in _NAMES}
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
+#: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
+#: small files, so a partition holds at most a few hundred before they are rewritten.
+DEFAULT_COMPACT_EVERY = 50
+_HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True, repr=False)
@@ -70,6 +74,11 @@ class SinkOptions:
     partition_by: tuple[str, ...] = ()
     #: the app id of a Delta table's ``txn`` actions (None: the query's id)
     app_id: str | None = None
+    #: compact a Delta table's small files after every that many epochs (0: never)
+    compact_every: int = DEFAULT_COMPACT_EVERY
+    #: after compacting, vacuum files a Delta table stopped referencing this long ago (hours;
+    #: None: never)
+    vacuum_retention_hours: int | None = None
 
     def __repr__(self) -> str:
         masked = {
@@ -130,9 +139,25 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
             f"option path is required with target {target} (a directory or URI)")
     elif "table" in options or "dsn" in options:
         raise OptionError(f"options dsn/table apply to target postgres; {target} takes path")
-    for key, name in (("partitionby", "partitionBy"), ("delta.appid", "delta.appId")):
+    for key, name in (("partitionby", "partitionBy"), ("delta.appid", "delta.appId"),
+                      ("delta.compactevery", "delta.compactEvery"),
+                      ("delta.vacuumretention", "delta.vacuumRetention")):
         if key in options and target != "delta":
             raise OptionError(f"option {name} applies to target delta only")
+    compact_text = options.get("delta.compactevery", str(DEFAULT_COMPACT_EVERY)).strip()
+    if not compact_text.isdigit():
+        raise OptionError(
+            f"option delta.compactEvery: {compact_text!r} is not a whole number of epochs "
+            "(0: never compact)")
+    vacuum_hours = None
+    if "delta.vacuumretention" in options:
+        retention_ms = parse_duration_ms("delta.vacuumRetention", options["delta.vacuumretention"])
+        if retention_ms < _HOUR_MS:
+            raise OptionError(
+                f"option delta.vacuumRetention: {options['delta.vacuumretention']!r} is under "
+                "an hour; it must be longer than the query can ever be down (files of an epoch "
+                "not yet committed would be deleted), e.g. '7 days'")
+        vacuum_hours = -(-retention_ms // _HOUR_MS)
     partition_by = tuple(
         c.strip() for c in options.get("partitionby", "").split(",") if c.strip())
     app_id = options.get("delta.appid", "").strip() or None
@@ -222,4 +247,6 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         upsert_key=upsert_key,
         partition_by=partition_by,
         app_id=app_id,
+        compact_every=int(compact_text),
+        vacuum_retention_hours=vacuum_hours,
     )

@@ -154,7 +154,9 @@ def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
         from flinkish_sink.delta_target import DeltaTarget
 
         return DeltaTarget(path, partition_by=options.partition_by, app_id=options.app_id,
-                           upsert_key=() if late else options.upsert_key)
+                           upsert_key=() if late else options.upsert_key,
+                           compact_every=options.compact_every,
+                           vacuum_retention_hours=options.vacuum_retention_hours)
     from flinkish_sink.parquet_target import ParquetTarget
 
     return ParquetTarget(path)

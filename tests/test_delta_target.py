@@ -413,3 +413,25 @@ def test_upsert_replaces_rows_by_key_in_one_version_per_epoch(tmp_path: Path) ->
     assert env.target.pending(PREFIX, QUERY) == []
     assert env.target.committed_watermark(QUERY) is None
     assert [r["epoch"] for r in env.target.epoch_records(QUERY)] == [1, 0]
+
+
+def test_compaction_every_n_epochs_keeps_every_row_once(tmp_path: Path) -> None:
+    env = Env(tmp_path, compact_every=2)
+    for epoch in range(4):
+        pcs = [pre_commit(env.target, epoch, task, [epoch * 10 + task * 3 + i for i in range(3)])
+               for task in range(3)]
+        env.coordinator().commit_epoch(epoch, pcs, marker(0, epoch * 1_000), 9, 0)
+        if epoch == 1:  # a replay after the compaction changes nothing
+            version = table(env.path).version()
+            env.coordinator().commit_epoch(1, [], [], 9, 0)
+            assert table(env.path).version() == version
+
+    ids = [epoch * 10 + task * 3 + i for epoch in range(4) for task in range(3)
+           for i in range(3)]
+    assert read_ids(env.path) == sorted(ids)
+    operations = [h["operation"] for h in reversed(table(env.path).history())]
+    assert operations == ["CREATE TABLE", "WRITE", "WRITE", "OPTIMIZE", "WRITE", "WRITE",
+                          "OPTIMIZE"]
+    assert len(referenced(env.path)) == 1  # twelve small files, compacted into one
+    assert env.target.committed_watermark(QUERY) == 3_000
+    assert table(env.path).transaction_version(QUERY) == 3
