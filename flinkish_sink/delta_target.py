@@ -75,7 +75,12 @@ _GID_SEPARATOR = "~"
 #: The key of the epoch's record in a commit's ``userMetadata`` JSON.
 RECORD_KEY = "flinkish"
 
-#: Spark's type names for the Arrow types a partition column may have.
+#: The partition columns of the tables this process has checked, by table URI: Spark builds
+#: the writer (and its target) anew every micro-batch, and a target that knows them spares
+#: each write task a read of the table's log.
+_PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
+
+#: The Arrow types a partition column may have.
 _PARTITION_TYPES = (
     pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_boolean,
     pa.types.is_date32, pa.types.is_timestamp,
@@ -175,7 +180,8 @@ class DeltaTarget:
         self._uri, self._storage = delta_location(path)
         self._where = mask_uri(path) or path
         self._wanted_partitions = tuple(partition_by)
-        self._partitions: tuple[str, ...] | None = tuple(partition_by) or None
+        self._partitions: tuple[str, ...] | None = (
+            tuple(partition_by) or _PARTITIONS_SEEN.get(self._uri))
         self._app_id = app_id
         self.upsert_key = upsert_key
         self._compact_every = compact_every
@@ -244,7 +250,7 @@ class DeltaTarget:
                 f"{list(existing)}, not {list(self._wanted_partitions)}; give its partition "
                 "columns (or leave the option out to take the table's)"
             )
-        self._partitions = existing
+        self._partitions = _PARTITIONS_SEEN[self._uri] = existing
         self._check_partition_columns(columns)
         missing = [name for name in self.upsert_key if name not in columns.names]
         if missing:
