@@ -91,7 +91,8 @@ def delta_location(location: str) -> tuple[str, dict[str, str]]:
     """The table URI and delta-rs storage options for ``location``: a local path, or a URI
     in the form the Parquet target takes (``s3://bucket/path?endpoint_override=host:port&
     scheme=http&region=…``), whose query becomes delta-rs' object store options. Credentials
-    come from the environment (``AWS_ACCESS_KEY_ID`` …), as for pyarrow."""
+    come from the environment (``AWS_ACCESS_KEY_ID`` …) or the URI's user info, as for
+    pyarrow."""
     if "://" not in location:
         return location, {}
     parts = urllib.parse.urlsplit(location)
@@ -107,6 +108,9 @@ def delta_location(location: str) -> tuple[str, dict[str, str]]:
             options["AWS_REGION"] = query["region"]
         # two writers creating the same log entry: only one may win (If-None-Match)
         options["AWS_CONDITIONAL_PUT"] = "etag"
+        if parts.username and parts.password:  # s3://key:secret@bucket/…, as pyarrow takes
+            options["AWS_ACCESS_KEY_ID"] = urllib.parse.unquote(parts.username)
+            options["AWS_SECRET_ACCESS_KEY"] = urllib.parse.unquote(parts.password)
     netloc = parts.netloc.rsplit("@", 1)[-1]  # credentials never go into the table's URI
     return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), options
 

@@ -360,7 +360,10 @@ def test_partition_values_and_locations() -> None:
         "s3://key:secret@bucket/t?endpoint_override=127.0.0.1:9000&scheme=http&region=r1")
     assert uri == "s3://bucket/t"
     assert options == {"AWS_ENDPOINT_URL": "http://127.0.0.1:9000", "AWS_ALLOW_HTTP": "true",
-                       "AWS_REGION": "r1", "AWS_CONDITIONAL_PUT": "etag"}
+                       "AWS_REGION": "r1", "AWS_CONDITIONAL_PUT": "etag",
+                       "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}
+    assert "secret" not in repr(DeltaTarget(
+        "s3://key:secret@bucket/t?endpoint_override=127.0.0.1:9000&scheme=http"))
     assert delta_location("/data/t") == ("/data/t", {})
 
 
