@@ -328,28 +328,46 @@ def test_a_direct_write_is_visible_at_once(env: Env) -> None:
 
 def test_file_statistics_bound_every_value() -> None:
     schema = pa.schema([("i", pa.int32()), ("f", pa.float64()), ("s", pa.string()),
-                        ("t", pa.timestamp("us", tz="UTC")), ("b", pa.binary()),
-                        ("st", pa.struct([("x", pa.int64())])), ("l", pa.list_(pa.int64()))])
+                        ("t", pa.timestamp("us", tz="UTC")), ("n", pa.timestamp("ms")),
+                        ("b", pa.binary()), ("ok", pa.bool_()),
+                        ("st", pa.struct([("x", pa.int64())])), ("l", pa.list_(pa.int64())),
+                        ("e", pa.string())])
     stats = FileStats(schema)
     stats.add(pa.record_batch([
-        pa.array([3, None], pa.int32()), pa.array([1.5, float("nan")]),
+        pa.array([3, None], pa.int32()), pa.array([1.5, -2.0]),
         pa.array(["b" * 40, "a"]), pa.array([1_500, 2_000_001], pa.timestamp("us", tz="UTC")),
-        pa.array([b"x", None]), pa.array([{"x": 1}, None], schema.field("st").type),
-        pa.array([[1], None], pa.list_(pa.int64()))], schema=schema))
+        pa.array([1_000, None], pa.timestamp("ms")), pa.array([b"x", None]),
+        pa.array([True, None]), pa.array([{"x": 1}, None], schema.field("st").type),
+        pa.array([[1], None], pa.list_(pa.int64())), pa.array([None, None], pa.string())],
+        schema=schema))
     stats.add(pa.record_batch([
-        pa.array([-7], pa.int32()), pa.array([2.0]), pa.array(["c"]),
-        pa.array([None], pa.timestamp("us", tz="UTC")), pa.array([b"y"]),
-        pa.array([{"x": 9}], schema.field("st").type), pa.array([[2]], pa.list_(pa.int64()))],
+        pa.array([-7], pa.int32()), pa.array([2.0]), pa.array(["c" * 33 + "d"]),
+        pa.array([None], pa.timestamp("us", tz="UTC")), pa.array([2_000], pa.timestamp("ms")),
+        pa.array([b"y"]), pa.array([True]), pa.array([{"x": 9}], schema.field("st").type),
+        pa.array([[2]], pa.list_(pa.int64())), pa.array([None], pa.string())],
         schema=schema))
     got = json.loads(stats.to_json())
     assert got["numRecords"] == 3
-    assert got["minValues"] == {"i": -7, "s": "a", "t": "1970-01-01T00:00:00.001Z",
-                                "st": {"x": 1}}
-    # the max timestamp rounds up to the millisecond; the 40-character string stays a
-    # minimum candidate only; NaN leaves the float without bounds
-    assert got["maxValues"] == {"i": 3, "s": "c", "t": "1970-01-01T00:00:02.001Z",
-                                "st": {"x": 9}}
-    assert got["nullCount"] == {"i": 1, "f": 0, "s": 0, "t": 1, "b": 1, "st": {"x": 1}}
+    # timestamps to the millisecond, the minimum down and the maximum up; a long string's
+    # maximum cut and followed by the highest code point; binary and lists get nothing; an
+    # all-null column a null count alone
+    assert got["minValues"] == {"i": -7, "f": -2.0, "s": "a", "t": "1970-01-01T00:00:00.001Z",
+                                "n": "1970-01-01 00:00:01.000", "ok": True, "st": {"x": 1}}
+    assert got["maxValues"] == {"i": 3, "f": 2.0, "s": "c" * 32 + "\U0010ffff",
+                                "t": "1970-01-01T00:00:02.001Z",
+                                "n": "1970-01-01 00:00:02.000", "ok": True, "st": {"x": 9}}
+    assert got["nullCount"] == {"i": 1, "f": 0, "s": 0, "t": 1, "n": 1, "ok": 1,
+                                "st": {"x": 1}, "e": 3}
+
+
+@pytest.mark.parametrize("column", [
+    pa.array([1.0, float("nan")]), pa.array([float("-inf"), 1.0]),
+    pa.array([1, 2], pa.decimal128(20, 2)), pa.array([1, 2], pa.uint8())])
+def test_a_file_without_a_safe_bound_gets_its_row_count_alone(column: pa.Array) -> None:
+    schema = pa.schema([("id", pa.int64()), ("v", column.type)])
+    stats = FileStats(schema)
+    stats.add(pa.record_batch([pa.array([1, 2], pa.int64()), column], schema=schema))
+    assert json.loads(stats.to_json()) == {"numRecords": 2}
 
 
 def test_partition_values_and_locations() -> None:
@@ -438,3 +456,42 @@ def test_compaction_every_n_epochs_keeps_every_row_once(tmp_path: Path) -> None:
     assert len(referenced(env.path)) == 1  # twelve small files, compacted into one
     assert env.target.committed_watermark(QUERY) == 3_000
     assert table(env.path).transaction_version(QUERY) == 3
+
+
+def test_readers_skipping_files_by_statistics_find_every_row(tmp_path: Path) -> None:
+    """Every bound is safe for delta-rs' reader, which prunes files by the add actions'
+    statistics: a filtered read of each value of each column finds its row, whether the
+    value is a file's minimum or maximum, between milliseconds or past the string prefix."""
+    from decimal import Decimal
+
+    import pyarrow.dataset as ds
+
+    long = "x" * 40
+    schema = pa.schema([
+        ("id", pa.int64()), ("name", pa.string()), ("tz", pa.timestamp("us", tz="UTC")),
+        ("ntz", pa.timestamp("us")), ("day", pa.date32()), ("ok", pa.bool_()),
+        ("price", pa.decimal128(10, 2)), ("f", pa.float64()), ("key", pa.binary())])
+    rows = [
+        (1, long + "1", 500, 1_500, 1, True, Decimal("0.10"), 0.5, b"a"),
+        (2, "a", 1_500, 999, 2, False, Decimal("7.25"), -1.0, b"b"),
+        (3, long + "3", 2_999, 2_001, 3, False, Decimal("3.00"), 2.5, b"c"),
+        (4, "b", 2_001, 3_999, 4, True, None, None, None),
+        (5, "c", 9_000, 9_000, 5, True, Decimal("1.00"), float("nan"), b"e"),
+    ]
+    env = Env(tmp_path, schema=schema)
+    pcs = []
+    for task, part in enumerate([rows[:2], rows[2:4], rows[4:]]):
+        transaction = env.target.begin_transaction(txn(0, task), schema)
+        transaction.write(pa.record_batch(
+            [pa.array([r[i] for r in part], f.type) for i, f in enumerate(schema)],
+            schema=schema))
+        pcs.append(transaction.pre_commit())
+    env.coordinator().commit_epoch(0, pcs, [], len(rows), 0)
+
+    dataset = table(env.path).to_pyarrow_dataset()
+    for row in rows:
+        for field, value in zip(schema, row, strict=True):
+            if value is None or value != value:  # NaN
+                continue
+            found = dataset.to_table(filter=ds.field(field.name) == pa.scalar(value, field.type))
+            assert row[0] in found.column("id").to_pylist(), (field.name, value)
