@@ -5,6 +5,11 @@ invoke (write), preCommit, commit and abort, plus recoverAndCommit / recoverAndA
 failure. Here the task side (Spark write tasks) runs the first three and the driver side
 (``commit(messages, batchId)``) runs the rest, so the only thing that crosses from one to the
 other is the JSON-serialisable :class:`PreCommit` each task returns.
+
+Two kinds of target commit differently: a :class:`Target` commits each pre-commit on its own
+and then records the epoch beside the data (PostgreSQL's prepared transactions, Parquet's
+staged files); an :class:`EpochTarget` commits all of an epoch's pre-commits as one atomic
+change that records the epoch too (a Delta table version).
 """
 
 from __future__ import annotations
