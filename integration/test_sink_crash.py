@@ -70,8 +70,9 @@ BASE_TS = 1_700_000_000_000
 PREFIX = "flinkish"
 TARGETS = ("postgres", "parquet")
 #: Where the Delta target's cases crash: a write task with its files open, a decision
-#: recorded, the epoch's version committed (not completed), and all done but Spark's log.
-DELTA_POINTS = ("task_write", "after_decision", "mid_commit", "after_checkpoint")
+#: recorded, the epoch's version committed but its checkpoint not completed (a completed
+#: epoch replayed is integration/test_delta_target.py's, without a driver of its own).
+DELTA_POINTS = ("task_write", "after_decision", "mid_commit")
 POINTS = (
     "task_write",         # a write task has rows in its open transaction
     "before_decision",    # driver: every pre-commit in hand, no decision recorded
