@@ -200,8 +200,10 @@ def test_on_s3_epochs_commit_once_and_two_queries_appending_both_land(s3: S3Serv
     targets[1].commit_epoch([first], record("q0", 0))  # a replay, from another process
     pcs = [pre_commit(targets[i], f"q{i}", 1, [10 + i]) for i in range(2)]
     failures: list[BaseException] = []
+    start = threading.Barrier(2)
 
     def commit(i: int) -> None:
+        start.wait()
         try:
             targets[i].commit_epoch([pcs[i]], record(f"q{i}", 1))
         except BaseException as exc:  # reported below
