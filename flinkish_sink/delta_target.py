@@ -296,7 +296,7 @@ class DeltaTarget:
             return
         transaction = DeltaTransaction(self, None, batch.schema)
         transaction.write(batch)
-        self._commit_adds(transaction.close_files(), {})
+        self._commit_adds(self._table(), transaction.close_files(), {})
 
     def rollback(self, txn: TransactionId) -> None:
         """Delete the transaction's files (which no version references: the protocol never
@@ -354,18 +354,21 @@ class DeltaTarget:
 
         app = self.app_id(record.query)
         adds = [add for decided in pre_commits for add in _adds_of(decided)]
-        if not self._holds(app, record.epoch):
+        # one read of the table: the commit is made, and checked for conflicts, against the
+        # version whose txn said the epoch is not in yet
+        table = self._table()
+        if not _holds(table, app, record.epoch):
             self._check_present(adds, record.epoch)
             metadata = {RECORD_KEY: {**record.to_json(), "app_id": app}}
             try:
                 if self.upsert_key:
-                    self._merge(adds, metadata, (app, record.epoch))
+                    self._merge(table, adds, metadata, (app, record.epoch))
                 else:
-                    self._commit_adds(adds, metadata, (app, record.epoch))
+                    self._commit_adds(table, adds, metadata, (app, record.epoch))
             except CommitFailedError:
                 # another commit with our app id since we read the table: if that was this
                 # epoch (an earlier run of the query), the epoch is in
-                if not self._holds(app, record.epoch):
+                if not _holds(self._table(), app, record.epoch):
                     raise
             if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
                 self._compact()
@@ -396,10 +399,6 @@ class DeltaTarget:
             logger.warning("compacting Delta table %s failed (the next compaction tries "
                            "again): %s", self._where, exc)
 
-    def _holds(self, app: str, epoch: int) -> bool:
-        done = self._table().transaction_version(app)
-        return done is not None and done >= epoch
-
     def _check_present(self, adds: list[dict[str, Any]], epoch: int) -> None:
         paths = [self._path(a["path"]) for a in adds]
         lost = [a["path"] for a, info in zip(adds, self._fs.get_file_info(paths), strict=True)
@@ -411,12 +410,12 @@ class DeltaTarget:
                 "shorter than the time the query was down?)"
             )
 
-    def _commit_adds(self, adds: list[dict[str, Any]], record: dict[str, Any],
+    def _commit_adds(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                      txn: tuple[str, int] | None = None) -> None:
+        """One version of ``table`` (as read) adding ``adds``, with ``record`` and ``txn``."""
         from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction
 
-        table = self._table()
         table.create_write_transaction(
             [AddAction(a["path"], a["size"], a["partition_values"], a["modification_time"],
                        True, a["stats"]) for a in adds],
@@ -427,7 +426,7 @@ class DeltaTarget:
             ),
         )
 
-    def _merge(self, adds: list[dict[str, Any]], record: dict[str, Any],
+    def _merge(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                txn: tuple[str, int]) -> None:
         """Merge the epoch's rows into the table on the upsert key, as one version: a row
         replaces the table's row of its key (NULL matching NULL), or is added; of the epoch's
@@ -438,11 +437,11 @@ class DeltaTarget:
             [pq.read_table(self._path(a["path"]), filesystem=self._fs) for a in adds],
             self.upsert_key)
         if rows is None:  # an epoch without rows still records itself
-            self._commit_adds([], record, txn)
+            self._commit_adds(table, [], record, txn)
             return
         predicate = " AND ".join(
             f'(t."{name}" IS NOT DISTINCT FROM s."{name}")' for name in self.upsert_key)
-        self._table().merge(
+        table.merge(
             rows, predicate, source_alias="s", target_alias="t",
             commit_properties=CommitProperties(
                 custom_metadata={"userMetadata": json.dumps(record)},
@@ -459,6 +458,12 @@ class DeltaTarget:
                 if query is None or record["query"] == query:
                     records.append({**record, "version": commit.get("version")})
         return records
+
+
+def _holds(table: Any, app: str, epoch: int) -> bool:
+    """Whether ``table`` (as read) holds ``epoch`` of ``app``: its txn is there or later."""
+    done = table.transaction_version(app)
+    return done is not None and done >= epoch
 
 
 def _adds_of(pre_commit: PreCommit) -> list[dict[str, Any]]:

@@ -495,3 +495,22 @@ def test_readers_skipping_files_by_statistics_find_every_row(tmp_path: Path) -> 
                 continue
             found = dataset.to_table(filter=ds.field(field.name) == pa.scalar(value, field.type))
             assert row[0] in found.column("id").to_pylist(), (field.name, value)
+
+
+def test_an_epoch_committed_by_another_run_since_the_table_was_read_is_not_doubled(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runs of one query (a zombie): the other commits the epoch between this one's read
+    of the table and its commit. delta-rs refuses the second commit with the same app id;
+    the table's txn then says the epoch is in, so nothing fails and nothing is doubled."""
+    pcs = [pre_commit(env.target, 0, 0, [1, 2])]
+    record = env.coordinator()._epoch_record(0, {"markers": [], "rows": 2, "late_rows": 0})[1]
+    other = DeltaTarget(str(env.path))
+    monkeypatch.setattr(env.target, "_check_present",
+                        lambda adds, epoch: other.commit_epoch(pcs, record))
+    before = table(env.path).version()
+
+    env.target.commit_epoch(pcs, record)
+
+    assert table(env.path).version() == before + 1
+    assert read_ids(env.path) == [1, 2]
