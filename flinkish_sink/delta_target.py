@@ -332,10 +332,16 @@ class DeltaTarget:
 
     def committed_watermark(self, query: str) -> int | None:
         """The highest watermark the table's history (as far as its log keeps it) records
-        for ``query``; None before any."""
-        marks = [r["watermark"] for r in self.epoch_records(query)
-                 if r.get("watermark") is not None]
-        return max(marks) if marks else None
+        for ``query``; None before any. Published watermarks never go back, so this is the
+        newest one: the history is read from its end, a growing stretch at a time."""
+        limit = 100
+        while True:
+            commits = self._table().history(limit)
+            marks = [r["watermark"] for r in _records(commits, query)
+                     if r.get("watermark") is not None]
+            if marks or len(commits) < limit:
+                return max(marks) if marks else None
+            limit *= 10
 
     def max_pending(self) -> None:
         """Unreferenced files: no limit on how many wait for the driver."""
@@ -448,16 +454,24 @@ class DeltaTarget:
                 app_transactions=[Transaction(*txn)]),
         ).when_matched_update_all().when_not_matched_insert_all().execute()
 
-    def epoch_records(self, query: str | None = None) -> list[dict[str, Any]]:
-        """The epoch records in the table's history, newest first (of ``query`` only, if
-        given): what each epoch's commit says in its ``userMetadata``."""
-        records = []
-        for commit in self._table().history():
-            with contextlib.suppress(KeyError, TypeError, ValueError):
-                record = json.loads(commit["userMetadata"])[RECORD_KEY]
-                if query is None or record["query"] == query:
-                    records.append({**record, "version": commit.get("version")})
-        return records
+    def epoch_records(self, query: str | None = None, limit: int | None = None
+                      ) -> list[dict[str, Any]]:
+        """The epoch records in the table's history (its newest ``limit`` versions, if
+        given), newest first (of ``query`` only, if given): what each epoch's commit says in
+        its ``userMetadata``."""
+        return _records(self._table().history(limit), query)
+
+
+def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str, Any]]:
+    """The epoch records (of ``query``, if given) in ``commits`` (history entries), with
+    their versions."""
+    records = []
+    for commit in commits:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            record = json.loads(commit["userMetadata"])[RECORD_KEY]
+            if query is None or record["query"] == query:
+                records.append({**record, "version": commit.get("version")})
+    return records
 
 
 def _holds(table: Any, app: str, epoch: int) -> bool:
