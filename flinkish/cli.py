@@ -112,7 +112,7 @@ def _transactions(args: argparse.Namespace) -> int:
     from checkpointing.query import query_id, resolve_store
     from flinkish_core.durations import format_duration, parse_duration_ms
     from flinkish_core.errors import OptionError
-    from flinkish_sink.target import Target
+    from flinkish_sink.target import AnyTarget
     from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
     try:
@@ -120,8 +120,12 @@ def _transactions(args: argparse.Namespace) -> int:
     except OptionError as exc:
         raise SystemExit(str(exc)) from None
 
-    target: Target
-    if args.postgres:
+    target: AnyTarget
+    if args.delta:
+        from flinkish_sink.delta_target import DeltaTarget
+
+        target = DeltaTarget(args.delta, app_id=args.app_id)
+    elif args.postgres:
         from flinkish_sink.postgres_target import PostgresTarget
 
         if not args.table:
@@ -212,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--postgres", metavar="DSN",
                        help="the sink's PostgreSQL target: its dsn option (libpq string)")
     where.add_argument("--parquet", metavar="PATH", help="the sink's Parquet target: its path")
+    where.add_argument("--delta", metavar="PATH", help="the sink's Delta target: its path")
     txns.add_argument("--table", help="with --postgres: the sink's table option")
+    txns.add_argument("--app-id", dest="app_id",
+                      help="with --delta: the sink's delta.appId option, if it was set")
     txns.add_argument("--prefix", default="flinkish",
                       help="the sink's transactionalIdPrefix (default flinkish)")
     txns.add_argument("--query", help="query id (default: read from --checkpoint)")

@@ -33,11 +33,16 @@ _NAMES = (
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
     "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
-    "upsertKey", "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
+    "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
+    "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
 )
 _KNOWN = {name.lower(): name for name in _NAMES}
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
+#: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
+#: small files, so a partition holds at most a few hundred before they are rewritten.
+DEFAULT_COMPACT_EVERY = 50
+_HOUR_MS = 3_600_000
 
 
 @dataclass(frozen=True, repr=False)
@@ -63,8 +68,17 @@ class SinkOptions:
     #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
     #: PostgreSQL's VACUUM from cleaning up
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
-    #: the table's columns on which a row replaces the row of the same key (PostgreSQL only)
+    #: the table's columns on which a row replaces the row of the same key (PostgreSQL, Delta)
     upsert_key: tuple[str, ...] = ()
+    #: the partition columns of a Delta table the sink creates (empty: the table's own)
+    partition_by: tuple[str, ...] = ()
+    #: the app id of a Delta table's ``txn`` actions (None: the query's id)
+    app_id: str | None = None
+    #: compact a Delta table's small files after every that many epochs (0: never)
+    compact_every: int = DEFAULT_COMPACT_EVERY
+    #: after compacting, vacuum files a Delta table stopped referencing this long ago (hours;
+    #: None: never)
+    vacuum_retention_hours: int | None = None
 
     def __repr__(self) -> str:
         masked = {
@@ -108,9 +122,9 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         hint = f"; did you mean {_KNOWN[close[0]]}?" if close else ""
         raise OptionError(f"unknown option {unknown[0]!r} for the flinkish sink{hint}")
     target = options.get("target", "").strip().lower()
-    if target not in ("postgres", "parquet"):
+    if target not in ("postgres", "parquet", "delta"):
         raise OptionError(
-            f"option target: {options.get('target')!r} is not postgres or parquet "
+            f"option target: {options.get('target')!r} is not postgres, parquet or delta "
             "(where the sink writes)"
         )
     if target == "postgres":
@@ -118,11 +132,39 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
             if not options.get(key):
                 raise OptionError(f"option {key} is required with target postgres")
         if "path" in options:
-            raise OptionError("option path applies to target parquet; postgres takes dsn/table")
+            raise OptionError(
+                "option path applies to targets parquet and delta; postgres takes dsn/table")
     elif not options.get("path"):
-        raise OptionError("option path is required with target parquet (a directory or URI)")
+        raise OptionError(
+            f"option path is required with target {target} (a directory or URI)")
     elif "table" in options or "dsn" in options:
-        raise OptionError("options dsn/table apply to target postgres; parquet takes path")
+        raise OptionError(f"options dsn/table apply to target postgres; {target} takes path")
+    for key, name in (("partitionby", "partitionBy"), ("delta.appid", "delta.appId"),
+                      ("delta.compactevery", "delta.compactEvery"),
+                      ("delta.vacuumretention", "delta.vacuumRetention")):
+        if key in options and target != "delta":
+            raise OptionError(f"option {name} applies to target delta only")
+    compact_text = options.get("delta.compactevery", str(DEFAULT_COMPACT_EVERY)).strip()
+    if not compact_text.isdigit():
+        raise OptionError(
+            f"option delta.compactEvery: {compact_text!r} is not a whole number of epochs "
+            "(0: never compact)")
+    vacuum_hours = None
+    if "delta.vacuumretention" in options:
+        retention_ms = parse_duration_ms("delta.vacuumRetention", options["delta.vacuumretention"])
+        if retention_ms < _HOUR_MS:
+            raise OptionError(
+                f"option delta.vacuumRetention: {options['delta.vacuumretention']!r} is under "
+                "an hour; it must be longer than the query can ever be down (files of an epoch "
+                "not yet committed would be deleted), e.g. '7 days'")
+        vacuum_hours = -(-retention_ms // _HOUR_MS)
+    partition_by = tuple(
+        c.strip() for c in options.get("partitionby", "").split(",") if c.strip())
+    app_id = options.get("delta.appid", "").strip() or None
+    if "delta.appid" in options and app_id is None:
+        raise OptionError(
+            "option delta.appId is empty: leave it out to use the query's id, or name the "
+            "app id of the table's txn actions")
 
     guarantee = _choice(options, "deliveryguarantee", "deliveryGuarantee", DeliveryGuarantee,
                         DeliveryGuarantee.EXACTLY_ONCE)
@@ -132,8 +174,10 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     if late is LateData.SIDE:
         if target == "postgres" and not late_table:
             raise OptionError("lateData=side with target postgres needs option lateData.table")
-        if target == "parquet" and not late_path:
-            raise OptionError("lateData=side with target parquet needs option lateData.path")
+        if target != "postgres" and not late_path:
+            raise OptionError(f"lateData=side with target {target} needs option lateData.path")
+        if target != "postgres" and late_path == options.get("path"):
+            raise OptionError("option lateData.path must name another place than path")
     elif late_table or late_path:
         raise OptionError("options lateData.table / lateData.path apply only with lateData=side")
 
@@ -162,19 +206,19 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                 "warns), e.g. '15 min'"
             )
     upsert_key = tuple(c.strip() for c in options.get("upsertkey", "").split(",") if c.strip())
-    if "upsertkey" in options and (target != "postgres" or not upsert_key):
+    if "upsertkey" in options and (target == "parquet" or not upsert_key):
         raise OptionError(
             "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
-            "target postgres (Parquet files only append: a window's rows carry its pane, whose "
-            "highest index is the latest)"
+            "target postgres or delta (Parquet files only append: a window's rows carry its "
+            "pane, whose highest index is the latest)"
         )
-    # Parquet files are staged by the write tasks and moved into place by the driver (the
-    # store, by contrast, is the driver's alone)
+    # Parquet files are staged by the write tasks and moved into place by the driver, Delta
+    # data files written by the tasks and committed by the driver (the store, by contrast, is
+    # the driver's alone)
     for key, given in (("path", options.get("path")), ("lateData.path", late_path)):
         problem = given and local_location_problem(
             key, given, os.environ.get(MASTER_ENV),
-            "write tasks on the executors stage Parquet files there and the driver moves them "
-            "into place")
+            "write tasks on the executors write files there and the driver commits them")
         if problem:
             raise OptionError(problem)
     checkpoint = options.get("checkpointlocation") or None
@@ -201,4 +245,8 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         epochs_table=options.get("epochstable") or None,
         transaction_timeout_ms=timeout_ms,
         upsert_key=upsert_key,
+        partition_by=partition_by,
+        app_id=app_id,
+        compact_every=int(compact_text),
+        vacuum_retention_hours=vacuum_hours,
     )

@@ -51,6 +51,7 @@ import os
 import re
 import time
 import uuid
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -83,19 +84,7 @@ class ParquetTarget:
         (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a
         transaction over to a new file after that many rows (None: one file per transaction)."""
         text = os.fspath(path)
-        if not text:
-            raise ValueError("Parquet target path is empty")
-        try:
-            if "://" in text:
-                filesystem, base = pafs.FileSystem.from_uri(text)
-            else:
-                filesystem, base = pafs.LocalFileSystem(), os.path.abspath(text)
-        except (ValueError, OSError) as exc:
-            # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
-            reason = scrub(str(exc), dsn_secrets(text))
-            raise ValueError(
-                f"cannot use {mask_uri(text)!r} as a Parquet target path: {reason}"
-            ) from None
+        filesystem, base = filesystem_of(text, "a Parquet target path")
         self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
 
     @classmethod
@@ -186,7 +175,7 @@ class ParquetTarget:
             self._sync(temp)
             self._fs.move(temp, self._path(name))
         except BaseException:
-            _delete_file_if_present(self._fs, temp)
+            delete_file_if_present(self._fs, temp)
             raise
         self._sync(self._base)
 
@@ -286,7 +275,7 @@ class ParquetTarget:
             self._sync(temp)
             self._fs.move(temp, path)
         except BaseException:
-            _delete_file_if_present(self._fs, temp)
+            delete_file_if_present(self._fs, temp)
             raise
         self._sync(directory)
 
@@ -319,17 +308,7 @@ class ParquetTarget:
             self._fs.delete_dir(path)
 
     def _sync(self, path: str) -> None:
-        """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a
-        pre-commit or commit survives a machine crash; remote stores make a closed file or a
-        rename durable by themselves."""
-        local = _local_os_path(self._fs, path)
-        if local is None or os.name != "posix":
-            return
-        fd = os.open(local, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        sync_path(self._fs, path)
 
 
 class ParquetTransaction:
@@ -416,19 +395,28 @@ def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
     Order, nullability and metadata are ignored: Parquet readers match columns by name and
     Spark reads every column as nullable.
     """
-    old_types = {f.name: f.type for f in existing}
-    new_types = {f.name: f.type for f in new}
+    return type_differences({f.name: f.type for f in existing}, {f.name: f.type for f in new},
+                            "the existing files")
+
+
+def type_differences(
+    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
+    shown: Callable[[Any], str] = str,
+) -> list[str]:
+    """How the column types ``new`` (name -> type) differ from those ``existing`` in
+    ``where``: columns missing on either side, and types that are not equal (``shown`` as
+    text)."""
     differences = []
-    missing = [name for name in old_types if name not in new_types]
+    missing = [name for name in existing if name not in new]
     if missing:
-        differences.append(f"columns only in the existing files: {missing}")
-    added = [name for name in new_types if name not in old_types]
+        differences.append(f"columns only in {where}: {missing}")
+    added = [name for name in new if name not in existing]
     if added:
         differences.append(f"columns only in the new schema: {added}")
     differences.extend(
-        f"column {name!r} is {old_types[name]} in the existing files but {new_types[name]} now"
-        for name in old_types
-        if name in new_types and not old_types[name].equals(new_types[name])
+        f"column {name!r} is {shown(existing[name])} in {where} but {shown(new[name])} now"
+        for name in existing
+        if name in new and existing[name] != new[name]
     )
     return differences
 
@@ -443,7 +431,38 @@ def _files_of(pre_commit: PreCommit) -> list[str]:
     return [str(name) for name in files]
 
 
-def _delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
+def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem and path of ``location`` (a local path, or a URI
+    ``pyarrow.fs.FileSystem.from_uri`` knows: ``file://``, ``s3://``, ``gs://``, ``hdfs://``);
+    ValueError naming ``what`` it was to be, with any credentials in it masked."""
+    if not location:
+        raise ValueError(f"{what} is empty")
+    try:
+        if "://" in location:
+            filesystem, base = pafs.FileSystem.from_uri(location)
+            return filesystem, str(base)
+        return pafs.LocalFileSystem(), os.path.abspath(location)
+    except (ValueError, OSError) as exc:
+        # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
+        reason = scrub(str(exc), dsn_secrets(location))
+        raise ValueError(f"cannot use {mask_uri(location)!r} as {what}: {reason}") from None
+
+
+def sync_path(filesystem: pafs.FileSystem, path: str) -> None:
+    """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a pre-commit or
+    commit survives a machine crash; remote stores make a closed file or a rename durable by
+    themselves."""
+    local = _local_os_path(filesystem, path)
+    if local is None or os.name != "posix":
+        return
+    fd = os.open(local, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_file(path)
 

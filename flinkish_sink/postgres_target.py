@@ -41,6 +41,7 @@ from psycopg.rows import TupleRow
 
 from flinkish_core.secrets import dsn_secrets, mask_dsn, scrub
 from flinkish_sink.target import FIX_WRITE_TASKS, PreCommit, TransactionId
+from flinkish_sink.window_columns import is_window, table_batch, table_schema
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -128,60 +129,6 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
 def postgres_types(schema: pa.Schema) -> list[ColumnType]:
     """:func:`postgres_type` for every field, in order."""
     return [postgres_type(field.type, field.name) for field in schema]
-
-
-#: The fields of a Spark time window (``window``, ``session_window``):
-#: struct<start: timestamp, end: timestamp>.
-WINDOW_FIELDS = ("start", "end")
-
-
-def is_window(dtype: pa.DataType) -> bool:
-    """Whether ``dtype`` is a Spark time window's struct (Arrow struct<start, end> of
-    timestamps)."""
-    return (
-        pa.types.is_struct(dtype)
-        and [dtype.field(i).name for i in range(dtype.num_fields)] == list(WINDOW_FIELDS)
-        and all(pa.types.is_timestamp(dtype.field(i).type) for i in range(dtype.num_fields))
-    )
-
-
-def table_schema(schema: pa.Schema, kept: frozenset[str] = frozenset()) -> pa.Schema:
-    """The table's columns for a stream's ``schema``: each window struct ``w`` becomes two
-    timestamp columns ``w_start`` and ``w_end`` (timestamptz: a window is queried and indexed
-    by its bounds, which a jsonb value would hide behind ``("w"->>'start')::timestamptz``),
-    except the windows in ``kept``, which an older version's table holds as one jsonb column.
-    ValueError when a split column's name is already taken by another column."""
-    fields: list[pa.Field] = []
-    for field in schema:
-        if field.name in kept or not is_window(field.type):
-            fields.append(field)
-            continue
-        for part in WINDOW_FIELDS:
-            name = f"{field.name}_{part}"
-            if name in schema.names:
-                raise ValueError(
-                    f"column {field.name!r} (a window) is stored as {field.name}_start and "
-                    f"{field.name}_end, but the stream has a column {name!r} too: rename one "
-                    "of them before the sink"
-                )
-            fields.append(pa.field(name, field.type.field(part).type))
-    return pa.schema(fields)
-
-
-def table_batch(batch: pa.RecordBatch, kept: frozenset[str] = frozenset()) -> pa.RecordBatch:
-    """``batch`` in the columns of :func:`table_schema` (windows split into their bounds)."""
-    windows = [f.name for f in batch.schema if f.name not in kept and is_window(f.type)]
-    if not windows:
-        return batch
-    columns = []
-    for field, column in zip(batch.schema, batch.columns, strict=True):
-        if field.name in windows:
-            # a NULL window has NULL bounds (a struct's children ignore the parent's validity)
-            columns += [pc.if_else(column.is_valid(), pc.struct_field(column, part), None)
-                        for part in WINDOW_FIELDS]
-        else:
-            columns.append(column)
-    return pa.RecordBatch.from_arrays(columns, schema=table_schema(batch.schema, kept))
 
 
 def kept_windows(conn: Connection, table: sql.Identifier, schema: pa.Schema) -> frozenset[str]:

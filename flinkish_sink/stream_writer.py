@@ -49,8 +49,8 @@ from flinkish_core.window_output import KIND, LATE, is_window_output
 from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
+    AnyTarget,
     PreCommit,
-    Target,
     TaskTransaction,
     TransactionId,
 )
@@ -135,7 +135,7 @@ class SinkCommitMessage(WriterCommitMessage):
     run: str | None = field(default_factory=spark_run_id)
 
 
-def make_target(options: SinkOptions, late: bool = False) -> Target:
+def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
     """The configured target (or, with ``late``, the late-data side output)."""
     if options.target == "postgres":
         from flinkish_sink.postgres_target import PostgresTarget
@@ -148,10 +148,17 @@ def make_target(options: SinkOptions, late: bool = False) -> Target:
             two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
             upsert_key=() if late else options.upsert_key,  # late rows append
         )
-    from flinkish_sink.parquet_target import ParquetTarget
-
     path = options.late_path if late else options.path
     assert path is not None
+    if options.target == "delta":
+        from flinkish_sink.delta_target import DeltaTarget
+
+        return DeltaTarget(path, partition_by=options.partition_by, app_id=options.app_id,
+                           upsert_key=() if late else options.upsert_key,
+                           compact_every=options.compact_every,
+                           vacuum_retention_hours=options.vacuum_retention_hours)
+    from flinkish_sink.parquet_target import ParquetTarget
+
     return ParquetTarget(path)
 
 

@@ -5,13 +5,18 @@ invoke (write), preCommit, commit and abort, plus recoverAndCommit / recoverAndA
 failure. Here the task side (Spark write tasks) runs the first three and the driver side
 (``commit(messages, batchId)``) runs the rest, so the only thing that crosses from one to the
 other is the JSON-serialisable :class:`PreCommit` each task returns.
+
+Two kinds of target commit differently: a :class:`Target` commits each pre-commit on its own
+and then records the epoch beside the data (PostgreSQL's prepared transactions, Parquet's
+staged files); an :class:`EpochTarget` commits all of an epoch's pre-commits as one atomic
+change that records the epoch too (a Delta table version).
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
@@ -126,8 +131,9 @@ class TaskTransaction(Protocol):
         """Throw the transaction away (the task failed before pre-committing)."""
 
 
-class Target(Protocol):
-    """A place rows go to, with a prepare/commit split (PostgreSQL, Parquet files)."""
+class TargetBase(Protocol):
+    """What every target does, whichever way it commits (see :class:`Target` and
+    :class:`EpochTarget`)."""
 
     #: Whether a transaction left pre-committed can hold up another's writes (PostgreSQL: a
     #: prepared transaction keeps its row locks), so that leftovers must be resolved before
@@ -144,10 +150,6 @@ class Target(Protocol):
     def write_direct(self, batch: pa.RecordBatch) -> None:
         """Write and make visible at once (at-least-once / none delivery)."""
 
-    def commit(self, pre_commit: PreCommit) -> None:
-        """Make a pre-committed transaction visible. Idempotent: a transaction that is no
-        longer pending was committed before (the protocol never rolls back a decided one)."""
-
     def rollback(self, txn: TransactionId) -> None:
         """Discard a pre-committed (or half-written) transaction. Idempotent."""
 
@@ -160,14 +162,6 @@ class Target(Protocol):
         (PostgreSQL's ``pg_prepared_xacts.prepared``) or staged (the staging directory's
         modification time); None where the target cannot tell."""
 
-    def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
-        source: str | None = None,
-    ) -> None:
-        """Record a committed epoch and its watermark beside the data, so a consumer can ask
-        "is everything up to event time T in?"; ``source`` says which watermark it is
-        (:data:`WATERMARK_VALVE` or :data:`WATERMARK_SPARK`). Idempotent per (query, epoch)."""
-
     def committed_watermark(self, query: str) -> int | None:
         """The highest combined watermark published for ``query``."""
 
@@ -177,3 +171,64 @@ class Target(Protocol):
 
     def close(self) -> None:
         """Release connections."""
+
+
+class Target(TargetBase, Protocol):
+    """A place rows go to that commits each pre-commit on its own (PostgreSQL, Parquet
+    files), then records the epoch beside the data."""
+
+    def commit(self, pre_commit: PreCommit) -> None:
+        """Make a pre-committed transaction visible. Idempotent: a transaction that is no
+        longer pending was committed before (the protocol never rolls back a decided one)."""
+
+    def publish_epoch(
+        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
+        source: str | None = None,
+    ) -> None:
+        """Record a committed epoch and its watermark beside the data, so a consumer can ask
+        "is everything up to event time T in?"; ``source`` says which watermark it is
+        (:data:`WATERMARK_VALVE` or :data:`WATERMARK_SPARK`). Idempotent per (query, epoch)."""
+
+
+@dataclass(frozen=True)
+class EpochRecord:
+    """What a committed epoch publishes: its combined watermark (epoch ms; None before there
+    is one), where that comes from (:data:`WATERMARK_VALVE` or :data:`WATERMARK_SPARK`), the
+    combined status and idle partitions after it, and its rows (late ones included)."""
+
+    query: str
+    epoch: int
+    watermark: int | None
+    watermark_source: str | None
+    status: str | None
+    idle_partitions: tuple[str, ...]
+    rows: int
+    late_rows: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "query": self.query,
+            "epoch": self.epoch,
+            "watermark": self.watermark,
+            "watermark_source": self.watermark_source,
+            "status": self.status,
+            "idle_partitions": list(self.idle_partitions),
+            "rows": self.rows,
+            "late_rows": self.late_rows,
+        }
+
+
+@runtime_checkable
+class EpochTarget(TargetBase, Protocol):
+    """A target that commits all of an epoch's pre-commits as one atomic change that also
+    carries the epoch's record (a Delta table version), so an epoch appears whole or not at
+    all."""
+
+    def commit_epoch(self, pre_commits: list[PreCommit], record: EpochRecord) -> None:
+        """Make ``pre_commits`` (every one of the epoch's decided pre-commits for this
+        target; none for an epoch without rows) visible at once, with ``record``. Idempotent:
+        an epoch the target holds already is not committed again."""
+
+
+#: Either kind of target.
+AnyTarget = Target | EpochTarget

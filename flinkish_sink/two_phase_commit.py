@@ -34,8 +34,10 @@ from flinkish_core.watermark import MIN_WATERMARK
 from flinkish_sink.target import (
     WATERMARK_SPARK,
     WATERMARK_VALVE,
+    AnyTarget,
+    EpochRecord,
+    EpochTarget,
     PreCommit,
-    Target,
     TransactionId,
 )
 
@@ -84,10 +86,10 @@ class TwoPhaseCommitCoordinator:
     def __init__(
         self,
         store: CheckpointStore,
-        target: Target,
+        target: AnyTarget,
         prefix: str,
         query: str,
-        side_target: Target | None = None,
+        side_target: AnyTarget | None = None,
         transaction_timeout_s: float | None = None,
     ) -> None:
         self._store = store
@@ -97,7 +99,7 @@ class TwoPhaseCommitCoordinator:
         self._query = query
         self._timeout = transaction_timeout_s
 
-    def _target_of(self, txn: TransactionId) -> Target:
+    def _target_of(self, txn: TransactionId) -> AnyTarget:
         if txn.prefix == self._prefix + LATE_SUFFIX:
             if self._side is None:
                 raise ValueError(f"{txn.gid} belongs to a late-data side output not configured")
@@ -157,27 +159,60 @@ class TwoPhaseCommitCoordinator:
                 f"({', '.join(pc.txn.gid for pc in chosen[:3])}{', …' if len(chosen) > 3 else ''})",
                 (now_ms() - pending.created_ms) / 1000, "committing them now",
             )
-        committed = []
-        for pc in chosen:
-            self._target_of(pc.txn).commit(pc)
-            committed.append(pc.txn.gid)
-            failpoint("mid_commit", query=self._query, epoch=epoch)
+        result, record = self._epoch_record(epoch, decision)
+        committed = self._commit_decided(chosen, record)
         rolled = self._discard(pre_commits, {pc.txn.gid for pc in chosen})
         recovered, recover_rolled = self.recover(epoch)
         committed += recovered
         rolled += recover_rolled
 
-        result = advance_epoch(
-            self._store, epoch, (Marker.from_json(m) for m in decision["markers"])
-        )
-        published, source = published_watermark(result, decision)
-        self._target.publish_epoch(
-            self._query, epoch, published, decision["rows"], decision["late_rows"], source
-        )
+        if not isinstance(self._target, EpochTarget):  # an epoch target's commit carried it
+            self._target.publish_epoch(
+                self._query, epoch, record.watermark, record.rows, record.late_rows,
+                record.watermark_source,
+            )
         failpoint("before_checkpoint", query=self._query, epoch=epoch)
         checkpoint = self._store.complete(epoch, {**decision, STATE_KEY: result.to_json()})
         failpoint("after_checkpoint", query=self._query, epoch=epoch)
         return EpochOutcome(checkpoint, result, tuple(committed), tuple(rolled), replayed)
+
+    def _epoch_record(
+        self, epoch: int, decision: dict[str, Any]
+    ) -> tuple[EpochWatermark, EpochRecord]:
+        """The combined watermark after decided epoch ``epoch`` (the valve restored from the
+        latest completed epoch, the one before, advanced over the decided markers: the same
+        on every replay) and what the epoch publishes."""
+        result = advance_epoch(
+            self._store, epoch, (Marker.from_json(m) for m in decision["markers"])
+        )
+        published, source = published_watermark(result, decision)
+        return result, EpochRecord(
+            self._query, epoch, published, source, result.status,
+            tuple(result.idle_partitions), decision["rows"], decision["late_rows"],
+        )
+
+    def _commit_decided(self, chosen: list[PreCommit], record: EpochRecord) -> list[str]:
+        """Commit an epoch's decided pre-commits: one by one into a :class:`Target`, all at
+        once into an :class:`EpochTarget` (the main one even without any: its commit
+        publishes the epoch). Returns the gids committed."""
+        whole: list[tuple[EpochTarget, list[PreCommit]]] = [
+            (t, []) for t in (self._target, self._side) if isinstance(t, EpochTarget)
+        ]
+        committed: list[str] = []
+        for pc in chosen:
+            target = self._target_of(pc.txn)
+            if isinstance(target, EpochTarget):
+                next(group for t, group in whole if t is target).append(pc)
+                continue
+            target.commit(pc)
+            committed.append(pc.txn.gid)
+            failpoint("mid_commit", query=self._query, epoch=record.epoch)
+        for target, decided in whole:
+            if decided or target is self._target:
+                target.commit_epoch(decided, record)
+                committed += [pc.txn.gid for pc in decided]
+                failpoint("mid_commit", query=self._query, epoch=record.epoch)
+        return committed
 
     def abort_epoch(self, epoch: int, pre_commits: Iterable[PreCommit | None]) -> list[str]:
         """Spark gave up on the epoch's tasks: roll back what they pre-committed, unless an
@@ -238,6 +273,8 @@ class TwoPhaseCommitCoordinator:
         committed: list[str] = []
         rolled: list[str] = []
         decisions: dict[int, dict[str, Any]] = {}
+        states: dict[int, dict[str, Any]] = {}
+        whole: set[int] = set()  # epochs to commit whole into an epoch target
         ages = self.lingering_ages()
         for txn in sorted(ages):
             if (up_to_epoch is not None and txn.epoch > up_to_epoch) or (
@@ -248,6 +285,8 @@ class TwoPhaseCommitCoordinator:
                     None if self._store.completed(txn.epoch) is not None
                     else self._store.pending(txn.epoch)
                 )
+                if pending is not None:
+                    states[txn.epoch] = pending.state
                 decisions[txn.epoch] = {
                     d["gid"]: d for d in (pending.state.get("decision", []) if pending else [])
                 }
@@ -260,10 +299,19 @@ class TwoPhaseCommitCoordinator:
             )
             if found is not None:
                 logger.info("recovering %s: committing (its epoch decided on it)", txn.gid)
-                target.commit(PreCommit.from_json(found))
+                if isinstance(target, EpochTarget):
+                    whole.add(txn.epoch)
+                else:
+                    target.commit(PreCommit.from_json(found))
                 committed.append(txn.gid)
             else:
                 logger.info("recovering %s: rolling back (no decision names it)", txn.gid)
                 target.rollback(txn)
                 rolled.append(txn.gid)
+        for epoch in sorted(whole):
+            # an epoch target takes the epoch whole: every decided pre-commit of it, with the
+            # record the epoch's own commit would publish
+            decided = [PreCommit.from_json(d) for d in decisions[epoch].values()]
+            _, record = self._epoch_record(epoch, states[epoch])
+            self._commit_decided(decided, record)
         return committed, rolled

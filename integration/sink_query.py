@@ -3,7 +3,7 @@
 One query::
 
     python integration/sink_query.py --bootstrap HOST:PORT --topic T --checkpoint DIR \\
-        --target postgres --dsn DSN --table NAME          # or: --target parquet --path DIR
+        --target postgres --dsn DSN --table NAME   # or: --target parquet|delta --path DIR
         [--trigger available-now | --trigger processing --until-offsets '{"T": {"0": 25}}']
         [--max-offsets N] [--master 'local[2,2]' | 'local-cluster[2,1,1024]']
         [--conf KEY=VALUE ...] [--query-name NAME]
@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="the query's checkpointLocation")
     p.add_argument("--source-state", dest="source_state",
                    help="the source's checkpointing.location (default: <checkpoint>-source)")
-    p.add_argument("--target", choices=("postgres", "parquet"))
+    p.add_argument("--target", choices=("postgres", "parquet", "delta"))
     p.add_argument("--dsn")
     p.add_argument("--table")
     p.add_argument("--path")
@@ -202,8 +202,8 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
                 raise SystemExit(f"job {i}: {key} is required")
         if job["target"] == "postgres" and not (job.get("dsn") and job.get("table")):
             raise SystemExit(f"job {i}: target postgres needs dsn and table")
-        if job["target"] == "parquet" and not job.get("path"):
-            raise SystemExit(f"job {i}: target parquet needs path")
+        if job["target"] in ("parquet", "delta") and not job.get("path"):
+            raise SystemExit(f"job {i}: target {job['target']} needs path")
         if job["trigger"] == "processing" and not job.get("until_offsets"):
             raise SystemExit(f"job {i}: trigger processing needs until_offsets")
         if job.get("fail_first_attempt") and not job.get("evidence"):

@@ -43,7 +43,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import deltalake
 import psycopg
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pytest
@@ -67,6 +69,10 @@ LAST_EPOCH = PARTITIONS * PER_PARTITION // MAX_OFFSETS - 1
 BASE_TS = 1_700_000_000_000
 PREFIX = "flinkish"
 TARGETS = ("postgres", "parquet")
+#: Where the Delta target's cases crash: a write task with its files open, a decision
+#: recorded, the epoch's version committed but its checkpoint not completed (a completed
+#: epoch replayed is integration/test_delta_target.py's, without a driver of its own).
+DELTA_POINTS = ("task_write", "after_decision", "mid_commit")
 POINTS = (
     "task_write",         # a write task has rows in its open transaction
     "before_decision",    # driver: every pre-commit in hand, no decision recorded
@@ -242,6 +248,13 @@ class TargetView:
     def rows(self, side: bool = False) -> list[tuple[int, int]]:
         """(partition, offset) of every row, duplicates included (``side``: of the side
         output)."""
+        if self.kind == "delta":
+            if not (Path(self.path) / "_delta_log").is_dir():
+                return []
+            table = deltalake.DeltaTable(str(self.path)).to_pyarrow_dataset().to_table(
+                columns=["partition", "offset"])
+            return list(zip(table.column("partition").to_pylist(),
+                            table.column("offset").to_pylist(), strict=True))
         if self.kind == "postgres":
             try:
                 found = pg_rows(self.dsn, sql.SQL('SELECT "partition", "offset" FROM {}').format(
@@ -263,6 +276,9 @@ class TargetView:
         if self.kind == "postgres":
             gids = [g for (g,) in pg_rows(self.dsn, "SELECT gid FROM pg_prepared_xacts")]
             return sorted(g for g in gids if (t := TransactionId.parse(g)) and t.query == query)
+        if self.kind == "delta":  # a transaction's manifest, until decided
+            return sorted(p.name.removesuffix(".json")
+                          for p in (Path(self.path) / "_flinkish_staging").glob("*.json"))
         found = []
         for path in (self.path, self.late_path) if self.late else (self.path,):
             found += [info.base_name for info in _listing(path, "_flinkish_staging")]
@@ -279,7 +295,10 @@ class TargetView:
         return sorted(name for (name,) in found)
 
     def staged_files(self) -> list[str]:
-        """<transaction dir>/<file> of every staged Parquet file."""
+        """<transaction dir>/<file> of every staged Parquet file; a Delta table's data files
+        that no version references."""
+        if self.kind == "delta":
+            return self.unreferenced()
         found = [info.path.rsplit("/", 2)[-2:] for info in _listing(
             self.path, "_flinkish_staging", recursive=True) if info.path.endswith(".parquet")]
         return sorted(f"{txn}/{name}" for txn, name in found)
@@ -288,8 +307,35 @@ class TargetView:
         """epoch -> watermark as published beside the data."""
         return {epoch: r["watermark"] for epoch, r in self.epoch_records(query).items()}
 
+    def unreferenced(self) -> list[str]:
+        """A Delta table's data files that no version references."""
+        path = Path(self.path)
+        if not (path / "_delta_log").is_dir():
+            return sorted(p.name for p in path.glob("*.parquet"))
+        adds = deltalake.DeltaTable(str(path)).get_add_actions(flatten=True)
+        referenced = set(pa.table(adds).column("path").to_pylist())
+        return sorted(p.name for p in path.glob("*.parquet") if p.name not in referenced)
+
+    def versions(self, query: str) -> list[int]:
+        """The epoch of each version of a Delta table that carries one of ``query``, oldest
+        first (an epoch twice would be a duplicate commit)."""
+        if not (Path(self.path) / "_delta_log").is_dir():
+            return []
+        history = deltalake.DeltaTable(str(self.path)).history()
+        records = [json.loads(h["userMetadata"])["flinkish"] for h in reversed(history)
+                   if "userMetadata" in h]
+        return [r["epoch"] for r in records if r["query"] == query]
+
     def epoch_records(self, query: str) -> dict[int, dict[str, Any]]:
         """epoch -> {watermark, rows, late_rows} as published beside the data."""
+        if self.kind == "delta":
+            if not (Path(self.path) / "_delta_log").is_dir():
+                return {}
+            history = deltalake.DeltaTable(str(self.path)).history()
+            records = [json.loads(h["userMetadata"])["flinkish"] for h in history
+                       if "userMetadata" in h]
+            return {r["epoch"]: {k: r[k] for k in ("watermark", "rows", "late_rows")}
+                    for r in records if r["query"] == query}
         if self.kind == "postgres":
             try:
                 found = pg_rows(self.dsn, sql.SQL(
@@ -382,6 +428,9 @@ class Case:
             "epochs": self.target.epoch_records(query),
             "sink": sink_state(self.checkpoint, self.store),
         }
+        if self.target.kind == "delta":
+            self.after.update(versions=self.target.versions(query),
+                              unreferenced=self.target.unreferenced())
 
 
 def sink_state(checkpoint: Path, store: str | None = None) -> dict[str, Any]:
@@ -426,7 +475,7 @@ def record_crash(case: Case, marker: str = "failpoint") -> dict[str, Any]:
         "spark_commits": _batches(case.checkpoint / "commits"),
         "sink": sink_state(case.checkpoint, case.store),
         "lingering": case.target.lingering(query),
-        "staged_files": case.target.staged_files() if case.target.kind == "parquet" else [],
+        "staged_files": case.target.staged_files() if case.target.kind != "postgres" else [],
         "published": case.target.published(query),
         "rows": len(case.target.rows()),
     }
@@ -563,6 +612,10 @@ def suite(
             view = TargetView(kind, postgres_dsn, f"crash_{point}_{token}", work / "out")
             case = Case(point, view, work, topic)
             cases[case.name] = case
+    for point in DELTA_POINTS:
+        work = root / f"{point}-delta"
+        case = Case(point, TargetView("delta", postgres_dsn, "", work / "out"), work, topic)
+        cases[case.name] = case
     for first, second in SECOND_CRASHES:
         for kind in TARGETS:
             work = root / f"{first}-then-{second}-{kind}"
@@ -653,6 +706,55 @@ def _check_crash_landed(case: Case) -> None:
     if problems:
         raise HarnessError(f"{case.name}: the crash did not land as intended: "
                            + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
+
+
+def _check_delta_crash_landed(case: Case) -> None:
+    """The kill hit the point it was meant to in batch CRASH_EPOCH of a Delta case, before
+    the epoch completed: its version exists at mid_commit, its decided transactions'
+    manifests linger before that (HarnessError otherwise)."""
+    if case.crash_error is not None:
+        raise HarnessError(f"crash run of {case.name} failed:\n{case.crash_error}")
+    c, point = case.crash, case.point
+    sink = c["sink"]
+    lingering = sorted(g for g in c["lingering"] if epoch_of(g) == CRASH_EPOCH)
+    problems = []
+    if c["failpoint"] != point:
+        problems.append(f"failpoint file names {c['failpoint']}")
+    if c["spark_commits"] != list(range(CRASH_EPOCH)) or CRASH_EPOCH not in c["spark_offsets"]:
+        problems.append(f"Spark's logs: offsets {c['spark_offsets']}, commits "
+                        f"{c['spark_commits']} (expected a crash in batch {CRASH_EPOCH})")
+    if (sink["decided"] is None) != (point == "task_write"):
+        problems.append(f"decision at the crash: {sink}")
+    if point == "task_write" and not c["staged_files"]:
+        problems.append("no write task had a data file open")
+    if point == "after_decision" and lingering != sorted(
+            g.replace(":", "~") for g in sink["decided"] or []):
+        problems.append(f"expected the decided {sink['decided']} to linger: {lingering}")
+    if point == "mid_commit" and lingering:
+        problems.append(f"expected the epoch's version to hold them all: {lingering}")
+    if (CRASH_EPOCH in c["published"]) != (point == "mid_commit"):
+        problems.append(f"epochs in the table's history at the crash: {c['published']}")
+    if sink["completed_record"]:
+        problems.append(f"expected the crash epoch not completed: {sink}")
+    if problems:
+        raise HarnessError(f"{case.name}: the crash did not land as intended: "
+                           + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
+
+
+@pytest.mark.parametrize("point", DELTA_POINTS)
+def test_delta_restart_after_crash_is_exactly_once_in_one_version_per_epoch(
+    suite: CrashSuite, point: str
+) -> None:
+    case = suite.cases[f"{point}-delta"]
+    _check_delta_crash_landed(case)
+    if case.restart is None:
+        raise HarnessError(f"no result for {case.name} from the restart run "
+                           f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
+    assert case.restart["ok"], f"the restarted query failed:\n{case.restart['error']}"
+    _check_exactly_once(case, suite.produced, set())
+    versions = case.after["versions"]
+    assert versions == sorted(set(versions)), f"an epoch in two versions: {versions}"
+    assert case.after["unreferenced"] == [], "data files left that no version references"
 
 
 def _gid(name: str) -> str:

@@ -44,3 +44,31 @@ def test_upsert_key_is_a_comma_separated_list_for_postgres_only() -> None:
     for bad in ({**postgres, "upsertKey": " , "}, {**BASE, "upsertKey": "k"}):
         with pytest.raises(OptionError, match="option upsertKey: the key columns"):
             parse_sink_options(bad)
+
+
+def test_delta_options() -> None:
+    delta = {"target": "delta", "path": "/tmp/t", "checkpointLocation": "/tmp/ck"}
+    options = parse_sink_options({**delta, "partitionby": "k, day", "delta.appid": "app"})
+    assert options.target == "delta"
+    assert options.partition_by == ("k", "day") and options.app_id == "app"
+    assert parse_sink_options(delta).app_id is None  # the query's id
+    assert parse_sink_options({**delta, "upsertKey": "k,w_start"}).upsert_key == ("k", "w_start")
+    assert parse_sink_options(delta).compact_every == 50
+    assert parse_sink_options(delta).vacuum_retention_hours is None
+    tuned = parse_sink_options({**delta, "delta.compactevery": "0",
+                                "delta.vacuumretention": "90 min"})
+    assert (tuned.compact_every, tuned.vacuum_retention_hours) == (0, 2)
+    for bad, message in (
+        ({**delta, "path": ""}, "option path is required with target delta"),
+        ({**BASE, "partitionBy": "k"}, "option partitionBy applies to target delta only"),
+        ({**delta, "delta.appId": " "}, "option delta.appId is empty"),
+        ({**delta, "lateData": "side"}, "lateData=side with target delta needs option "
+                                        "lateData.path"),
+        ({**delta, "lateData": "side", "lateData.path": "/tmp/t"}, "another place than path"),
+        ({**delta, "upsertKey": " "}, "with target postgres or delta"),
+        ({**delta, "delta.compactEvery": "often"}, "not a whole number of epochs"),
+        ({**delta, "delta.vacuumRetention": "10 min"}, "is under an hour"),
+        ({**BASE, "delta.compactEvery": "5"}, "applies to target delta only"),
+    ):
+        with pytest.raises(OptionError, match=message):
+            parse_sink_options(bad)

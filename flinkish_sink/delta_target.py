@@ -1,0 +1,633 @@
+"""Delta Lake tables as an epoch target, through delta-rs (the ``deltalake`` package: no JVM).
+
+Write tasks write Parquet data files straight into the table's directory: a file the log does
+not reference is invisible to every Delta reader, so nothing is staged or moved. A task
+pre-commits by returning the add actions of its files (path, size, partition values,
+statistics); the driver commits all of an epoch's add actions as **one** table version whose
+``txn`` action is (``appId``, epoch) — what Spark's Delta sink does with (query id, batch id)
+and Flink's Delta sink with the checkpoint id. So an epoch appears whole or not at all, and
+readers see one version per epoch. A replay of an epoch the table already holds
+(``txn`` version of the app id >= the epoch) commits nothing; the replay's own files are
+deleted as any undecided transaction's are. The commit's ``userMetadata`` carries the epoch's
+record (combined watermark, its source, status, idle partitions, rows, late rows), which
+``DESCRIBE HISTORY`` and ``DeltaTable.history()`` show; an epoch without rows still commits a
+version (with no files), so the watermark moves on in the table's history.
+
+Layout under the table's directory::
+
+    part-<prefix>-<query>-<epoch:09d>-<task:05d>-<attempt>-<run>-<n:03d>.parquet  data files
+    part-direct-<uuid>-<n:03d>.parquet                      at-least-once data (committed at once)
+    _delta_log/                                             the table's log
+    _flinkish_staging/<gid with ':' as '~'>.json            a transaction's files, until decided
+
+Data files sit flat in the table's directory, also in a partitioned table: Delta takes a file's
+partition values from its add action, not from its path, and the partition columns are not
+stored in the files (as Delta's own writers do). A transaction lists each file in its
+manifest under ``_flinkish_staging`` before creating it, so rolling back a transaction —
+also of a task killed mid-write — deletes exactly its files; the manifest goes once the
+epoch's version is committed or the transaction rolled back. ``VACUUM`` leaves ``_``
+directories alone.
+
+With an upsert key (``upsertKey``) an epoch's rows replace the table's rows of the same key
+(a window's later pane its earlier one): the driver reads the epoch's decided files and merges
+them into the table (delta-rs ``MERGE``, NULL keys matching) as the epoch's one version, with
+the same ``txn`` and record; the tasks' files, never referenced, are then deleted.
+
+Two runs of one query (a zombie driver) cannot both commit an epoch: the checkpoint store
+fences the older one, and delta-rs refuses a commit whose app id another commit set since
+it read the table (``CommitFailedError``), after which the table's ``txn`` says whether the
+epoch is in. Other writers' appends to the same table are retried by delta-rs (optimistic
+concurrency).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+import urllib.parse
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from flinkish_core.secrets import mask_uri
+from flinkish_sink.delta_stats import FileStats
+from flinkish_sink.parquet_target import (
+    delete_file_if_present,
+    filesystem_of,
+    sync_path,
+    type_differences,
+)
+from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
+from flinkish_sink.window_columns import table_batch, table_schema
+
+logger = logging.getLogger(__name__)
+
+STAGING_DIR = "_flinkish_staging"
+_GID_SEPARATOR = "~"
+#: The key of the epoch's record in a commit's ``userMetadata`` JSON.
+RECORD_KEY = "flinkish"
+
+#: The partition columns of the tables this process has checked, by table URI: Spark builds
+#: the writer (and its target) anew every micro-batch, and a target that knows them spares
+#: each write task a read of the table's log.
+_PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
+
+#: The Arrow types a partition column may have.
+_PARTITION_TYPES = (
+    pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_boolean,
+    pa.types.is_date32, pa.types.is_timestamp,
+)
+
+
+def delta_location(location: str) -> tuple[str, dict[str, str]]:
+    """The table URI and delta-rs storage options for ``location``: a local path, or a URI
+    in the form the Parquet target takes (``s3://bucket/path?endpoint_override=host:port&
+    scheme=http&region=…``), whose query becomes delta-rs' object store options. Credentials
+    come from the environment (``AWS_ACCESS_KEY_ID`` …) or the URI's user info, as for
+    pyarrow."""
+    if "://" not in location:
+        return location, {}
+    parts = urllib.parse.urlsplit(location)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    options: dict[str, str] = {}
+    if parts.scheme == "s3":
+        scheme = query.get("scheme", "https")
+        if "endpoint_override" in query:
+            options["AWS_ENDPOINT_URL"] = f"{scheme}://{query['endpoint_override']}"
+        if scheme == "http":
+            options["AWS_ALLOW_HTTP"] = "true"
+        if "region" in query:
+            options["AWS_REGION"] = query["region"]
+        # two writers creating the same log entry: only one may win (If-None-Match)
+        options["AWS_CONDITIONAL_PUT"] = "etag"
+        if parts.username and parts.password:  # s3://key:secret@bucket/…, as pyarrow takes
+            options["AWS_ACCESS_KEY_ID"] = urllib.parse.unquote(parts.username)
+            options["AWS_SECRET_ACCESS_KEY"] = urllib.parse.unquote(parts.password)
+    netloc = parts.netloc.rsplit("@", 1)[-1]  # credentials never go into the table's URI
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, "", "")), options
+
+
+def partition_value(value: Any) -> str | None:
+    """A partition value in Delta's serialised form (strings as they are, timestamps as
+    ISO 8601 in UTC)."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            return value.strftime("%Y-%m-%d %H:%M:%S.%f")
+        return value.astimezone(timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return str(value)  # integers, dates (YYYY-MM-DD)
+
+
+def _delta_types(schema: pa.Schema) -> dict[str, Any]:
+    """Column name -> Delta type (nullability left out: Spark writes every column nullable)."""
+    from deltalake import Schema
+
+    def strip(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {k: strip(v) for k, v in node.items()
+                    if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
+        if isinstance(node, list):
+            return [strip(v) for v in node]
+        return node
+
+    fields = json.loads(Schema.from_arrow(schema).to_json())["fields"]
+    return {f["name"]: strip(f["type"]) for f in fields}
+
+
+def _shown(dtype: Any) -> str:
+    return dtype if isinstance(dtype, str) else json.dumps(dtype, separators=(",", ":"))
+
+
+class DeltaTarget:
+    """A Delta table written exactly once per epoch (see the module docstring).
+
+    Holds only a pyarrow filesystem (picklable), paths and options, so it ships to Spark tasks
+    as is; the delta-rs table handle is made where it is needed and not pickled.
+    """
+
+    #: unreferenced data files are invisible and lock nothing
+    leftovers_block_writes = False
+
+    def __init__(
+        self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
+        upsert_key: tuple[str, ...] = (), compact_every: int = 0,
+        vacuum_retention_hours: int | None = None,
+    ) -> None:
+        """``path``: the table's directory or URI; ``partition_by``: the partition columns of
+        a table to create (an existing table's must match; empty: take the table's);
+        ``app_id``: the ``txn`` app id of the epochs (default: the query's id, which Spark
+        keeps in the checkpoint location across restarts); ``upsert_key``: the columns (of
+        the table: a window ``w`` is ``w_start``, ``w_end``) on which an epoch's row replaces
+        the table's row instead of adding one; ``compact_every``: compact the table's small
+        files after every that many epochs (0: never); ``vacuum_retention_hours``: after
+        compacting, delete files the table stopped referencing that long ago (None: never)."""
+        try:
+            import deltalake  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "target delta needs the deltalake package (delta-rs) wherever the query runs, "
+                "executors included: pip install 'flinkish[delta]'"
+            ) from None
+        self._fs, self._base = filesystem_of(path, "a Delta table path")
+        self._base = self._base.rstrip("/")
+        self._uri, self._storage = delta_location(path)
+        self._where = mask_uri(path) or path
+        self._wanted_partitions = tuple(partition_by)
+        self._partitions: tuple[str, ...] | None = (
+            tuple(partition_by) or _PARTITIONS_SEEN.get(self._uri))
+        self._app_id = app_id
+        self.upsert_key = upsert_key
+        self._compact_every = compact_every
+        self._vacuum_hours = vacuum_retention_hours
+        self._table_handle: Any = None
+
+    def __repr__(self) -> str:
+        return f"DeltaTarget({self._where!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_table_handle"] = None
+        return state
+
+    # -- the table -----------------------------------------------------------------------------
+
+    def app_id(self, query: str) -> str:
+        """The ``txn`` app id epochs of ``query`` commit under."""
+        return self._app_id or query
+
+    def _table(self) -> Any:
+        """The table at its latest version (one handle per process, brought up to date)."""
+        from deltalake import DeltaTable
+
+        if self._table_handle is None:
+            self._table_handle = DeltaTable(self._uri, storage_options=self._storage or None)
+        else:
+            self._table_handle.update_incremental()
+        return self._table_handle
+
+    def partition_columns(self) -> tuple[str, ...]:
+        """The table's partition columns (asked of the table once per target)."""
+        if self._partitions is None:
+            self._partitions = tuple(self._table().metadata().partition_columns)
+        return self._partitions
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self._base, *parts))
+
+    def _manifest(self, txn: TransactionId) -> str:
+        return self._path(STAGING_DIR, txn.gid.replace(":", _GID_SEPARATOR) + ".json")
+
+    # -- TargetBase ----------------------------------------------------------------------------
+
+    def check(self, schema: pa.Schema) -> None:
+        """Create the table from ``schema`` (windows split into their bounds, every column
+        nullable, partitioned by ``partition_by``) if missing; otherwise make sure it has
+        the stream's columns with the same types and the same partition columns."""
+        from deltalake import DeltaTable
+
+        columns = table_schema(schema)
+        self._check_partition_columns(columns)
+        if not DeltaTable.is_deltatable(self._uri, storage_options=self._storage or None):
+            nullable = pa.schema([f.with_nullable(True) for f in columns])
+            # "ignore": another query creating the same table at the same moment wins quietly,
+            # and its table is checked below like any existing one
+            DeltaTable.create(
+                self._uri, nullable, mode="ignore", partition_by=list(self._wanted_partitions),
+                storage_options=self._storage or None,
+            )
+        table = self._table()
+        existing = tuple(table.metadata().partition_columns)
+        if self._wanted_partitions and existing != self._wanted_partitions:
+            raise ValueError(
+                f"option partitionBy: Delta table {self._where!r} is partitioned by "
+                f"{list(existing)}, not {list(self._wanted_partitions)}; give its partition "
+                "columns (or leave the option out to take the table's)"
+            )
+        self._partitions = _PARTITIONS_SEEN[self._uri] = existing
+        self._check_partition_columns(columns)
+        missing = [name for name in self.upsert_key if name not in columns.names]
+        if missing:
+            raise ValueError(
+                f"option upsertKey: {missing} are not columns of the stream's rows (their "
+                f"columns: {columns.names}; a window w is w_start and w_end)"
+            )
+        problems = type_differences(_delta_types(pa.schema(table.schema().to_arrow())),
+                                    _delta_types(columns), "the table", _shown)
+        if problems:
+            raise ValueError(
+                f"Delta table {self._where!r} does not fit the stream's schema: "
+                + "; ".join(problems)
+                + " (a window column w is stored as w_start and w_end). Write to a new "
+                "table, or change the query to produce the table's columns"
+            )
+
+    def _check_partition_columns(self, columns: pa.Schema) -> None:
+        for name in self._partitions or ():
+            if name not in columns.names:
+                raise ValueError(
+                    f"option partitionBy: {name!r} is not a column of the stream's rows "
+                    f"(their columns: {columns.names}; a window w is w_start and w_end)"
+                )
+            dtype = columns.field(name).type
+            if not any(accepts(dtype) for accepts in _PARTITION_TYPES):
+                raise ValueError(
+                    f"option partitionBy: column {name!r} is {dtype}; a partition column must "
+                    "be a string, integer, boolean, date or timestamp"
+                )
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> DeltaTransaction:
+        return DeltaTransaction(self, txn, schema)
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """Write the rows to new files and commit them as a version of their own at once
+        (at-least-once: a replayed epoch writes them again)."""
+        if batch.num_rows == 0:
+            return
+        transaction = DeltaTransaction(self, None, batch.schema)
+        transaction.write(batch)
+        self._commit_adds(self._table(), transaction.close_files(), {})
+
+    def rollback(self, txn: TransactionId) -> None:
+        """Delete the transaction's files (which no version references: the protocol never
+        rolls back a decided transaction) and its manifest."""
+        manifest = self._manifest(txn)
+        try:
+            with self._fs.open_input_stream(manifest) as stream:
+                files = json.loads(stream.read())["files"]
+        except FileNotFoundError:
+            return
+        for name in files:
+            delete_file_if_present(self._fs, self._path(name))
+        delete_file_if_present(self._fs, manifest)
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        """Transactions of ``prefix``/``query`` that still have a manifest."""
+        return sorted(self.pending_ages(prefix, query))
+
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """:meth:`pending` with each one's age in seconds: since its manifest last changed
+        (its last file was begun), oldest first; None where the store keeps no time."""
+        selector = pafs.FileSelector(self._path(STAGING_DIR), allow_not_found=True)
+        now = time.time()
+        found: list[tuple[float, TransactionId, float | None]] = []
+        for info in self._fs.get_file_info(selector):
+            if not (info.is_file and info.base_name.endswith(".json")):
+                continue
+            txn = TransactionId.parse(info.base_name[:-5].replace(_GID_SEPARATOR, ":"))
+            if txn is not None and txn.prefix == prefix and txn.query == query:
+                age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
+                found.append((-1.0 if age is None else -age, txn, age))
+        return {txn: age for _, txn, age in sorted(found)}
+
+    def committed_watermark(self, query: str) -> int | None:
+        """The highest watermark the table's history (as far as its log keeps it) records
+        for ``query``; None before any. Published watermarks never go back, so this is the
+        newest one: the history is read from its end, a growing stretch at a time."""
+        limit = 100
+        while True:
+            commits = self._table().history(limit)
+            marks = [r["watermark"] for r in _records(commits, query)
+                     if r.get("watermark") is not None]
+            if marks or len(commits) < limit:
+                return max(marks) if marks else None
+            limit *= 10
+
+    def max_pending(self) -> None:
+        """Unreferenced files: no limit on how many wait for the driver."""
+        return None
+
+    def close(self) -> None:
+        self._table_handle = None
+
+    # -- EpochTarget ---------------------------------------------------------------------------
+
+    def commit_epoch(self, pre_commits: list[PreCommit], record: EpochRecord) -> None:
+        """Commit the epoch's files as one version with ``txn`` (app id, epoch) and the
+        epoch's record, unless the table holds the epoch already; then drop the manifests
+        (the files are the table's now)."""
+        from deltalake.exceptions import CommitFailedError
+
+        app = self.app_id(record.query)
+        adds = [add for decided in pre_commits for add in _adds_of(decided)]
+        # one read of the table: the commit is made, and checked for conflicts, against the
+        # version whose txn said the epoch is not in yet
+        table = self._table()
+        if not _holds(table, app, record.epoch):
+            self._check_present(adds, record.epoch)
+            metadata = {RECORD_KEY: {**record.to_json(), "app_id": app}}
+            try:
+                if self.upsert_key:
+                    self._merge(table, adds, metadata, (app, record.epoch))
+                else:
+                    self._commit_adds(table, adds, metadata, (app, record.epoch))
+            except CommitFailedError:
+                # another commit with our app id since we read the table: if that was this
+                # epoch (an earlier run of the query), the epoch is in
+                if not _holds(self._table(), app, record.epoch):
+                    raise
+            if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
+                self._compact()
+        for decided in pre_commits:
+            if self.upsert_key:  # the merge wrote the rows into files of its own
+                for add in _adds_of(decided):
+                    delete_file_if_present(self._fs, self._path(add["path"]))
+            delete_file_if_present(self._fs, self._manifest(decided.txn))
+
+    def _compact(self) -> None:
+        """Rewrite the table's small files into fewer large ones (``OPTIMIZE``), then vacuum
+        if configured. Runs on the driver right after an epoch's commit, so never beside one
+        of this query's; it is one commit of its own that removes and adds the same rows
+        (``dataChange`` false), so no row is lost or doubled, and it does not touch ``txn``.
+        A failure is logged, not raised: the epoch is committed, and the next compaction
+        tries again."""
+        try:
+            table = self._table()
+            metrics = table.optimize.compact()
+            logger.info("Delta table %s compacted: %s files into %s", self._where,
+                        metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+            if self._vacuum_hours is not None:
+                deleted = table.vacuum(self._vacuum_hours, dry_run=False,
+                                       enforce_retention_duration=False)
+                logger.info("Delta table %s vacuumed: %s files deleted", self._where,
+                            len(deleted))
+        except Exception as exc:  # compaction is an optimisation: the epoch is in
+            logger.warning("compacting Delta table %s failed (the next compaction tries "
+                           "again): %s", self._where, exc)
+
+    def _check_present(self, adds: list[dict[str, Any]], epoch: int) -> None:
+        paths = [self._path(a["path"]) for a in adds]
+        lost = [a["path"] for a, info in zip(adds, self._fs.get_file_info(paths), strict=True)
+                if info.type == pafs.FileType.NotFound]
+        if lost:
+            raise RuntimeError(
+                f"cannot commit epoch {epoch} to Delta table {self._where!r}: its files {lost} "
+                "are gone; they were removed outside flinkish (a VACUUM with a retention "
+                "shorter than the time the query was down?)"
+            )
+
+    def _commit_adds(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
+                     txn: tuple[str, int] | None = None) -> None:
+        """One version of ``table`` (as read) adding ``adds``, with ``record`` and ``txn``."""
+        from deltalake import CommitProperties, Transaction
+        from deltalake.transaction import AddAction
+
+        table.create_write_transaction(
+            [AddAction(a["path"], a["size"], a["partition_values"], a["modification_time"],
+                       True, a["stats"]) for a in adds],
+            "append", table.schema(), partition_by=list(self.partition_columns()),
+            commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": json.dumps(record)} if record else None,
+                app_transactions=[Transaction(*txn)] if txn else None,
+            ),
+        )
+
+    def _merge(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
+               txn: tuple[str, int]) -> None:
+        """Merge the epoch's rows into the table on the upsert key, as one version: a row
+        replaces the table's row of its key (NULL matching NULL), or is added; of the epoch's
+        rows with one key the last one (in decision order) wins."""
+        from deltalake import CommitProperties, Transaction
+
+        rows = _last_per_key(
+            [pq.read_table(self._path(a["path"]), filesystem=self._fs) for a in adds],
+            self.upsert_key)
+        if rows is None:  # an epoch without rows still records itself
+            self._commit_adds(table, [], record, txn)
+            return
+        predicate = " AND ".join(
+            f'(t."{name}" IS NOT DISTINCT FROM s."{name}")' for name in self.upsert_key)
+        table.merge(
+            rows, predicate, source_alias="s", target_alias="t",
+            commit_properties=CommitProperties(
+                custom_metadata={"userMetadata": json.dumps(record)},
+                app_transactions=[Transaction(*txn)]),
+        ).when_matched_update_all().when_not_matched_insert_all().execute()
+
+    def epoch_records(self, query: str | None = None, limit: int | None = None
+                      ) -> list[dict[str, Any]]:
+        """The epoch records in the table's history (its newest ``limit`` versions, if
+        given), newest first (of ``query`` only, if given): what each epoch's commit says in
+        its ``userMetadata``."""
+        return _records(self._table().history(limit), query)
+
+
+def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str, Any]]:
+    """The epoch records (of ``query``, if given) in ``commits`` (history entries), with
+    their versions."""
+    records = []
+    for commit in commits:
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            record = json.loads(commit["userMetadata"])[RECORD_KEY]
+            if query is None or record["query"] == query:
+                records.append({**record, "version": commit.get("version")})
+    return records
+
+
+def _holds(table: Any, app: str, epoch: int) -> bool:
+    """Whether ``table`` (as read) holds ``epoch`` of ``app``: its txn is there or later."""
+    done = table.transaction_version(app)
+    return done is not None and done >= epoch
+
+
+def _adds_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
+    adds = (pre_commit.detail or {}).get("adds")
+    if not isinstance(adds, list):
+        raise ValueError(
+            f"pre-commit of {pre_commit.txn.gid} lists no add actions; it does not come from a "
+            "DeltaTarget"
+        )
+    return adds
+
+
+def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | None:
+    """The rows of ``tables`` (in order), only the last of each ``key``; None if none."""
+    rows = pa.concat_tables(tables) if tables else None
+    if rows is None or rows.num_rows == 0:
+        return None
+    order = "__flinkish_row"
+    numbered = rows.append_column(order, pa.array(range(rows.num_rows), pa.int64()))
+    last = numbered.group_by(list(key)).aggregate([(order, "max")]).column(f"{order}_max")
+    return rows.take(pc.take(last, pc.sort_indices(last)))
+
+
+class _DataFile:
+    """One data file being written: its writer, statistics and partition values."""
+
+    def __init__(self, target: DeltaTarget, name: str, schema: pa.Schema,
+                 values: dict[str, str | None]) -> None:
+        self.name = name
+        self.values = values
+        self.stats = FileStats(schema)
+        self.writer = pq.ParquetWriter(target._path(name), schema, filesystem=target._fs)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.writer.write_batch(batch)
+        self.stats.add(batch)
+
+
+class DeltaTransaction:
+    """One task attempt's data files, written as the batches arrive (one file per partition
+    value), or, with no ``txn``, the files of a direct write."""
+
+    def __init__(self, target: DeltaTarget, txn: TransactionId | None, schema: pa.Schema):
+        self._target = target
+        self._txn = txn
+        self._partitions = target.partition_columns()
+        # a referenced file holds no partition column (its add action has the values); the
+        # files an upsert merges from are only read by the driver, which needs them whole
+        dropped = () if target.upsert_key else self._partitions
+        self._schema = pa.schema([f for f in table_schema(schema) if f.name not in dropped])
+        self._open: dict[tuple[str | None, ...], _DataFile] = {}
+        self._files: list[str] = []
+        self._rows = 0
+        self._finished = False
+        self._token = uuid.uuid4().hex if txn is None else ""
+        if txn is not None:
+            # a re-run of the same task attempt id supersedes whatever an earlier run wrote
+            target.rollback(txn)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._finished:
+            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+        batch = table_batch(batch)
+        for values, rows in self._split(batch):
+            data = pa.RecordBatch.from_arrays(
+                [rows.column(f.name) for f in self._schema], schema=self._schema)
+            self._file(values).write(data)
+            self._rows += rows.num_rows
+
+    def _split(self, batch: pa.RecordBatch
+               ) -> Iterator[tuple[tuple[str | None, ...], pa.RecordBatch]]:
+        """The batch's rows by partition value."""
+        if not self._partitions:
+            yield (), batch
+            return
+        keys = pa.Table.from_batches([batch]).select(list(self._partitions))
+        for key in keys.group_by(list(self._partitions)).aggregate([]).to_pylist():
+            mask = None
+            for name in self._partitions:
+                column = batch.column(name)
+                test = (pc.is_null(column) if key[name] is None
+                        else pc.fill_null(pc.equal(column, pa.scalar(key[name], column.type)),
+                                          False))
+                mask = test if mask is None else pc.and_(mask, test)
+            yield tuple(partition_value(key[n]) for n in self._partitions), batch.filter(mask)
+
+    @property
+    def _gid(self) -> str:
+        return "direct" if self._txn is None else self._txn.gid
+
+    def _file(self, values: tuple[str | None, ...]) -> _DataFile:
+        if values not in self._open:
+            txn = self._txn
+            n = len(self._files)
+            name = (f"part-direct-{self._token}-{n:03d}.parquet" if txn is None else
+                    f"part-{txn.prefix}-{txn.query}-{txn.epoch:09d}-{txn.task:05d}-"
+                    f"{txn.attempt}-{txn.run or 'x'}-{n:03d}.parquet")
+            self._files.append(name)
+            if txn is not None:
+                self._write_manifest(txn)  # before the file exists: a crash leaves it findable
+            self._open[values] = _DataFile(
+                self._target, name, self._schema, dict(zip(self._partitions, values, strict=True)))
+        return self._open[values]
+
+    def _write_manifest(self, txn: TransactionId) -> None:
+        target = self._target
+        manifest = target._manifest(txn)
+        target._fs.create_dir(target._path(STAGING_DIR), recursive=True)
+        temp = f"{manifest}.{uuid.uuid4().hex}.tmp"
+        try:
+            with target._fs.open_output_stream(temp) as out:
+                out.write(json.dumps({"files": self._files}).encode())
+            sync_path(target._fs, temp)
+            target._fs.move(temp, manifest)
+        except BaseException:
+            delete_file_if_present(target._fs, temp)
+            raise
+        sync_path(target._fs, target._path(STAGING_DIR))
+
+    def pre_commit(self) -> PreCommit:
+        """Close and fsync the files; their add actions go to the driver, which decides."""
+        assert self._txn is not None, "a direct write has no transaction to pre-commit"
+        return PreCommit(self._txn, self._rows, detail={"adds": self.close_files()})
+
+    def close_files(self) -> list[dict[str, Any]]:
+        """Close and fsync the files: their add actions."""
+        if self._finished:
+            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+        self._finished = True
+        target = self._target
+        now_ms = int(time.time() * 1000)
+        for data in self._open.values():
+            data.writer.close()
+            sync_path(target._fs, target._path(data.name))
+        sizes = target._fs.get_file_info([target._path(d.name) for d in self._open.values()])
+        adds = [
+            {"path": data.name, "size": info.size, "partition_values": data.values,
+             "modification_time": now_ms, "stats": data.stats.to_json()}
+            for data, info in zip(self._open.values(), sizes, strict=True)
+        ]
+        self._open.clear()
+        sync_path(target._fs, target._base)
+        return adds
+
+    def abort(self) -> None:
+        self._finished = True
+        try:
+            for data in self._open.values():
+                data.writer.close()
+            self._open.clear()
+        finally:
+            if self._txn is not None:
+                self._target.rollback(self._txn)
