@@ -23,12 +23,12 @@ import pytest
 import flinkish
 from flinkish import windows
 from flinkish_core.windowing import TimeWindow, WindowOutput
-from integration.kafka_helpers import Collector, produce, source
+from integration.kafka_helpers import produce, source
+from integration.test_windows import run
 from integration.window_cases import BASE, CASES, Record, WindowCase, generate
 
 pytestmark = pytest.mark.integration
 
-DEADLINE = 240  # s for one AvailableNow run
 SEEDS = int(os.environ.get("FLINKISH_WINDOW_SEEDS", "1"))
 
 Row = tuple[Any, ...]
@@ -54,15 +54,9 @@ def run_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
     fired = windows.window(df, key="key", assigner=case.assigner, aggregate=case.aggregate,
                            value="v", trigger=case.trigger,
                            allowed_lateness=case.allowed_lateness, evictor=case.evictor)
-    collector, checkpoint = Collector(), tmp / "ck"
-    query = (fired.writeStream.foreachBatch(collector).outputMode("append")
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    try:
-        query.awaitTermination(DEADLINE)
-    finally:
-        query.stop()
-    assert query.exception() is None, query.exception()
-    return [spark_row(batch, r) for batch, r in collector.rows], checkpoint
+    checkpoint = tmp / "ck"
+    _, rows = run(fired, checkpoint)
+    return [spark_row(batch, r) for batch, r in rows], checkpoint
 
 
 def ms(timestamp: Any) -> int | None:
