@@ -230,5 +230,15 @@ class EpochTarget(TargetBase, Protocol):
         an epoch the target holds already is not committed again."""
 
 
+@runtime_checkable
+class MaintainedTarget(Protocol):
+    """A target with housekeeping to do after an epoch completed (Parquet's compaction):
+    run by the driver between epoch commits, so never beside one of the query's commits."""
+
+    def maintain(self, prefix: str, query: str, epoch: int) -> None:
+        """Housekeeping for ``prefix``/``query`` after its epoch ``epoch`` (and every one
+        before) completed. Idempotent; failures are the target's to log."""
+
+
 #: Either kind of target.
 AnyTarget = Target | EpochTarget
