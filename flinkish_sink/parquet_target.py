@@ -10,6 +10,8 @@ Layout under the target directory ``path``::
     _flinkish_staging/<prefix>~<query>~<epoch>~<task>~<attempt>/<part file> staged (pre-committed)
     _flinkish_staging/_direct/<part file>                                   write_direct temp
     _flinkish_epochs/<query>/<epoch:09d>.json                               epoch commit records
+    part-<prefix>-<query>-<epoch:09d>-c<token>-<n:03d>.parquet               compacted data
+    _flinkish_compactions/, _flinkish_staging/_compaction/                  compaction state
 
 Committed files sit flat under ``path`` (no ``epoch=N`` directories) so that Spark's partition
 discovery does not add a column the query never produced. Everything else lives under names
@@ -37,6 +39,10 @@ that can be repeated: a staged file that is gone while its committed name exists
 before. A
 staging directory name is ``txn.gid`` with ``:`` (not allowed on every filesystem) replaced by
 ``~``, which no id part can contain, so :meth:`ParquetTarget.pending` reverses it exactly.
+
+Every ``parquet.compactEvery`` epochs the driver merges a query's small committed files into
+files of up to ``parquet.targetFileSize`` (:mod:`flinkish_sink.parquet_compaction`, which
+also says how a reader gets a consistent view: :meth:`ParquetTarget.readable_files`).
 
 A transaction that wrote no rows stages and commits no file at all: an empty epoch leaves the
 data unchanged, and its epoch record still says it is in. (So until the first rows are

@@ -259,3 +259,15 @@ def test_compaction_records_are_hidden_from_readers(out: Path) -> None:
     target.maintain(PREFIX, QUERY, 1)
     assert list((out / COMPACTIONS_DIR).glob("*.json"))  # kept until the next compaction
     assert listed_ids(out) == expected(2)
+
+
+def test_public_parquet_files_gives_the_consistent_view(out: Path) -> None:
+    import flinkish
+
+    target = make_target(out)
+    commit_epoch(target, 0)
+    assert flinkish.parquet_files(str(out)) == target.readable_files()
+    assert flinkish.parquet_files(f"file://{out}") == [
+        f"file://{name}" for name in target.readable_files()]
+    ids = ds.dataset(flinkish.parquet_files(str(out)), format="parquet").to_table()
+    assert sorted(ids.column("id").to_pylist()) == expected(1)
