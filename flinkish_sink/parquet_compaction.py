@@ -13,7 +13,7 @@ same directory are left alone.
 
 Steps, each of which a crash may interrupt::
 
-    1. merge each group of inputs into  _flinkish_staging/_compaction/<id>/<output>   (hidden)
+    1. merge each group of inputs into  _flinkish_compactions/_staging/<id>/<output> (hidden)
     2. write the record                 _flinkish_compactions/<id>.json               (decides)
     3. move every output into place     part-<prefix>-<query>-<epoch>-c<token>-<n>.parquet
     4. delete every input
@@ -47,7 +47,6 @@ import pyarrow.parquet as pq
 from checkpointing.failpoints import failpoint
 from flinkish_sink.parquet_target import (
     EPOCHS_DIR,
-    STAGING_DIR,
     delete_file_if_present,
     sync_path,
 )
@@ -55,7 +54,7 @@ from flinkish_sink.parquet_target import (
 logger = logging.getLogger(__name__)
 
 COMPACTIONS_DIR = "_flinkish_compactions"
-_STAGING = f"{STAGING_DIR}/_compaction"
+_STAGING = f"{COMPACTIONS_DIR}/_staging"
 _SEP = "~"
 #: a task attempt's part file (the epoch in the group)
 _TASK_FILE = r"-(\d{9})-\d{5}-\d+-\d{3}\.parquet$"

@@ -11,7 +11,7 @@ Layout under the target directory ``path``::
     _flinkish_staging/_direct/<part file>                                   write_direct temp
     _flinkish_epochs/<query>/<epoch:09d>.json                               epoch commit records
     part-<prefix>-<query>-<epoch:09d>-c<token>-<n:03d>.parquet               compacted data
-    _flinkish_compactions/, _flinkish_staging/_compaction/                  compaction state
+    _flinkish_compactions/<id>.json, _flinkish_compactions/_staging/<id>/   compaction state
 
 Committed files sit flat under ``path`` (no ``epoch=N`` directories) so that Spark's partition
 discovery does not add a column the query never produced. Everything else lives under names

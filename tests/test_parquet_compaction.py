@@ -15,7 +15,7 @@ from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish_core.errors import OptionError
 from flinkish_sink.options import DEFAULT_TARGET_FILE_SIZE, parse_sink_options
 from flinkish_sink.parquet_compaction import COMPACTIONS_DIR, Compactor, plan_groups
-from flinkish_sink.parquet_target import STAGING_DIR, ParquetTarget
+from flinkish_sink.parquet_target import ParquetTarget
 from flinkish_sink.target import PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
@@ -83,7 +83,7 @@ def test_every_n_epochs_the_small_files_become_one(out: Path) -> None:
         assert consistent_ids(target) == expected(epoch + 1)
     # compacted after epochs 4 and 9 (one file), then epochs 10 and 11 stay small
     assert len(data_files(out)) == 1 + 2 * TASKS
-    assert not list((out / STAGING_DIR).glob("_compaction/*"))
+    assert not list((out / COMPACTIONS_DIR / "_staging").glob("*"))
 
 
 def file_size(where: Path) -> int:
@@ -153,7 +153,7 @@ def test_a_crash_at_any_step_loses_and_doubles_nothing(
     assert listed_ids(out) == expected(4)
     assert consistent_ids(target) == expected(4)
     assert len(data_files(out)) <= 5
-    assert not list((out / STAGING_DIR).glob("_compaction/*"))
+    assert not list((out / COMPACTIONS_DIR / "_staging").glob("*"))
 
 
 def test_a_decided_compaction_is_finished_by_the_next_epoch_without_compacting(
@@ -200,7 +200,7 @@ def test_a_lost_output_keeps_the_inputs(out: Path, monkeypatch: Any) -> None:
     with pytest.raises(Crash):
         compactor.compact(1)
     monkeypatch.undo()
-    for staged in (out / STAGING_DIR / "_compaction").glob("*/*.parquet"):
+    for staged in (out / COMPACTIONS_DIR / "_staging").glob("*/*.parquet"):
         staged.unlink()  # removed behind flinkish's back
     with pytest.raises(RuntimeError, match="removed outside flinkish"):
         compactor.finish_pending(1)
