@@ -38,7 +38,7 @@ import json
 import logging
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
@@ -113,9 +113,12 @@ class Compactor:
     def _path(self, *parts: str) -> str:
         return "/".join((self._base, *parts))
 
-    def compact(self, epoch: int) -> Compaction | None:
+    def compact(self, epoch: int, fence: Callable[[], None] = lambda: None
+                ) -> Compaction | None:
         """Finish any compaction a crash interrupted, then merge the query's small files of
-        epochs up to ``epoch`` (all completed). Returns what it decided (None: nothing)."""
+        epochs up to ``epoch`` (all completed). ``fence`` raises if another run of the query
+        took over (its compaction could pick the same files): it is called right before the
+        record. Returns what it decided (None: nothing)."""
         self.finish_pending(epoch)
         for record in self._records():  # all finished now
             delete_file_if_present(self._fs, self._path(COMPACTIONS_DIR, record))
@@ -140,6 +143,7 @@ class Compactor:
         failpoint("compaction_staged", query=self._query, epoch=epoch)
         compaction = Compaction(compaction_id, tuple(n for g in groups for n in g),
                                 tuple(outputs))
+        fence()
         directory = self._path(COMPACTIONS_DIR)
         self._fs.create_dir(directory, recursive=True)
         temp = f"{directory}/.{compaction_id}.{token}.tmp"

@@ -263,16 +263,19 @@ class ParquetTarget:
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within one call."""
 
-    def maintain(self, prefix: str, query: str, epoch: int) -> None:
+    def maintain(
+        self, prefix: str, query: str, epoch: int, fence: Callable[[], None] = lambda: None
+    ) -> None:
         """After epoch ``epoch`` of ``prefix``/``query`` completed: finish a compaction a
-        crash interrupted, and compact every ``compact_every`` epochs. A failure is logged,
+        crash interrupted, and compact every ``compact_every`` epochs (``fence`` raises if a
+        newer run took over: called before a compaction is decided). A failure is logged,
         not raised: the epoch is committed, and the next epoch tries again."""
         from flinkish_sink.parquet_compaction import Compactor
 
         compactor = Compactor(self._fs, self._base, prefix, query, self._target_file_size)
         try:
             if self._compact_every and (epoch + 1) % self._compact_every == 0:
-                compactor.compact(epoch)
+                compactor.compact(epoch, fence)
             else:
                 compactor.finish_pending(epoch)
         except Exception as exc:  # compaction is an optimisation: the epoch is in

@@ -185,7 +185,7 @@ class TwoPhaseCommitCoordinator:
         for target, prefix in ((self._target, self._prefix),
                                (self._side, self._prefix + LATE_SUFFIX)):
             if isinstance(target, MaintainedTarget):
-                target.maintain(prefix, self._query, epoch)
+                target.maintain(prefix, self._query, epoch, self._store.check_claim)
 
     def _epoch_record(
         self, epoch: int, decision: dict[str, Any]

@@ -11,7 +11,7 @@ import pyarrow.dataset as ds
 import pytest
 
 import flinkish_sink.parquet_compaction as compaction_module
-from checkpointing import CheckpointStorage, CheckpointStore
+from checkpointing import CheckpointStorage, CheckpointStore, FencedError
 from flinkish_core.errors import OptionError
 from flinkish_sink.options import DEFAULT_TARGET_FILE_SIZE, parse_sink_options
 from flinkish_sink.parquet_compaction import COMPACTIONS_DIR, Compactor, plan_groups
@@ -271,3 +271,20 @@ def test_public_parquet_files_gives_the_consistent_view(out: Path) -> None:
         f"file://{name}" for name in target.readable_files()]
     ids = ds.dataset(flinkish.parquet_files(str(out)), format="parquet").to_table()
     assert sorted(ids.column("id").to_pylist()) == expected(1)
+
+
+def test_a_fenced_run_decides_no_compaction(out: Path) -> None:
+    target = make_target(out, every=1)
+    commit_epoch(target, 0)
+    commit_epoch(target, 1)
+
+    def fenced() -> None:
+        raise FencedError("a newer run claimed the location")
+
+    target.maintain(PREFIX, QUERY, 1, fenced)  # logged, not raised
+    assert len(data_files(out)) == 2 * TASKS
+    assert not list((out / COMPACTIONS_DIR).glob("*.json"))
+    target.maintain(PREFIX, QUERY, 1)
+    assert len(data_files(out)) == 1
+    assert not list((out / COMPACTIONS_DIR / "_staging").glob("*"))
+    assert listed_ids(out) == expected(2)
