@@ -120,6 +120,16 @@ class Crash(Exception):
     pass
 
 
+def crash_at(monkeypatch: Any, step: str) -> None:
+    """Make the compaction's failpoint ``step`` raise, as a crash there would stop it."""
+
+    def fail(name: str, **_: Any) -> None:
+        if name == step:
+            raise Crash(name)
+
+    monkeypatch.setattr(compaction_module, "failpoint", fail)
+
+
 STEPS = ["compaction_staged", "compaction_decided", "compaction_mid_move", "compaction_moved"]
 
 
@@ -133,11 +143,7 @@ def test_a_crash_at_any_step_loses_and_doubles_nothing(
         commit_epoch(target, epoch)
     before = data_files(out)
 
-    def crash_at(name: str, **_: Any) -> None:
-        if name == step:
-            raise Crash(name)
-
-    monkeypatch.setattr(compaction_module, "failpoint", crash_at)
+    crash_at(monkeypatch, step)
     compactor = Compactor(target._fs, target._base, PREFIX, QUERY, int(3.5 * one))
     with pytest.raises(Crash):
         compactor.compact(2)
@@ -163,11 +169,7 @@ def test_a_decided_compaction_is_finished_by_the_next_epoch_without_compacting(
     for epoch in range(3):
         commit_epoch(target, epoch)
 
-    def crash_at(name: str, **_: Any) -> None:
-        if name == "compaction_mid_move":
-            raise Crash(name)
-
-    monkeypatch.setattr(compaction_module, "failpoint", crash_at)
+    crash_at(monkeypatch, "compaction_mid_move")
     with pytest.raises(Crash):
         Compactor(target._fs, target._base, PREFIX, QUERY, DEFAULT_TARGET_FILE_SIZE).compact(2)
     monkeypatch.undo()
@@ -191,11 +193,7 @@ def test_a_lost_output_keeps_the_inputs(out: Path, monkeypatch: Any) -> None:
     for epoch in range(2):
         commit_epoch(target, epoch)
 
-    def crash_at(name: str, **_: Any) -> None:
-        if name == "compaction_decided":
-            raise Crash(name)
-
-    monkeypatch.setattr(compaction_module, "failpoint", crash_at)
+    crash_at(monkeypatch, "compaction_decided")
     compactor = Compactor(target._fs, target._base, PREFIX, QUERY, DEFAULT_TARGET_FILE_SIZE)
     with pytest.raises(Crash):
         compactor.compact(1)
