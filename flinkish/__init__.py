@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from flinkish import windows
     from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
     from flinkish.lag import log_lag, source_lags
+    from flinkish.parquet_reader import parquet_files
     from flinkish.session import register
     from flinkish.spark_watermark import with_watermark
     from flinkish_core.errors import OptionError, WorkerEnvironmentError
@@ -37,6 +38,7 @@ _PUBLIC = {
     "WatermarkedBatch": "flinkish.foreach_batch",
     "WorkerEnvironmentError": "flinkish_core.errors",
     "log_lag": "flinkish.lag",
+    "parquet_files": "flinkish.parquet_reader",
     "register": "flinkish.session",
     "source_lags": "flinkish.lag",
     "windows": "flinkish.windows",
@@ -67,6 +69,7 @@ __all__ = [
     "WatermarkedBatch",
     "WorkerEnvironmentError",
     "log_lag",
+    "parquet_files",
     "register",
     "source_lags",
     "windows",

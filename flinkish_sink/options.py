@@ -34,6 +34,7 @@ _NAMES = (
     "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
     "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
+    "parquet.compactEvery", "parquet.targetFileSize",
     "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
 )
 _KNOWN = {name.lower(): name for name in _NAMES}
@@ -42,7 +43,14 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
 #: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
 #: small files, so a partition holds at most a few hundred before they are rewritten.
 DEFAULT_COMPACT_EVERY = 50
+#: Epochs between compactions of a Parquet target's files: a steady 2 s trigger then keeps
+#: about 10 epochs' small files beside the large ones.
+DEFAULT_PARQUET_COMPACT_EVERY = 10
+#: The size Parquet compaction merges files up to (Spark's Delta ``OPTIMIZE`` aims at 1 GB,
+#: Iceberg at 512 MB; a stream's files are read as they come, so smaller).
+DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
 _HOUR_MS = 3_600_000
+_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$")
 
 
 @dataclass(frozen=True, repr=False)
@@ -79,6 +87,10 @@ class SinkOptions:
     #: after compacting, vacuum files a Delta table stopped referencing this long ago (hours;
     #: None: never)
     vacuum_retention_hours: int | None = None
+    #: merge a Parquet target's small committed files after every that many epochs (0: never)
+    parquet_compact_every: int = DEFAULT_PARQUET_COMPACT_EVERY
+    #: the size (bytes) a Parquet compaction merges files up to
+    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
 
     def __repr__(self) -> str:
         masked = {
@@ -144,11 +156,16 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                       ("delta.vacuumretention", "delta.vacuumRetention")):
         if key in options and target != "delta":
             raise OptionError(f"option {name} applies to target delta only")
-    compact_text = options.get("delta.compactevery", str(DEFAULT_COMPACT_EVERY)).strip()
-    if not compact_text.isdigit():
-        raise OptionError(
-            f"option delta.compactEvery: {compact_text!r} is not a whole number of epochs "
-            "(0: never compact)")
+    for key, name in (("parquet.compactevery", "parquet.compactEvery"),
+                      ("parquet.targetfilesize", "parquet.targetFileSize")):
+        if key in options and target != "parquet":
+            raise OptionError(f"option {name} applies to target parquet only")
+    compact_every = _epochs(options, "delta.compactEvery", DEFAULT_COMPACT_EVERY)
+    parquet_compact_every = _epochs(options, "parquet.compactEvery",
+                                    DEFAULT_PARQUET_COMPACT_EVERY)
+    target_file_size = DEFAULT_TARGET_FILE_SIZE
+    if "parquet.targetfilesize" in options:
+        target_file_size = parse_size("parquet.targetFileSize", options["parquet.targetfilesize"])
     vacuum_hours = None
     if "delta.vacuumretention" in options:
         retention_ms = parse_duration_ms("delta.vacuumRetention", options["delta.vacuumretention"])
@@ -247,6 +264,26 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         upsert_key=upsert_key,
         partition_by=partition_by,
         app_id=app_id,
-        compact_every=int(compact_text),
+        compact_every=compact_every,
         vacuum_retention_hours=vacuum_hours,
+        parquet_compact_every=parquet_compact_every,
+        target_file_size=target_file_size,
     )
+
+
+def _epochs(options: Mapping[str, str], name: str, default: int) -> int:
+    text = options.get(name.lower(), str(default)).strip()
+    if not text.isdigit():
+        raise OptionError(
+            f"option {name}: {text!r} is not a whole number of epochs (0: never compact)")
+    return int(text)
+
+
+def parse_size(name: str, text: str) -> int:
+    """Bytes from ``text``: a whole number with an optional unit (``128 MB``, ``64MiB``,
+    ``1 GB``: powers of 1024), for option ``name``."""
+    match = _SIZE.match(text.strip().lower())
+    if not match or int(match[1]) < 1:
+        raise OptionError(
+            f"option {name}: {text!r} is not a positive size, e.g. '128 MB' or '1 GB'")
+    return int(match[1]) * 1024 ** " kmgt".index(match[2] or " ")

@@ -10,6 +10,8 @@ Layout under the target directory ``path``::
     _flinkish_staging/<prefix>~<query>~<epoch>~<task>~<attempt>/<part file> staged (pre-committed)
     _flinkish_staging/_direct/<part file>                                   write_direct temp
     _flinkish_epochs/<query>/<epoch:09d>.json                               epoch commit records
+    part-<prefix>-<query>-<epoch:09d>-c<token>-<n:03d>.parquet               compacted data
+    _flinkish_compactions/<id>.json, _flinkish_compactions/_staging/<id>/   compaction state
 
 Committed files sit flat under ``path`` (no ``epoch=N`` directories) so that Spark's partition
 discovery does not add a column the query never produced. Everything else lives under names
@@ -38,6 +40,10 @@ before. A
 staging directory name is ``txn.gid`` with ``:`` (not allowed on every filesystem) replaced by
 ``~``, which no id part can contain, so :meth:`ParquetTarget.pending` reverses it exactly.
 
+Every ``parquet.compactEvery`` epochs the driver merges a query's small committed files into
+files of up to ``parquet.targetFileSize`` (:mod:`flinkish_sink.parquet_compaction`, which
+also says how a reader gets a consistent view: :meth:`ParquetTarget.readable_files`).
+
 A transaction that wrote no rows stages and commits no file at all: an empty epoch leaves the
 data unchanged, and its epoch record still says it is in. (So until the first rows are
 committed, ``spark.read.parquet(path)`` has no file to infer a schema from and needs one given.)
@@ -47,6 +53,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import time
@@ -60,7 +67,10 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
+from flinkish_sink.options import DEFAULT_TARGET_FILE_SIZE
 from flinkish_sink.target import PreCommit, TransactionId
+
+logger = logging.getLogger(__name__)
 
 STAGING_DIR = "_flinkish_staging"
 EPOCHS_DIR = "_flinkish_epochs"
@@ -79,13 +89,18 @@ class ParquetTarget:
     #: a staged file is invisible and locks nothing
     leftovers_block_writes = False
 
-    def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None):
+    def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None,
+                 compact_every: int = 0, target_file_size: int = DEFAULT_TARGET_FILE_SIZE):
         """``path`` is a local directory or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
         (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a
-        transaction over to a new file after that many rows (None: one file per transaction)."""
+        transaction over to a new file after that many rows (None: one file per transaction).
+        ``compact_every``: merge a query's small committed files into files of up to
+        ``target_file_size`` bytes after every that many epochs (0: never; see
+        :mod:`flinkish_sink.parquet_compaction`)."""
         text = os.fspath(path)
         filesystem, base = filesystem_of(text, "a Parquet target path")
         self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
+        self._compaction(compact_every, target_file_size)
 
     @classmethod
     def from_filesystem(
@@ -94,12 +109,15 @@ class ParquetTarget:
         base_path: str,
         *,
         max_rows_per_file: int | None = None,
+        compact_every: int = 0,
+        target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
     ) -> ParquetTarget:
         """A target on an already-built filesystem (tests, custom credentials)."""
         target = cls.__new__(cls)
         target._setup(
             filesystem, base_path, f"{filesystem.type_name}:{base_path}", max_rows_per_file
         )
+        target._compaction(compact_every, target_file_size)
         return target
 
     def _setup(
@@ -114,6 +132,14 @@ class ParquetTarget:
         self._base = base
         self._where = where
         self._max_rows_per_file = max_rows_per_file
+
+    def _compaction(self, compact_every: int, target_file_size: int) -> None:
+        if compact_every < 0 or target_file_size < 1:
+            raise ValueError(
+                f"compact_every must be >= 0 and target_file_size positive, got "
+                f"{compact_every} and {target_file_size}")
+        self._compact_every = compact_every
+        self._target_file_size = target_file_size
 
     def __repr__(self) -> str:
         return f"ParquetTarget({self._where!r})"
@@ -236,6 +262,33 @@ class ParquetTarget:
 
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within one call."""
+
+    def maintain(
+        self, prefix: str, query: str, epoch: int, fence: Callable[[], None] = lambda: None
+    ) -> None:
+        """After epoch ``epoch`` of ``prefix``/``query`` completed: finish a compaction a
+        crash interrupted, and compact every ``compact_every`` epochs (``fence`` raises if a
+        newer run took over: called before a compaction is decided). A failure is logged,
+        not raised: the epoch is committed, and the next epoch tries again."""
+        from flinkish_sink.parquet_compaction import Compactor
+
+        compactor = Compactor(self._fs, self._base, prefix, query, self._target_file_size)
+        try:
+            if self._compact_every and (epoch + 1) % self._compact_every == 0:
+                compactor.compact(epoch, fence)
+            else:
+                compactor.finish_pending(epoch)
+        except Exception as exc:  # compaction is an optimisation: the epoch is in
+            logger.warning("compacting Parquet target %s failed (the next epoch tries "
+                           "again): %s", self._where, exc)
+
+    def readable_files(self) -> list[str]:
+        """The committed data files to read for a consistent view: whole epochs, and each
+        compaction's inputs or outputs, never both (see
+        :func:`flinkish_sink.parquet_compaction.readable_files`)."""
+        from flinkish_sink.parquet_compaction import readable_files
+
+        return readable_files(self._fs, self._base)
 
     # -- epoch records -------------------------------------------------------------------------
 

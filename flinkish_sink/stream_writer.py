@@ -159,7 +159,8 @@ def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
                            vacuum_retention_hours=options.vacuum_retention_hours)
     from flinkish_sink.parquet_target import ParquetTarget
 
-    return ParquetTarget(path)
+    return ParquetTarget(path, compact_every=options.parquet_compact_every,
+                         target_file_size=options.target_file_size)
 
 
 def store_location(options: SinkOptions) -> str:

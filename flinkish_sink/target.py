@@ -15,6 +15,7 @@ change that records the epoch too (a Delta table version).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -228,6 +229,20 @@ class EpochTarget(TargetBase, Protocol):
         """Make ``pre_commits`` (every one of the epoch's decided pre-commits for this
         target; none for an epoch without rows) visible at once, with ``record``. Idempotent:
         an epoch the target holds already is not committed again."""
+
+
+@runtime_checkable
+class MaintainedTarget(Protocol):
+    """A target with housekeeping to do after an epoch completed (Parquet's compaction):
+    run by the driver between epoch commits, so never beside one of the query's commits."""
+
+    def maintain(
+        self, prefix: str, query: str, epoch: int, fence: Callable[[], None]
+    ) -> None:
+        """Housekeeping for ``prefix``/``query`` after its epoch ``epoch`` (and every one
+        before) completed. ``fence`` raises if a newer run of the query took over (a zombie
+        driver must not rewrite files beside it): call it right before deciding a change.
+        Idempotent; failures are the target's to log."""
 
 
 #: Either kind of target.

@@ -37,6 +37,7 @@ from flinkish_sink.target import (
     AnyTarget,
     EpochRecord,
     EpochTarget,
+    MaintainedTarget,
     PreCommit,
     TransactionId,
 )
@@ -129,6 +130,7 @@ class TwoPhaseCommitCoordinator:
             # replay pre-committed, or still lingers of the epoch, goes
             rolled = self._discard(pre_commits, set())
             recovered, recover_rolled = self.recover(epoch)
+            self._maintain(epoch)
             return EpochOutcome(
                 done, EpochWatermark.from_json(done.state[STATE_KEY]), tuple(recovered),
                 tuple(rolled + recover_rolled), True,
@@ -174,7 +176,16 @@ class TwoPhaseCommitCoordinator:
         failpoint("before_checkpoint", query=self._query, epoch=epoch)
         checkpoint = self._store.complete(epoch, {**decision, STATE_KEY: result.to_json()})
         failpoint("after_checkpoint", query=self._query, epoch=epoch)
+        self._maintain(epoch)
         return EpochOutcome(checkpoint, result, tuple(committed), tuple(rolled), replayed)
+
+    def _maintain(self, epoch: int) -> None:
+        """The targets' housekeeping once ``epoch`` completed: a replay of it (or of any
+        epoch before) commits nothing, so it never misses what housekeeping rewrote."""
+        for target, prefix in ((self._target, self._prefix),
+                               (self._side, self._prefix + LATE_SUFFIX)):
+            if isinstance(target, MaintainedTarget):
+                target.maintain(prefix, self._query, epoch, self._store.check_claim)
 
     def _epoch_record(
         self, epoch: int, decision: dict[str, Any]

@@ -410,6 +410,8 @@ class Case:
             job.update(path=str(self.target.path))
         if self.target.late:
             job["sink_options"] = self.target.sink_options()
+        if self.target.kind == "parquet":  # compacting after batches 1 and 3
+            job["sink_options"] = {**job.get("sink_options", {}), "parquet.compactEvery": "2"}
         if self.store:
             job["sink_options"] = {**job.get("sink_options", {}),
                                    "checkpointing.location": self.store}
@@ -428,6 +430,8 @@ class Case:
             "epochs": self.target.epoch_records(query),
             "sink": sink_state(self.checkpoint, self.store),
         }
+        if self.target.kind == "parquet":
+            self.after["files"] = len(list(Path(self.target.path).glob("*.parquet")))
         if self.target.kind == "delta":
             self.after.update(versions=self.target.versions(query),
                               unreferenced=self.target.unreferenced())
@@ -872,6 +876,8 @@ def test_restart_after_crash_is_exactly_once(suite: CrashSuite, point: str, kind
                            f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
     assert restart["ok"], f"the restarted query failed:\n{restart['error']}"
     _check_exactly_once(case, suite.produced, set())
+    if kind == "parquet":  # one file per task and batch, compacted into one after batch 3
+        assert case.after["files"] <= 2, f"{case.after['files']} files after compaction"
 
 
 def test_named_query_runs(suite: CrashSuite) -> None:

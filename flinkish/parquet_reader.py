@@ -1,0 +1,24 @@
+"""The files of a flinkish Parquet target to read for a consistent view.
+
+A reader listing the directory sees whole files, but neither a whole epoch at once nor a
+compaction's swap of small files for a large one at once; this list does (see
+:mod:`flinkish_sink.parquet_compaction`)."""
+
+from __future__ import annotations
+
+from flinkish_sink.parquet_compaction import readable_files
+from flinkish_sink.parquet_target import filesystem_of
+
+
+def parquet_files(path: str) -> list[str]:
+    """The data files of the Parquet target at ``path`` (a directory or a ``pyarrow.fs`` URI)
+    that hold each committed row once: whole epochs only, and each compaction's inputs or its
+    outputs, never both. URIs come back as URIs of the same scheme, so
+    ``spark.read.parquet(*parquet_files(path))`` and ``pyarrow.dataset.dataset(...)`` take
+    them; an empty list means no committed rows yet."""
+    filesystem, base = filesystem_of(path, "a Parquet target path")
+    files = readable_files(filesystem, base)
+    if "://" not in path:
+        return files
+    scheme = path.split("://", 1)[0]
+    return [f"{scheme}://{name}" for name in files]

@@ -1,0 +1,258 @@
+"""Compaction of a Parquet target: rewriting a query's small committed files into fewer large ones.
+
+Flink's ``FileSink`` compacts an epoch's pending files before its commit; a micro-batch stream
+at a 2 s trigger still makes one small file per write task and epoch, so here the driver
+merges *committed* files across epochs, every ``parquet.compactEvery`` epochs, into files of
+up to ``parquet.targetFileSize`` bytes (input bytes: the output is about as large).
+
+A compaction runs on the driver right after an epoch's checkpoint completed, so it never runs
+beside one of this query's epoch commits, and it only reads files of epochs that completed: a
+replay of such an epoch commits nothing, so it never looks for a file the compaction removed.
+It touches only this query's files (``part-<prefix>-<query>-…``); other queries writing to the
+same directory are left alone.
+
+Steps, each of which a crash may interrupt::
+
+    1. merge each group of inputs into  _flinkish_compactions/_staging/<id>/<output> (hidden)
+    2. write the record                 _flinkish_compactions/<id>.json               (decides)
+    3. move every output into place     part-<prefix>-<query>-<epoch>-c<token>-<n>.parquet
+    4. delete every input
+
+Before the record exists the compaction has not happened (a crash leaves only a hidden
+staging directory, deleted by the next compaction); once it exists the compaction has
+happened, and the next compaction (or the next epoch of the query) finishes steps 3-4, which
+can be repeated. A record is kept until the next compaction starts, after this one finished.
+
+A reader listing the directory sees a whole file or none, but not the swap at once: between
+step 3 and 4 both the inputs and the outputs are there. :func:`readable_files` gives the
+consistent view: for every record, the outputs if all of them are in place (then the inputs
+are hidden), else the inputs (then the outputs are hidden) -- inputs go only after every
+output is in place -- together with the epoch-record rule of the target (a file of an epoch
+whose record is not yet written is not read).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from checkpointing.failpoints import failpoint
+from flinkish_sink.parquet_target import (
+    EPOCHS_DIR,
+    delete_file_if_present,
+    sync_path,
+)
+
+logger = logging.getLogger(__name__)
+
+COMPACTIONS_DIR = "_flinkish_compactions"
+_STAGING = f"{COMPACTIONS_DIR}/_staging"
+_SEP = "~"
+#: a task attempt's part file (the epoch in the group)
+_TASK_FILE = r"-(\d{9})-\d{5}-\d+-\d{3}\.parquet$"
+#: the transactional part file of one task attempt, or a compaction's output
+_PART = r"-(\d{9})-(?:\d{5}-\d+-\d{3}|c[0-9a-f]{8}-\d{3})\.parquet$"
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """One decided compaction: which files it replaces by which."""
+
+    id: str
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+
+    def to_json(self) -> bytes:
+        return json.dumps({"id": self.id, "inputs": list(self.inputs),
+                           "outputs": list(self.outputs)}, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Compaction:
+        parsed = json.loads(data)
+        return cls(str(parsed["id"]), tuple(parsed["inputs"]), tuple(parsed["outputs"]))
+
+
+def plan_groups(files: Iterable[tuple[str, int]], target_size: int) -> list[list[str]]:
+    """Group ``files`` (name, bytes; in commit order) into runs of up to ``target_size`` bytes
+    to merge; a file already at least that large, and a run of one file, stay as they are."""
+    groups: list[list[str]] = []
+    current: list[str] = []
+    size = 0
+    for name, length in files:
+        if length >= target_size or (current and size + length > target_size):
+            groups.append(current)
+            current, size = [], 0
+        if length < target_size:
+            current.append(name)
+            size += length
+    groups.append(current)
+    return [g for g in groups if len(g) > 1]
+
+
+class Compactor:
+    """Compacts the files of one query (``prefix``, ``query``) in the directory ``base``."""
+
+    def __init__(self, fs: pafs.FileSystem, base: str, prefix: str, query: str,
+                 target_size: int) -> None:
+        self._fs = fs
+        self._base = base
+        self._prefix = prefix
+        self._query = query
+        self._target_size = target_size
+        self._mine = re.compile(f"^part-{re.escape(prefix)}-{re.escape(query)}{_PART}")
+        self._key = f"{prefix}{_SEP}{query}{_SEP}"
+
+    def _path(self, *parts: str) -> str:
+        return "/".join((self._base, *parts))
+
+    def compact(self, epoch: int, fence: Callable[[], None] = lambda: None
+                ) -> Compaction | None:
+        """Finish any compaction a crash interrupted, then merge the query's small files of
+        epochs up to ``epoch`` (all completed). ``fence`` raises if another run of the query
+        took over (its compaction could pick the same files): it is called right before the
+        record. Returns what it decided (None: nothing)."""
+        self.finish_pending(epoch)
+        for record in self._records():  # all finished now
+            delete_file_if_present(self._fs, self._path(COMPACTIONS_DIR, record))
+        self._drop_undecided()
+        files = sorted(
+            ((m[1], info.base_name), info.size or 0) for info in self._listing()
+            if (m := self._mine.match(info.base_name)) and int(m[1]) <= epoch
+        )  # in commit order: by epoch, then name
+        groups = plan_groups(((name, size) for (_, name), size in files), self._target_size)
+        if not groups:
+            return None
+        token = uuid.uuid4().hex[:8]
+        compaction_id = f"{self._key}{epoch:09d}{_SEP}{token}"
+        staging = self._path(_STAGING, compaction_id)
+        self._fs.create_dir(staging, recursive=True)
+        outputs = []
+        for n, group in enumerate(groups):
+            name = f"part-{self._prefix}-{self._query}-{epoch:09d}-c{token}-{n:03d}.parquet"
+            self._merge(group, f"{staging}/{name}")
+            outputs.append(name)
+        sync_path(self._fs, staging)
+        failpoint("compaction_staged", query=self._query, epoch=epoch)
+        compaction = Compaction(compaction_id, tuple(n for g in groups for n in g),
+                                tuple(outputs))
+        fence()
+        directory = self._path(COMPACTIONS_DIR)
+        self._fs.create_dir(directory, recursive=True)
+        temp = f"{directory}/.{compaction_id}.{token}.tmp"
+        with self._fs.open_output_stream(temp) as out:
+            out.write(compaction.to_json())
+        sync_path(self._fs, temp)
+        self._fs.move(temp, f"{directory}/{compaction_id}.json")
+        sync_path(self._fs, directory)
+        failpoint("compaction_decided", query=self._query, epoch=epoch)
+        self._finish(compaction, epoch)
+        logger.info("Parquet target %s: compacted %d files of query %s into %d",
+                    self._base, len(compaction.inputs), self._query, len(outputs))
+        return compaction
+
+    def finish_pending(self, epoch: int) -> None:
+        """Steps 3-4 of every decided compaction of this query (a no-op once done)."""
+        for record in self._records():
+            with self._fs.open_input_stream(self._path(COMPACTIONS_DIR, record)) as stream:
+                self._finish(Compaction.from_json(stream.read()), epoch)
+
+    def _finish(self, compaction: Compaction, epoch: int) -> None:
+        staging = self._path(_STAGING, compaction.id)
+        staged = [f"{staging}/{name}" for name in compaction.outputs]
+        for n, (source, info) in enumerate(
+                zip(staged, self._fs.get_file_info(staged), strict=True)):
+            if info.type != pafs.FileType.NotFound:
+                self._fs.move(source, self._path(compaction.outputs[n]))
+                failpoint("compaction_mid_move", query=self._query, epoch=epoch)
+        missing = [name for name, info in zip(
+            compaction.outputs,
+            self._fs.get_file_info([self._path(n) for n in compaction.outputs]), strict=True)
+            if info.type == pafs.FileType.NotFound]
+        if missing:  # never delete the inputs of outputs that are gone
+            raise RuntimeError(
+                f"cannot finish compaction {compaction.id} in {self._base!r}: its outputs "
+                f"{missing} are neither staged nor in place; they were removed outside "
+                "flinkish (its inputs are kept)")
+        sync_path(self._fs, self._base)
+        failpoint("compaction_moved", query=self._query, epoch=epoch)
+        for name in compaction.inputs:
+            delete_file_if_present(self._fs, self._path(name))
+        sync_path(self._fs, self._base)
+        with contextlib.suppress(FileNotFoundError):
+            self._fs.delete_dir(staging)
+
+    def _merge(self, inputs: list[str], output: str) -> None:
+        """Stream the inputs' row groups into one file: memory holds one batch at a time."""
+        writer: pq.ParquetWriter | None = None
+        try:
+            for name in inputs:
+                source = pq.ParquetFile(self._path(name), filesystem=self._fs)
+                if writer is None:
+                    writer = pq.ParquetWriter(output, source.schema_arrow, filesystem=self._fs)
+                for batch in source.iter_batches():
+                    writer.write_batch(batch)
+        finally:
+            if writer is not None:
+                writer.close()
+        sync_path(self._fs, output)
+
+    def _records(self) -> list[str]:
+        selector = pafs.FileSelector(self._path(COMPACTIONS_DIR), allow_not_found=True)
+        return sorted(i.base_name for i in self._fs.get_file_info(selector)
+                      if i.is_file and i.base_name.startswith(self._key)
+                      and i.base_name.endswith(".json"))
+
+    def _drop_undecided(self) -> None:
+        """Staging directories of compactions that crashed before their record."""
+        selector = pafs.FileSelector(self._path(_STAGING), allow_not_found=True)
+        for info in self._fs.get_file_info(selector):
+            if info.type == pafs.FileType.Directory and info.base_name.startswith(self._key):
+                with contextlib.suppress(FileNotFoundError):
+                    self._fs.delete_dir(info.path)
+
+    def _listing(self) -> list[pafs.FileInfo]:
+        return [i for i in self._fs.get_file_info(pafs.FileSelector(self._base)) if i.is_file]
+
+
+def readable_files(fs: pafs.FileSystem, base: str) -> list[str]:
+    """The data files (paths) a reader should read for a consistent view of the directory
+    ``base``: whole epochs (a task attempt's file only once its query's epoch record is
+    written), and for each compaction either its inputs or its outputs, never both or neither.
+
+    Records are listed before the files, and a record outlives its compaction until the next
+    one starts, so a listing shorter than the time between two compactions is consistent."""
+    selector = pafs.FileSelector(base.rstrip("/") + "/" + COMPACTIONS_DIR, allow_not_found=True)
+    compactions = []
+    for info in fs.get_file_info(selector):
+        if info.is_file and info.base_name.endswith(".json"):
+            with contextlib.suppress(FileNotFoundError), fs.open_input_stream(info.path) as s:
+                compactions.append(Compaction.from_json(s.read()))
+    epochs: dict[str, set[int]] = {}
+    query_dirs = pafs.FileSelector(base.rstrip("/") + "/" + EPOCHS_DIR, allow_not_found=True)
+    for info in fs.get_file_info(query_dirs):
+        if info.type == pafs.FileType.Directory:
+            records = fs.get_file_info(pafs.FileSelector(info.path))
+            epochs[info.base_name] = {
+                int(r.base_name[:-5]) for r in records
+                if r.base_name.endswith(".json") and r.base_name[:-5].isdigit()}
+    files = {i.base_name: i.path for i in fs.get_file_info(pafs.FileSelector(base))
+             if i.is_file and i.base_name.endswith(".parquet")
+             and not i.base_name.startswith(("_", "."))}
+    hidden: set[str] = set()
+    for compaction in compactions:
+        done = all(name in files for name in compaction.outputs)
+        hidden.update(compaction.inputs if done else compaction.outputs)
+    for query, committed in epochs.items():
+        pattern = re.compile(f"^part-.+-{re.escape(query)}{_TASK_FILE}")
+        hidden.update(name for name in files
+                      if (m := pattern.match(name)) and int(m[1]) not in committed)
+    return sorted(path for name, path in files.items() if name not in hidden)
+
