@@ -43,9 +43,9 @@ DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
 #: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
 #: small files, so a partition holds at most a few hundred before they are rewritten.
 DEFAULT_COMPACT_EVERY = 50
-#: Epochs between compactions of a Parquet target's files: a steady 2 s trigger then keeps
-#: about 10 epochs' small files beside the large ones.
-DEFAULT_PARQUET_COMPACT_EVERY = 10
+#: Epochs between compactions of a Parquet target's files; off unless asked for: a reader that
+#: lists the directory sees a compaction's rows twice for a moment (docs/guides/exactly-once.md)
+DEFAULT_PARQUET_COMPACT_EVERY = 0
 #: The size Parquet compaction merges files up to (Spark's Delta ``OPTIMIZE`` aims at 1 GB,
 #: Iceberg at 512 MB; a stream's files are read as they come, so smaller).
 DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024

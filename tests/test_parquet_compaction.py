@@ -236,10 +236,10 @@ def test_replaying_a_completed_epoch_after_its_compaction_commits_nothing(out: P
 def test_options() -> None:
     base = {"target": "parquet", "path": "/tmp/x", "checkpointLocation": "/tmp/c"}
     parsed = parse_sink_options(base)
-    assert (parsed.parquet_compact_every, parsed.target_file_size) == (10, 128 * 1024 ** 2)
+    assert (parsed.parquet_compact_every, parsed.target_file_size) == (0, 128 * 1024 ** 2)
     parsed = parse_sink_options(
-        {**base, "parquet.compactEvery": "0", "parquet.targetFileSize": "64 MB"})
-    assert (parsed.parquet_compact_every, parsed.target_file_size) == (0, 64 * 1024 ** 2)
+        {**base, "parquet.compactEvery": "10", "parquet.targetFileSize": "64 MB"})
+    assert (parsed.parquet_compact_every, parsed.target_file_size) == (10, 64 * 1024 ** 2)
     assert parse_sink_options({**base, "parquet.targetFileSize": "1048576"}).target_file_size \
         == 1024 ** 2
     with pytest.raises(OptionError, match="parquet.targetFileSize.*'128 MB'"):
