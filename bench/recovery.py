@@ -8,8 +8,10 @@ Why: exactly once through a crash is half of what Flink promises; the other half
 quickly from the last checkpoint. Every second between the restart and the first commit after
 it is a second of lag added to every recovery.
 
-* The embedded broker and PostgreSQL (``bench/_common.bench_environment``), one topic of
-  ``--partitions`` partitions fed ``--rate`` records per second for the whole run.
+* The embedded broker and PostgreSQL (``bench/_common.bench_environment``); each flinkish run
+  gets a new topic of ``--partitions`` partitions, fed ``--rate`` records per second from its
+  creation on (the embedded broker keeps every record in memory: one topic fed for the whole
+  run made it stop answering).
 * Each pipeline runs as its own driver process (``local[2]``, ``flinkish.demo.spark_session``;
   this script with ``--driver``), trigger 1 s:
 
@@ -46,6 +48,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,7 +57,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from _common import bench_environment, log, median, print_result  # noqa: E402
-from latency import SteadyProducer, java_processes  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+from latency import java_processes  # noqa: E402
 
 TARGET_RATIO = 1.2
 TRIGGER = "1 second"
@@ -121,6 +125,33 @@ def driver(args: argparse.Namespace) -> None:
 
 # -- the bench ---------------------------------------------------------------------------------
 
+class TopicFeeder(threading.Thread):
+    """``rate`` records per second, round-robin over the partitions, into ``topic`` (which the
+    bench points at a new topic before each flinkish run: the embedded broker keeps every
+    record in memory, and a run reads its topic from the start)."""
+
+    def __init__(self, bootstrap: str, partitions: int, rate: int) -> None:
+        super().__init__(name="topic-feeder", daemon=True)
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20})
+        self._partitions, self._rate = partitions, rate
+        self.topic: str | None = None
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        started, n = time.monotonic(), 0
+        while not self.stopping.is_set():
+            due = int((time.monotonic() - started) * self._rate)
+            topic = self.topic
+            while n < due:
+                if topic is not None:
+                    self._producer.produce(topic, value=b"%020d" % n, key=b"k%09d" % n,
+                                           partition=n % self._partitions)
+                n += 1
+            self._producer.poll(0)
+            time.sleep(0.01)
+        self._producer.flush(30)
+
+
 def batches(checkpoint: Path, log_dir: str) -> set[int]:
     """The batch ids with an entry in the checkpoint's ``offsets/`` or ``commits/``."""
     try:
@@ -152,7 +183,8 @@ def wait_for(condition: Any, what: str, proc: subprocess.Popen[bytes], log_file:
         time.sleep(0.05)
 
 
-def one_recovery(args: argparse.Namespace, pipeline: str, workdir: Path) -> dict[str, Any]:
+def one_recovery(args: argparse.Namespace, pipeline: str, workdir: Path
+                 ) -> dict[str, Any]:
     """Crash ``pipeline``'s driver mid-stream, restart it; the seconds to the first commit
     after the restart and the restarted driver's phases."""
     from flinkish.demo.processes import kill_tree
@@ -250,15 +282,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     with bench_environment("flinkish-recovery-", postgres=args.postgres) as env:
         from flinkish.demo.embedded_kafka import create_topic
 
-        args.bootstrap, args.dsn, args.topic = env.bootstrap, env.dsn, "bench-recovery"
-        create_topic(env.bootstrap, args.topic, args.partitions)
-        producer = SteadyProducer(env.bootstrap, args.topic, args.partitions, args.rate)
+        args.bootstrap, args.dsn = env.bootstrap, env.dsn
+        producer = TopicFeeder(env.bootstrap, args.partitions, args.rate)
         producer.start()
         try:
             for repeat in range(args.repeats):
                 for pipeline in pipelines:
                     workdir = env.workdir / f"{pipeline}-{repeat}"
                     workdir.mkdir()
+                    if pipeline != "spark":
+                        args.topic = f"bench-recovery-{pipeline}-{repeat}"
+                        create_topic(env.bootstrap, args.topic, args.partitions)
+                        producer.topic = args.topic
                     run = one_recovery(args, pipeline, workdir)
                     runs[pipeline].append(run)
                     log(f"{pipeline} run {repeat + 1}/{args.repeats}: restart -> first commit "
