@@ -752,7 +752,7 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     verdict.add_row("duplicates / missing", f"{duplicates} / {missing}")
     verdict.add_row("crashes survived", str(run.crashes))
     if run.recovery is not None:
-        verdict.add_row("recovery: crash -> first epoch committed after it",
+        verdict.add_row("recovery, crash to next commit",
                         "none needed (nothing left to read)" if run.recovery.seconds is None
                         else f"{run.recovery.seconds:.1f} s")
     verdict.add_row("pre-commits left in the target", str(len(lingering)))
