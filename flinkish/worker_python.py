@@ -9,13 +9,28 @@ flinkish (from the working directory) but not pyarrow or confluent-kafka, and th
 later, in a read task. ``register`` asks the workers themselves to import what those tasks
 import, with a one-row task (an RDD task on a classic session, a UDF on Spark Connect), and
 fails at once naming the module, the interpreter and the fix.
+
+That task is a Spark job of its own, seconds on a busy machine, paid again by every driver
+that starts, a query restarted after a crash included. With a local master the workers are
+this machine's processes, so their answer is a function of things the driver can look at:
+the interpreter Spark starts them with, the paths that decide their ``sys.path`` (the
+``PYTHONPATH`` they get, the working directory) and the files the imports found. A success
+is remembered under those (:func:`_remembered_key`); a later driver with the same key whose
+recorded files are all unchanged knows the answer without the job. A failure is never
+remembered, and a cluster's (or Spark Connect's) executors are always asked.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import shutil
 import sys
+import tempfile
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flinkish_core.errors import WorkerEnvironmentError
@@ -34,30 +49,97 @@ TASK_MODULES = (
 )
 
 
-def worker_probe(modules: tuple[str, ...]) -> Callable[[], tuple[str, str | None]]:
-    """A function that imports ``modules`` where it runs and returns that interpreter and the
-    first failure (``None`` if all import). Built here, not defined at module level, so that
-    cloudpickle ships it by value: a worker without flinkish could not unpickle a function of
-    a flinkish module."""
+#: A file the imports found: (path, st_mtime_ns, st_size).
+FileStamp = tuple[str, int, int]
 
-    def probe() -> tuple[str, str | None]:
+
+def worker_probe(
+    modules: tuple[str, ...]
+) -> Callable[[], tuple[str, str | None, list[FileStamp]]]:
+    """A function that imports ``modules`` where it runs and returns that interpreter, the
+    first failure (``None`` if all import) and the files the imports came from (the modules'
+    own and ``pyspark``'s). Built here, not defined at module level, so that cloudpickle ships
+    it by value: a worker without flinkish could not unpickle a function of a flinkish
+    module."""
+
+    def probe() -> tuple[str, str | None, list[FileStamp]]:
         import importlib
+        import os as worker_os
         import sys as worker_sys
 
-        for module in modules:
+        found = []
+        for module in (*modules, "pyspark"):
             try:
-                importlib.import_module(module)
+                path = importlib.import_module(module).__file__
             except Exception as exc:  # any failure to import is the answer, reported as is
-                return worker_sys.executable, f"{module}: {type(exc).__name__}: {exc}"
-        return worker_sys.executable, None
+                return worker_sys.executable, f"{module}: {type(exc).__name__}: {exc}", []
+            if path:
+                stat = worker_os.stat(path)
+                found.append((path, stat.st_mtime_ns, stat.st_size))
+        return worker_sys.executable, None, found
 
     return probe
+
+
+def _remembered_key(spark: Any) -> str | None:
+    """What decides a local master's workers' answer (None for any other master): the
+    interpreter Spark starts them with (resolved, with its file's stamp), the ``PYTHONPATH``
+    they get (this process's, which the JVM passes on, and ``spark.executorEnv``'s) and the
+    working directory (ahead of ``PYTHONPATH`` on their ``sys.path``)."""
+    sc = spark.sparkContext
+    if not sc.master.startswith("local"):
+        return None
+    python = shutil.which(sc.pythonExec)
+    if python is None:
+        return None
+    python = os.path.realpath(python)
+    stat = os.stat(python)
+    key = [python, stat.st_mtime_ns, stat.st_size, os.environ.get("PYTHONPATH", ""),
+           sc.environment.get("PYTHONPATH", ""), os.getcwd(), sc.version]
+    return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
+
+
+def _remembered(key: str) -> Path:
+    return Path(tempfile.gettempdir()) / f"flinkish-worker-check-{key}.json"
+
+
+def _unchanged(files: list[FileStamp]) -> bool:
+    """Every recorded file is still there, with the same modification time and size."""
+    for path, mtime_ns, size in files:
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return False
+        if (stat.st_mtime_ns, stat.st_size) != (mtime_ns, size):
+            return False
+    return bool(files)
+
+
+def _known_good(key: str | None) -> bool:
+    if key is None:
+        return False
+    try:
+        files = json.loads(_remembered(key).read_text())
+    except (OSError, ValueError):
+        return False
+    return _unchanged([(str(p), int(m), int(n)) for p, m, n in files])
+
+
+def _remember(key: str, files: list[FileStamp]) -> None:
+    path = _remembered(key)
+    staged = path.with_name(f"{path.name}.{os.getpid()}")
+    try:
+        staged.write_text(json.dumps(files))
+        staged.replace(path)
+    except OSError:  # only a shortcut for the next driver: without it, it asks the workers
+        staged.unlink(missing_ok=True)
 
 
 def check_worker_python(spark: Any) -> None:
     """Raise :class:`WorkerEnvironmentError` when Spark's Python workers cannot import what
     flinkish's read and write tasks import (:data:`TASK_MODULES`); a no-op after the first
-    success on ``spark``."""
+    success on ``spark``, and without a Spark job when an earlier driver's success still holds
+    (a local master; see the module docstring)."""
     if spark in _checked:
         return
     from pyspark.sql import functions as F
@@ -65,15 +147,23 @@ def check_worker_python(spark: Any) -> None:
     from flinkish.connect import is_connect
 
     probe = worker_probe(TASK_MODULES)
+    key = None
     if is_connect(spark):
-        udf = F.udf(probe, "struct<python: string, error: string>")
+        udf = F.udf(lambda: probe()[:2], "struct<python: string, error: string>")
         try:
             python, error = spark.range(1).select(udf().alias("p")).collect()[0].p
         except Exception as exc:  # the UDF runner itself needs pyspark's dependencies
             python, error = "the server's PYSPARK_PYTHON", str(exc).splitlines()[0]
     else:
+        key = _remembered_key(spark)
+        if _known_good(key):
+            _checked.add(spark)
+            return
         # an RDD task: its worker needs nothing but the standard library (a UDF needs pyarrow)
-        python, error = spark.sparkContext.parallelize([0], 1).map(lambda _: probe()).first()
+        python, error, files = spark.sparkContext.parallelize([0], 1).map(
+            lambda _: probe()).first()
+        if error is None and key is not None:
+            _remember(key, files)
     if error is not None:
         raise WorkerEnvironmentError(
             f"Spark's Python workers cannot import what flinkish's read and write tasks need "

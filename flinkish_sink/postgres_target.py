@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
-from functools import partial
+from functools import cache, partial
 from time import monotonic, sleep
 from typing import Any
 
@@ -47,8 +47,19 @@ Connection = psycopg.Connection[TupleRow]
 
 COPY_HEADER = b"PGCOPY\n\xff\r\n\x00" + bytes(8)  # signature, flags, header extension length
 COPY_TRAILER = b"\xff\xff"
-_NULL_FIELD = pa.scalar(b"\xff\xff\xff\xff", pa.large_binary())  # field length -1
-_NO_SEPARATOR = pa.scalar(b"", pa.large_binary())
+
+
+@cache
+def _null_field() -> pa.Scalar:
+    """A NULL field (length -1). Built at first use, as is :func:`_no_separator`: a pyarrow
+    scalar from a Python value imports pandas, ~0.4 s of CPU that the driver's commit runner,
+    which only commits, would pay at every query start."""
+    return pa.scalar(b"\xff\xff\xff\xff", pa.large_binary())
+
+
+@cache
+def _no_separator() -> pa.Scalar:
+    return pa.scalar(b"", pa.large_binary())
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01, PostgreSQL's timestamp epoch, in Unix us
 _PG_EPOCH_DAYS = 10_957
 _US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
@@ -161,7 +172,7 @@ def _with_nulls(fields: pa.Array, column: pa.Array) -> pa.Array:
     """Replace the fields of ``column``'s NULL rows by the NULL marker (length -1, no data)."""
     if column.null_count == 0:
         return fields
-    return pc.if_else(column.is_valid(), fields, _NULL_FIELD)
+    return pc.if_else(column.is_valid(), fields, _null_field())
 
 
 def _fixed_fields(values: np.ndarray, column: pa.Array) -> pa.Array:
@@ -199,8 +210,8 @@ def _encode_bytes(column: pa.Array) -> pa.Array:
     """text and bytea: the binary representation is the bytes themselves (text as UTF-8)."""
     values = column.cast(pa.large_binary())
     lengths = _numbers(pc.binary_length(values)).astype(">i4")
-    prefixed = pc.binary_join_element_wise(_binary_values(lengths, 4), values, _NO_SEPARATOR)
-    return pc.fill_null(prefixed, _NULL_FIELD)
+    prefixed = pc.binary_join_element_wise(_binary_values(lengths, 4), values, _no_separator())
+    return pc.fill_null(prefixed, _null_field())
 
 
 def _encode_per_value(column: pa.Array, dump: Callable[[Any], bytes]) -> pa.Array:
@@ -245,7 +256,7 @@ def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
     between :data:`COPY_HEADER` and :data:`COPY_TRAILER`)."""
     count = pa.scalar(len(types).to_bytes(2, "big"), pa.large_binary())
     fields = [kind.encode(column) for kind, column in zip(types, batch.columns, strict=True)]
-    rows = pc.binary_join_element_wise(count, *fields, _NO_SEPARATOR)
+    rows = pc.binary_join_element_wise(count, *fields, _no_separator())
     offsets = np.frombuffer(rows.buffers()[1], dtype=np.int64)
     start, end = int(offsets[rows.offset]), int(offsets[rows.offset + len(rows)])
     return memoryview(rows.buffers()[2])[start:end]

@@ -18,6 +18,7 @@ or the older of two live drivers — fails with FencedError and never claims the
 
 from __future__ import annotations
 
+import functools
 import logging
 import uuid
 from collections.abc import Iterator
@@ -58,7 +59,15 @@ from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinato
 
 logger = logging.getLogger(__name__)
 
-_MARKER_KINDS = pa.array(MARKER_KINDS)
+
+@functools.cache
+def _marker_kinds() -> pa.Array:
+    """The marker kinds as an Arrow array, built at first use: ``pa.array`` of a Python list
+    imports pandas (pyarrow looks for pandas array-likes), ~0.4 s of CPU that every process
+    importing this module would pay, the driver's commit runner included, which never needs
+    it (a restarted query waits for that runner's start before its first commit)."""
+    return pa.array(MARKER_KINDS)
+
 
 #: (options, schema) pairs whose targets this process has checked (and created) already.
 _CHECKED: set[tuple[str, str]] = set()
@@ -291,7 +300,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 if self._has_markers:  # records are data, markers feed the valve, carriers go
                     kind = batch.column("kind")
-                    markers = batch.filter(pc.is_in(kind, _MARKER_KINDS))
+                    markers = batch.filter(pc.is_in(kind, _marker_kinds()))
                     if markers.num_rows:
                         message.markers.extend(_markers(markers))
                     batch = batch.filter(pc.fill_null(pc.equal(kind, KIND_RECORD), True))

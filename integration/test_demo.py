@@ -26,6 +26,9 @@ def test_demo_verdict_then_inspect_and_plot(kafka_bootstrap: str, tmp_path: Path
     assert "every produced event is in the output exactly once, through a crash" in out
     assert "crashes survived" in out and "duplicates / missing" in out
     assert "pre-commits left in the target" in out
+    # the recovery shown as it goes, then how long it took
+    assert re.search(r"RECOVERING for \d+ s: (starting Spark again|Spark up after)", out)
+    assert re.search(r"recovery, crash to next commit\s+\S+ \d+\.\d s", out)
 
     # the windowed counts, measured from each query's output against the produced events
     assert "VERDICT: with flinkish.with_watermark every closed window counted exactly" in out

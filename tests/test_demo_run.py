@@ -122,3 +122,36 @@ def test_the_live_display_only_on_a_terminal() -> None:
     terminal = Console(file=io.StringIO(), force_terminal=True)
     assert isinstance(demo._live_display(terminal, True, _frame), Live)
     assert demo._live_display(terminal, False, _frame) is None
+
+
+def test_after_the_crash_the_phase_shows_the_recovery_as_it_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run, stream, query = _run(tmp_path)
+    run.lingering = lambda: ["txn-a", "txn-b"]
+    (tmp_path / "offsets").mkdir()
+    for batch in range(3):  # batch 2 planned before the crash, not committed
+        (tmp_path / "offsets" / str(batch)).write_text('v1\n{}\n{"topics": {"t": {}}}')
+    clock = iter([100.0, 104.0, 108.0, 113.0, 125.5, 130.0])
+    monkeypatch.setattr(demo.time, "monotonic", lambda: next(clock))
+    _epochs(monkeypatch, 0)
+    run.step(1.0)  # silent
+    run.resume_epoch = 0
+    _epochs(monkeypatch, 0, 1)
+    query.ready = False  # type: ignore[misc]
+    run.step(4.6)  # the crash: the restarted process has no SparkSession yet
+    assert query.crashes == 1 and query.starts == 1
+    assert "RECOVERING for 0 s: starting Spark again" in run.phase
+    assert "replaying epoch 2 (planned before the crash, not committed; 2 pre-commit(s)" in (
+        run.phase)
+    run.step(5.0)  # still starting: the clock runs on
+    assert "RECOVERING for 4 s: starting Spark again" in run.phase
+    query.ready = True  # type: ignore[misc]
+    run.step(6.0)
+    assert "RECOVERING for 9 s: Spark up after 9 s; replaying epoch 2" in run.phase
+    assert demo._stage(run.phase) == demo._stage(run.phase.replace("9 s", "12 s"))
+    _epochs(monkeypatch, 0, 1, 2)
+    run.step(7.0)  # epoch 2 committed by the restarted run
+    assert run.recovery is not None and run.recovery.seconds == 21.5
+    assert "recovered in 21.5 s; streaming" in run.phase
+    run.step(8.0)
+    assert "recovered in 21.5 s; streaming" in run.phase

@@ -453,3 +453,23 @@ def test_memory_does_not_grow_with_rows(target: ParquetTarget) -> None:
     assert growth[-1] <= growth[0] + batch_bytes
     assert sizes[-1] > sizes[9] > sizes[0]  # the rows are on disk, not in the writer
     assert transaction.pre_commit().rows == 80 * 100_000
+
+
+def test_check_compares_with_the_schema_a_reader_of_the_directory_sees(tmp_path: Path) -> None:
+    import pyarrow.parquet as pq
+
+    out = tmp_path / "out"
+    (out / "_staging").mkdir(parents=True)
+    (out / ".hidden").mkdir()
+    other = pa.table({"other": pa.array([1], pa.int64())})
+    # staged and hidden files are no reader's data: they decide nothing
+    pq.write_table(other, out / "_staging" / "a.parquet")
+    pq.write_table(other, out / ".hidden" / "b.parquet")
+    pq.write_table(other, out / "_c.parquet")
+    ParquetTarget(str(out)).check(other.schema.append(pa.field("x", pa.int64())))
+    (out / "part=1").mkdir()
+    pq.write_table(other, out / "part=1" / "d.parquet")
+    assert ds.dataset(str(out), format="parquet").schema == other.schema  # what readers see
+    with pytest.raises(ValueError, match="already holds files with another schema"):
+        ParquetTarget(str(out)).check(pa.schema([("x", pa.int64())]))
+    ParquetTarget(str(out)).check(other.schema)

@@ -31,6 +31,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -222,6 +223,48 @@ class QueryProcess:
         return self.process is not None and self.process.poll() not in (None, 0)
 
 
+@dataclass
+class Recovery:
+    """The restart after the crash, as it goes: Spark's start-up, then the replay of the epoch
+    the crash left planned but not committed, whose commit resolves what the crashed run left
+    pre-committed; over once an epoch after the crash is committed."""
+
+    started: float  # monotonic time of the crash (and restart)
+    last_committed: int  # the newest epoch committed before the crash
+    last_planned: int  # the newest batch Spark planned before the crash
+    lingering: int  # pre-commits (prepared transactions, staged files) the crash left
+    ready_at: float | None = None
+    seconds: float | None = None  # crash -> first commit after it, once there
+
+    def phase(self, now: float, ready: bool, newest: int | None) -> str:
+        """What is being recovered and for how long (``newest``: the newest committed epoch,
+        None right after the crash)."""
+        if newest is not None and newest > self.last_committed:
+            self.seconds = now - self.started
+            return (f"RECOVERED in {self.seconds:.1f} s: epoch {self.last_committed + 1} "
+                    "committed again from the checkpoint; streaming")
+        if ready and self.ready_at is None:
+            self.ready_at = now
+        left = (f"{self.lingering} pre-commit(s) the crash left in the target" if self.lingering
+                else "nothing the crash left pre-committed in the target")
+        if self.last_planned > self.last_committed:
+            work = (f"replaying epoch {self.last_committed + 1} (planned before the crash, not "
+                    f"committed; {left})")
+        else:
+            work = f"planning epoch {self.last_committed + 1} ({left})"
+        if self.ready_at is None:
+            return (f"CRASH: SIGKILL of the queries' processes; RECOVERING for "
+                    f"{now - self.started:.0f} s: starting Spark again; then {work}")
+        return (f"RECOVERING for {now - self.started:.0f} s: Spark up after "
+                f"{self.ready_at - self.started:.0f} s; {work}")
+
+
+def _stage(phase: str) -> str:
+    """A phase without its running counts of seconds: a plain log prints a line when this
+    changes (and every 5 s), not at every tick of a recovery's clock."""
+    return re.sub(r"\d+(\.\d+)? s\b", "", phase)
+
+
 @contextlib.contextmanager
 def _broker(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
@@ -372,6 +415,8 @@ class _Run:
     crashed_producing: bool = True  # the crash came while events were still produced
     silence_started: float | None = None
     resume_epoch: int | None = None
+    recovery: Recovery | None = None
+    lingering: Callable[[], list[Any]] = list  # the query's pre-commits left in the target
     settled_at: float | None = None  # every event read and committed by the sink query
     done: bool = False
     note: str = ""
@@ -417,16 +462,30 @@ class _Run:
                                    and elapsed > self.duration * 0.45):
                 self.epoch_at_crash = completed[-1].epoch
                 self.crashed_producing = producing
-                self.phase = "CRASH: SIGKILL of the queries' processes; restarting them…"
                 query.crash()
                 self.crashes += 1
+                self.recovery = Recovery(now, self.epoch_at_crash,
+                                         len(_spark_batches(self.checkpoint, self.topic)) - 1,
+                                         len(self.lingering()))
                 query.start()
+                self.phase = self.recovery.phase(now, query.ready, None)
             return
+        recovery = self.recovery
+        recovering = recovery is not None and recovery.seconds is None
+        if recovery is not None and recovering:
+            self.phase = recovery.phase(now, query.ready, completed[-1].epoch)
+            recovering = recovery.seconds is None
+            if recovering and not self.crashed_producing and query.ready and (
+                    recovery.last_planned <= recovery.last_committed):
+                recovering = False  # every batch was committed: nothing to replay or to read
         if producing:
-            self.phase = "restarted from the checkpoints; streaming"
+            if not recovering and recovery is not None:
+                self.phase = (f"restarted from the checkpoints, recovered in "
+                              f"{recovery.seconds:.1f} s; streaming")
             return
-        self.phase = ("production finished; catching up (every partition goes IDLE, the valve "
-                      "releases the maximum watermark, the last windows close)")
+        if not recovering:
+            self.phase = ("production finished; catching up (every partition goes IDLE, the "
+                          "valve releases the maximum watermark, the last windows close)")
         times = self.produced.snapshot()
         last = ends(times)
         batches = _spark_batches(self.checkpoint, self.topic)
@@ -491,7 +550,8 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
                 WindowQuery("flinkish", "flinkish.with_watermark", windows / "flinkish", topic),
                 WindowQuery("spark", "Spark's withWatermark", windows / "spark", topic),
             ]
-            run = _Run(duration, topic, checkpoint, stream, produced, query, counts)
+            run = _Run(duration, topic, checkpoint, stream, produced, query, counts,
+                       lingering=lambda: _lingering(target, output, dsn, checkpoint))
             # Produce once the queries' SparkSession is up (its start-up does not eat into
             # --duration) but before any query starts: a stream that paused longer than
             # idleTimeout before the first batch would mark every partition idle, and the
@@ -525,8 +585,9 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
                             production_started = time.monotonic()
                         if display is not None:
                             display.update(refresh())
-                        elif run.phase != last_phase or time.monotonic() - last_log > 5:
-                            last_log, last_phase = time.monotonic(), run.phase
+                        elif (_stage(run.phase) != last_phase
+                              or time.monotonic() - last_log > 5):
+                            last_log, last_phase = time.monotonic(), _stage(run.phase)
                             epochs, results, n = measured()
                             console.print(f"[{time.monotonic() - started:5.1f}s] {run.phase}",
                                           soft_wrap=True)
@@ -690,6 +751,10 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     verdict.add_row("rows committed", str(len(rows)))
     verdict.add_row("duplicates / missing", f"{duplicates} / {missing}")
     verdict.add_row("crashes survived", str(run.crashes))
+    if run.recovery is not None:
+        verdict.add_row("recovery, crash to next commit",
+                        "none needed (nothing left to read)" if run.recovery.seconds is None
+                        else f"{run.recovery.seconds:.1f} s")
     verdict.add_row("pre-commits left in the target", str(len(lingering)))
     verdict.add_row("combined watermark never went back", "yes" if monotone else "NO")
     verdict.add_row(f"partition {SILENT} IDLE, the others not", "epochs " + _span(
