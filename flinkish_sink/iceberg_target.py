@@ -118,10 +118,10 @@ class IcebergTarget:
         return f"IcebergTarget({self._table_name!r}, catalog {self._name!r})"
 
     def __getstate__(self) -> dict[str, Any]:
-        self._layout()  # resolved where the catalog is (the driver): tasks never ask it
+        # resolved where the catalog is (the driver): tasks never ask it, nor import pyiceberg
+        self._filesystem()
         state = self.__dict__.copy()
         state["_catalog_handle"] = None
-        state["_fs_handle"] = None
         return state
 
     # -- the table -----------------------------------------------------------------------------
