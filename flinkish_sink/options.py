@@ -41,7 +41,8 @@ _NAMES = (
     "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
     "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
-    "iceberg.appId", "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
+    "iceberg.appId", "catalog.uri", "catalog.warehouse", "catalog.name",
+    "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
 )
 _KNOWN = {name.lower(): name for name in _NAMES}
 #: Options passed on to the Iceberg catalog (``catalog.uri`` -> its property ``uri``).
