@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 
 from flinkish_core.secrets import fingerprint, redact_config
 from flinkish_sink.data_files import Manifests, data_file_name, split_by_partition
-from flinkish_sink.parquet_target import sync_path, type_differences
+from flinkish_sink.parquet_target import filesystem_of, sync_path, type_differences
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.window_columns import table_batch, table_schema
 
@@ -161,12 +161,16 @@ class IcebergTarget:
         """The filesystem of the data location (through pyiceberg's file IO, configured by
         the catalog's properties) and the location's path in it."""
         if self._fs_handle is None:
-            from pyiceberg.io.pyarrow import PyArrowFileIO
-
             location = self._layout().data_location
-            scheme, netloc, path = PyArrowFileIO.parse_location(location, self._properties)
-            filesystem = PyArrowFileIO(self._properties).fs_by_scheme(scheme, netloc)
-            self._fs_handle = filesystem, path.rstrip("/")
+            if location.startswith("file:") or "://" not in location:
+                # local disk needs no configuration (nor pyiceberg's file IO, slow to import)
+                self._fs_handle = filesystem_of(location, "an Iceberg table's data location")
+            else:
+                from pyiceberg.io.pyarrow import PyArrowFileIO
+
+                scheme, netloc, path = PyArrowFileIO.parse_location(location, self._properties)
+                filesystem = PyArrowFileIO(self._properties).fs_by_scheme(scheme, netloc)
+                self._fs_handle = filesystem, path.rstrip("/")
         return self._fs_handle
 
     @property

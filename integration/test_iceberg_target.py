@@ -16,21 +16,22 @@ from checkpointing.query import query_id
 from flinkish.inspect import load_epochs
 from flinkish_sink.data_files import STAGING_DIR
 from flinkish_sink.iceberg_target import IcebergTarget
-from integration.test_delta_target import (
-    LATE,
-    PARTITIONS,
-    PER_PARTITION,
-    B,
-    _run,
-    _stream,
-    _topic,
-)
+from integration.kafka_helpers import source
+from integration.test_delta_target import LATE, PARTITIONS, PER_PARTITION, B, _run, _topic
 
 pytestmark = pytest.mark.integration
 
 
 def _catalog(root: Path) -> dict[str, str]:
     return {"uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
+
+
+def _stream(spark: Any, kafka_bootstrap: str, name: str, state: Path) -> Any:
+    """The topic's rows in two epochs (each with pyiceberg's imports in Spark's commit
+    process: a few seconds)."""
+    return source(spark, kafka_bootstrap, name, str(state), maxOffsetsPerTrigger="10"
+                  ).selectExpr("CAST(key AS STRING) AS k", "topic", "partition", "offset",
+                               "eventTime", "kind", "watermark", "status")
 
 
 def _rows(table: Any) -> list[tuple[int, int]]:
@@ -71,7 +72,7 @@ def test_exactly_once_one_snapshot_per_epoch_and_late_rows_aside(
     query = query_id(str(checkpoint))
     records = IcebergTarget(catalog, "events.out").epoch_records()[::-1]  # oldest first
     epochs = [r["epoch"] for r in records]
-    assert epochs == list(range(len(records))) and len(records) >= 3
+    assert epochs == list(range(len(records))) and len(records) >= 2
     assert len(out.snapshots()) == len(records)  # one snapshot per epoch, nothing else
     assert {(r["query"], r["app_id"]) for r in records} == {(query, query)}
     assert sum(r["rows"] for r in records) == len(produced)
