@@ -111,3 +111,34 @@ class Manifests:
                 age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
                 found.append((-1.0 if age is None else -age, txn, age))
         return {txn: age for _, txn, age in sorted(found)}
+
+
+class StagedFilesTarget:
+    """What a table target whose tasks stage data files does alike, through its
+    :attr:`manifests`: unreferenced files are invisible and lock nothing, any number may
+    wait for the driver, and a transaction is found and rolled back by its manifest."""
+
+    #: unreferenced data files are invisible and lock nothing
+    leftovers_block_writes = False
+
+    @property
+    def manifests(self) -> Manifests:
+        raise NotImplementedError
+
+    def rollback(self, txn: TransactionId) -> None:
+        """Delete the transaction's files (which the table does not reference: the protocol
+        never rolls back a decided transaction) and its manifest."""
+        self.manifests.rollback(txn)
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        """Transactions of ``prefix``/``query`` that still have a manifest."""
+        return sorted(self.pending_ages(prefix, query))
+
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """:meth:`pending` with each one's age in seconds: since its manifest last changed
+        (its last file was begun), oldest first; None where the store keeps no time."""
+        return self.manifests.ages(prefix, query)
+
+    def max_pending(self) -> None:
+        """Unreferenced files: no limit on how many wait for the driver."""
+        return None

@@ -59,6 +59,7 @@ import pyarrow.parquet as pq
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.data_files import (
     Manifests,
+    StagedFilesTarget,
     data_file_name,
     split_by_partition,
 )
@@ -151,15 +152,12 @@ def _shown(dtype: Any) -> str:
     return dtype if isinstance(dtype, str) else json.dumps(dtype, separators=(",", ":"))
 
 
-class DeltaTarget:
+class DeltaTarget(StagedFilesTarget):
     """A Delta table written exactly once per epoch (see the module docstring).
 
     Holds only a pyarrow filesystem (picklable), paths and options, so it ships to Spark tasks
     as is; the delta-rs table handle is made where it is needed and not pickled.
     """
-
-    #: unreferenced data files are invisible and lock nothing
-    leftovers_block_writes = False
 
     def __init__(
         self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
@@ -193,7 +191,7 @@ class DeltaTarget:
         self._compact_every = compact_every
         self._vacuum_hours = vacuum_retention_hours
         self._table_handle: Any = None
-        self.manifests = Manifests(self._fs, self._base)
+        self._manifests = Manifests(self._fs, self._base)
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self._where!r})"
@@ -224,6 +222,10 @@ class DeltaTarget:
         if self._partitions is None:
             self._partitions = tuple(self._table().metadata().partition_columns)
         return self._partitions
+
+    @property
+    def manifests(self) -> Manifests:
+        return self._manifests
 
     def _path(self, *parts: str) -> str:
         return "/".join((self._base, *parts))
@@ -298,20 +300,6 @@ class DeltaTarget:
         transaction.write(batch)
         self._commit_adds(self._table(), transaction.close_files(), {})
 
-    def rollback(self, txn: TransactionId) -> None:
-        """Delete the transaction's files (which no version references: the protocol never
-        rolls back a decided transaction) and its manifest."""
-        self.manifests.rollback(txn)
-
-    def pending(self, prefix: str, query: str) -> list[TransactionId]:
-        """Transactions of ``prefix``/``query`` that still have a manifest."""
-        return sorted(self.pending_ages(prefix, query))
-
-    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        """:meth:`pending` with each one's age in seconds: since its manifest last changed
-        (its last file was begun), oldest first; None where the store keeps no time."""
-        return self.manifests.ages(prefix, query)
-
     def committed_watermark(self, query: str) -> int | None:
         """The highest watermark the table's history (as far as its log keeps it) records
         for ``query``; None before any. Published watermarks never go back, so this is the
@@ -324,10 +312,6 @@ class DeltaTarget:
             if marks or len(commits) < limit:
                 return max(marks) if marks else None
             limit *= 10
-
-    def max_pending(self) -> None:
-        """Unreferenced files: no limit on how many wait for the driver."""
-        return None
 
     def close(self) -> None:
         self._table_handle = None

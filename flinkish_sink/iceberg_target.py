@@ -44,7 +44,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from flinkish_core.secrets import fingerprint, redact_config
-from flinkish_sink.data_files import Manifests, data_file_name, split_by_partition
+from flinkish_sink.data_files import (
+    Manifests,
+    StagedFilesTarget,
+    data_file_name,
+    split_by_partition,
+)
 from flinkish_sink.parquet_target import filesystem_of, sync_path, type_differences
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.window_columns import table_batch, table_schema
@@ -77,14 +82,11 @@ class _Layout:
     partitions: tuple[str, ...]
 
 
-class IcebergTarget:
+class IcebergTarget(StagedFilesTarget):
     """An Iceberg table written exactly once per epoch (see the module docstring).
 
     Holds only the catalog's properties, the table's name and layout (strings), so it ships
     to Spark tasks as is; the catalog, table and filesystem are made where they are needed."""
-
-    #: unreferenced data files are invisible and lock nothing
-    leftovers_block_writes = False
 
     def __init__(self, catalog: dict[str, str], table: str, *,
                  partition_by: tuple[str, ...] = (), app_id: str | None = None) -> None:
@@ -236,28 +238,12 @@ class IcebergTarget:
         transaction.write(batch)
         self._commit([f["path"] for f in transaction.close_files()], {}, None)
 
-    def rollback(self, txn: TransactionId) -> None:
-        """Delete the transaction's files (which no snapshot references: the protocol never
-        rolls back a decided transaction) and its manifest."""
-        self.manifests.rollback(txn)
-
-    def pending(self, prefix: str, query: str) -> list[TransactionId]:
-        """Transactions of ``prefix``/``query`` that still have a manifest."""
-        return sorted(self.pending_ages(prefix, query))
-
-    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        return self.manifests.ages(prefix, query)
-
     def committed_watermark(self, query: str) -> int | None:
         """The newest watermark the table's snapshots (those not expired) record for
         ``query``; None before any. Published watermarks never go back."""
         for record in self.epoch_records(query):
             if record.get("watermark") is not None:
                 return int(record["watermark"])
-        return None
-
-    def max_pending(self) -> None:
-        """Unreferenced files: no limit on how many wait for the driver."""
         return None
 
     def close(self) -> None:
