@@ -365,3 +365,17 @@ def test_the_options_name_the_catalog_and_mask_its_secrets(tmp_path: Path) -> No
     with pytest.raises(ValueError, match="catalog.* apply to target iceberg only"):
         parse_sink_options({"target": "delta", "path": str(tmp_path / "d"),
                             "checkpointLocation": str(tmp_path), "catalog.uri": "x"})
+
+
+def test_the_transactions_command_lists_an_iceberg_tables_leftovers(
+    env: Env, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flinkish.cli import main
+
+    env.target.begin_transaction(txn(0, 0), SCHEMA).write(batch([1]))  # died mid-write
+    catalog = catalog_of(env.root)
+    assert main(["transactions", "--iceberg", catalog["uri"], "--table", TABLE,
+                 "--catalog", f"warehouse={catalog['warehouse']}", "--query", QUERY]) == 0
+    assert f"lingering pre-commit {txn(0, 0).gid}" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="--iceberg needs --table"):
+        main(["transactions", "--iceberg", catalog["uri"], "--query", QUERY])
