@@ -2,20 +2,24 @@
 SQLite), read back with pyiceberg: one snapshot per epoch, each row once, late rows in their
 own table, the epochs' records in the snapshot summaries and in ``flinkish inspect``; then
 Spark replaying a committed batch (its commit log entry lost) commits nothing and leaves no
-file behind."""
+file behind. And the SQL catalog on the session's PostgreSQL, which users of the PostgreSQL
+target have already."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
+from psycopg.conninfo import conninfo_to_dict
 from pyiceberg.catalog import load_catalog
 
 from checkpointing.query import query_id
 from flinkish.inspect import load_epochs
 from flinkish_sink.data_files import STAGING_DIR
 from flinkish_sink.iceberg_target import IcebergTarget
+from flinkish_sink.target import EpochRecord, TransactionId
 from integration.kafka_helpers import source
 from integration.test_delta_target import LATE, PARTITIONS, PER_PARTITION, B, _run, _topic
 
@@ -98,3 +102,33 @@ def test_exactly_once_one_snapshot_per_epoch_and_late_rows_aside(
     assert len(out.snapshots()) == len(records)
     assert _rows(out) == sorted(produced - LATE)
     assert _unreferenced(out) == set()
+
+
+def test_the_catalog_on_postgresql_commits_each_epoch_once(
+    postgres_dsn: str, tmp_path: Path
+) -> None:
+    """pyiceberg's SQL catalog on PostgreSQL (SQLAlchemy with psycopg 3): an epoch committed
+    twice (a replay) is one snapshot; the table's pointer is swapped in the database."""
+    import uuid
+
+    params = conninfo_to_dict(postgres_dsn)
+    uri = (f"postgresql+psycopg://{params.get('user', 'postgres')}@{params['host']}:"
+           f"{params.get('port', 5432)}/{params['dbname']}")
+    catalog = {"uri": uri, "warehouse": f"file://{tmp_path}/warehouse"}
+    table = f"iceberg_it.t_{uuid.uuid4().hex[:8]}"
+    schema = pa.schema([("id", pa.int64())])
+    target = IcebergTarget(catalog, table)
+    target.check(schema)
+    for epoch in (0, 1):
+        transaction = target.begin_transaction(
+            TransactionId("flinkish", "q", epoch, 0, 0, "r1"), schema)
+        transaction.write(pa.record_batch([pa.array([epoch], pa.int64())], schema=schema))
+        decided = transaction.pre_commit()
+        record = EpochRecord("q", epoch, epoch, "valve", "ACTIVE", (), 1, 0)
+        target.commit_epoch([decided], record)
+    # the driver died before completing epoch 1: its recorded decision is committed again
+    IcebergTarget(catalog, table).commit_epoch([decided], record)
+    loaded = load_catalog("flinkish", **catalog).load_table(table)
+    assert sorted(loaded.scan().to_arrow().column("id").to_pylist()) == [0, 1]
+    assert [r["epoch"] for r in target.epoch_records("q")] == [1, 0]
+    assert _unreferenced(loaded) == set()
