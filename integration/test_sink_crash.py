@@ -803,11 +803,14 @@ def _check_table_crash_landed(case: Case) -> None:
                            + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
 
 
-@pytest.mark.parametrize("point", DELTA_POINTS)
-def test_delta_restart_after_crash_is_exactly_once_in_one_version_per_epoch(
-    suite: CrashSuite, point: str
+@pytest.mark.parametrize("name", [f"{point}-delta" for point in DELTA_POINTS]
+                         + [f"{point}-iceberg" for point in ICEBERG_POINTS])
+def test_table_restart_after_crash_is_exactly_once_in_one_commit_per_epoch(
+    suite: CrashSuite, name: str
 ) -> None:
-    case = suite.cases[f"{point}-delta"]
+    """A Delta or Iceberg case: every row once, each epoch in one table version (snapshot),
+    no data file left that the table does not reference."""
+    case = suite.cases[name]
     _check_table_crash_landed(case)
     if case.restart is None:
         raise HarnessError(f"no result for {case.name} from the restart run "
@@ -815,8 +818,8 @@ def test_delta_restart_after_crash_is_exactly_once_in_one_version_per_epoch(
     assert case.restart["ok"], f"the restarted query failed:\n{case.restart['error']}"
     _check_exactly_once(case, suite.produced, set())
     versions = case.after["versions"]
-    assert versions == sorted(set(versions)), f"an epoch in two versions: {versions}"
-    assert case.after["unreferenced"] == [], "data files left that no version references"
+    assert versions == sorted(set(versions)), f"an epoch in two commits: {versions}"
+    assert case.after["unreferenced"] == [], "data files left that the table does not reference"
 
 
 def _gid(name: str) -> str:
@@ -1072,18 +1075,3 @@ def test_failed_task_attempt_is_rolled_back(retried: RetrySuite, kind: str, mode
     if kind == "postgres":
         assert view.open_sessions(query) == [], "a write task's session is still open"
 
-
-@pytest.mark.parametrize("point", ICEBERG_POINTS)
-def test_iceberg_restart_after_crash_is_exactly_once_in_one_snapshot_per_epoch(
-    suite: CrashSuite, point: str
-) -> None:
-    case = suite.cases[f"{point}-iceberg"]
-    _check_table_crash_landed(case)
-    if case.restart is None:
-        raise HarnessError(f"no result for {case.name} from the restart run "
-                           f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
-    assert case.restart["ok"], f"the restarted query failed:\n{case.restart['error']}"
-    _check_exactly_once(case, suite.produced, set())
-    snapshots = case.after["versions"]
-    assert snapshots == sorted(set(snapshots)), f"an epoch in two snapshots: {snapshots}"
-    assert case.after["unreferenced"] == [], "data files left that no snapshot references"
