@@ -1074,4 +1074,3 @@ def test_failed_task_attempt_is_rolled_back(retried: RetrySuite, kind: str, mode
     assert view.lingering(query) == [], "the failed attempt's transaction was left behind"
     if kind == "postgres":
         assert view.open_sessions(query) == [], "a write task's session is still open"
-
