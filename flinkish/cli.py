@@ -105,6 +105,13 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _key_value(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not equals or not key:
+        raise SystemExit(f"--catalog {text!r}: give KEY=VALUE (a catalog.KEY option's KEY)")
+    return key, value
+
+
 def _transactions(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -125,6 +132,13 @@ def _transactions(args: argparse.Namespace) -> int:
         from flinkish_sink.delta_target import DeltaTarget
 
         target = DeltaTarget(args.delta, app_id=args.app_id)
+    elif args.iceberg:
+        from flinkish_sink.iceberg_target import IcebergTarget
+
+        if not args.table:
+            raise SystemExit("--iceberg needs --table (namespace.table)")
+        catalog = {"uri": args.iceberg, **dict(_key_value(kv) for kv in args.catalog)}
+        target = IcebergTarget(catalog, args.table, app_id=args.app_id)
     elif args.postgres:
         from flinkish_sink.postgres_target import PostgresTarget
 
@@ -217,9 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the sink's PostgreSQL target: its dsn option (libpq string)")
     where.add_argument("--parquet", metavar="PATH", help="the sink's Parquet target: its path")
     where.add_argument("--delta", metavar="PATH", help="the sink's Delta target: its path")
-    txns.add_argument("--table", help="with --postgres: the sink's table option")
+    where.add_argument("--iceberg", metavar="CATALOG_URI",
+                       help="the sink's Iceberg target: its catalog.uri option")
+    txns.add_argument("--table", help="with --postgres or --iceberg: the sink's table option")
+    txns.add_argument("--catalog", action="append", default=[], metavar="KEY=VALUE",
+                      help="with --iceberg: another catalog.KEY option of the sink "
+                      "(name, warehouse …); repeatable")
     txns.add_argument("--app-id", dest="app_id",
-                      help="with --delta: the sink's delta.appId option, if it was set")
+                      help="with --delta or --iceberg: the sink's delta.appId / iceberg.appId "
+                      "option, if it was set")
     txns.add_argument("--prefix", default="flinkish",
                       help="the sink's transactionalIdPrefix (default flinkish)")
     txns.add_argument("--query", help="query id (default: read from --checkpoint)")

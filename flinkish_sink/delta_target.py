@@ -48,7 +48,6 @@ import logging
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -58,6 +57,12 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from flinkish_core.secrets import mask_uri
+from flinkish_sink.data_files import (
+    Manifests,
+    StagedFilesTarget,
+    data_file_name,
+    split_by_partition,
+)
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.parquet_target import (
     delete_file_if_present,
@@ -70,8 +75,6 @@ from flinkish_sink.window_columns import table_batch, table_schema
 
 logger = logging.getLogger(__name__)
 
-STAGING_DIR = "_flinkish_staging"
-_GID_SEPARATOR = "~"
 #: The key of the epoch's record in a commit's ``userMetadata`` JSON.
 RECORD_KEY = "flinkish"
 
@@ -149,15 +152,12 @@ def _shown(dtype: Any) -> str:
     return dtype if isinstance(dtype, str) else json.dumps(dtype, separators=(",", ":"))
 
 
-class DeltaTarget:
+class DeltaTarget(StagedFilesTarget):
     """A Delta table written exactly once per epoch (see the module docstring).
 
     Holds only a pyarrow filesystem (picklable), paths and options, so it ships to Spark tasks
     as is; the delta-rs table handle is made where it is needed and not pickled.
     """
-
-    #: unreferenced data files are invisible and lock nothing
-    leftovers_block_writes = False
 
     def __init__(
         self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
@@ -191,6 +191,7 @@ class DeltaTarget:
         self._compact_every = compact_every
         self._vacuum_hours = vacuum_retention_hours
         self._table_handle: Any = None
+        self._manifests = Manifests(self._fs, self._base)
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self._where!r})"
@@ -222,11 +223,12 @@ class DeltaTarget:
             self._partitions = tuple(self._table().metadata().partition_columns)
         return self._partitions
 
+    @property
+    def manifests(self) -> Manifests:
+        return self._manifests
+
     def _path(self, *parts: str) -> str:
         return "/".join((self._base, *parts))
-
-    def _manifest(self, txn: TransactionId) -> str:
-        return self._path(STAGING_DIR, txn.gid.replace(":", _GID_SEPARATOR) + ".json")
 
     # -- TargetBase ----------------------------------------------------------------------------
 
@@ -298,38 +300,6 @@ class DeltaTarget:
         transaction.write(batch)
         self._commit_adds(self._table(), transaction.close_files(), {})
 
-    def rollback(self, txn: TransactionId) -> None:
-        """Delete the transaction's files (which no version references: the protocol never
-        rolls back a decided transaction) and its manifest."""
-        manifest = self._manifest(txn)
-        try:
-            with self._fs.open_input_stream(manifest) as stream:
-                files = json.loads(stream.read())["files"]
-        except FileNotFoundError:
-            return
-        for name in files:
-            delete_file_if_present(self._fs, self._path(name))
-        delete_file_if_present(self._fs, manifest)
-
-    def pending(self, prefix: str, query: str) -> list[TransactionId]:
-        """Transactions of ``prefix``/``query`` that still have a manifest."""
-        return sorted(self.pending_ages(prefix, query))
-
-    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        """:meth:`pending` with each one's age in seconds: since its manifest last changed
-        (its last file was begun), oldest first; None where the store keeps no time."""
-        selector = pafs.FileSelector(self._path(STAGING_DIR), allow_not_found=True)
-        now = time.time()
-        found: list[tuple[float, TransactionId, float | None]] = []
-        for info in self._fs.get_file_info(selector):
-            if not (info.is_file and info.base_name.endswith(".json")):
-                continue
-            txn = TransactionId.parse(info.base_name[:-5].replace(_GID_SEPARATOR, ":"))
-            if txn is not None and txn.prefix == prefix and txn.query == query:
-                age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
-                found.append((-1.0 if age is None else -age, txn, age))
-        return {txn: age for _, txn, age in sorted(found)}
-
     def committed_watermark(self, query: str) -> int | None:
         """The highest watermark the table's history (as far as its log keeps it) records
         for ``query``; None before any. Published watermarks never go back, so this is the
@@ -342,10 +312,6 @@ class DeltaTarget:
             if marks or len(commits) < limit:
                 return max(marks) if marks else None
             limit *= 10
-
-    def max_pending(self) -> None:
-        """Unreferenced files: no limit on how many wait for the driver."""
-        return None
 
     def close(self) -> None:
         self._table_handle = None
@@ -382,7 +348,7 @@ class DeltaTarget:
             if self.upsert_key:  # the merge wrote the rows into files of its own
                 for add in _adds_of(decided):
                     delete_file_if_present(self._fs, self._path(add["path"]))
-            delete_file_if_present(self._fs, self._manifest(decided.txn))
+            self.manifests.drop(decided.txn)
 
     def _compact(self) -> None:
         """Rewrite the table's small files into fewer large ones (``OPTIMIZE``), then vacuum
@@ -541,28 +507,12 @@ class DeltaTransaction:
         if self._finished:
             raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
         batch = table_batch(batch)
-        for values, rows in self._split(batch):
+        for key, rows in split_by_partition(batch, self._partitions):
+            values = tuple(partition_value(key[n]) for n in self._partitions)
             data = pa.RecordBatch.from_arrays(
                 [rows.column(f.name) for f in self._schema], schema=self._schema)
             self._file(values).write(data)
             self._rows += rows.num_rows
-
-    def _split(self, batch: pa.RecordBatch
-               ) -> Iterator[tuple[tuple[str | None, ...], pa.RecordBatch]]:
-        """The batch's rows by partition value."""
-        if not self._partitions:
-            yield (), batch
-            return
-        keys = pa.Table.from_batches([batch]).select(list(self._partitions))
-        for key in keys.group_by(list(self._partitions)).aggregate([]).to_pylist():
-            mask = None
-            for name in self._partitions:
-                column = batch.column(name)
-                test = (pc.is_null(column) if key[name] is None
-                        else pc.fill_null(pc.equal(column, pa.scalar(key[name], column.type)),
-                                          False))
-                mask = test if mask is None else pc.and_(mask, test)
-            yield tuple(partition_value(key[n]) for n in self._partitions), batch.filter(mask)
 
     @property
     def _gid(self) -> str:
@@ -572,30 +522,13 @@ class DeltaTransaction:
         if values not in self._open:
             txn = self._txn
             n = len(self._files)
-            name = (f"part-direct-{self._token}-{n:03d}.parquet" if txn is None else
-                    f"part-{txn.prefix}-{txn.query}-{txn.epoch:09d}-{txn.task:05d}-"
-                    f"{txn.attempt}-{txn.run or 'x'}-{n:03d}.parquet")
+            name = data_file_name(txn, self._token, n)
             self._files.append(name)
             if txn is not None:
-                self._write_manifest(txn)  # before the file exists: a crash leaves it findable
+                self._target.manifests.write(txn, self._files)
             self._open[values] = _DataFile(
                 self._target, name, self._schema, dict(zip(self._partitions, values, strict=True)))
         return self._open[values]
-
-    def _write_manifest(self, txn: TransactionId) -> None:
-        target = self._target
-        manifest = target._manifest(txn)
-        target._fs.create_dir(target._path(STAGING_DIR), recursive=True)
-        temp = f"{manifest}.{uuid.uuid4().hex}.tmp"
-        try:
-            with target._fs.open_output_stream(temp) as out:
-                out.write(json.dumps({"files": self._files}).encode())
-            sync_path(target._fs, temp)
-            target._fs.move(temp, manifest)
-        except BaseException:
-            delete_file_if_present(target._fs, temp)
-            raise
-        sync_path(target._fs, target._path(STAGING_DIR))
 
     def pre_commit(self) -> PreCommit:
         """Close and fsync the files; their add actions go to the driver, which decides."""

@@ -12,7 +12,14 @@ from enum import Enum
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
-from flinkish_core.secrets import dsn_secrets, fingerprint, mask_dsn, mask_uri
+from flinkish_core.secrets import (
+    dsn_secrets,
+    fingerprint,
+    mask_dsn,
+    mask_uri,
+    redact_config,
+    secret_values,
+)
 
 
 class DeliveryGuarantee(Enum):
@@ -35,9 +42,12 @@ _NAMES = (
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
     "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
     "parquet.compactEvery", "parquet.targetFileSize",
+    "iceberg.appId", "catalog.uri", "catalog.warehouse", "catalog.name",
     "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
 )
 _KNOWN = {name.lower(): name for name in _NAMES}
+#: Options passed on to the Iceberg catalog (``catalog.uri`` -> its property ``uri``).
+CATALOG_PREFIX = "catalog."
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
 #: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
@@ -78,10 +88,14 @@ class SinkOptions:
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
     #: the table's columns on which a row replaces the row of the same key (PostgreSQL, Delta)
     upsert_key: tuple[str, ...] = ()
-    #: the partition columns of a Delta table the sink creates (empty: the table's own)
+    #: the partition columns of a Delta or Iceberg table the sink creates (empty: the table's
+    #: own)
     partition_by: tuple[str, ...] = ()
-    #: the app id of a Delta table's ``txn`` actions (None: the query's id)
+    #: the app id of a Delta table's ``txn`` actions or an Iceberg table's snapshot summaries
+    #: (None: the query's id)
     app_id: str | None = None
+    #: the Iceberg catalog's properties (the ``catalog.*`` options without the prefix)
+    catalog: tuple[tuple[str, str], ...] = ()
     #: compact a Delta table's small files after every that many epochs (0: never)
     compact_every: int = DEFAULT_COMPACT_EVERY
     #: after compacting, vacuum files a Delta table stopped referencing this long ago (hours;
@@ -97,6 +111,8 @@ class SinkOptions:
             "dsn": mask_dsn(self.dsn), "path": mask_uri(self.path),
             "checkpoint_location": mask_uri(self.checkpoint_location),
             "state_location": mask_uri(self.state_location), "late_path": mask_uri(self.late_path),
+            "catalog": tuple((k, mask_uri(v) if k == "uri" else v)
+                             for k, v in redact_config(dict(self.catalog)).items()),
         }
         shown = ", ".join(
             f"{f.name}={masked.get(f.name, getattr(self, f.name))!r}" for f in fields(self)
@@ -111,7 +127,9 @@ class SinkOptions:
     @property
     def secrets(self) -> list[str]:
         """The secret values in the options (the DSN's password), to scrub from messages."""
-        return dsn_secrets(self.dsn)
+        catalog = dict(self.catalog)
+        return (dsn_secrets(self.dsn) + dsn_secrets(catalog.get("uri"))
+                + secret_values(catalog))
 
 
 def _choice(options: Mapping[str, str], key: str, name: str, enum: type[Enum], default: Enum
@@ -128,18 +146,36 @@ def _choice(options: Mapping[str, str], key: str, name: str, enum: type[Enum], d
 
 def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     options = {str(k).lower(): str(v) for k, v in raw.items()}
-    unknown = sorted(k for k in options if k not in _KNOWN)
+    unknown = sorted(k for k in options if k not in _KNOWN and not k.startswith(CATALOG_PREFIX))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(_KNOWN), n=1)
         hint = f"; did you mean {_KNOWN[close[0]]}?" if close else ""
         raise OptionError(f"unknown option {unknown[0]!r} for the flinkish sink{hint}")
     target = options.get("target", "").strip().lower()
-    if target not in ("postgres", "parquet", "delta"):
+    if target not in ("postgres", "parquet", "delta", "iceberg"):
         raise OptionError(
-            f"option target: {options.get('target')!r} is not postgres, parquet or delta "
-            "(where the sink writes)"
+            f"option target: {options.get('target')!r} is not postgres, parquet, delta or "
+            "iceberg (where the sink writes)"
         )
-    if target == "postgres":
+    catalog = tuple(sorted((k[len(CATALOG_PREFIX):], v) for k, v in options.items()
+                           if k.startswith(CATALOG_PREFIX)))
+    if catalog and target != "iceberg":
+        raise OptionError(f"options catalog.* apply to target iceberg only (not {target})")
+    if target == "iceberg":
+        if not options.get("table"):
+            raise OptionError(
+                "option table is required with target iceberg (namespace.table, e.g. "
+                "'events.clicks')")
+        if not dict(catalog).get("uri"):
+            raise OptionError(
+                "option catalog.uri is required with target iceberg: the catalog's database "
+                "(sqlite:///path/catalog.db, postgresql+psycopg://user@host/db) or a REST "
+                "catalog's http(s):// URI")
+        if "path" in options or "dsn" in options:
+            raise OptionError(
+                "options path/dsn do not apply to target iceberg: it takes table and "
+                "catalog.* (the table's files go where the catalog puts the table)")
+    elif target == "postgres":
         for key in ("dsn", "table"):
             if not options.get(key):
                 raise OptionError(f"option {key} is required with target postgres")
@@ -151,15 +187,16 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
             f"option path is required with target {target} (a directory or URI)")
     elif "table" in options or "dsn" in options:
         raise OptionError(f"options dsn/table apply to target postgres; {target} takes path")
-    for key, name in (("partitionby", "partitionBy"), ("delta.appid", "delta.appId"),
-                      ("delta.compactevery", "delta.compactEvery"),
-                      ("delta.vacuumretention", "delta.vacuumRetention")):
-        if key in options and target != "delta":
-            raise OptionError(f"option {name} applies to target delta only")
-    for key, name in (("parquet.compactevery", "parquet.compactEvery"),
-                      ("parquet.targetfilesize", "parquet.targetFileSize")):
-        if key in options and target != "parquet":
-            raise OptionError(f"option {name} applies to target parquet only")
+    if "partitionby" in options and target not in ("delta", "iceberg"):
+        raise OptionError("option partitionBy applies to targets delta and iceberg only")
+    for key, name, only in (("delta.appid", "delta.appId", "delta"),
+                            ("delta.compactevery", "delta.compactEvery", "delta"),
+                            ("delta.vacuumretention", "delta.vacuumRetention", "delta"),
+                            ("iceberg.appid", "iceberg.appId", "iceberg"),
+                            ("parquet.compactevery", "parquet.compactEvery", "parquet"),
+                            ("parquet.targetfilesize", "parquet.targetFileSize", "parquet")):
+        if key in options and target != only:
+            raise OptionError(f"option {name} applies to target {only} only")
     compact_every = _epochs(options, "delta.compactEvery", DEFAULT_COMPACT_EVERY)
     parquet_compact_every = _epochs(options, "parquet.compactEvery",
                                     DEFAULT_PARQUET_COMPACT_EVERY)
@@ -177,11 +214,12 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         vacuum_hours = -(-retention_ms // _HOUR_MS)
     partition_by = tuple(
         c.strip() for c in options.get("partitionby", "").split(",") if c.strip())
-    app_id = options.get("delta.appid", "").strip() or None
-    if "delta.appid" in options and app_id is None:
+    app_key = "iceberg.appid" if target == "iceberg" else "delta.appid"
+    app_id = options.get(app_key, "").strip() or None
+    if app_key in options and app_id is None:
         raise OptionError(
-            "option delta.appId is empty: leave it out to use the query's id, or name the "
-            "app id of the table's txn actions")
+            f"option {_KNOWN[app_key]} is empty: leave it out to use the query's id, or name "
+            "the app id the table's commits record")
 
     guarantee = _choice(options, "deliveryguarantee", "deliveryGuarantee", DeliveryGuarantee,
                         DeliveryGuarantee.EXACTLY_ONCE)
@@ -189,11 +227,14 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
     late_table = options.get("latedata.table") or None
     late_path = options.get("latedata.path") or None
     if late is LateData.SIDE:
-        if target == "postgres" and not late_table:
-            raise OptionError("lateData=side with target postgres needs option lateData.table")
-        if target != "postgres" and not late_path:
+        if target in ("postgres", "iceberg") and not late_table:
+            raise OptionError(
+                f"lateData=side with target {target} needs option lateData.table")
+        if target == "iceberg" and late_table == options.get("table"):
+            raise OptionError("option lateData.table must name another table than table")
+        if target in ("parquet", "delta") and not late_path:
             raise OptionError(f"lateData=side with target {target} needs option lateData.path")
-        if target != "postgres" and late_path == options.get("path"):
+        if target in ("parquet", "delta") and late_path == options.get("path"):
             raise OptionError("option lateData.path must name another place than path")
     elif late_table or late_path:
         raise OptionError("options lateData.table / lateData.path apply only with lateData=side")
@@ -223,7 +264,7 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                 "warns), e.g. '15 min'"
             )
     upsert_key = tuple(c.strip() for c in options.get("upsertkey", "").split(",") if c.strip())
-    if "upsertkey" in options and (target == "parquet" or not upsert_key):
+    if "upsertkey" in options and (target in ("parquet", "iceberg") or not upsert_key):
         raise OptionError(
             "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
             "target postgres or delta (Parquet files only append: a window's rows carry its "
@@ -264,6 +305,7 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         upsert_key=upsert_key,
         partition_by=partition_by,
         app_id=app_id,
+        catalog=catalog,
         compact_every=compact_every,
         vacuum_retention_hours=vacuum_hours,
         parquet_compact_every=parquet_compact_every,

@@ -157,6 +157,13 @@ def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
             two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
             upsert_key=() if late else options.upsert_key,  # late rows append
         )
+    if options.target == "iceberg":
+        from flinkish_sink.iceberg_target import IcebergTarget
+
+        table = options.late_table if late else options.table
+        assert table is not None
+        return IcebergTarget(dict(options.catalog), table, partition_by=options.partition_by,
+                             app_id=options.app_id)
     path = options.late_path if late else options.path
     assert path is not None
     if options.target == "delta":

@@ -1,6 +1,6 @@
 """Spark time windows as two columns: a window struct ``w`` is stored as ``w_start`` and
 ``w_end``, since tables are queried, partitioned and indexed by a window's bounds, which a
-nested value would hide. One rule for every table target (PostgreSQL, Delta)."""
+nested value would hide. One rule for every table target (PostgreSQL, Delta, Iceberg)."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="the query's checkpointLocation")
     p.add_argument("--source-state", dest="source_state",
                    help="the source's checkpointing.location (default: <checkpoint>-source)")
-    p.add_argument("--target", choices=("postgres", "parquet", "delta"))
+    p.add_argument("--target", choices=("postgres", "parquet", "delta", "iceberg"))
     p.add_argument("--dsn")
     p.add_argument("--table")
     p.add_argument("--path")
@@ -204,6 +204,9 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"job {i}: target postgres needs dsn and table")
         if job["target"] in ("parquet", "delta") and not job.get("path"):
             raise SystemExit(f"job {i}: target {job['target']} needs path")
+        if job["target"] == "iceberg" and not job.get("table"):
+            raise SystemExit(f"job {i}: target iceberg needs table (and catalog.* in "
+                             "sink_options)")
         if job["trigger"] == "processing" and not job.get("until_offsets"):
             raise SystemExit(f"job {i}: trigger processing needs until_offsets")
         if job.get("fail_first_attempt") and not job.get("evidence"):

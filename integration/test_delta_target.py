@@ -17,7 +17,8 @@ import pytest
 
 from checkpointing.query import query_id
 from flinkish.inspect import load_epochs
-from flinkish_sink.delta_target import STAGING_DIR, DeltaTarget, delta_location
+from flinkish_sink.data_files import STAGING_DIR
+from flinkish_sink.delta_target import DeltaTarget, delta_location
 from flinkish_sink.target import EpochRecord, TransactionId
 from integration.kafka_helpers import produce, source
 from integration.s3_server import S3Server

@@ -55,6 +55,7 @@ from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import query_id
 from flinkish.demo.embedded_kafka import create_topic
 from flinkish.demo.processes import kill_tree
+from flinkish_sink.iceberg_target import IcebergTarget
 from flinkish_sink.target import TransactionId
 from integration.kafka_helpers import produce
 
@@ -73,6 +74,11 @@ TARGETS = ("postgres", "parquet")
 #: recorded, the epoch's version committed but its checkpoint not completed (a completed
 #: epoch replayed is integration/test_delta_target.py's, without a driver of its own).
 DELTA_POINTS = ("task_write", "after_decision", "mid_commit")
+#: The Iceberg target's: a decision recorded, the epoch's snapshot committed but its
+#: checkpoint not completed (the rest is Delta's path through the same coordinator).
+ICEBERG_POINTS = ("after_decision", "mid_commit")
+#: The targets that commit an epoch as one table change (an EpochTarget).
+TABLE_TARGETS = ("delta", "iceberg")
 POINTS = (
     "task_write",         # a write task has rows in its open transaction
     "before_decision",    # driver: every pre-commit in hand, no decision recorded
@@ -238,7 +244,31 @@ class TargetView:
         assert isinstance(self.path, Path), "a side output only beside a local directory"
         return self.path.with_name(self.path.name + "-late")
 
+    @property
+    def catalog(self) -> dict[str, str]:
+        """An Iceberg case's catalog: SQLite under its ``path``."""
+        return {"uri": f"sqlite:///{self.path}/catalog.db",
+                "warehouse": f"file://{self.path}/warehouse"}
+
+    def _iceberg(self) -> Any:
+        """An Iceberg case's table, or None before the sink created it."""
+        from pyiceberg.catalog import load_catalog
+        from pyiceberg.exceptions import NoSuchTableError
+
+        if not (Path(self.path) / "catalog.db").exists():
+            return None
+        try:
+            return load_catalog("flinkish", **self.catalog).load_table(self.table)
+        except NoSuchTableError:
+            return None
+
+    def _iceberg_data(self) -> Path | None:
+        table = self._iceberg()
+        return None if table is None else Path(table.location().removeprefix("file://"), "data")
+
     def sink_options(self) -> dict[str, str]:
+        if self.kind == "iceberg":
+            return {f"catalog.{k}": v for k, v in self.catalog.items()}
         if not self.late:
             return {}
         where = ({"lateData.table": self.late_table} if self.kind == "postgres"
@@ -248,6 +278,13 @@ class TargetView:
     def rows(self, side: bool = False) -> list[tuple[int, int]]:
         """(partition, offset) of every row, duplicates included (``side``: of the side
         output)."""
+        if self.kind == "iceberg":
+            table = self._iceberg()
+            if table is None:
+                return []
+            rows = table.scan(selected_fields=("partition", "offset")).to_arrow()
+            return list(zip(rows.column("partition").to_pylist(),
+                            rows.column("offset").to_pylist(), strict=True))
         if self.kind == "delta":
             if not (Path(self.path) / "_delta_log").is_dir():
                 return []
@@ -276,9 +313,10 @@ class TargetView:
         if self.kind == "postgres":
             gids = [g for (g,) in pg_rows(self.dsn, "SELECT gid FROM pg_prepared_xacts")]
             return sorted(g for g in gids if (t := TransactionId.parse(g)) and t.query == query)
-        if self.kind == "delta":  # a transaction's manifest, until decided
-            return sorted(p.name.removesuffix(".json")
-                          for p in (Path(self.path) / "_flinkish_staging").glob("*.json"))
+        if self.kind in TABLE_TARGETS:  # a transaction's manifest, until decided
+            data = self._iceberg_data() if self.kind == "iceberg" else Path(self.path)
+            return [] if data is None else sorted(
+                p.name.removesuffix(".json") for p in (data / "_flinkish_staging").glob("*.json"))
         found = []
         for path in (self.path, self.late_path) if self.late else (self.path,):
             found += [info.base_name for info in _listing(path, "_flinkish_staging")]
@@ -297,7 +335,7 @@ class TargetView:
     def staged_files(self) -> list[str]:
         """<transaction dir>/<file> of every staged Parquet file; a Delta table's data files
         that no version references."""
-        if self.kind == "delta":
+        if self.kind in TABLE_TARGETS:
             return self.unreferenced()
         found = [info.path.rsplit("/", 2)[-2:] for info in _listing(
             self.path, "_flinkish_staging", recursive=True) if info.path.endswith(".parquet")]
@@ -308,7 +346,14 @@ class TargetView:
         return {epoch: r["watermark"] for epoch, r in self.epoch_records(query).items()}
 
     def unreferenced(self) -> list[str]:
-        """A Delta table's data files that no version references."""
+        """A Delta or Iceberg table's data files that no version or snapshot references."""
+        if self.kind == "iceberg":
+            table, data = self._iceberg(), self._iceberg_data()
+            if table is None or data is None:
+                return []
+            referenced = {p.rsplit("/", 1)[-1] for p in
+                          table.inspect.files().column("file_path").to_pylist()}
+            return sorted(p.name for p in data.glob("*.parquet") if p.name not in referenced)
         path = Path(self.path)
         if not (path / "_delta_log").is_dir():
             return sorted(p.name for p in path.glob("*.parquet"))
@@ -318,7 +363,11 @@ class TargetView:
 
     def versions(self, query: str) -> list[int]:
         """The epoch of each version of a Delta table that carries one of ``query``, oldest
-        first (an epoch twice would be a duplicate commit)."""
+        first (an epoch twice would be a duplicate commit); an Iceberg table's snapshots."""
+        if self.kind == "iceberg":
+            return [] if self._iceberg() is None else [
+                r["epoch"] for r in IcebergTarget(self.catalog, self.table).epoch_records(query)
+            ][::-1]
         if not (Path(self.path) / "_delta_log").is_dir():
             return []
         history = deltalake.DeltaTable(str(self.path)).history()
@@ -328,6 +377,11 @@ class TargetView:
 
     def epoch_records(self, query: str) -> dict[int, dict[str, Any]]:
         """epoch -> {watermark, rows, late_rows} as published beside the data."""
+        if self.kind == "iceberg":
+            records = ([] if self._iceberg() is None else
+                       IcebergTarget(self.catalog, self.table).epoch_records(query))
+            return {r["epoch"]: {k: r[k] for k in ("watermark", "rows", "late_rows")}
+                    for r in records}
         if self.kind == "delta":
             if not (Path(self.path) / "_delta_log").is_dir():
                 return {}
@@ -406,6 +460,9 @@ class Case:
         }
         if self.target.kind == "postgres":
             job.update(dsn=self.target.dsn, table=self.target.table)
+        elif self.target.kind == "iceberg":
+            Path(self.target.path).mkdir(parents=True, exist_ok=True)
+            job.update(table=self.target.table, sink_options=self.target.sink_options())
         else:
             job.update(path=str(self.target.path))
         if self.target.late:
@@ -432,7 +489,7 @@ class Case:
         }
         if self.target.kind == "parquet":
             self.after["files"] = len(list(Path(self.target.path).glob("*.parquet")))
-        if self.target.kind == "delta":
+        if self.target.kind in TABLE_TARGETS:
             self.after.update(versions=self.target.versions(query),
                               unreferenced=self.target.unreferenced())
 
@@ -620,6 +677,11 @@ def suite(
         work = root / f"{point}-delta"
         case = Case(point, TargetView("delta", postgres_dsn, "", work / "out"), work, topic)
         cases[case.name] = case
+    for point in ICEBERG_POINTS:
+        work = root / f"{point}-iceberg"
+        view = TargetView("iceberg", postgres_dsn, f"crash.{point}", work / "out")
+        case = Case(point, view, work, topic)
+        cases[case.name] = case
     for first, second in SECOND_CRASHES:
         for kind in TARGETS:
             work = root / f"{first}-then-{second}-{kind}"
@@ -712,10 +774,10 @@ def _check_crash_landed(case: Case) -> None:
                            + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
 
 
-def _check_delta_crash_landed(case: Case) -> None:
-    """The kill hit the point it was meant to in batch CRASH_EPOCH of a Delta case, before
-    the epoch completed: its version exists at mid_commit, its decided transactions'
-    manifests linger before that (HarnessError otherwise)."""
+def _check_table_crash_landed(case: Case) -> None:
+    """The kill hit the point it was meant to in batch CRASH_EPOCH of a Delta or Iceberg
+    case, before the epoch completed: its version (snapshot) exists at mid_commit, its
+    decided transactions' manifests linger before that (HarnessError otherwise)."""
     if case.crash_error is not None:
         raise HarnessError(f"crash run of {case.name} failed:\n{case.crash_error}")
     c, point = case.crash, case.point
@@ -745,20 +807,23 @@ def _check_delta_crash_landed(case: Case) -> None:
                            + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
 
 
-@pytest.mark.parametrize("point", DELTA_POINTS)
-def test_delta_restart_after_crash_is_exactly_once_in_one_version_per_epoch(
-    suite: CrashSuite, point: str
+@pytest.mark.parametrize("name", [f"{point}-delta" for point in DELTA_POINTS]
+                         + [f"{point}-iceberg" for point in ICEBERG_POINTS])
+def test_table_restart_after_crash_is_exactly_once_in_one_commit_per_epoch(
+    suite: CrashSuite, name: str
 ) -> None:
-    case = suite.cases[f"{point}-delta"]
-    _check_delta_crash_landed(case)
+    """A Delta or Iceberg case: every row once, each epoch in one table version (snapshot),
+    no data file left that the table does not reference."""
+    case = suite.cases[name]
+    _check_table_crash_landed(case)
     if case.restart is None:
         raise HarnessError(f"no result for {case.name} from the restart run "
                            f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
     assert case.restart["ok"], f"the restarted query failed:\n{case.restart['error']}"
     _check_exactly_once(case, suite.produced, set())
     versions = case.after["versions"]
-    assert versions == sorted(set(versions)), f"an epoch in two versions: {versions}"
-    assert case.after["unreferenced"] == [], "data files left that no version references"
+    assert versions == sorted(set(versions)), f"an epoch in two commits: {versions}"
+    assert case.after["unreferenced"] == [], "data files left that the table does not reference"
 
 
 def _gid(name: str) -> str:

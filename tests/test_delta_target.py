@@ -16,9 +16,9 @@ import pytest
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_sink.data_files import STAGING_DIR
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.delta_target import (
-    STAGING_DIR,
     DeltaTarget,
     delta_location,
     partition_value,

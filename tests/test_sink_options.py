@@ -60,7 +60,7 @@ def test_delta_options() -> None:
     assert (tuned.compact_every, tuned.vacuum_retention_hours) == (0, 2)
     for bad, message in (
         ({**delta, "path": ""}, "option path is required with target delta"),
-        ({**BASE, "partitionBy": "k"}, "option partitionBy applies to target delta only"),
+        ({**BASE, "partitionBy": "k"}, "option partitionBy applies to targets delta and iceberg"),
         ({**delta, "delta.appId": " "}, "option delta.appId is empty"),
         ({**delta, "lateData": "side"}, "lateData=side with target delta needs option "
                                         "lateData.path"),

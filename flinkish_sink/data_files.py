@@ -1,0 +1,144 @@
+"""The data files a write task stages for a table target (Delta, Iceberg), and the manifests
+that find them again.
+
+A table's data files are invisible until the table's log or snapshot references them, so a
+task writes them straight to where they will stay. Before it creates each one it lists it in
+its transaction's manifest (``_flinkish_staging/<gid>.json`` beside the data), so rolling
+back a transaction — also of a task killed mid-write — deletes exactly its files, and
+listing the manifests finds every transaction not yet decided without listing the data.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+
+from flinkish_sink.parquet_target import delete_file_if_present, sync_path
+from flinkish_sink.target import TransactionId
+
+STAGING_DIR = "_flinkish_staging"
+_GID_SEPARATOR = "~"
+
+
+def data_file_name(txn: TransactionId | None, token: str, n: int) -> str:
+    """The name of the ``n``-th data file of ``txn`` (or, without one, of the direct write
+    ``token``): unique per task attempt and run, and sorted by epoch."""
+    if txn is None:
+        return f"part-direct-{token}-{n:03d}.parquet"
+    return (f"part-{txn.prefix}-{txn.query}-{txn.epoch:09d}-{txn.task:05d}-"
+            f"{txn.attempt}-{txn.run or 'x'}-{n:03d}.parquet")
+
+
+def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]
+                       ) -> Iterator[tuple[dict[str, Any], pa.RecordBatch]]:
+    """The batch's rows by their values of ``columns`` (NULL a value of its own)."""
+    if not columns:
+        yield {}, batch
+        return
+    keys = pa.Table.from_batches([batch]).select(list(columns))
+    for key in keys.group_by(list(columns)).aggregate([]).to_pylist():
+        mask = None
+        for name in columns:
+            column = batch.column(name)
+            test = (pc.is_null(column) if key[name] is None
+                    else pc.fill_null(pc.equal(column, pa.scalar(key[name], column.type)), False))
+            mask = test if mask is None else pc.and_(mask, test)
+        yield key, batch.filter(mask)
+
+
+class Manifests:
+    """The staging manifests of the transactions writing data files under ``base``."""
+
+    def __init__(self, filesystem: pafs.FileSystem, base: str) -> None:
+        self._fs = filesystem
+        self._base = base.rstrip("/")
+
+    def path(self, txn: TransactionId) -> str:
+        return f"{self._base}/{STAGING_DIR}/{txn.gid.replace(':', _GID_SEPARATOR)}.json"
+
+    def write(self, txn: TransactionId, files: list[str]) -> None:
+        """List ``files`` (names under ``base``) as ``txn``'s, atomically and durably: call
+        before creating a file, so a crash leaves it findable."""
+        manifest = self.path(txn)
+        directory = f"{self._base}/{STAGING_DIR}"
+        self._fs.create_dir(directory, recursive=True)
+        temp = f"{manifest}.{uuid.uuid4().hex}.tmp"
+        try:
+            with self._fs.open_output_stream(temp) as out:
+                out.write(json.dumps({"files": files}).encode())
+            sync_path(self._fs, temp)
+            self._fs.move(temp, manifest)
+        except BaseException:
+            delete_file_if_present(self._fs, temp)
+            raise
+        sync_path(self._fs, directory)
+
+    def rollback(self, txn: TransactionId) -> None:
+        """Delete ``txn``'s files and its manifest (idempotent)."""
+        manifest = self.path(txn)
+        try:
+            with self._fs.open_input_stream(manifest) as stream:
+                files = json.loads(stream.read())["files"]
+        except FileNotFoundError:
+            return
+        for name in files:
+            delete_file_if_present(self._fs, f"{self._base}/{name}")
+        delete_file_if_present(self._fs, manifest)
+
+    def drop(self, txn: TransactionId) -> None:
+        """Forget ``txn`` (its files are the table's now)."""
+        delete_file_if_present(self._fs, self.path(txn))
+
+    def ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """The transactions of ``prefix``/``query`` with a manifest, oldest first, with their
+        ages in seconds: since the manifest last changed (its last file was begun); None
+        where the store keeps no time."""
+        selector = pafs.FileSelector(f"{self._base}/{STAGING_DIR}", allow_not_found=True)
+        now = time.time()
+        found: list[tuple[float, TransactionId, float | None]] = []
+        for info in self._fs.get_file_info(selector):
+            if not (info.is_file and info.base_name.endswith(".json")):
+                continue
+            txn = TransactionId.parse(info.base_name[:-5].replace(_GID_SEPARATOR, ":"))
+            if txn is not None and txn.prefix == prefix and txn.query == query:
+                age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
+                found.append((-1.0 if age is None else -age, txn, age))
+        return {txn: age for _, txn, age in sorted(found)}
+
+
+class StagedFilesTarget:
+    """What a table target whose tasks stage data files does alike, through its
+    :attr:`manifests`: unreferenced files are invisible and lock nothing, any number may
+    wait for the driver, and a transaction is found and rolled back by its manifest."""
+
+    #: unreferenced data files are invisible and lock nothing
+    leftovers_block_writes = False
+
+    @property
+    def manifests(self) -> Manifests:
+        raise NotImplementedError
+
+    def rollback(self, txn: TransactionId) -> None:
+        """Delete the transaction's files (which the table does not reference: the protocol
+        never rolls back a decided transaction) and its manifest."""
+        self.manifests.rollback(txn)
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        """Transactions of ``prefix``/``query`` that still have a manifest."""
+        return sorted(self.pending_ages(prefix, query))
+
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """:meth:`pending` with each one's age in seconds: since its manifest last changed
+        (its last file was begun), oldest first; None where the store keeps no time."""
+        return self.manifests.ages(prefix, query)
+
+    def max_pending(self) -> None:
+        """Unreferenced files: no limit on how many wait for the driver."""
+        return None

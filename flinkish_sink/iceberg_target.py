@@ -1,0 +1,491 @@
+"""Apache Iceberg tables as an epoch target, through pyiceberg (no JVM, no catalog server).
+
+Write tasks write Parquet data files under the table's data location: a file no snapshot
+references is invisible to every Iceberg reader. A task pre-commits by returning its files
+(path, size, rows, partition values); the driver commits all of an epoch's files as **one**
+snapshot (an append of files written elsewhere, pyiceberg's ``add_files``) whose summary
+carries the app id and the epoch — what Flink's Iceberg sink does with ``flink.job-id`` and
+``flink.max-committed-checkpoint-id`` — and the epoch's record (combined watermark, its source,
+status, idle partitions, rows, late rows). A replay of an epoch the table already holds (the
+newest snapshot of the app id has that epoch or a later one) commits nothing. An epoch without
+rows still commits a snapshot without files, so the watermark moves on in the table's history.
+
+A commit is a compare-and-swap on the table's metadata pointer in the catalog. When another
+writer committed first, the commit is tried again on the table as it is then, after checking
+its summaries again: if that writer was an earlier run of this query (same app id), the epoch
+is in and nothing is committed. pyiceberg's own retry, which would rebase the append without
+that check, is turned off for these commits.
+
+Data files sit in the table's data location (``write.data.path``, by default ``<table>/data``)
+next to ``_flinkish_staging``, the manifests of transactions not yet decided (see
+:mod:`flinkish_sink.data_files`). Files hold every column, the partition columns too (as
+Iceberg's writers do); the table's partitioning must be by identity of columns, one file per
+partition value and task.
+
+The catalog is any pyiceberg catalog, by its properties (``catalog.*`` options): a SQL
+catalog on SQLite or PostgreSQL (``uri``), which needs no server of its own, or a REST
+catalog. The data files are reached through pyiceberg's file IO with the same properties
+(``s3.endpoint`` …), on the driver and in the write tasks alike.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import random
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from flinkish_core.secrets import fingerprint, redact_config
+from flinkish_sink.data_files import (
+    Manifests,
+    StagedFilesTarget,
+    data_file_name,
+    split_by_partition,
+)
+from flinkish_sink.parquet_target import filesystem_of, sync_path, type_differences
+from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
+from flinkish_sink.window_columns import table_batch, table_schema
+
+logger = logging.getLogger(__name__)
+
+#: Snapshot summary keys (Flink's sink: ``flink.job-id``, ``flink.max-committed-checkpoint-id``).
+APP_ID_KEY = "flinkish.app-id"
+EPOCH_KEY = "flinkish.max-committed-epoch"
+_RECORD_KEYS = {
+    "query": "flinkish.query", "watermark": "flinkish.watermark",
+    "watermark_source": "flinkish.watermark-source", "status": "flinkish.status",
+    "idle_partitions": "flinkish.idle-partitions", "rows": "flinkish.rows",
+    "late_rows": "flinkish.late-rows",
+}
+_NUMBERS = ("watermark", "rows", "late_rows")
+#: The catalog's name when the options give none.
+DEFAULT_CATALOG_NAME = "flinkish"
+#: How often a commit that lost the race to another writer's is tried again.
+COMMIT_ATTEMPTS = 20
+
+#: The data location and partition columns of the tables this process has seen, by catalog
+#: and table: Spark builds the writer (and its target) anew every micro-batch.
+_LAYOUTS: dict[tuple[str, str], _Layout] = {}
+
+
+@dataclass(frozen=True)
+class _Layout:
+    data_location: str
+    partitions: tuple[str, ...]
+
+
+class IcebergTarget(StagedFilesTarget):
+    """An Iceberg table written exactly once per epoch (see the module docstring).
+
+    Holds only the catalog's properties, the table's name and layout (strings), so it ships
+    to Spark tasks as is; the catalog, table and filesystem are made where they are needed."""
+
+    def __init__(self, catalog: dict[str, str], table: str, *,
+                 partition_by: tuple[str, ...] = (), app_id: str | None = None) -> None:
+        """``catalog``: pyiceberg catalog properties (``uri``, ``warehouse``, ``type`` …,
+        and ``name``); ``table``: ``namespace.table``; ``partition_by``: the identity
+        partition columns of a table to create (an existing table's must match; empty: take
+        the table's); ``app_id``: the app id in the snapshot summaries (default: the query's
+        id, which Spark keeps in the checkpoint location across restarts)."""
+        try:
+            import pyiceberg  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "target iceberg needs the pyiceberg package wherever the query runs, "
+                "executors included: pip install 'flinkish[iceberg]'"
+            ) from None
+        if "." not in table.strip(".") or not table.strip():
+            raise ValueError(
+                f"option table: {table!r} is not namespace.table (e.g. 'events.clicks')")
+        properties = dict(catalog)
+        self._name = properties.pop("name", DEFAULT_CATALOG_NAME)
+        self._properties = properties
+        self._table_name = table
+        self._wanted_partitions = tuple(partition_by)
+        self._app_id = app_id
+        self._key = (fingerprint(self._name, sorted(properties.items())), table)
+        self._layout_seen: _Layout | None = _LAYOUTS.get(self._key)
+        self._catalog_handle: Any = None
+        self._fs_handle: tuple[pafs.FileSystem, str] | None = None
+
+    def __repr__(self) -> str:
+        return f"IcebergTarget({self._table_name!r}, catalog {self._name!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        # resolved where the catalog is (the driver): tasks never ask it, nor import pyiceberg
+        self._filesystem()
+        state = self.__dict__.copy()
+        state["_catalog_handle"] = None
+        return state
+
+    # -- the table -----------------------------------------------------------------------------
+
+    def app_id(self, query: str) -> str:
+        """The app id epochs of ``query`` commit under."""
+        return self._app_id or query
+
+    def _catalog(self) -> Any:
+        from pyiceberg.catalog import load_catalog
+
+        if self._catalog_handle is None:
+            try:
+                self._catalog_handle = load_catalog(self._name, **self._properties)
+            except Exception as exc:
+                raise ValueError(
+                    f"cannot load Iceberg catalog {self._name!r} "
+                    f"({redact_config(self._properties)}): {exc}. Check the catalog.* options "
+                    "(catalog.uri: sqlite:///path, postgresql+psycopg://… or http(s):// for "
+                    "REST; catalog.warehouse: where new tables go)"
+                ) from None
+        return self._catalog_handle
+
+    def load(self) -> Any:
+        """The table as the catalog has it now."""
+        return self._catalog().load_table(self._table_name)
+
+    def _layout(self) -> _Layout:
+        if self._layout_seen is None:
+            self._layout_seen = _LAYOUTS[self._key] = _layout_of(self.load())
+        return self._layout_seen
+
+    def partition_columns(self) -> tuple[str, ...]:
+        return self._layout().partitions
+
+    def _filesystem(self) -> tuple[pafs.FileSystem, str]:
+        """The filesystem of the data location (through pyiceberg's file IO, configured by
+        the catalog's properties) and the location's path in it."""
+        if self._fs_handle is None:
+            location = self._layout().data_location
+            if location.startswith("file:") or "://" not in location:
+                # local disk needs no configuration (nor pyiceberg's file IO, slow to import)
+                self._fs_handle = filesystem_of(location, "an Iceberg table's data location")
+            else:
+                from pyiceberg.io.pyarrow import PyArrowFileIO
+
+                scheme, netloc, path = PyArrowFileIO.parse_location(location, self._properties)
+                filesystem = PyArrowFileIO(self._properties).fs_by_scheme(scheme, netloc)
+                self._fs_handle = filesystem, path.rstrip("/")
+        return self._fs_handle
+
+    @property
+    def manifests(self) -> Manifests:
+        return Manifests(*self._filesystem())
+
+    # -- TargetBase ----------------------------------------------------------------------------
+
+    def check(self, schema: pa.Schema) -> None:
+        """Create the table from ``schema`` (windows split into their bounds, every column
+        optional, partitioned by identity of ``partition_by``) if missing; otherwise make
+        sure it has the stream's columns with the same types and the same partitioning."""
+        from pyiceberg.catalog import Catalog
+        from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
+
+        columns = pa.schema([f.with_nullable(True) for f in table_schema(schema)])
+        for name in self._wanted_partitions:
+            if name not in columns.names:
+                raise ValueError(
+                    f"option partitionBy: {name!r} is not a column of the stream's rows "
+                    f"(their columns: {columns.names}; a window w is w_start and w_end)")
+        wanted = Catalog._convert_schema_if_needed(columns)
+        catalog = self._catalog()
+        try:
+            table = catalog.load_table(self._table_name)
+        except NoSuchTableError:
+            catalog.create_namespace_if_not_exists(self._table_name.rsplit(".", 1)[0])
+            try:
+                with catalog.create_table_transaction(self._table_name, columns) as create:
+                    if self._wanted_partitions:
+                        with create.update_spec() as spec:
+                            for name in self._wanted_partitions:
+                                spec.add_identity(name)
+            except TableAlreadyExistsError:  # another query created it meanwhile
+                pass
+            table = catalog.load_table(self._table_name)
+        layout = _layout_of(table)
+        if self._wanted_partitions and layout.partitions != self._wanted_partitions:
+            raise ValueError(
+                f"option partitionBy: Iceberg table {self._table_name!r} is partitioned by "
+                f"{list(layout.partitions)}, not {list(self._wanted_partitions)}; give its "
+                "partition columns (or leave the option out to take the table's)")
+        problems = type_differences(
+            {f.name: str(f.field_type) for f in table.schema().fields},
+            {f.name: str(f.field_type) for f in wanted.fields}, "the table")
+        if problems:
+            raise ValueError(
+                f"Iceberg table {self._table_name!r} does not fit the stream's schema: "
+                + "; ".join(problems)
+                + " (a window column w is stored as w_start and w_end). Write to a new "
+                "table, or change the query to produce the table's columns")
+        self._layout_seen = _LAYOUTS[self._key] = layout
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> IcebergTransaction:
+        return IcebergTransaction(self, txn, schema)
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """Write the rows to new files and commit them as a snapshot of their own at once
+        (at-least-once: a replayed epoch writes them again)."""
+        if batch.num_rows == 0:
+            return
+        transaction = IcebergTransaction(self, None, batch.schema)
+        transaction.write(batch)
+        self._commit([f["path"] for f in transaction.close_files()], {}, None)
+
+    def committed_watermark(self, query: str) -> int | None:
+        """The newest watermark the table's snapshots (those not expired) record for
+        ``query``; None before any. Published watermarks never go back."""
+        for record in self.epoch_records(query):
+            if record.get("watermark") is not None:
+                return int(record["watermark"])
+        return None
+
+    def close(self) -> None:
+        self._catalog_handle = None
+
+    # -- EpochTarget ---------------------------------------------------------------------------
+
+    def commit_epoch(self, pre_commits: list[PreCommit], record: EpochRecord) -> None:
+        """Commit the epoch's files as one snapshot whose summary carries the app id, the
+        epoch and its record, unless the table holds the epoch already; then drop the
+        manifests (the files are the table's now)."""
+        app = self.app_id(record.query)
+        paths = [f["path"] for decided in pre_commits for f in _files_of(decided)]
+        summary = {APP_ID_KEY: app, EPOCH_KEY: str(record.epoch), **_summary_of(record)}
+        self._commit(paths, summary, (app, record.epoch))
+        for decided in pre_commits:
+            self.manifests.drop(decided.txn)
+
+    def _commit(self, paths: list[str], summary: dict[str, str],
+                epoch: tuple[str, int] | None) -> None:
+        """One snapshot adding ``paths`` with ``summary``, unless the table holds ``epoch``
+        (app id, epoch); tried again on the table as it then is while other writers' commits
+        win the race."""
+        from pyiceberg.exceptions import CommitFailedException
+
+        for attempt in itertools.count(1):
+            table = self.load()
+            if epoch is not None and _holds(table, *epoch):
+                return
+            if attempt == 1:
+                self._check_present(paths, epoch)
+            _without_own_retries(table)
+            transaction = table.transaction()
+            try:
+                if paths:
+                    transaction.add_files(paths, snapshot_properties=summary,
+                                          check_duplicate_files=False)
+                else:  # an epoch without rows still records itself
+                    with transaction.update_snapshot(snapshot_properties=summary).fast_append():
+                        pass
+                transaction.commit_transaction()
+                return
+            except CommitFailedException as exc:
+                if attempt >= COMMIT_ATTEMPTS:
+                    raise RuntimeError(
+                        f"cannot commit to Iceberg table {self._table_name!r}: other writers' "
+                        f"commits won {attempt} times in a row ({exc})") from exc
+                logger.info("commit to Iceberg table %s lost to another writer's (%s); trying "
+                            "again on the table as it is now", self._table_name, exc)
+                time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
+
+    def _check_present(self, paths: list[str], epoch: tuple[str, int] | None) -> None:
+        filesystem, base = self._filesystem()
+        names = [p.rsplit("/", 1)[-1] for p in paths]
+        infos = filesystem.get_file_info([f"{base}/{n}" for n in names])
+        lost = [n for n, info in zip(names, infos, strict=True)
+                if info.type == pafs.FileType.NotFound]
+        if lost:
+            raise RuntimeError(
+                f"cannot commit epoch {epoch[1] if epoch else '-'} to Iceberg table "
+                f"{self._table_name!r}: its files {lost} are gone; they were removed outside "
+                "flinkish (an orphan-file cleanup with a retention shorter than the time the "
+                "query was down?)")
+
+    def epoch_records(self, query: str | None = None, limit: int | None = None
+                      ) -> list[dict[str, Any]]:
+        """The epoch records in the snapshots of the table's current state (its newest
+        ``limit`` snapshots, if given), newest first (of ``query`` only, if given), with
+        their snapshot ids."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self.load()
+        records = []
+        for snapshot in itertools.islice(
+                ancestors_of(table.current_snapshot(), table.metadata), limit):
+            summary = snapshot.summary.additional_properties if snapshot.summary else {}
+            record = _record_of(summary)
+            if record is not None and (query is None or record["query"] == query):
+                records.append({**record, "snapshot_id": snapshot.snapshot_id})
+        return records
+
+
+def _layout_of(table: Any) -> _Layout:
+    """Where ``table``'s data files go and its identity partition columns; ValueError for a
+    partitioning by another transform."""
+    from pyiceberg.transforms import IdentityTransform
+
+    schema = table.schema()
+    partitions = []
+    for field in table.spec().fields:
+        if not isinstance(field.transform, IdentityTransform):
+            raise ValueError(
+                f"Iceberg table {table.name()} is partitioned by {field.transform}("
+                f"{schema.find_column_name(field.source_id)}); the flinkish sink writes "
+                "tables partitioned by identity of columns only. Add the derived column "
+                "(e.g. a day) to the stream and partition by it, or write another table")
+        partitions.append(schema.find_column_name(field.source_id))
+    location = table.properties.get("write.data.path") or f"{table.location().rstrip('/')}/data"
+    return _Layout(location, tuple(partitions))
+
+
+def _without_own_retries(table: Any) -> None:
+    """Turn off pyiceberg's retry of a lost commit for ``table`` (in memory only): it would
+    rebase the append onto the new snapshot without checking whether that one holds the
+    epoch already."""
+    properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
+    table.metadata = table.metadata.model_copy(update={"properties": properties})
+
+
+def _holds(table: Any, app: str, epoch: int) -> bool:
+    """Whether ``table`` (as read) holds ``epoch`` of ``app``: the newest snapshot of the app
+    id in the current state's history has that epoch or a later one (Flink's
+    ``getMaxCommittedCheckpointId``)."""
+    from pyiceberg.table.snapshots import ancestors_of
+
+    for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+        summary = snapshot.summary.additional_properties if snapshot.summary else {}
+        if summary.get(APP_ID_KEY) == app and summary.get(EPOCH_KEY, "").isdigit():
+            return int(summary[EPOCH_KEY]) >= epoch
+    return False
+
+
+def _summary_of(record: EpochRecord) -> dict[str, str]:
+    """The record's snapshot summary entries (strings, as summaries hold)."""
+    fields = record.to_json()
+    summary = {}
+    for name, key in _RECORD_KEYS.items():
+        value = fields[name]
+        if value is not None:
+            summary[key] = json.dumps(value) if isinstance(value, list) else str(value)
+    return summary
+
+
+def _record_of(summary: dict[str, str]) -> dict[str, Any] | None:
+    """The epoch record in a snapshot's summary; None for a snapshot of another writer."""
+    if APP_ID_KEY not in summary or EPOCH_KEY not in summary:
+        return None
+    record: dict[str, Any] = {"app_id": summary[APP_ID_KEY], "epoch": int(summary[EPOCH_KEY])}
+    for name, key in _RECORD_KEYS.items():
+        value = summary.get(key)
+        if name in _NUMBERS and value is not None:
+            record[name] = int(value)
+        elif name == "idle_partitions":
+            record[name] = json.loads(value) if value else []
+        else:
+            record[name] = value
+    return record
+
+
+def _files_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
+    files = (pre_commit.detail or {}).get("files")
+    if not isinstance(files, list):
+        raise ValueError(
+            f"pre-commit of {pre_commit.txn.gid} lists no data files; it does not come from "
+            "an IcebergTarget")
+    return files
+
+
+def _json_value(value: Any) -> Any:
+    return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
+
+
+class IcebergTransaction:
+    """One task attempt's data files (one per partition value), or, with no ``txn``, the
+    files of a direct write."""
+
+    def __init__(self, target: IcebergTarget, txn: TransactionId | None, schema: pa.Schema):
+        self._target = target
+        self._txn = txn
+        self._partitions = target.partition_columns()
+        self._schema = pa.schema([f.with_nullable(True) for f in table_schema(schema)])
+        self._open: dict[tuple[Any, ...], tuple[str, dict[str, Any], pq.ParquetWriter]] = {}
+        self._files: list[str] = []
+        self._rows: dict[str, int] = {}
+        self._finished = False
+        self._token = uuid.uuid4().hex if txn is None else ""
+        if txn is not None:
+            # a re-run of the same task attempt id supersedes whatever an earlier run wrote
+            target.rollback(txn)
+
+    @property
+    def _gid(self) -> str:
+        return "direct" if self._txn is None else self._txn.gid
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        if self._finished:
+            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+        batch = table_batch(batch)
+        for key, rows in split_by_partition(batch, self._partitions):
+            name, _, writer = self._file(key)
+            writer.write_batch(pa.RecordBatch.from_arrays(
+                [rows.column(f.name) for f in self._schema], schema=self._schema))
+            self._rows[name] += rows.num_rows
+
+    def _file(self, key: dict[str, Any]) -> tuple[str, dict[str, Any], pq.ParquetWriter]:
+        values = tuple(key[n] for n in self._partitions)
+        if values not in self._open:
+            filesystem, base = self._target._filesystem()
+            name = data_file_name(self._txn, self._token, len(self._files))
+            self._files.append(name)
+            if self._txn is not None:
+                self._target.manifests.write(self._txn, self._files)
+            else:
+                filesystem.create_dir(base, recursive=True)
+            self._rows[name] = 0
+            self._open[values] = (name, key, pq.ParquetWriter(
+                f"{base}/{name}", self._schema, filesystem=filesystem))
+        return self._open[values]
+
+    def pre_commit(self) -> PreCommit:
+        """Close and fsync the files; their paths go to the driver, which decides."""
+        assert self._txn is not None, "a direct write has no transaction to pre-commit"
+        return PreCommit(self._txn, sum(self._rows.values()),
+                         detail={"files": self.close_files()})
+
+    def close_files(self) -> list[dict[str, Any]]:
+        """Close and fsync the files: their paths (as the table names them), sizes, rows
+        and partition values."""
+        if self._finished:
+            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+        self._finished = True
+        filesystem, base = self._target._filesystem()
+        location = self._target._layout().data_location.rstrip("/")
+        for name, _, writer in self._open.values():
+            writer.close()
+            sync_path(filesystem, f"{base}/{name}")
+        sizes = filesystem.get_file_info([f"{base}/{name}" for name, _, _ in self._open.values()])
+        files = [
+            {"path": f"{location}/{name}", "size": info.size, "records": self._rows[name],
+             "partition": {k: _json_value(v) for k, v in key.items()}}
+            for (name, key, _), info in zip(self._open.values(), sizes, strict=True)
+        ]
+        self._open.clear()
+        sync_path(filesystem, base)
+        return files
+
+    def abort(self) -> None:
+        self._finished = True
+        try:
+            for _, _, writer in self._open.values():
+                writer.close()
+            self._open.clear()
+        finally:
+            if self._txn is not None:
+                self._target.rollback(self._txn)
