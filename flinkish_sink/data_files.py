@@ -120,6 +120,13 @@ class StagedFilesTarget:
 
     #: unreferenced data files are invisible and lock nothing
     leftovers_block_writes = False
+    #: the app id option (``delta.appId``, ``iceberg.appId``); None: the query's id
+    _app_id: str | None = None
+
+    def app_id(self, query: str) -> str:
+        """The app id the epochs of ``query`` commit under (Delta's ``txn``, Iceberg's snapshot
+        summary): the option, or the query's id, stable across restarts and one per query."""
+        return self._app_id or query
 
     @property
     def manifests(self) -> Manifests:

@@ -203,10 +203,6 @@ class DeltaTarget(StagedFilesTarget):
 
     # -- the table -----------------------------------------------------------------------------
 
-    def app_id(self, query: str) -> str:
-        """The ``txn`` app id epochs of ``query`` commit under."""
-        return self._app_id or query
-
     def _table(self) -> Any:
         """The table at its latest version (one handle per process, brought up to date)."""
         from deltalake import DeltaTable

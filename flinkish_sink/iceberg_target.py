@@ -128,10 +128,6 @@ class IcebergTarget(StagedFilesTarget):
 
     # -- the table -----------------------------------------------------------------------------
 
-    def app_id(self, query: str) -> str:
-        """The app id epochs of ``query`` commit under."""
-        return self._app_id or query
-
     def _catalog(self) -> Any:
         from pyiceberg.catalog import load_catalog
 
