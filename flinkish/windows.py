@@ -300,22 +300,6 @@ def _collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-_heap_frozen = False
-
-
-def _freeze_worker_heap() -> None:
-    """Moves everything the Python worker holds so far (PySpark's, pyarrow's and flinkish's
-    modules) out of the cyclic collector's reach, once per process. PySpark's worker daemon
-    runs a full ``gc.collect()`` after every task, which walks all of it: ~75,000 objects, tens
-    of milliseconds a task. Frozen objects are still freed by reference counting; what is
-    frozen and later becomes cyclic garbage is never collected, which bounds the cost to what
-    one task's set-up left behind."""
-    global _heap_frozen
-    if not _heap_frozen:
-        _heap_frozen = True
-        gc.freeze()
-
-
 def _bound(window: Any, end: bool) -> int | None:
     """A window's start or end (ms); None for the global window."""
     if isinstance(window, GlobalWindow):
@@ -343,7 +327,6 @@ class WindowProcessor(StatefulProcessor):
         self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
 
     def init(self, handle: Any) -> None:
-        _freeze_worker_heap()
         self.handle = handle
         # the core's snapshot of the group (JSON) and the event-time timers registered for it
         self.state = handle.getValueState("window", "state string, timers array<long>")

@@ -265,18 +265,3 @@ def test_a_visit_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it(
         assert seen == [False, False] and not gc.isenabled()
     finally:
         gc.enable()
-
-
-def test_a_workers_heap_is_frozen_once_so_pysparks_collection_after_each_task_skips_it(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(windows, "_heap_frozen", False)
-    gc.unfreeze()
-    try:
-        processor(windows.tumbling("10 s"), windows.Count()).init(KeyedHandle())
-        frozen = gc.get_freeze_count()
-        assert frozen > 10_000  # the modules' objects, at least
-        later = [[i] for i in range(1_000)]
-        processor(windows.tumbling("10 s"), windows.Count()).init(KeyedHandle())
-        assert gc.get_freeze_count() <= frozen and later  # nothing frozen again
-    finally:
-        gc.unfreeze()
