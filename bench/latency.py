@@ -20,7 +20,7 @@ that needs a quiet partition, say) shows up here and nowhere else.
   counted (JVM and Python workers warming up), nor those of the last two seconds (the stream
   stops with them).
 
-The last stdout line is one JSON object: ``p50_ms``, ``p99_ms``, ``max_ms`` over the measured
+The last stdout line is one json object: ``p50_ms``, ``p99_ms``, ``max_ms`` over the measured
 records, ``records``, ``max_latest_offset_ms`` (the longest ``durationMs.latestOffset`` of the
 query's planning over the measured window), ``batches`` and ``batch_ms_median`` (the median of
 each ``durationMs`` phase), the targets and whether they were met, and ``busy_machine`` (other

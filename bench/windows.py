@@ -17,7 +17,7 @@ for Spark one row per open window and key; for flinkish one value-state row per 
 open windows), and ``worker_peak_rss_mb``: the largest peak resident set (VmHWM, the kernel's
 high-water mark) of the Python processes Spark ran during flinkish's runs (workers are reused
 from query to query, so a worker's mark includes what it ran before). The last line printed is
-JSON.
+JSON (``print_result``: one json object on one line).
 """
 
 from __future__ import annotations
