@@ -40,6 +40,7 @@ _NAMES = (
     "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
     "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
     "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
+    "outageTimeout",
     "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
     "parquet.compactEvery", "parquet.targetFileSize",
     "iceberg.appId", "catalog.uri", "catalog.warehouse", "catalog.name",
@@ -50,6 +51,9 @@ _KNOWN = {name.lower(): name for name in _NAMES}
 CATALOG_PREFIX = "catalog."
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
+#: How long the sink rides out an unreachable target (see :mod:`flinkish_sink.outages`): a
+#: database's restart or an object store's failover, not a lasting loss.
+DEFAULT_OUTAGE_TIMEOUT_MS = 30_000
 #: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
 #: small files, so a partition holds at most a few hundred before they are rewritten.
 DEFAULT_COMPACT_EVERY = 50
@@ -86,6 +90,9 @@ class SinkOptions:
     #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
     #: PostgreSQL's VACUUM from cleaning up
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
+    #: how long a step that fails because the target is unreachable is retried before the
+    #: query fails (0: not retried)
+    outage_timeout_ms: int = DEFAULT_OUTAGE_TIMEOUT_MS
     #: the table's columns on which a row replaces the row of the same key (PostgreSQL, Delta)
     upsert_key: tuple[str, ...] = ()
     #: the partition columns of a Delta or Iceberg table the sink creates (empty: the table's
@@ -263,6 +270,9 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
                 "positive duration (how old a lingering pre-commit may get before the sink "
                 "warns), e.g. '15 min'"
             )
+    outage_ms = DEFAULT_OUTAGE_TIMEOUT_MS
+    if "outagetimeout" in options:
+        outage_ms = parse_duration_ms("outageTimeout", options["outagetimeout"])
     upsert_key = tuple(c.strip() for c in options.get("upsertkey", "").split(",") if c.strip())
     if "upsertkey" in options and (target in ("parquet", "iceberg") or not upsert_key):
         raise OptionError(
@@ -302,6 +312,7 @@ def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
         prefix=prefix,
         epochs_table=options.get("epochstable") or None,
         transaction_timeout_ms=timeout_ms,
+        outage_timeout_ms=outage_ms,
         upsert_key=upsert_key,
         partition_by=partition_by,
         app_id=app_id,

@@ -40,6 +40,7 @@ from psycopg.adapt import PyFormat
 from psycopg.rows import TupleRow
 
 from flinkish_core.secrets import dsn_secrets, mask_dsn, scrub
+from flinkish_sink.outages import postgres_transient
 from flinkish_sink.target import FIX_WRITE_TASKS, PreCommit, TransactionId
 from flinkish_sink.window_columns import is_window, table_batch, table_schema
 
@@ -332,7 +333,13 @@ def _write(
 
 
 class PostgresConnectError(RuntimeError):
-    """PostgreSQL could not be reached or refused the login (the DSN's password masked)."""
+    """PostgreSQL could not be reached or refused the login (the DSN's password masked).
+    ``transient``: it could not be reached for now (see :func:`postgres_transient`), as the
+    original error, not chained, no longer tells."""
+
+    def __init__(self, message: str, *, transient: bool = False) -> None:
+        super().__init__(message)
+        self.transient = transient
 
 
 def _connect(dsn: str, **options: Any) -> Connection:
@@ -347,7 +354,7 @@ def _connect(dsn: str, **options: Any) -> Connection:
         raise PostgresConnectError(
             f"cannot connect to PostgreSQL with dsn {mask_dsn(dsn)!r}: {reason} (check the "
             "sink's dsn option: host, port, user, password, dbname, and that the server runs "
-            "and accepts connections from here)"
+            "and accepts connections from here)", transient=bool(postgres_transient(exc)),
         ) from None
 
 

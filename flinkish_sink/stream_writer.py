@@ -48,6 +48,7 @@ from flinkish_core.markers import (
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, is_window_output
 from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
+from flinkish_sink.outages import RetriedTransaction, RetryPolicy
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
     AnyTarget,
@@ -55,7 +56,7 @@ from flinkish_sink.target import (
     TaskTransaction,
     TransactionId,
 )
-from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
+from flinkish_sink.two_phase_commit import LATE_SUFFIX, EpochOutcome, TwoPhaseCommitCoordinator
 
 logger = logging.getLogger(__name__)
 
@@ -232,6 +233,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 "alone"
             )
         self._target = make_target(self._options)
+        self._policy = RetryPolicy(self._options.outage_timeout_ms / 1000)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
         # a hash, not the options: the DSN may hold a password
@@ -280,16 +282,17 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         message = SinkCommitMessage(task)
         open_txns: dict[str, TaskTransaction] = {}
         if exactly_once:
-            self._resolve_leftovers(message.run)
+            self._policy.call(self._target, "recovery before writing",
+                              lambda: self._resolve_leftovers(message.run))
 
         def txn(kind: str) -> TaskTransaction:
             if kind not in open_txns:
                 prefix = self._options.prefix + (LATE_SUFFIX if kind == "late" else "")
                 target = self._side if kind == "late" else self._target
                 assert target is not None
-                open_txns[kind] = target.begin_transaction(
-                    TransactionId(prefix, self._query, epoch, task, attempt, self._run),
-                    self._data_schema,
+                open_txns[kind] = RetriedTransaction(
+                    target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
+                    self._data_schema, self._policy,
                 )
             return open_txns[kind]
 
@@ -301,7 +304,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             else:
                 target = self._side if kind == "late" else self._target
                 assert target is not None
-                target.write_direct(rows)
+                # a retry may write the rows again: at-least-once allows it
+                self._policy.call(target, "write", lambda: target.write_direct(rows))
 
         try:
             for batch in iterator:
@@ -423,7 +427,6 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self._options.guarantee is DeliveryGuarantee.NONE:
             return
-        self._check_write_tasks(len(messages))
         received = [m for m in messages if isinstance(m, SinkCommitMessage)]
         run = next((m.run for m in received if m.run), None)
         # without markers the valve has nothing; Spark's event-time watermark of the batch is
@@ -431,14 +434,21 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         spark_watermark = None
         if not self._has_markers and self._options.checkpoint_location:
             spark_watermark = spark_batch_watermark(self._options.checkpoint_location, batchId)
-        outcome = self._coordinator(run).commit_epoch(
-            batchId,
-            [PreCommit.from_json(p) for m in received for p in m.pre_commits],
-            [Marker.from_json(mk) for m in received for mk in m.markers],
-            sum(m.rows for m in received),
-            sum(m.late_rows for m in received),
-            spark_watermark,
-        )
+
+        def commit_epoch() -> EpochOutcome:
+            # a retry after a failure part-way through is a replay of the epoch: the
+            # coordinator finishes the recorded decision, as after a crash
+            self._check_write_tasks(len(messages))
+            return self._coordinator(run).commit_epoch(
+                batchId,
+                [PreCommit.from_json(p) for m in received for p in m.pre_commits],
+                [Marker.from_json(mk) for m in received for mk in m.markers],
+                sum(m.rows for m in received),
+                sum(m.late_rows for m in received),
+                spark_watermark,
+            )
+
+        outcome = self._policy.call(self._target, f"commit of epoch {batchId}", commit_epoch)
         logger.info(
             "epoch %s committed: watermark %s, %s rows (%s late)%s", batchId,
             outcome.watermark.watermark, outcome.checkpoint.state["rows"],
@@ -448,13 +458,18 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self._options.guarantee is not DeliveryGuarantee.EXACTLY_ONCE:
             return
-        self._check_write_tasks(len(messages))  # too many of them may be why the epoch failed
         pre_commits = [
             PreCommit.from_json(p)
             for m in messages if isinstance(m, SinkCommitMessage) for p in m.pre_commits
         ]
-        # abort only reads the store (was the epoch decided?): it claims nothing
-        self._coordinator(claim=False).abort_epoch(batchId, pre_commits)
+
+        def abort_epoch() -> None:
+            # too many write tasks may be why the epoch failed
+            self._check_write_tasks(len(messages))
+            # abort only reads the store (was the epoch decided?): it claims nothing
+            self._coordinator(claim=False).abort_epoch(batchId, pre_commits)
+
+        self._policy.call(self._target, f"abort of epoch {batchId}", abort_epoch)
 
 
 def _markers(rows: pa.RecordBatch) -> list[list[Any]]:

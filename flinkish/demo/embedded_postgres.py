@@ -95,6 +95,7 @@ class EmbeddedPostgres:
         self.startup_timeout = startup_timeout
         self._port: int | None = None
         self._finalizer: weakref.finalize | None = None
+        self._server: tuple[Path, list[str], Path] | None = None  # bin dir, run-as, base
 
     @property
     def dsn(self) -> str:
@@ -147,6 +148,7 @@ class EmbeddedPostgres:
                 port = _free_port()
                 if self._start_server(bin_dir, run_as, base, port, attempt):
                     self._port = port
+                    self._server = (bin_dir, run_as, base)
                     return self
             raise RuntimeError(f"PostgreSQL did not start: {_log_tail(base)}")
         except BaseException:
@@ -199,11 +201,29 @@ class EmbeddedPostgres:
                 )
             time.sleep(_POLL_SECONDS)
 
+    @contextlib.contextmanager
+    def away(self) -> Iterator[None]:
+        """The server down for the block (a fast shutdown: every session is cut, as in a
+        restart or a failover), then started again on its port with its data: what was
+        committed and prepared is still there."""
+        if self._server is None or self._port is None:
+            raise RuntimeError("EmbeddedPostgres is not running: call start() first")
+        bin_dir, run_as, base = self._server
+        _run([*run_as, str(bin_dir / "pg_ctl"), "stop", "-D", str(base / "data"), "-m", "fast",
+              "-w", "-t", "20"], cwd=base, what="pg_ctl stop")
+        try:
+            yield
+        finally:
+            log = len(list(base.glob("postgres-*.log")))  # a log of its own: the stop's FATALs
+            if not self._start_server(bin_dir, run_as, base, self._port, log):
+                raise RuntimeError(f"PostgreSQL could not listen on port {self._port} again")
+
     def stop(self) -> None:
         """Stop the server (fast shutdown, then kill) and delete its directory. Idempotent."""
         if self._finalizer is not None:
             self._finalizer()
         self._port = None
+        self._server = None
 
 
 def _run_as_prefix() -> list[str]:
