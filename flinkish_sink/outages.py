@@ -57,7 +57,7 @@ _STORE_UNREACHABLE = re.compile(
     r"connection refused|connection reset|connection aborted|connection closed|broken pipe"
     r"|could not connect|couldn't connect|failed to connect|tcp connect error"
     r"|network_connection|error sending request|unexpected eof|end of file"
-    r"|timed out|timeout|temporarily unavailable|service unavailable|slow ?down"
+    r"|timed out|timeout|temporarily unavailable|service[ _]unavailable|slow[ _]?down"
     r"|internal server error|bad gateway|gateway timeout|internal_failure|request_timeout"
     r"|\b(?:status|code)\b\D{0,12}\b5\d\d\b",
     re.IGNORECASE,
