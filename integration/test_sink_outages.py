@@ -25,7 +25,7 @@ from flinkish_sink.stream_writer import FlinkishStreamWriter, SinkCommitMessage
 from flinkish_sink.target import TransactionId
 from integration.kafka_helpers import produce, source, wait_for
 from integration.outage_proxy import OutageProxy
-from integration.s3_server import S3Server
+from integration.s3_server import ACCESS_KEY, SECRET_KEY, S3Server
 
 pytestmark = pytest.mark.integration
 
@@ -191,7 +191,10 @@ def test_s3_away_mid_stream_a_delta_table_gets_each_row_once(
     name = topic(PARTITIONS)
     _wave(kafka_bootstrap, name, 0)
     with OutageProxy((host, int(port))) as proxy:
-        location = S3Server(proxy.endpoint).uri(bucket, "tables/events")
+        # the credentials in the URI: Spark's processes started before the S3 server's
+        # fixture exported them
+        location = S3Server(proxy.endpoint).uri(bucket, "tables/events").replace(
+            "s3://", f"s3://{ACCESS_KEY}:{SECRET_KEY}@", 1)
         direct = s3.uri(bucket, "tables/events")
         query = _start(spark, kafka_bootstrap, name, tmp_path, target="delta", path=location)
         try:
