@@ -24,6 +24,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from flinkish.cli import main
 from flinkish_core.errors import OptionError
 from flinkish_sink.options import parse_sink_options
+from flinkish_sink.outages import is_transient
 from flinkish_sink.postgres_target import PostgresConnectError, PostgresTarget
 from flinkish_sink.stream_writer import FlinkishStreamWriter, SinkCommitMessage
 from flinkish_sink.target import TransactionId
@@ -140,6 +141,7 @@ def test_the_dsn_password_never_leaves(
         with pytest.raises(PostgresConnectError) as refused:
             PostgresTarget(bad_dsn, table).check(pa.schema([("v", pa.int64())]))
         assert "password authentication failed" in str(refused.value)
+        assert not is_transient(refused.value)  # a refused login is never waited out
         with pytest.raises(PostgresConnectError) as unreachable_error:
             FlinkishStreamWriter(schema, {**raw, "dsn": unreachable})
         assert "Connection refused" in str(unreachable_error.value)
