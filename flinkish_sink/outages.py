@@ -150,6 +150,10 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
+def _whole(error: BaseException) -> str:
+    return f"{type(error).__name__}: {' '.join(str(error).split())}"
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with jitter up to a deadline (``timeout_s`` after the first
@@ -195,7 +199,7 @@ class RetryPolicy:
                         f"{target!r}: {what} failed: the target stayed unreachable for "
                         f"{format_duration(elapsed)} ({attempt} attempts), longer than the "
                         f"sink's outageTimeout ({format_duration(self.timeout_s)}); last "
-                        f"error: {_first_line(error)}"
+                        f"error: {_whole(error)}"
                     ) from error
                 pause = min(left, next(delays))
                 logger.warning(

@@ -159,7 +159,7 @@ def test_postgres_away_longer_than_outage_timeout_fails_naming_the_target_and_ho
     assert text.startswith(f"PostgresTarget('{dsn}', '{table}'): commit of epoch 0 failed: "
                            "the target stayed unreachable for 1.")
     assert "longer than the sink's outageTimeout (1.0 s)" in text
-    assert "Connection refused" in text
+    assert "Connection refused" in text and "check the sink's dsn option" in text
     writer.commit([message], 0)
     with psycopg.connect(dsn) as conn:
         assert conn.execute(sql.SQL("SELECT v FROM {} ORDER BY v").format(
