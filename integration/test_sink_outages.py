@@ -87,16 +87,6 @@ def _retries_logged(request: pytest.FixtureRequest, target: str) -> list[str] | 
     return [line for line in err.splitlines() if target in line and " unreachable: " in line]
 
 
-def _failure_text(failure: Any) -> str:
-    """A failed query's error and its causes: the Python worker's error (naming the target)
-    is a cause of Spark's "Writing job failed"."""
-    texts = []
-    while failure is not None and len(texts) < 20:
-        texts.append(str(failure))
-        failure = getattr(failure, "_cause", None)
-    return "\n".join(texts)
-
-
 def _stop(query: Any) -> None:
     query.stop()
     assert query.exception() is None
