@@ -246,9 +246,12 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     "combined watermark or judge late rows. Keep those columns in the "
                     "projection before writeStream (the sink drops them itself)"
                 )
-            self._target.check(self._data_schema)
-            if self._side is not None:
-                self._side.check(self._data_schema)
+            # retried: a fresh Python worker of a running query checks again, maybe while
+            # the target is away
+            for target in (self._target, self._side):
+                if target is not None:
+                    self._policy.call(target, "check", functools.partial(
+                        target.check, self._data_schema))
             _CHECKED.add(checked)
         self._query = ""
         self._run = uuid.uuid4().hex[:8]  # see TransactionId.run

@@ -143,7 +143,7 @@ def test_the_dsn_password_never_leaves(
         assert "password authentication failed" in str(refused.value)
         assert not is_transient(refused.value)  # a refused login is never waited out
         with pytest.raises(PostgresConnectError) as unreachable_error:
-            FlinkishStreamWriter(schema, {**raw, "dsn": unreachable})
+            FlinkishStreamWriter(schema, {**raw, "dsn": unreachable, "outageTimeout": "0"})
         assert "Connection refused" in str(unreachable_error.value)
         seen += [_error_text(refused.value), _error_text(unreachable_error.value)]
 

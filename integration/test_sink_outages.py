@@ -114,8 +114,6 @@ def test_postgres_stopped_mid_stream_the_query_keeps_running_and_writes_each_row
     finally:
         _stop(query)
     assert _pg_rows(dsn, table) == _expected(3)  # each exactly once
-    with psycopg.connect(dsn) as conn:
-        assert conn.execute("SELECT gid FROM pg_prepared_xacts").fetchall() == []
     assert _retries_logged(request, f"PostgresTarget('{dsn}', '{table}')") != []
 
 
