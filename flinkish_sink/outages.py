@@ -156,8 +156,8 @@ def _whole(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter up to a deadline (``timeout_s`` after the first
-    failure's step began; 0: no retry). Picklable: it travels to the write tasks."""
+    """Exponential backoff with jitter up to a deadline (``timeout_s`` after the step's first
+    attempt began; 0: no retry). Picklable: it travels to the write tasks."""
 
     timeout_s: float
     initial_backoff_s: float = 0.2
