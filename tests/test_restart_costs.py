@@ -3,6 +3,7 @@ a restarted query's first commit pays its interpreter's start-up and imports."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,3 +40,20 @@ def test_the_demo_sessions_workers_leave_sparks_zip_and_jars_off_their_path() ->
         capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": path},
     ).stdout
     assert out.strip() == os.pathsep.join([str(ROOT), "/opt/libs/other.jar"])
+
+
+def test_the_task_workers_daemon_preloads_their_imports_and_starts_no_thread() -> None:
+    """What the daemon imports its forks inherit; a thread it started would not survive the
+    fork (the reason PySpark's own daemon imports nothing of the task's)."""
+    code = ("import json, sys, threading, flinkish.worker_daemon as d; "
+            "print(d.preload(['-m', 'pyspark.sql.worker.plan_data_source_read'])); "
+            "print('pandas' in sys.modules); "
+            "loaded = d.preload(['-m', 'pyspark.worker']); "
+            "print(json.dumps(loaded)); print(threading.active_count())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split("\n")
+    assert out[:2] == ["[]", "False"]
+    assert {"pandas", "pyarrow", "confluent_kafka", "flinkish_source.partition_reader",
+            "flinkish_sink.stream_writer"} <= set(json.loads(out[2]))
+    assert out[3] == "1"
+

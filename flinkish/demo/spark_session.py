@@ -92,6 +92,7 @@ def local_session(app: str = "flinkish", cores: str = "2", master: str | None = 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.daemon.module", "flinkish.worker_daemon")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
