@@ -28,8 +28,12 @@ _WORKER_PYTHON = """\
 # against ~0.25 s from the installed package (the same version); and Spark gives a new worker a
 # fixed 10 s to connect back (PythonWorkerFactory.createSimpleWorker), which many queries
 # starting at once on 2 cores overrun. So workers import the installed copy.
-PYTHONPATH=$(printf '%s' "$PYTHONPATH" | tr ':' '\\n' | grep -v '/pyspark/python/lib/' \\
-  | paste -sd: -)
+# Spark also puts its spark-core jar there (PythonUtils.sparkPythonPath): a zip of ~6,000
+# entries and no Python module, whose index every Python process reads at its first import
+# (~0.1 s) and every worker the daemon forks reads again (PySpark invalidates the import
+# caches when it adds the job's file directory to the path). So workers leave it out too.
+PYTHONPATH=$(printf '%s' "$PYTHONPATH" | tr ':' '\\n' \\
+  | grep -v -e '/pyspark/python/lib/' -e '/pyspark/jars/[^/]*[.]jar$' | paste -sd: -)
 export PYTHONPATH
 exec {python} "$@"
 """
@@ -88,6 +92,7 @@ def local_session(app: str = "flinkish", cores: str = "2", master: str | None = 
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.python.daemon.module", "flinkish.worker_daemon")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])

@@ -1,0 +1,49 @@
+"""PySpark's Python worker daemon with what flinkish's read and write tasks import loaded before
+it forks its workers (``spark.python.daemon.module=flinkish.worker_daemon``).
+
+Why: every worker the daemon forks imports pyarrow, pandas (pyarrow imports it at its first
+array built from Python values), confluent_kafka and the source's and sink's modules at its
+first task, ~0.7 s of CPU each; a (re)started query's first batch forks two workers per task
+(one reads, one writes) at once, on the way to its first commit. Imported once in the daemon,
+the forks start with them.
+
+Forking after these imports is safe: pandas, pyarrow and confluent_kafka start no thread at
+import (Arrow's thread pools start at first use and are re-created in a forked child; librdkafka
+threads belong to a client, which only tasks create). Only the daemon of the task workers
+(``pyspark.worker``) preloads; the daemons of a data source's driver-side processes (their
+``pyspark.sql.worker`` module is the first argument) start as PySpark's do. A module that fails
+to import is left to the worker, which reports it with the task.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from pyspark import daemon
+
+#: Besides the worker check's :data:`~flinkish.worker_python.TASK_MODULES`: PySpark's worker
+#: itself, and pandas, which pyarrow imports in the task at its first array from Python values.
+PRELOADED = ("pyspark.worker", "pandas", "pyarrow.compute")
+
+
+def preload(argv: list[str]) -> list[str]:
+    """Import :data:`PRELOADED` when ``argv`` starts the task workers' daemon; the modules
+    imported."""
+    if len(argv) > 1 and argv[1] != "pyspark.worker":
+        return []
+    from flinkish.worker_python import TASK_MODULES
+
+    loaded = []
+    for name in (*PRELOADED, *TASK_MODULES):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the task's own import reports it
+            continue
+        loaded.append(name)
+    return loaded
+
+
+if __name__ == "__main__":
+    preload(sys.argv)
+    daemon.manager()

@@ -1,0 +1,59 @@
+"""What keeps a (re)started query's Python processes cheap: each one Spark starts on the way to
+a restarted query's first commit pays its interpreter's start-up and imports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_discovering_the_data_source_leaves_pyarrow_out() -> None:
+    """Spark's discovery of installed data sources (at the first ``format("flinkish")``) and
+    its ``create_data_source`` process import ``pyspark_flinkish`` and ask for the schema's
+    DDL; pyarrow and numpy (~0.2 s) are for the processes that read or write rows."""
+    code = ("import sys, pyspark_flinkish; "
+            "pyspark_flinkish.DefaultSource({'subscribe': 't', 'kafka.bootstrap.servers': 'b:1',"
+            " 'checkpointing.location': '/tmp/x'}).schema(); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('pyarrow', 'numpy')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout
+    assert out.strip() == "[]"
+
+
+def test_the_demo_sessions_workers_leave_sparks_zip_and_jars_off_their_path() -> None:
+    from flinkish.demo.spark_session import worker_python
+
+    spark_home = Path(sys.prefix) / "lib" / "site-packages" / "pyspark"
+    path = os.pathsep.join([
+        str(spark_home / "python" / "lib" / "pyspark.zip"),
+        str(spark_home / "jars" / "spark-core_2.13-4.3.0.jar"),
+        str(ROOT),
+        "/opt/libs/other.jar",
+    ])
+    out = subprocess.run(
+        [worker_python(), "-c", "import os; print(os.environ['PYTHONPATH'])"],
+        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": path},
+    ).stdout
+    assert out.strip() == os.pathsep.join([str(ROOT), "/opt/libs/other.jar"])
+
+
+def test_the_task_workers_daemon_preloads_their_imports_and_starts_no_thread() -> None:
+    """What the daemon imports its forks inherit; a thread it started would not survive the
+    fork (the reason PySpark's own daemon imports nothing of the task's)."""
+    code = ("import json, sys, threading, flinkish.worker_daemon as d; "
+            "print(d.preload(['-m', 'pyspark.sql.worker.plan_data_source_read'])); "
+            "print('pandas' in sys.modules); "
+            "loaded = d.preload(['-m', 'pyspark.worker']); "
+            "print(json.dumps(loaded)); print(threading.active_count())")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT).stdout.split("\n")
+    assert out[:2] == ["[]", "False"]
+    assert {"pandas", "pyarrow", "confluent_kafka", "flinkish_source.partition_reader",
+            "flinkish_sink.stream_writer"} <= set(json.loads(out[2]))
+    assert out[3] == "1"
+
