@@ -124,6 +124,20 @@ def test_an_epoch_is_invisible_until_committed_then_one_snapshot(env: Env) -> No
     assert outcome.committed == (txn(0, 0).gid, txn(0, 1).gid)
 
 
+def test_a_created_tables_manifests_are_merged_not_one_more_per_epoch(env: Env) -> None:
+    """Each epoch's commit writes a manifest; the table the sink created merges them once
+    there are commit.manifest.min-count-to-merge of them (100 by default, 3 here)."""
+    with env.table().transaction() as change:
+        change.set_properties({"commit.manifest.min-count-to-merge": "3"})
+    for epoch in range(6):
+        env.coordinator().commit_epoch(epoch, [pre_commit(env.target, epoch, 0, [epoch])], [],
+                                       rows=1, late_rows=0)
+
+    table = env.table()
+    assert len(table.current_snapshot().manifests(table.io)) < 3
+    assert env.read_ids() == list(range(6))
+
+
 def test_the_snapshot_summary_carries_the_epochs_record(env: Env) -> None:
     env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2])],
                                    marker(0, 4_000) + marker(1, 6_000), rows=2, late_rows=0)
