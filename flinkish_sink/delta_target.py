@@ -307,19 +307,13 @@ class DeltaTarget(StagedFilesTarget):
                     "be a string, integer, boolean, date or timestamp"
                 )
 
-    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> DeltaTransaction:
+    def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
+                          ) -> DeltaTransaction:
         return DeltaTransaction(self, txn, schema)
 
-    def write_direct(self, batch: pa.RecordBatch) -> None:
-        """Write the rows to new files and commit them as a version of their own at once
-        (at-least-once: a replayed epoch writes them again)."""
-        if batch.num_rows == 0:
-            return
-        transaction = DeltaTransaction(self, None, batch.schema)
-        transaction.write(batch)
-        adds = transaction.close_files()
+    def _commit_direct(self, files: list[dict[str, Any]]) -> None:
         with self._latest() as table:
-            self._commit_adds(table, adds, {})
+            self._commit_adds(table, files, {})
 
     def committed_watermark(self, query: str) -> int | None:
         """The highest watermark the table's history (as far as its log keeps it) records

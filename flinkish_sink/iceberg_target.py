@@ -230,17 +230,12 @@ class IcebergTarget(StagedFilesTarget):
                 "table, or change the query to produce the table's columns")
         self._layout_seen = _LAYOUTS[self._key] = layout
 
-    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> IcebergTransaction:
+    def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
+                          ) -> IcebergTransaction:
         return IcebergTransaction(self, txn, schema)
 
-    def write_direct(self, batch: pa.RecordBatch) -> None:
-        """Write the rows to new files and commit them as a snapshot of their own at once
-        (at-least-once: a replayed epoch writes them again)."""
-        if batch.num_rows == 0:
-            return
-        transaction = IcebergTransaction(self, None, batch.schema)
-        transaction.write(batch)
-        self._commit([f["path"] for f in transaction.close_files()], {}, None)
+    def _commit_direct(self, files: list[dict[str, Any]]) -> None:
+        self._commit([f["path"] for f in files], {}, None)
 
     def committed_watermark(self, query: str) -> int | None:
         """The newest watermark the table's snapshots (those not expired) record for

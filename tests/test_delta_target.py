@@ -14,9 +14,10 @@ from typing import Any
 import deltalake
 import pyarrow as pa
 import pytest
+from staged_tables import PREFIX, QUERY, SCHEMA, batch, coordinator, marker, pre_commit, txn
 
 from checkpointing import CheckpointStorage, CheckpointStore
-from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_core.markers import KIND_STATUS, Marker
 from flinkish_sink import delta_target
 from flinkish_sink.data_files import STAGING_DIR
 from flinkish_sink.delta_stats import FileStats
@@ -25,36 +26,9 @@ from flinkish_sink.delta_target import (
     delta_location,
     partition_value,
 )
-from flinkish_sink.target import PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
-QUERY = "q1"
-PREFIX = "flinkish"
 UTC = timezone.utc
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()),
-                    ("eventTime", pa.timestamp("us", tz="UTC"))])
-
-
-def batch(ids: list[int], name: str = "n") -> pa.RecordBatch:
-    return pa.record_batch(
-        [pa.array(ids, pa.int64()), pa.array([f"{name}{i % 2}" for i in ids]),
-         pa.array([i * 1_000_000 for i in ids], pa.timestamp("us", tz="UTC"))],
-        schema=SCHEMA)
-
-
-def txn(epoch: int, task: int, attempt: int = 0, *, run: str = "r1",
-        prefix: str = PREFIX) -> TransactionId:
-    return TransactionId(prefix, QUERY, epoch, task, attempt, run)
-
-
-def pre_commit(target: DeltaTarget, epoch: int, task: int, ids: list[int], *,
-               run: str = "r1", prefix: str = PREFIX) -> PreCommit:
-    transaction = target.begin_transaction(txn(epoch, task, run=run, prefix=prefix), SCHEMA)
-    transaction.write(batch(ids[:1]))
-    transaction.write(batch(ids[1:]))
-    result = transaction.pre_commit()
-    # what crosses from the task to the driver is JSON
-    return PreCommit.from_json(json.loads(json.dumps(result.to_json())))
 
 
 def table(path: Path) -> Any:
@@ -74,11 +48,6 @@ def referenced(path: Path) -> set[str]:
     return set(pa.table(table(path).get_add_actions(flatten=True)).column("path").to_pylist())
 
 
-def marker(partition: int, watermark: int) -> list[Marker]:
-    return [Marker("t", partition, 0, KIND_STATUS, None, "ACTIVE"),
-            Marker("t", partition, 5, KIND_WATERMARK, watermark, None)]
-
-
 class Env:
     def __init__(self, root: Path, *, side: bool = False, schema: pa.Schema = SCHEMA,
                  **options: Any) -> None:
@@ -93,10 +62,7 @@ class Env:
             self.side.check(SCHEMA)
 
     def coordinator(self) -> TwoPhaseCommitCoordinator:
-        """A fresh driver-side writer, as Spark makes one for every commit."""
-        store = CheckpointStore(CheckpointStorage.open(str(self.root / "store")), owner=QUERY)
-        return TwoPhaseCommitCoordinator(store, self.target, PREFIX, QUERY,
-                                         side_target=self.side)
+        return coordinator(self.root, self.target, self.side)
 
 
 @pytest.fixture
