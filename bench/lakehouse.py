@@ -16,7 +16,8 @@ What is measured, and how:
   off so that ``*_files_per_epoch`` is what an epoch itself adds; and into Spark's ``noop`` sink
   (the source's cost alone). Each sink runs ``--repeat`` times, in rotating order, after a
   warm-up query per sink; ``*_rps`` = rows / seconds from ``start()`` to the end (medians).
-  ``ratio_vs_parquet`` = ``delta_rps / parquet_rps`` (target >= 0.8).
+  ``ratio_vs_parquet`` = ``delta_rps / parquet_rps`` (target >= 0.8). ``--repeat 0`` skips
+  this part.
 * **Steady stream.** A producer thread writes ``--rate`` records a second for ``--minutes``
   (CreateTime now) while two queries with a 2 s processing-time trigger read them: into a Delta
   table (``delta.compactEvery``) and into a Parquet target (``parquet.compactEvery``, both
@@ -24,8 +25,14 @@ What is measured, and how:
   is the table's data files: Delta's active files (``DeltaTable.file_uris``), the Parquet
   target's ``flinkish.parquet_files``. ``*_ideal_files`` = ceil(data bytes / the compaction's
   target size) (Delta: ``delta.targetFileSize`` or delta-rs' 100 MiB; Parquet:
-  ``parquet.targetFileSize``, 128 MiB), at least 1; target: ``*_files_after`` within 2x of
-  it. Both outputs are checked to hold every produced record exactly once.
+  ``parquet.targetFileSize``, 128 MiB), at least 1. A compaction runs every
+  ``--compact-every`` epochs, so the files at the end depend on where in that cycle the
+  stream stopped: ``*_files_after_compaction`` is what the last compaction left (Delta: the
+  active files at the version of the last ``OPTIMIZE``; Parquet: the files of the epochs up to
+  the last compaction's), target: within 2x of ideal; ``*_files_bound`` = ideal +
+  (``--compact-every`` - 1) x the most files an epoch added (one per write task with rows),
+  which ``*_files_after`` must not pass. Both outputs are checked to hold every produced
+  record exactly once.
 
 The broker, the Spark session and its JVM are stopped on every exit path, including errors
 and SIGTERM. Timings on a shared machine are noisy: compare the ratios of one run.
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import shutil
 import sys
 import tempfile
@@ -59,6 +67,8 @@ TARGET_RATIO = 0.8
 TRIGGER = "2 seconds"
 DELTA_DEFAULT_TARGET = 100 * 1024 * 1024  # delta-rs' optimize target without a table property
 PARQUET_TARGET = 128 * 1024 * 1024  # parquet.targetFileSize's default
+#: a Parquet target's data file: (epoch, "c" for a compaction's output)
+PARQUET_PART = r"-(\d{9})-(?:\d{5}-\d+-\d{3}|(c)[0-9a-f]{8}-\d{3})\.parquet$"
 
 
 @dataclass
@@ -100,6 +110,33 @@ def sink(df: Any, kind: str, out: Path, checkpoint: Path, compact_every: int) ->
 def epochs_of(checkpoint: Path) -> int:
     view = CheckpointStore.reader(CheckpointStorage.open(str(checkpoint / "flinkish")))
     return len(view.completed_ids())
+
+
+def max_files_per_epoch(checkpoint: Path) -> int:
+    """The most pre-commits (write tasks with rows: one file each) an epoch decided on."""
+    view = CheckpointStore.reader(CheckpointStorage.open(str(checkpoint / "flinkish")))
+    return max((len(view.completed(n).state["decision"]) for n in view.completed_ids()),
+               default=0)
+
+
+def files_after_last_compaction(kind: str, out: Path) -> int | None:
+    """How many data files a reader read right after the stream's last compaction (None:
+    none ran): Delta's active files at the version of its last ``OPTIMIZE``; for the Parquet
+    target, the files of the epochs up to the last compaction's (named in its outputs)."""
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        optimized = [h["version"] for h in DeltaTable(str(out)).history()
+                     if h.get("operation") == "OPTIMIZE"]
+        if not optimized:
+            return None
+        return len(DeltaTable(str(out), version=max(optimized)).file_uris())
+    names = [re.search(PARQUET_PART, Path(f).name) for f in data_files(kind, out)]
+    parts = [(int(m[1]), m[2] is not None) for m in names if m]
+    compacted = [epoch for epoch, output in parts if output]
+    if not compacted:
+        return None
+    return sum(1 for epoch, _ in parts if epoch <= max(compacted))
 
 
 def data_files(kind: str, out: Path) -> list[str]:
@@ -213,11 +250,20 @@ def steady_stream(spark: Any, bootstrap: str, topic: str, workdir: Path, args: a
                 raise RuntimeError(f"steady {kind}: {rows} rows ({distinct} distinct), "
                                    f"expected {produced[0]} once each")
             epochs = epochs_of(run / "checkpoint")
-            log(f"  steady {kind}: {epochs} epochs, {len(files)} files, ideal {ideal} "
+            compacted = files_after_last_compaction(kind, out)
+            # what the last compaction left, plus a file per write task of every epoch since
+            bound = ideal + (args.compact_every - 1) * max_files_per_epoch(run / "checkpoint")
+            log(f"  steady {kind}: {epochs} epochs, {len(files)} files (bound {bound}), "
+                f"{compacted} right after the last compaction, ideal {ideal} "
                 f"(target size {size:,} B)")
-            result.update({f"{kind}_steady_epochs": epochs, f"{kind}_files_after": len(files),
-                           f"{kind}_ideal_files": ideal,
-                           f"{kind}_files_vs_ideal": round(len(files) / ideal, 2)})
+            result.update({
+                f"{kind}_steady_epochs": epochs, f"{kind}_files_after": len(files),
+                f"{kind}_files_bound": bound, f"{kind}_files_after_compaction": compacted,
+                f"{kind}_ideal_files": ideal,
+                f"{kind}_files_vs_ideal": round(len(files) / ideal, 2),
+                f"{kind}_compacted_vs_ideal": None if compacted is None
+                else round(compacted / ideal, 2),
+            })
         return result
     finally:
         for _, query in queries.values():
@@ -248,7 +294,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=5,
                         help="maxOffsetsPerTrigger = ceil(rows / epochs)")
-    parser.add_argument("--repeat", type=int, default=3, help="median of N runs per sink")
+    parser.add_argument("--repeat", type=int, default=3,
+                        help="median of N runs per sink (0: skip the throughput part)")
     parser.add_argument("--value-bytes", type=int, default=100)
     parser.add_argument("--warmup-rows", type=int, default=8_000)
     parser.add_argument("--minutes", type=float, default=10.0,
@@ -259,10 +306,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per query")
     args = parser.parse_args(argv)
-    if min(args.rows, args.partitions, args.epochs, args.repeat, args.warmup_rows,
-           args.rate, args.compact_every) < 1 or args.minutes < 0:
-        parser.error("--rows, --partitions, --epochs, --repeat, --warmup-rows, --rate and "
-                     "--compact-every must be positive, --minutes not negative")
+    if min(args.rows, args.partitions, args.epochs, args.warmup_rows, args.rate,
+           args.compact_every) < 1 or min(args.minutes, args.repeat) < 0:
+        parser.error("--rows, --partitions, --epochs, --warmup-rows, --rate and "
+                     "--compact-every must be positive, --minutes and --repeat not negative")
+    if args.repeat == 0 and args.minutes == 0:
+        parser.error("--repeat 0 and --minutes 0 leave nothing to measure")
     return args
 
 
@@ -272,11 +321,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, list[Run]] = {kind: [] for kind in SINKS}
     with bench_environment("flinkish-lakehouse-") as env:
         topic, warmup_topic = "bench-lakehouse", "bench-lakehouse-warmup"
-        env.prepare_topics(args.partitions, args.value_bytes, (topic, args.rows),
+        env.prepare_topics(args.partitions, args.value_bytes,
+                           (topic, args.rows if args.repeat else 1),
                            (warmup_topic, args.warmup_rows), "not timed")
         spark, startup = env.start_spark("flinkish-lakehouse-bench", args.cores)
         log(f"SparkSession up in {startup:.1f} s")
-        for kind in SINKS:
+        for kind in SINKS if args.repeat else ():
             log(f"warm-up: {args.warmup_rows:,} rows into {kind} (not timed)")
             run_once(spark, kind, env.bootstrap, warmup_topic, args.warmup_rows, env.workdir,
                      args.timeout)
@@ -290,17 +340,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         steady = {} if args.minutes == 0 else steady_stream(
             spark, env.bootstrap, "bench-lakehouse-steady", env.workdir, args, args.partitions)
 
+    print_result({
+        "bench": "lakehouse",
+        "partitions": args.partitions,
+        "value_bytes": args.value_bytes,
+        "spark_cores": args.cores,
+        **(throughput(args, runs) if args.repeat else {}),
+        "steady_minutes": args.minutes,
+        "steady_rate": args.rate,
+        "compact_every": args.compact_every,
+        **steady,
+    })
+    return 0
+
+
+def throughput(args: argparse.Namespace, runs: dict[str, list[Run]]) -> dict[str, Any]:
     rps = {kind: median([r.rps(args.rows) for r in runs[kind]]) for kind in SINKS}
     per_epoch = {kind: median([r.files / r.epochs for r in runs[kind]])
                  for kind in ("delta", "parquet")}
-    print_result({
-        "bench": "lakehouse",
+    return {
         "rows": args.rows,
-        "partitions": args.partitions,
         "epochs": runs["delta"][0].epochs,
-        "value_bytes": args.value_bytes,
         "repeat": args.repeat,
-        "spark_cores": args.cores,
         "delta_rps": round(rps["delta"]),
         "parquet_rps": round(rps["parquet"]),
         "noop_rps": round(rps["noop"]),
@@ -311,14 +372,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "target_ratio": TARGET_RATIO,
         "delta_files_per_epoch": round(per_epoch["delta"], 2),
         "parquet_files_per_epoch": round(per_epoch["parquet"], 2),
-        "steady_minutes": args.minutes,
-        "steady_rate": args.rate,
-        "compact_every": args.compact_every,
-        **steady,
         "excluded_from_rps": "SparkSession start-up; JVM and Python worker warm-up (a warm-up "
                              f"query of {args.warmup_rows} rows per sink ran first)",
-    })
-    return 0
+    }
 
 
 if __name__ == "__main__":

@@ -14,14 +14,14 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
 from flinkish_sink.parquet_target import delete_file_if_present, sync_path
-from flinkish_sink.target import TransactionId
+from flinkish_sink.target import TaskTransaction, TransactionId
 
 STAGING_DIR = "_flinkish_staging"
 _GID_SEPARATOR = "~"
@@ -113,6 +113,13 @@ class Manifests:
         return {txn: age for _, txn, age in sorted(found)}
 
 
+class StagedFiles(TaskTransaction, Protocol):
+    """A transaction writing data files (see :class:`StagedFilesTarget`)."""
+
+    def close_files(self) -> list[dict[str, Any]]:
+        """Close and fsync the files: what the table's commit needs to know of each."""
+
+
 class StagedFilesTarget:
     """What a table target whose tasks stage data files does alike, through its
     :attr:`manifests`: unreferenced files are invisible and lock nothing, any number may
@@ -131,6 +138,24 @@ class StagedFilesTarget:
     @property
     def manifests(self) -> Manifests:
         raise NotImplementedError
+
+    def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema) -> StagedFiles:
+        """The data files of task attempt ``txn`` or, with None, of a direct write."""
+        raise NotImplementedError
+
+    def _commit_direct(self, files: list[dict[str, Any]]) -> None:
+        """Commit a direct write's ``files`` (from :meth:`StagedFiles.close_files`) at once,
+        as a table version of their own."""
+        raise NotImplementedError
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """Write the rows to new files and commit them at once, as a table version of their
+        own (at-least-once: a replayed epoch writes them again)."""
+        if batch.num_rows == 0:
+            return
+        transaction = self.begin_transaction(None, batch.schema)
+        transaction.write(batch)
+        self._commit_direct(transaction.close_files())
 
     def rollback(self, txn: TransactionId) -> None:
         """Delete the transaction's files (which the table does not reference: the protocol

@@ -45,9 +45,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 import time
 import urllib.parse
 import uuid
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -82,6 +84,16 @@ RECORD_KEY = "flinkish"
 #: the writer (and its target) anew every micro-batch, and a target that knows them spares
 #: each write task a read of the table's log.
 _PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
+
+#: The tables this process has open, by URI and storage options. Spark builds the writer (and
+#: its target) anew every micro-batch, in one long-lived process on the driver: a handle kept
+#: across micro-batches catches up by reading only the log's commits since
+#: (``update_incremental``), where a new one would replay the log from its last checkpoint
+#: at every epoch (up to ``delta.checkpointInterval`` commits, 100 by default). A handle is
+#: used under :data:`_TABLES_LOCK`, from the read it is brought up to date by to the commit
+#: made against that read.
+_TABLES: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+_TABLES_LOCK = threading.RLock()
 
 #: The Arrow types a partition column may have.
 _PARTITION_TYPES = (
@@ -190,33 +202,43 @@ class DeltaTarget(StagedFilesTarget):
         self.upsert_key = upsert_key
         self._compact_every = compact_every
         self._vacuum_hours = vacuum_retention_hours
-        self._table_handle: Any = None
         self._manifests = Manifests(self._fs, self._base)
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self._where!r})"
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_table_handle"] = None
-        return state
-
     # -- the table -----------------------------------------------------------------------------
 
+    @contextlib.contextmanager
+    def _latest(self) -> Iterator[Any]:
+        """The table at its latest version, for this block alone (see :data:`_TABLES`)."""
+        with _TABLES_LOCK:
+            yield self._table()
+
     def _table(self) -> Any:
-        """The table at its latest version (one handle per process, brought up to date)."""
+        """The table at its latest version (call under :data:`_TABLES_LOCK`): this process's
+        handle of it brought up to date, or read anew when there is none or the handle cannot
+        catch up (the table was deleted or replaced: its version's commit is gone)."""
         from deltalake import DeltaTable
 
-        if self._table_handle is None:
-            self._table_handle = DeltaTable(self._uri, storage_options=self._storage or None)
-        else:
-            self._table_handle.update_incremental()
-        return self._table_handle
+        key = (self._uri, tuple(sorted(self._storage.items())))
+        table = _TABLES.get(key)
+        if table is not None:
+            try:
+                table.update_incremental()
+                commit = self._path("_delta_log", f"{table.version():020d}.json")
+                if self._fs.get_file_info(commit).type != pafs.FileType.NotFound:
+                    return table
+            except Exception as exc:  # a fresh read answers, or raises the real error
+                logger.info("Delta table %s: reading it anew (%s)", self._where, exc)
+        table = _TABLES[key] = DeltaTable(self._uri, storage_options=self._storage or None)
+        return table
 
     def partition_columns(self) -> tuple[str, ...]:
         """The table's partition columns (asked of the table once per target)."""
         if self._partitions is None:
-            self._partitions = tuple(self._table().metadata().partition_columns)
+            with self._latest() as table:
+                self._partitions = tuple(table.metadata().partition_columns)
         return self._partitions
 
     @property
@@ -244,8 +266,9 @@ class DeltaTarget(StagedFilesTarget):
                 self._uri, nullable, mode="ignore", partition_by=list(self._wanted_partitions),
                 storage_options=self._storage or None,
             )
-        table = self._table()
-        existing = tuple(table.metadata().partition_columns)
+        with self._latest() as table:
+            existing = tuple(table.metadata().partition_columns)
+            current = pa.schema(table.schema().to_arrow())
         if self._wanted_partitions and existing != self._wanted_partitions:
             raise ValueError(
                 f"option partitionBy: Delta table {self._where!r} is partitioned by "
@@ -260,7 +283,7 @@ class DeltaTarget(StagedFilesTarget):
                 f"option upsertKey: {missing} are not columns of the stream's rows (their "
                 f"columns: {columns.names}; a window w is w_start and w_end)"
             )
-        problems = type_differences(_delta_types(pa.schema(table.schema().to_arrow())),
+        problems = type_differences(_delta_types(current),
                                     _delta_types(columns), "the table", _shown)
         if problems:
             raise ValueError(
@@ -284,17 +307,13 @@ class DeltaTarget(StagedFilesTarget):
                     "be a string, integer, boolean, date or timestamp"
                 )
 
-    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> DeltaTransaction:
+    def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
+                          ) -> DeltaTransaction:
         return DeltaTransaction(self, txn, schema)
 
-    def write_direct(self, batch: pa.RecordBatch) -> None:
-        """Write the rows to new files and commit them as a version of their own at once
-        (at-least-once: a replayed epoch writes them again)."""
-        if batch.num_rows == 0:
-            return
-        transaction = DeltaTransaction(self, None, batch.schema)
-        transaction.write(batch)
-        self._commit_adds(self._table(), transaction.close_files(), {})
+    def _commit_direct(self, files: list[dict[str, Any]]) -> None:
+        with self._latest() as table:
+            self._commit_adds(table, files, {})
 
     def committed_watermark(self, query: str) -> int | None:
         """The highest watermark the table's history (as far as its log keeps it) records
@@ -302,7 +321,8 @@ class DeltaTarget(StagedFilesTarget):
         newest one: the history is read from its end, a growing stretch at a time."""
         limit = 100
         while True:
-            commits = self._table().history(limit)
+            with self._latest() as table:
+                commits = table.history(limit)
             marks = [r["watermark"] for r in _records(commits, query)
                      if r.get("watermark") is not None]
             if marks or len(commits) < limit:
@@ -310,7 +330,8 @@ class DeltaTarget(StagedFilesTarget):
             limit *= 10
 
     def close(self) -> None:
-        self._table_handle = None
+        """Nothing to release: the table's handle stays for the next micro-batch's target
+        (see :data:`_TABLES`)."""
 
     # -- EpochTarget ---------------------------------------------------------------------------
 
@@ -324,22 +345,22 @@ class DeltaTarget(StagedFilesTarget):
         adds = [add for decided in pre_commits for add in _adds_of(decided)]
         # one read of the table: the commit is made, and checked for conflicts, against the
         # version whose txn said the epoch is not in yet
-        table = self._table()
-        if not _holds(table, app, record.epoch):
-            self._check_present(adds, record.epoch)
-            metadata = {RECORD_KEY: {**record.to_json(), "app_id": app}}
-            try:
-                if self.upsert_key:
-                    self._merge(table, adds, metadata, (app, record.epoch))
-                else:
-                    self._commit_adds(table, adds, metadata, (app, record.epoch))
-            except CommitFailedError:
-                # another commit with our app id since we read the table: if that was this
-                # epoch (an earlier run of the query), the epoch is in
-                if not _holds(self._table(), app, record.epoch):
-                    raise
-            if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
-                self._compact()
+        with self._latest() as table:
+            if not _holds(table, app, record.epoch):
+                self._check_present(adds, record.epoch)
+                metadata = {RECORD_KEY: {**record.to_json(), "app_id": app}}
+                try:
+                    if self.upsert_key:
+                        self._merge(table, adds, metadata, (app, record.epoch))
+                    else:
+                        self._commit_adds(table, adds, metadata, (app, record.epoch))
+                except CommitFailedError:
+                    # another commit with our app id since we read the table: if that was
+                    # this epoch (an earlier run of the query), the epoch is in
+                    if not _holds(self._table(), app, record.epoch):
+                        raise
+                if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
+                    self._compact()
         for decided in pre_commits:
             if self.upsert_key:  # the merge wrote the rows into files of its own
                 for add in _adds_of(decided):
@@ -421,7 +442,8 @@ class DeltaTarget(StagedFilesTarget):
         """The epoch records in the table's history (its newest ``limit`` versions, if
         given), newest first (of ``query`` only, if given): what each epoch's commit says in
         its ``userMetadata``."""
-        return _records(self._table().history(limit), query)
+        with self._latest() as table:
+            return _records(table.history(limit), query)
 
 
 def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str, Any]]:

@@ -68,6 +68,12 @@ _RECORD_KEYS = {
 _NUMBERS = ("watermark", "rows", "late_rows")
 #: The catalog's name when the options give none.
 DEFAULT_CATALOG_NAME = "flinkish"
+#: The properties of a table the sink creates: an epoch's commit (pyiceberg's ``add_files``)
+#: writes a manifest of its own, and with merging on (Java Iceberg's default, not pyiceberg's)
+#: an append merges the small manifests into one once there are
+#: ``commit.manifest.min-count-to-merge`` (100) of them, so a query planning over a streamed
+#: table reads a bounded number of manifests, not one per epoch.
+CREATED_TABLE_PROPERTIES = {"commit.manifest-merge.enabled": "true"}
 #: How often a commit that lost the race to another writer's is tried again.
 COMMIT_ATTEMPTS = 20
 
@@ -197,7 +203,9 @@ class IcebergTarget(StagedFilesTarget):
         except NoSuchTableError:
             catalog.create_namespace_if_not_exists(self._table_name.rsplit(".", 1)[0])
             try:
-                with catalog.create_table_transaction(self._table_name, columns) as create:
+                with catalog.create_table_transaction(
+                        self._table_name, columns,
+                        properties=CREATED_TABLE_PROPERTIES) as create:
                     if self._wanted_partitions:
                         with create.update_spec() as spec:
                             for name in self._wanted_partitions:
@@ -222,17 +230,12 @@ class IcebergTarget(StagedFilesTarget):
                 "table, or change the query to produce the table's columns")
         self._layout_seen = _LAYOUTS[self._key] = layout
 
-    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> IcebergTransaction:
+    def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
+                          ) -> IcebergTransaction:
         return IcebergTransaction(self, txn, schema)
 
-    def write_direct(self, batch: pa.RecordBatch) -> None:
-        """Write the rows to new files and commit them as a snapshot of their own at once
-        (at-least-once: a replayed epoch writes them again)."""
-        if batch.num_rows == 0:
-            return
-        transaction = IcebergTransaction(self, None, batch.schema)
-        transaction.write(batch)
-        self._commit([f["path"] for f in transaction.close_files()], {}, None)
+    def _commit_direct(self, files: list[dict[str, Any]]) -> None:
+        self._commit([f["path"] for f in files], {}, None)
 
     def committed_watermark(self, query: str) -> int | None:
         """The newest watermark the table's snapshots (those not expired) record for

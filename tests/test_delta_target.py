@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import shutil
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,11 @@ from typing import Any
 import deltalake
 import pyarrow as pa
 import pytest
+from staged_tables import PREFIX, QUERY, SCHEMA, batch, coordinator, marker, pre_commit, txn
 
 from checkpointing import CheckpointStorage, CheckpointStore
-from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_core.markers import KIND_STATUS, Marker
+from flinkish_sink import delta_target
 from flinkish_sink.data_files import STAGING_DIR
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.delta_target import (
@@ -23,36 +26,9 @@ from flinkish_sink.delta_target import (
     delta_location,
     partition_value,
 )
-from flinkish_sink.target import PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
-QUERY = "q1"
-PREFIX = "flinkish"
 UTC = timezone.utc
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()),
-                    ("eventTime", pa.timestamp("us", tz="UTC"))])
-
-
-def batch(ids: list[int], name: str = "n") -> pa.RecordBatch:
-    return pa.record_batch(
-        [pa.array(ids, pa.int64()), pa.array([f"{name}{i % 2}" for i in ids]),
-         pa.array([i * 1_000_000 for i in ids], pa.timestamp("us", tz="UTC"))],
-        schema=SCHEMA)
-
-
-def txn(epoch: int, task: int, attempt: int = 0, *, run: str = "r1",
-        prefix: str = PREFIX) -> TransactionId:
-    return TransactionId(prefix, QUERY, epoch, task, attempt, run)
-
-
-def pre_commit(target: DeltaTarget, epoch: int, task: int, ids: list[int], *,
-               run: str = "r1", prefix: str = PREFIX) -> PreCommit:
-    transaction = target.begin_transaction(txn(epoch, task, run=run, prefix=prefix), SCHEMA)
-    transaction.write(batch(ids[:1]))
-    transaction.write(batch(ids[1:]))
-    result = transaction.pre_commit()
-    # what crosses from the task to the driver is JSON
-    return PreCommit.from_json(json.loads(json.dumps(result.to_json())))
 
 
 def table(path: Path) -> Any:
@@ -72,11 +48,6 @@ def referenced(path: Path) -> set[str]:
     return set(pa.table(table(path).get_add_actions(flatten=True)).column("path").to_pylist())
 
 
-def marker(partition: int, watermark: int) -> list[Marker]:
-    return [Marker("t", partition, 0, KIND_STATUS, None, "ACTIVE"),
-            Marker("t", partition, 5, KIND_WATERMARK, watermark, None)]
-
-
 class Env:
     def __init__(self, root: Path, *, side: bool = False, schema: pa.Schema = SCHEMA,
                  **options: Any) -> None:
@@ -91,10 +62,7 @@ class Env:
             self.side.check(SCHEMA)
 
     def coordinator(self) -> TwoPhaseCommitCoordinator:
-        """A fresh driver-side writer, as Spark makes one for every commit."""
-        store = CheckpointStore(CheckpointStorage.open(str(self.root / "store")), owner=QUERY)
-        return TwoPhaseCommitCoordinator(store, self.target, PREFIX, QUERY,
-                                         side_target=self.side)
+        return coordinator(self.root, self.target, self.side)
 
 
 @pytest.fixture
@@ -185,6 +153,46 @@ def test_commit_epoch_is_idempotent_on_the_tables_txn(env: Env) -> None:
 
     assert table(env.path).version() == version
     assert read_ids(env.path) == [1, 2]
+
+
+def test_the_driver_reads_the_table_once_not_every_micro_batch(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark builds the target anew every micro-batch: the process's handle of the table
+    carries over and catches up on the log's new commits, so the log is not replayed from
+    its last checkpoint at every epoch."""
+    opened: list[str] = []
+
+    class Counted(deltalake.DeltaTable):
+        def __init__(self, uri: str, *args: Any, **kwargs: Any) -> None:
+            opened.append(uri)
+            super().__init__(uri, *args, **kwargs)
+
+    monkeypatch.setattr(deltalake, "DeltaTable", Counted)
+    for epoch in range(3):
+        env.target = DeltaTarget(str(env.path))  # a micro-batch's writer
+        pcs = [pre_commit(env.target, epoch, 0, [epoch])]
+        env.coordinator().commit_epoch(epoch, pcs, [], rows=1, late_rows=0)
+    assert opened == []  # the handle Env's check opened served every micro-batch
+    assert read_ids(env.path) == [0, 1, 2]
+
+
+def test_a_table_replaced_under_a_running_query_is_read_anew(env: Env) -> None:
+    """The table's directory deleted and a new table made there: the handle the process kept
+    cannot see that through the log's new commits, and is not trusted (its txn would say the
+    new table holds epochs it does not)."""
+    for epoch in range(2):
+        pcs = [pre_commit(env.target, epoch, 0, [epoch])]
+        env.coordinator().commit_epoch(epoch, pcs, [], rows=1, late_rows=0)
+    shutil.rmtree(env.path)
+    target = DeltaTarget(str(env.path))
+    target.check(SCHEMA)
+    record = env.coordinator()._epoch_record(0, {"markers": [], "rows": 1, "late_rows": 0})[1]
+
+    target.commit_epoch([pre_commit(target, 0, 0, [7])], record)
+
+    assert read_ids(env.path) == [7]
+    assert table(env.path).transaction_version(QUERY) == 0
 
 
 def test_an_aborted_epoch_leaves_no_file(env: Env) -> None:
@@ -506,8 +514,14 @@ def test_an_epoch_committed_by_another_run_since_the_table_was_read_is_not_doubl
     pcs = [pre_commit(env.target, 0, 0, [1, 2])]
     record = env.coordinator()._epoch_record(0, {"markers": [], "rows": 2, "late_rows": 0})[1]
     other = DeltaTarget(str(env.path))
-    monkeypatch.setattr(env.target, "_check_present",
-                        lambda adds, epoch: other.commit_epoch(pcs, record))
+
+    def other_run_commits(adds: Any, epoch: int) -> None:
+        # the other run is another process: a table handle of its own
+        with monkeypatch.context() as elsewhere:
+            elsewhere.setattr(delta_target, "_TABLES", {})
+            other.commit_epoch(pcs, record)
+
+    monkeypatch.setattr(env.target, "_check_present", other_run_commits)
     before = table(env.path).version()
 
     env.target.commit_epoch(pcs, record)

@@ -5,8 +5,6 @@ read back with pyiceberg."""
 
 from __future__ import annotations
 
-import json
-import pickle
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -14,51 +12,21 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyiceberg.catalog import load_catalog
+from staged_tables import PREFIX, QUERY, SCHEMA, batch, coordinator, marker, pre_commit, txn
 
 from checkpointing import CheckpointStorage, CheckpointStore
-from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
+from flinkish_core.markers import KIND_STATUS, Marker
 from flinkish_sink.data_files import STAGING_DIR
 from flinkish_sink.iceberg_target import APP_ID_KEY, EPOCH_KEY, IcebergTarget
 from flinkish_sink.options import parse_sink_options
-from flinkish_sink.target import PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
-QUERY = "q1"
-PREFIX = "flinkish"
 UTC = timezone.utc
 TABLE = "events.t"
-SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.string()),
-                    ("eventTime", pa.timestamp("us", tz="UTC"))])
 
 
 def catalog_of(root: Path) -> dict[str, str]:
     return {"uri": f"sqlite:///{root}/catalog.db", "warehouse": f"file://{root}/warehouse"}
-
-
-def batch(ids: list[int]) -> pa.RecordBatch:
-    return pa.record_batch(
-        [pa.array(ids, pa.int64()), pa.array([f"n{i % 2}" for i in ids]),
-         pa.array([i * 1_000_000 for i in ids], pa.timestamp("us", tz="UTC"))], schema=SCHEMA)
-
-
-def txn(epoch: int, task: int, *, run: str = "r1", prefix: str = PREFIX) -> TransactionId:
-    return TransactionId(prefix, QUERY, epoch, task, 0, run)
-
-
-def pre_commit(target: IcebergTarget, epoch: int, task: int, ids: list[int], *,
-               run: str = "r1", prefix: str = PREFIX) -> PreCommit:
-    shipped = pickle.loads(pickle.dumps(target))  # as Spark ships it to a task
-    transaction = shipped.begin_transaction(txn(epoch, task, run=run, prefix=prefix), SCHEMA)
-    transaction.write(batch(ids[:1]))
-    transaction.write(batch(ids[1:]))
-    result = transaction.pre_commit()
-    # what crosses from the task to the driver is JSON
-    return PreCommit.from_json(json.loads(json.dumps(result.to_json())))
-
-
-def marker(partition: int, watermark: int) -> list[Marker]:
-    return [Marker("t", partition, 0, KIND_STATUS, None, "ACTIVE"),
-            Marker("t", partition, 5, KIND_WATERMARK, watermark, None)]
 
 
 class Env:
@@ -95,10 +63,7 @@ class Env:
                 for p in table.inspect.files().column("file_path").to_pylist()}
 
     def coordinator(self) -> TwoPhaseCommitCoordinator:
-        """A fresh driver-side writer, as Spark makes one for every commit."""
-        store = CheckpointStore(CheckpointStorage.open(str(self.root / "store")), owner=QUERY)
-        return TwoPhaseCommitCoordinator(store, self.target, PREFIX, QUERY,
-                                         side_target=self.side)
+        return coordinator(self.root, self.target, self.side)
 
 
 @pytest.fixture
@@ -122,6 +87,20 @@ def test_an_epoch_is_invisible_until_committed_then_one_snapshot(env: Env) -> No
     assert env.target.pending(PREFIX, QUERY) == []
     assert not list((env.data / STAGING_DIR).iterdir())
     assert outcome.committed == (txn(0, 0).gid, txn(0, 1).gid)
+
+
+def test_a_created_tables_manifests_are_merged_not_one_more_per_epoch(env: Env) -> None:
+    """Each epoch's commit writes a manifest; the table the sink created merges them once
+    there are commit.manifest.min-count-to-merge of them (100 by default, 3 here)."""
+    with env.table().transaction() as change:
+        change.set_properties({"commit.manifest.min-count-to-merge": "3"})
+    for epoch in range(6):
+        env.coordinator().commit_epoch(epoch, [pre_commit(env.target, epoch, 0, [epoch])], [],
+                                       rows=1, late_rows=0)
+
+    table = env.table()
+    assert len(table.current_snapshot().manifests(table.io)) < 3
+    assert env.read_ids() == list(range(6))
 
 
 def test_the_snapshot_summary_carries_the_epochs_record(env: Env) -> None:
