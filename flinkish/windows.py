@@ -50,6 +50,7 @@ from flinkish_core.errors import OptionError
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, RESULT
 from flinkish_core.windowing import (
+    COLUMNAR_FORMAT,
     AggregateFunction,
     Avg,
     ContinuousEventTimeTrigger,
@@ -363,15 +364,14 @@ class WindowProcessor(StatefulProcessor):
         # each row is a run of the group's records (pack_key_groups), by position as window()
         # selects them: the key group, then arrays of the keys, event times and values
         n = len(self.keys)
-        records: list[tuple[int, tuple[Any, ...], Any]] = []
+        elements: list[tuple[tuple[Any, ...], Any, int]] = []
         for row in rows:
             times = row[n + 1]
             values = row[n + 2] if self.value is not None else [None] * len(times)
-            records.extend(zip(times, zip(*row[1:n + 1], strict=True), values, strict=True))
+            elements.extend(zip(zip(*row[1:n + 1], strict=True), values, times, strict=True))
         # a stable sort: records of one event time keep their order
-        records.sort(key=itemgetter(0))
-        for time, user_key, value in records:
-            outputs.append(operator.process_element(user_key, value, time))
+        elements.sort(key=itemgetter(2))
+        outputs.append(operator.process_elements(elements))
         self._store(operator, registered)
         return self._rows(outputs)
 
@@ -386,8 +386,13 @@ class WindowProcessor(StatefulProcessor):
             return operator, set()
         text, timers = stored
         snapshot = json.loads(text)
-        for entry in snapshot["keys"]:
-            entry["key"] = tuple(entry["key"])  # JSON made the key tuple a list
+        # JSON made the key tuples lists; a state stored before the columnar layout holds an
+        # entry per key
+        if snapshot["format"] == COLUMNAR_FORMAT:
+            snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
+        else:
+            for entry in snapshot["keys"]:
+                entry["key"] = tuple(entry["key"])
         operator.restore(snapshot, copy=False)
         return operator, set(timers)
 
@@ -413,15 +418,14 @@ class WindowProcessor(StatefulProcessor):
         earliest event-time timer: every visit brings the core to the batch's watermark,
         firing all its timers due, so one Spark timer per group is enough (a timer per
         timestamp would cost a round trip to register and one to delete each)."""
-        snapshot = operator.snapshot(copy=False)
-        timers = [timestamp for entry in snapshot["keys"]
-                  for _, timestamp, _ in entry["event_timers"]]
-        wanted = ({self._spark_timer(min(timers), operator.current_watermark)}
-                  if timers else set())
+        earliest = operator.earliest_event_time_timer()
+        wanted = ({self._spark_timer(earliest, operator.current_watermark)}
+                  if earliest is not None else set())
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:
             self.handle.registerTimer(timestamp)
+        snapshot = operator.columnar_snapshot(copy=False)
         if snapshot["keys"]:
             # plain data built fresh, no cycles: the encoder's check for them is wasted work
             self.state.update((json.dumps(snapshot, check_circular=False), sorted(wanted)))

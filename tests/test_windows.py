@@ -249,13 +249,13 @@ def test_a_visit_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
     run = Runner(processor(windows.tumbling("10 s"), windows.Count()))
-    process_element = windows.WindowOperator.process_element
+    process_elements = windows.WindowOperator.process_elements
 
     def spy(self: Any, *args: Any) -> Any:
         seen.append(gc.isenabled())
-        return process_element(self, *args)
+        return process_elements(self, *args)
 
-    monkeypatch.setattr(windows.WindowOperator, "process_element", spy)
+    monkeypatch.setattr(windows.WindowOperator, "process_elements", spy)
     assert gc.isenabled()
     run.batch(-1, [("a", 1_000, 0)])
     assert seen == [False] and gc.isenabled()
