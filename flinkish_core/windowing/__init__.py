@@ -62,7 +62,8 @@ from flinkish_core.windowing.window_operator import (
 )
 
 __all__ = [
-    "COLUMNAR_FORMAT", "AggregateFunction", "Avg", "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger",
+    "COLUMNAR_FORMAT", "AggregateFunction", "Avg", "ContinuousEventTimeTrigger",
+    "ContinuousProcessingTimeTrigger",
     "Count", "CountEvictor", "CountTrigger", "DeltaEvictor", "EventTimeSessionWindows",
     "EventTimeTrigger", "Evictor", "GlobalWindow", "GlobalWindows", "InternalTimer",
     "InternalTimerService", "LateElement", "Max", "MergingWindowAssigner", "MergingWindowSet",

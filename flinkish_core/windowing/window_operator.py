@@ -18,7 +18,7 @@ overflows: no timer), which clears all its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any
@@ -50,7 +50,10 @@ from flinkish_core.windowing.window_function import (
     WindowContext,
 )
 
-__all__ = ["COLUMNAR_FORMAT", "LateElement", "WindowFunction", "WindowOperator", "WindowOutput", "WindowResult"]
+__all__ = [
+    "COLUMNAR_FORMAT", "LateElement", "WindowFunction", "WindowOperator", "WindowOutput",
+    "WindowResult",
+]
 
 SNAPSHOT_FORMAT = 1
 """Version of the :meth:`WindowOperator.snapshot` layout: one entry per key."""
@@ -206,13 +209,21 @@ class WindowOperator:
         ``process_element`` and the trigger's callbacks do, without the calls: the same
         contents, timers (registered in the same order, so they fire in the same order),
         firings and late elements."""
-        if not self._bulk:
-            out = WindowOutput()
-            for key, value, timestamp in elements:
-                one = self.process_element(key, value, timestamp)
-                out.results += one.results
-                out.late += one.late
-            return out
+        if self._bulk:
+            return self._process_elements_bulk(elements)
+        out = WindowOutput()
+        for key, value, timestamp in elements:
+            one = self.process_element(key, value, timestamp)
+            out.results += one.results
+            out.late += one.late
+        return out
+
+    def _process_elements_bulk(
+        self, elements: Iterable[tuple[Any, Any, int | None]],
+    ) -> WindowOutput:
+        """:meth:`process_elements` in the common case: ``_on_element`` with
+        ``EventTimeTrigger.on_element`` folded in, the watermark being fixed meanwhile."""
+        assert isinstance(self.function, AggregateFunction)
         self._out = out = WindowOutput()
         watermark = self._timers.current_watermark
         lateness = self.allowed_lateness
@@ -220,12 +231,26 @@ class WindowOperator:
         create, add = self.function.create_accumulator, self.function.add
         register = self._timers.event_time_timers.register
         assign = self.assigner.assign_windows
+        # a tumbling window's start as the assigner computes it (Python's remainder takes the
+        # divisor's sign, which folds Flink's branch for negative timestamps in), and one
+        # object per window
+        tumbling = self.assigner if type(self.assigner) is TumblingEventTimeWindows else None
+        size, offset = (tumbling.size, tumbling.offset % tumbling.size) if tumbling else (1, 0)
+        tumbling_windows: dict[int, TimeWindow] = {}
+        windows: Sequence[Any]
+        window: Any  # a TimeWindow: (start, end)
         for key, value, timestamp in elements:
+            if tumbling is not None and timestamp is not None:
+                start = timestamp - (timestamp - offset) % size
+                tumbled = tumbling_windows.get(start)
+                if tumbled is None:
+                    tumbled = tumbling_windows[start] = TimeWindow(start, start + size)
+                windows = (tumbled,)
+            else:
+                windows = assign(value, timestamp, self)
             skipped = True
-            windows = assign(value, timestamp, self)
             for window in windows:
-                # window is a TimeWindow: (start, end); its max_timestamp() is end - 1
-                end = window[1] - 1
+                end = window[1] - 1  # max_timestamp()
                 cleanup = end + lateness if end + lateness < LONG_MAX else LONG_MAX
                 if cleanup <= watermark:
                     continue  # the window is late
@@ -233,17 +258,17 @@ class WindowOperator:
                 slot = (key, window)
                 accumulator = contents.get(slot)
                 contents[slot] = add(value, create() if accumulator is None else accumulator)
-                # EventTimeTrigger.on_element: fire a window the watermark has passed, else
-                # a timer at its end
+                # EventTimeTrigger.on_element: a window the watermark has passed fires at
+                # once, any other gets a timer at its end
                 if end <= watermark:
                     self._emit(key, window, window, watermark, clock_timer=False, last=False)
                 else:
                     register(key, window, end)
                 if cleanup != LONG_MAX:
                     register(key, window, cleanup)
-            # process_element's rule for the late output; a timestamp is never None here
-            # (the assigner refused it)
-            if skipped and (windows or timestamp + lateness <= watermark):  # type: ignore[operator]
+            # process_element's rule for the late output (the assigner refused a timestamp
+            # of None)
+            if skipped and (windows or timestamp + lateness <= watermark):  # type: ignore
                 self.late_records += 1
                 out.late.append(LateElement(key, value, timestamp))
         return out
@@ -533,24 +558,28 @@ class WindowOperator:
         :meth:`restore` takes either layout. ``copy`` as in :meth:`snapshot`."""
         value = deepcopy if copy else _same
         keys: dict[Any, int] = {}
-
-        def index(key: Any) -> int:
-            return keys.setdefault(key, len(keys))
+        index = keys.setdefault  # a key's position: index(key, len(keys))
 
         def slots(slots: Any) -> list[list[Any]]:
             """[key positions, starts, ends] of (key, window) pairs."""
-            positions, starts, ends = [], [], []
+            positions: list[int] = []
+            starts: list[int | None] = []
+            ends: list[int | None] = []
             for key, window in slots:
-                positions.append(index(key))
-                starts.append(window[0] if isinstance(window, TimeWindow) else None)
-                ends.append(window[1] if isinstance(window, TimeWindow) else None)
+                positions.append(index(key, len(keys)))
+                if isinstance(window, TimeWindow):
+                    starts.append(window[0])
+                    ends.append(window[1])
+                else:
+                    starts.append(None)
+                    ends.append(None)
             return [positions, starts, ends]
 
         trigger_state = list(self._trigger_state.items())
         columns: dict[str, Any] = {
             "contents": [*slots(self._contents), [value(c) for c in self._contents.values()]],
             "panes": [*slots(self._panes), list(self._panes.values())],
-            "merging_windows": [[index(key) for key in self._merging],
+            "merging_windows": [[index(key, len(keys)) for key in self._merging],
                                 [merging.to_data() for merging in self._merging.values()]],
             "trigger_state": [*slots((k, w) for k, w, _, _ in trigger_state),
                               [name for _, _, name, _ in trigger_state],
