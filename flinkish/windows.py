@@ -434,21 +434,28 @@ class WindowProcessor(StatefulProcessor):
 
     def _rows(self, outputs: list[WindowOutput]) -> list[Any]:
         """The outputs as one Row of the operator's output columns, each a sequence (no Row
-        when there are none). Tuples, but the results a list: PySpark converts a nested Row (a
-        struct result) to a dict inside a list, and leaves a tuple's elements as they are."""
-        rows: list[tuple[Any, ...]] = []
-        no_late = (None,) * len(self.extra)
-        for out in outputs:
-            for r in out.results:
-                rows.append((*r.key, RESULT, _bound(r.window, False), _bound(r.window, True),
-                             r.result, r.pane.index, r.pane.timing.value, r.pane.is_last,
-                             *no_late))
-            for e in out.late:
-                late = (e.timestamp, e.value) if self.value is not None else (e.timestamp,)
-                rows.append((*e.key, LATE, None, None, None, None, None, None, *late))
-        if not rows:
+        when there are none): the results, then the late elements. Tuples, but the results a
+        list: PySpark converts a nested Row (a struct result) to a dict inside a list, and
+        leaves a tuple's elements as they are."""
+        results = [r for out in outputs for r in out.results]
+        late = [e for out in outputs for e in out.late]
+        if not results and not late:
             return []
-        columns: list[Any] = list(zip(*rows, strict=True))
-        result = len(self.keys) + 3  # after the keys, the kind and the window's bounds
-        columns[result] = list(columns[result])
+        windows = [r.window for r in results]
+        panes = [r.pane for r in results]
+        none = (None,) * len(late)
+        no_late = (None,) * len(results)
+        columns: list[Any] = [
+            *(tuple(r.key[i] for r in results) + tuple(e.key[i] for e in late)
+              for i in range(len(self.keys))),
+            (RESULT,) * len(results) + (LATE,) * len(late),
+            tuple(_bound(w, False) for w in windows) + none,
+            tuple(_bound(w, True) for w in windows) + none,
+            [r.result for r in results] + [None] * len(late),
+            tuple(p.index for p in panes) + none,
+            tuple(p.timing.value for p in panes) + none,
+            tuple(p.is_last for p in panes) + none,
+            no_late + tuple(e.timestamp for e in late),
+            *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
+        ]
         return [self.row(*columns)]

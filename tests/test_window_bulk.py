@@ -1,7 +1,8 @@
 """The window operator's fast paths against its reference ones, over random streams
-(hypothesis): ``process_elements`` (one loop for tumbling and sliding windows with the default
-trigger) against ``process_element`` element by element, and the columnar snapshot against
-the per-key one it replaces (a state written in either layout restores and continues alike).
+(hypothesis): ``process_elements`` and the firing of timers (one loop each for tumbling and
+sliding windows with the default trigger) against ``process_element`` element by element and
+the general firing, and the columnar snapshot against the per-key one it replaces (a state
+written in either layout restores and continues alike).
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def _state(operator: WindowOperator) -> dict[str, Any]:
     return {**snapshot, "keys": sorted(snapshot["keys"], key=lambda entry: entry["key"])}
 
 
+class _Reference(EventTimeTrigger):
+    """Flink's default trigger as any user's trigger: the operator's general path."""
+
+
 class _Listing(ProcessWindowFunction[Any, Any]):
     def process(self, key: Any, context: Any, elements: list[Any]) -> list[Any]:
         return [sorted(elements)]
@@ -72,8 +77,8 @@ def test_process_elements_is_process_element_one_by_one(
     stream: list[Batch], assigner: Any, function: Any, allowed_lateness: int,
 ) -> None:
     bulk = WindowOperator(assigner, function, allowed_lateness=allowed_lateness)
-    single = WindowOperator(assigner, function, allowed_lateness=allowed_lateness)
-    assert bulk._bulk
+    single = WindowOperator(assigner, function, _Reference(), allowed_lateness=allowed_lateness)
+    assert bulk._bulk and not single._bulk
     for watermark, batch in [*stream, (MAX_WATERMARK, [])]:
         assert _flat(bulk.process_watermark(watermark)) == _flat(
             single.process_watermark(watermark))

@@ -68,12 +68,17 @@ class TimerQueue:
 
     def poll(self, up_to: int) -> InternalTimer | None:
         """Removes and returns the earliest live timer due at ``up_to``, or None."""
+        due = self.pop_due(up_to)
+        return None if due is None else InternalTimer(*due)
+
+    def pop_due(self, up_to: int) -> tuple[int, Any, Window] | None:
+        """:meth:`poll` as a plain ``(timestamp, key, window)``."""
         head = self._head()
         if head is None or head[0] > up_to:
             return None
         timestamp, _, key, window = heapq.heappop(self._heap)
         del self._live[(key, window, timestamp)]
-        return InternalTimer(timestamp, key, window)
+        return timestamp, key, window
 
     def earliest(self) -> int | None:
         """The earliest live timer's timestamp, or None when there is none."""

@@ -18,6 +18,7 @@ overflows: no timer), which clears all its state.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
@@ -288,9 +289,33 @@ class WindowOperator:
             return self._out
         self._timers.current_watermark = watermark
         queue = self._timers.event_time_timers
+        if self._bulk:
+            self._fire_event_time_bulk(watermark)
+            return self._out
         while (timer := queue.poll(self._timers.current_watermark)) is not None:
             self._on_timer(timer, event_time=True)
         return self._out
+
+    def _fire_event_time_bulk(self, watermark: int) -> None:
+        """:meth:`process_watermark`'s timers in the common case of :meth:`process_elements`,
+        where every timer is a window's end (``EventTimeTrigger``) or its cleanup time:
+        ``_on_timer`` with the trigger's ``on_event_time`` folded in. The trigger's ``clear``
+        has nothing to do at the cleanup: the window's end timer, at or before it, has
+        fired."""
+        queue = self._timers.event_time_timers
+        contents, panes = self._contents, self._panes
+        lateness = self.allowed_lateness
+        window: Any  # a TimeWindow: (start, end)
+        while (due := queue.pop_due(watermark)) is not None:
+            time, key, window = due
+            end = window[1] - 1  # max_timestamp()
+            cleanup = time == (end + lateness if end + lateness < LONG_MAX else LONG_MAX)
+            slot = (key, window)
+            if time == end and slot in contents:
+                self._emit(key, window, window, time, clock_timer=True, last=cleanup)
+            if cleanup:
+                contents.pop(slot, None)
+                panes.pop(slot, None)
 
     def process_processing_time(self, time: int) -> WindowOutput:
         """Advances processing time to ``time`` and fires the processing-time timers due."""
@@ -557,38 +582,37 @@ class WindowOperator:
         encode and decode in a fraction of the per-key entries' time, and
         :meth:`restore` takes either layout. ``copy`` as in :meth:`snapshot`."""
         value = deepcopy if copy else _same
-        keys: dict[Any, int] = {}
-        index = keys.setdefault  # a key's position: index(key, len(keys))
-
-        def slots(slots: Any) -> list[list[Any]]:
-            """[key positions, starts, ends] of (key, window) pairs."""
-            positions: list[int] = []
-            starts: list[int | None] = []
-            ends: list[int | None] = []
-            for key, window in slots:
-                positions.append(index(key, len(keys)))
-                if isinstance(window, TimeWindow):
-                    starts.append(window[0])
-                    ends.append(window[1])
-                else:
-                    starts.append(None)
-                    ends.append(None)
-            return [positions, starts, ends]
-
         trigger_state = list(self._trigger_state.items())
+        timers = {name: queue.columns() for name, queue in (
+            ("event_timers", self._timers.event_time_timers),
+            ("processing_timers", self._timers.processing_time_timers))}
+        # each key once, at its position
+        keys = {key: i for i, key in enumerate(dict.fromkeys(itertools.chain(
+            (key for key, _ in self._contents), (key for key, _ in self._panes), self._merging,
+            (key for key, _, _, _ in trigger_state),
+            *(timer_keys for timer_keys, _, _, _ in timers.values()))))}
+
+        def slots(slot_keys: Iterable[Any], windows: list[Any]) -> list[list[Any]]:
+            """[key positions, starts, ends] of the slots' keys and windows."""
+            return [[keys[key] for key in slot_keys],
+                    [w[0] if w.__class__ is TimeWindow else None for w in windows],
+                    [w[1] if w.__class__ is TimeWindow else None for w in windows]]
+
+        contents, panes = list(self._contents), list(self._panes)
         columns: dict[str, Any] = {
-            "contents": [*slots(self._contents), [value(c) for c in self._contents.values()]],
-            "panes": [*slots(self._panes), list(self._panes.values())],
-            "merging_windows": [[index(key, len(keys)) for key in self._merging],
+            "contents": [*slots((k for k, _ in contents), [w for _, w in contents]),
+                         [value(c) for c in self._contents.values()]],
+            "panes": [*slots((k for k, _ in panes), [w for _, w in panes]),
+                      list(self._panes.values())],
+            "merging_windows": [[keys[key] for key in self._merging],
                                 [merging.to_data() for merging in self._merging.values()]],
-            "trigger_state": [*slots((k, w) for k, w, _, _ in trigger_state),
+            "trigger_state": [*slots((k for k, _, _, _ in trigger_state),
+                                     [w for _, w, _, _ in trigger_state]),
                               [name for _, _, name, _ in trigger_state],
                               [value(state) for _, _, _, state in trigger_state]],
         }
-        for name, queue in (("event_timers", self._timers.event_time_timers),
-                            ("processing_timers", self._timers.processing_time_timers)):
-            timer_keys, windows, timestamps, seqs = queue.columns()
-            columns[name] = [*slots(zip(timer_keys, windows, strict=True)), timestamps, seqs]
+        for name, (timer_keys, windows, timestamps, seqs) in timers.items():
+            columns[name] = [*slots(timer_keys, windows), timestamps, seqs]
         return {
             "format": COLUMNAR_FORMAT,
             "watermark": self._timers.current_watermark,
