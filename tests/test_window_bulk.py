@@ -163,9 +163,9 @@ def test_either_snapshot_layout_restores_and_continues_identically(
 def test_a_columnar_snapshot_takes_no_copies_without_copy() -> None:
     operator = WindowOperator(TumblingEventTimeWindows(1000), _Listing())
     operator.process_elements([("a", 1, 100)])
-    shared = operator.columnar_snapshot(copy=False)["contents"][3][0]
+    shared = operator.columnar_snapshot(copy=False)["contents"][2][0]
     assert shared is operator._contents[("a", TimeWindow(0, 1000))]
-    assert operator.columnar_snapshot()["contents"][3][0] is not shared
+    assert operator.columnar_snapshot()["contents"][2][0] is not shared
 
 
 def test_timer_queue_columns_load_and_earliest() -> None:

@@ -263,10 +263,13 @@ class WindowOperator:
                 # once, any other gets a timer at its end
                 if end <= watermark:
                     self._emit(key, window, window, watermark, clock_timer=False, last=False)
+                    if cleanup != LONG_MAX:
+                        register(key, window, cleanup)
                 else:
                     register(key, window, end)
-                if cleanup != LONG_MAX:
-                    register(key, window, cleanup)
+                    # without lateness the cleanup timer is the end's, registered just now
+                    if cleanup != end and cleanup != LONG_MAX:
+                        register(key, window, cleanup)
             # process_element's rule for the late output (the assigner refused a timestamp
             # of None)
             if skipped and (windows or timestamp + lateness <= watermark):  # type: ignore
@@ -299,12 +302,17 @@ class WindowOperator:
     def _fire_event_time_bulk(self, watermark: int) -> None:
         """:meth:`process_watermark`'s timers in the common case of :meth:`process_elements`,
         where every timer is a window's end (``EventTimeTrigger``) or its cleanup time:
-        ``_on_timer`` with the trigger's ``on_event_time`` folded in. The trigger's ``clear``
-        has nothing to do at the cleanup: the window's end timer, at or before it, has
-        fired."""
+        ``_on_timer`` with the trigger's ``on_event_time`` and ``_emit`` folded in. The
+        trigger's ``clear`` has nothing to do at the cleanup: the window's end timer, at or
+        before it, has fired."""
+        assert isinstance(self.function, AggregateFunction)
         queue = self._timers.event_time_timers
         contents, panes = self._contents, self._panes
         lateness = self.allowed_lateness
+        get_result = self.function.get_result
+        results = self._out.results
+        # equal panes are one object (frozen): most firings are the first and last pane
+        pane_infos: dict[tuple[int, bool], PaneInfo] = {}
         window: Any  # a TimeWindow: (start, end)
         while (due := queue.pop_due(watermark)) is not None:
             time, key, window = due
@@ -312,7 +320,13 @@ class WindowOperator:
             cleanup = time == (end + lateness if end + lateness < LONG_MAX else LONG_MAX)
             slot = (key, window)
             if time == end and slot in contents:
-                self._emit(key, window, window, time, clock_timer=True, last=cleanup)
+                # _emit's pane for the end-of-window timer: ON_TIME, the next index
+                index = panes.get(slot, 0)
+                panes[slot] = index + 1
+                pane = pane_infos.get((index, cleanup))
+                if pane is None:
+                    pane = pane_infos[(index, cleanup)] = PaneInfo(index, Timing.ON_TIME, cleanup)
+                results.append(WindowResult(key, window, get_result(contents[slot]), pane))
             if cleanup:
                 contents.pop(slot, None)
                 panes.pop(slot, None)
@@ -576,43 +590,45 @@ class WindowOperator:
 
     def columnar_snapshot(self, *, copy: bool = True) -> dict[str, Any]:
         """The state of :meth:`snapshot` laid out in columns (:data:`COLUMNAR_FORMAT`): the
-        clocks, the late count, ``keys`` (each key once) and per kind of state a list of
-        columns, rows referring to their key by its position in ``keys`` and to their window
-        by ``start`` and ``end`` (both None for the global window). Flat lists of numbers
-        encode and decode in a fraction of the per-key entries' time, and
-        :meth:`restore` takes either layout. ``copy`` as in :meth:`snapshot`."""
+        clocks, the late count, ``keys`` and ``windows`` (``[starts, ends]``; both None for
+        the global window), each key and window once, and per kind of state a list of
+        columns whose rows refer to their key and window by position. The keys of a group
+        share a few windows, so most of it is small numbers in flat lists, which encode and
+        decode in a fraction of the per-key entries' time; :meth:`restore` takes either
+        layout. ``copy`` as in :meth:`snapshot`."""
         value = deepcopy if copy else _same
         trigger_state = list(self._trigger_state.items())
+        contents, panes = list(self._contents), list(self._panes)
         timers = {name: queue.columns() for name, queue in (
             ("event_timers", self._timers.event_time_timers),
             ("processing_timers", self._timers.processing_time_timers))}
-        # each key once, at its position
+        slot_columns = {
+            "contents": ([k for k, _ in contents], [w for _, w in contents]),
+            "panes": ([k for k, _ in panes], [w for _, w in panes]),
+            "trigger_state": ([k for k, _, _, _ in trigger_state],
+                              [w for _, w, _, _ in trigger_state]),
+            **{name: (timer_keys, windows) for name, (timer_keys, windows, _, _)
+               in timers.items()},
+        }
+        # each key and window once, at its position
         keys = {key: i for i, key in enumerate(dict.fromkeys(itertools.chain(
-            (key for key, _ in self._contents), (key for key, _ in self._panes), self._merging,
-            (key for key, _, _, _ in trigger_state),
-            *(timer_keys for timer_keys, _, _, _ in timers.values()))))}
-
-        def slots(slot_keys: Iterable[Any], windows: list[Any]) -> list[list[Any]]:
-            """[key positions, starts, ends] of the slots' keys and windows."""
-            return [[keys[key] for key in slot_keys],
-                    [w[0] if w.__class__ is TimeWindow else None for w in windows],
-                    [w[1] if w.__class__ is TimeWindow else None for w in windows]]
-
-        contents, panes = list(self._contents), list(self._panes)
+            self._merging, *(slot_keys for slot_keys, _ in slot_columns.values()))))}
+        windows = {window: i for i, window in enumerate(dict.fromkeys(itertools.chain(
+            *(slot_windows for _, slot_windows in slot_columns.values()))))}
+        slots = {name: [[keys[key] for key in slot_keys],
+                        [windows[window] for window in slot_windows]]
+                 for name, (slot_keys, slot_windows) in slot_columns.items()}
         columns: dict[str, Any] = {
-            "contents": [*slots((k for k, _ in contents), [w for _, w in contents]),
-                         [value(c) for c in self._contents.values()]],
-            "panes": [*slots((k for k, _ in panes), [w for _, w in panes]),
-                      list(self._panes.values())],
+            "contents": [*slots["contents"], [value(c) for c in self._contents.values()]],
+            "panes": [*slots["panes"], list(self._panes.values())],
             "merging_windows": [[keys[key] for key in self._merging],
                                 [merging.to_data() for merging in self._merging.values()]],
-            "trigger_state": [*slots((k for k, _, _, _ in trigger_state),
-                                     [w for _, w, _, _ in trigger_state]),
+            "trigger_state": [*slots["trigger_state"],
                               [name for _, _, name, _ in trigger_state],
                               [value(state) for _, _, _, state in trigger_state]],
         }
-        for name, (timer_keys, windows, timestamps, seqs) in timers.items():
-            columns[name] = [*slots(timer_keys, windows), timestamps, seqs]
+        for name, (_, _, timestamps, seqs) in timers.items():
+            columns[name] = [*slots[name], timestamps, seqs]
         return {
             "format": COLUMNAR_FORMAT,
             "watermark": self._timers.current_watermark,
@@ -621,6 +637,8 @@ class WindowOperator:
             "timer_seq": [self._timers.event_time_timers.next_seq,
                           self._timers.processing_time_timers.next_seq],
             "keys": list(keys),
+            "windows": [[w[0] if w.__class__ is TimeWindow else None for w in windows],
+                        [w[1] if w.__class__ is TimeWindow else None for w in windows]],
             **columns,
         }
 
@@ -723,18 +741,12 @@ class WindowOperator:
         with ``copy``."""
         value = deepcopy if copy else _same
         keys = snapshot["keys"]
-        windows: dict[Any, Window] = {}
+        windows: list[Window] = [GlobalWindow() if start is None else TimeWindow(start, end)
+                                 for start, end in zip(*snapshot["windows"], strict=True)]
 
-        def slots(positions: list[int], starts: list[Any], ends: list[Any]) -> list[Any]:
-            """(key, window) pairs; equal windows share one object."""
-            pairs = []
-            for position, start, end in zip(positions, starts, ends, strict=True):
-                window = windows.get((start, end))
-                if window is None:
-                    window = windows[(start, end)] = (
-                        GlobalWindow() if start is None else TimeWindow(start, end))
-                pairs.append((keys[position], window))
-            return pairs
+        def slots(key_positions: list[int], window_positions: list[int]) -> list[Any]:
+            return [(keys[k], windows[w])
+                    for k, w in zip(key_positions, window_positions, strict=True)]
 
         *where, contents = snapshot["contents"]
         self._contents = dict(zip(slots(*where), map(value, contents), strict=True))
@@ -753,6 +765,7 @@ class WindowOperator:
             pairs = slots(*where)
             queue.load([key for key, _ in pairs], [window for _, window in pairs],
                        timestamps, seqs)
+
 
     def _drop_key(self, key: Any) -> None:
         for slot in [s for s in self._contents if s[0] == key]:
