@@ -388,7 +388,7 @@ class WindowProcessor(StatefulProcessor):
         snapshot = json.loads(text)
         # JSON made the key tuples lists; a state stored before the columnar layout holds an
         # entry per key
-        if snapshot["format"] == COLUMNAR_FORMAT:
+        if snapshot.get("format") == COLUMNAR_FORMAT:
             snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
         else:
             for entry in snapshot["keys"]:
