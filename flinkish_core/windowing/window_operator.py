@@ -578,14 +578,19 @@ class WindowOperator:
         operator. ``copy=False`` shares them, for a caller that encodes the snapshot at once
         and drops the operator (``flinkish.windows``): copying them would be wasted work.
         Keys are always shared (hashable, never changed)."""
+        return {**self._header(SNAPSHOT_FORMAT),
+                "keys": list(self._key_entries(None, copy).values())}
+
+    def _header(self, layout: int) -> dict[str, Any]:
+        """What both snapshot layouts begin with: the layout, the clocks, the late count and
+        the timers' next sequence numbers."""
         return {
-            "format": SNAPSHOT_FORMAT,
+            "format": layout,
             "watermark": self._timers.current_watermark,
             "processing_time": self._timers.current_processing_time,
             "late_records": self.late_records,
             "timer_seq": [self._timers.event_time_timers.next_seq,
                           self._timers.processing_time_timers.next_seq],
-            "keys": list(self._key_entries(None, copy).values()),
         }
 
     def columnar_snapshot(self, *, copy: bool = True) -> dict[str, Any]:
@@ -630,12 +635,7 @@ class WindowOperator:
         for name, (_, _, timestamps, seqs) in timers.items():
             columns[name] = [*slots[name], timestamps, seqs]
         return {
-            "format": COLUMNAR_FORMAT,
-            "watermark": self._timers.current_watermark,
-            "processing_time": self._timers.current_processing_time,
-            "late_records": self.late_records,
-            "timer_seq": [self._timers.event_time_timers.next_seq,
-                          self._timers.processing_time_timers.next_seq],
+            **self._header(COLUMNAR_FORMAT),
             "keys": list(keys),
             "windows": [[w[0] if w.__class__ is TimeWindow else None for w in windows],
                         [w[1] if w.__class__ is TimeWindow else None for w in windows]],
