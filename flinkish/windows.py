@@ -50,6 +50,7 @@ from flinkish_core.errors import OptionError
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, RESULT
 from flinkish_core.windowing import (
+    COLUMNAR_FORMAT,
     AggregateFunction,
     Avg,
     ContinuousEventTimeTrigger,
@@ -363,15 +364,14 @@ class WindowProcessor(StatefulProcessor):
         # each row is a run of the group's records (pack_key_groups), by position as window()
         # selects them: the key group, then arrays of the keys, event times and values
         n = len(self.keys)
-        records: list[tuple[int, tuple[Any, ...], Any]] = []
+        elements: list[tuple[tuple[Any, ...], Any, int]] = []
         for row in rows:
             times = row[n + 1]
             values = row[n + 2] if self.value is not None else [None] * len(times)
-            records.extend(zip(times, zip(*row[1:n + 1], strict=True), values, strict=True))
+            elements.extend(zip(zip(*row[1:n + 1], strict=True), values, times, strict=True))
         # a stable sort: records of one event time keep their order
-        records.sort(key=itemgetter(0))
-        for time, user_key, value in records:
-            outputs.append(operator.process_element(user_key, value, time))
+        elements.sort(key=itemgetter(2))
+        outputs.append(operator.process_elements(elements))
         self._store(operator, registered)
         return self._rows(outputs)
 
@@ -386,8 +386,13 @@ class WindowProcessor(StatefulProcessor):
             return operator, set()
         text, timers = stored
         snapshot = json.loads(text)
-        for entry in snapshot["keys"]:
-            entry["key"] = tuple(entry["key"])  # JSON made the key tuple a list
+        # JSON made the key tuples lists; a state stored before the columnar layout holds an
+        # entry per key
+        if snapshot.get("format") == COLUMNAR_FORMAT:
+            snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
+        else:
+            for entry in snapshot["keys"]:
+                entry["key"] = tuple(entry["key"])
         operator.restore(snapshot, copy=False)
         return operator, set(timers)
 
@@ -413,15 +418,14 @@ class WindowProcessor(StatefulProcessor):
         earliest event-time timer: every visit brings the core to the batch's watermark,
         firing all its timers due, so one Spark timer per group is enough (a timer per
         timestamp would cost a round trip to register and one to delete each)."""
-        snapshot = operator.snapshot(copy=False)
-        timers = [timestamp for entry in snapshot["keys"]
-                  for _, timestamp, _ in entry["event_timers"]]
-        wanted = ({self._spark_timer(min(timers), operator.current_watermark)}
-                  if timers else set())
+        earliest = operator.earliest_event_time_timer()
+        wanted = ({self._spark_timer(earliest, operator.current_watermark)}
+                  if earliest is not None else set())
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:
             self.handle.registerTimer(timestamp)
+        snapshot = operator.columnar_snapshot(copy=False)
         if snapshot["keys"]:
             # plain data built fresh, no cycles: the encoder's check for them is wasted work
             self.state.update((json.dumps(snapshot, check_circular=False), sorted(wanted)))
@@ -430,21 +434,28 @@ class WindowProcessor(StatefulProcessor):
 
     def _rows(self, outputs: list[WindowOutput]) -> list[Any]:
         """The outputs as one Row of the operator's output columns, each a sequence (no Row
-        when there are none). Tuples, but the results a list: PySpark converts a nested Row (a
-        struct result) to a dict inside a list, and leaves a tuple's elements as they are."""
-        rows: list[tuple[Any, ...]] = []
-        no_late = (None,) * len(self.extra)
-        for out in outputs:
-            for r in out.results:
-                rows.append((*r.key, RESULT, _bound(r.window, False), _bound(r.window, True),
-                             r.result, r.pane.index, r.pane.timing.value, r.pane.is_last,
-                             *no_late))
-            for e in out.late:
-                late = (e.timestamp, e.value) if self.value is not None else (e.timestamp,)
-                rows.append((*e.key, LATE, None, None, None, None, None, None, *late))
-        if not rows:
+        when there are none): the results, then the late elements. Tuples, but the results a
+        list: PySpark converts a nested Row (a struct result) to a dict inside a list, and
+        leaves a tuple's elements as they are."""
+        results = [r for out in outputs for r in out.results]
+        late = [e for out in outputs for e in out.late]
+        if not results and not late:
             return []
-        columns: list[Any] = list(zip(*rows, strict=True))
-        result = len(self.keys) + 3  # after the keys, the kind and the window's bounds
-        columns[result] = list(columns[result])
+        windows = [r.window for r in results]
+        panes = [r.pane for r in results]
+        none = (None,) * len(late)
+        no_late = (None,) * len(results)
+        columns: list[Any] = [
+            *(tuple(r.key[i] for r in results) + tuple(e.key[i] for e in late)
+              for i in range(len(self.keys))),
+            (RESULT,) * len(results) + (LATE,) * len(late),
+            tuple(_bound(w, False) for w in windows) + none,
+            tuple(_bound(w, True) for w in windows) + none,
+            [r.result for r in results] + [None] * len(late),
+            tuple(p.index for p in panes) + none,
+            tuple(p.timing.value for p in panes) + none,
+            tuple(p.is_last for p in panes) + none,
+            no_late + tuple(e.timestamp for e in late),
+            *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
+        ]
         return [self.row(*columns)]

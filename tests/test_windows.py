@@ -6,6 +6,7 @@ key and the timers mirrored to Spark."""
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -154,6 +155,31 @@ def test_one_visit_fires_all_windows_due_and_leaves_the_spark_timer_at_the_next(
     assert run.handle.values[("a",)][1] == [29_999]
 
 
+def test_a_state_stored_per_key_before_the_columnar_layout_restores() -> None:
+    """A checkpoint written by an earlier version (the operator's per-key snapshot as JSON)
+    continues exactly as the state stored in columns does; the next store writes columns."""
+    batches = [(-1, [("a", 1_000, 2), ("b", 12_000, 5), ("a", 14_000, 1)]),
+               (9_999, [("b", 15_000, 3), ("a", 21_000, 4)]), (30_000, [])]
+    runs = [Runner(processor(windows.sliding("10 s", "5 s"), windows.Sum(),
+                             allowed_lateness=2_000), group=lambda key: 0) for _ in range(2)]
+    for run in runs:
+        run.batch(*batches[0])
+    text, timers = runs[1].handle.values[(0,)]
+    assert json.loads(text)["format"] == windows.COLUMNAR_FORMAT
+
+    def state(run: Runner) -> tuple[dict[str, Any], list[int]]:
+        """The group's state per key (the layout earlier versions stored) and its timers."""
+        operator, registered = run.processor._restore(run.handle.values[(0,)])
+        return operator.snapshot(), sorted(registered)
+
+    old, _ = state(runs[1])
+    runs[1].handle.values[(0,)] = (json.dumps(old), timers)
+    for batch in batches[1:]:
+        assert runs[1].batch(*batch) == runs[0].batch(*batch) != []
+        assert state(runs[1]) == state(runs[0])
+        assert json.loads(runs[1].handle.values[(0,)][0])["format"] == windows.COLUMNAR_FORMAT
+
+
 def test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_rises() -> None:
     # Flink's order: W = 75 s, then 74,999, 76, 77 and 78 s in window [70 s, 80 s), whose
     # ContinuousEventTimeTrigger interval timer (75 s) is at W; the next watermark fires it
@@ -249,13 +275,13 @@ def test_a_visit_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[bool] = []
     run = Runner(processor(windows.tumbling("10 s"), windows.Count()))
-    process_element = windows.WindowOperator.process_element
+    process_elements = windows.WindowOperator.process_elements
 
     def spy(self: Any, *args: Any) -> Any:
         seen.append(gc.isenabled())
-        return process_element(self, *args)
+        return process_elements(self, *args)
 
-    monkeypatch.setattr(windows.WindowOperator, "process_element", spy)
+    monkeypatch.setattr(windows.WindowOperator, "process_elements", spy)
     assert gc.isenabled()
     run.batch(-1, [("a", 1_000, 0)])
     assert seen == [False] and gc.isenabled()

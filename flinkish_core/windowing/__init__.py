@@ -54,6 +54,7 @@ from flinkish_core.windowing.window_function import (
     WindowContext,
 )
 from flinkish_core.windowing.window_operator import (
+    COLUMNAR_FORMAT,
     LateElement,
     WindowOperator,
     WindowOutput,
@@ -61,7 +62,8 @@ from flinkish_core.windowing.window_operator import (
 )
 
 __all__ = [
-    "AggregateFunction", "Avg", "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger",
+    "COLUMNAR_FORMAT", "AggregateFunction", "Avg", "ContinuousEventTimeTrigger",
+    "ContinuousProcessingTimeTrigger",
     "Count", "CountEvictor", "CountTrigger", "DeltaEvictor", "EventTimeSessionWindows",
     "EventTimeTrigger", "Evictor", "GlobalWindow", "GlobalWindows", "InternalTimer",
     "InternalTimerService", "LateElement", "Max", "MergingWindowAssigner", "MergingWindowSet",

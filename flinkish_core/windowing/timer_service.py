@@ -56,19 +56,34 @@ class TimerQueue:
     def delete(self, key: Any, window: Window, timestamp: int) -> None:
         self._live.pop((key, window, timestamp), None)
 
+    def _head(self) -> tuple[int, int, Any, Window] | None:
+        """The earliest live heap entry, stale entries above it dropped; None when empty."""
+        heap = self._heap
+        while heap:
+            timestamp, seq, key, window = head = heap[0]
+            if self._live.get((key, window, timestamp)) == seq:
+                return head
+            heapq.heappop(heap)
+        return None
+
     def poll(self, up_to: int) -> InternalTimer | None:
         """Removes and returns the earliest live timer due at ``up_to``, or None."""
-        while self._heap:
-            timestamp, seq, key, window = self._heap[0]
-            if self._live.get((key, window, timestamp)) != seq:
-                heapq.heappop(self._heap)
-                continue
-            if timestamp > up_to:
-                return None
-            heapq.heappop(self._heap)
-            del self._live[(key, window, timestamp)]
-            return InternalTimer(timestamp, key, window)
-        return None
+        due = self.pop_due(up_to)
+        return None if due is None else InternalTimer(*due)
+
+    def pop_due(self, up_to: int) -> tuple[int, Any, Window] | None:
+        """:meth:`poll` as a plain ``(timestamp, key, window)``."""
+        head = self._head()
+        if head is None or head[0] > up_to:
+            return None
+        timestamp, _, key, window = heapq.heappop(self._heap)
+        del self._live[(key, window, timestamp)]
+        return timestamp, key, window
+
+    def earliest(self) -> int | None:
+        """The earliest live timer's timestamp, or None when there is none."""
+        head = self._head()
+        return None if head is None else head[0]
 
     def count(self, window: Window | None = None) -> int:
         return sum(1 for (_, w, _) in self._live if window is None or w == window)
@@ -78,6 +93,21 @@ class TimerQueue:
         for (key, window, timestamp), seq in sorted(
                 self._live.items(), key=lambda item: (item[0][2], item[1])):
             yield key, window, timestamp, seq
+
+    def columns(self) -> tuple[list[Any], list[Window], list[int], list[int]]:
+        """Every live timer as four columns: keys, windows, timestamps, seqs."""
+        if not self._live:
+            return [], [], [], []
+        keys, windows, timestamps = (list(c) for c in zip(*self._live, strict=True))
+        return keys, windows, timestamps, list(self._live.values())
+
+    def load(self, keys: list[Any], windows: list[Window], timestamps: list[int],
+             seqs: list[int]) -> None:
+        """Registers the timers of :meth:`columns` (into an empty queue) in one step."""
+        self._live = dict(zip(zip(keys, windows, timestamps, strict=True), seqs, strict=True))
+        self._heap = list(zip(timestamps, seqs, keys, windows, strict=True))
+        heapq.heapify(self._heap)
+        self._next_seq = max(self._next_seq, max(seqs, default=-1) + 1)
 
     @property
     def next_seq(self) -> int:

@@ -18,7 +18,8 @@ overflows: no timer), which clears all its state.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import itertools
+from collections.abc import Callable, Iterable, Sequence
 from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,24 +30,37 @@ from flinkish_core.windowing.pane import PaneInfo, Timing
 from flinkish_core.windowing.partitioned_state import PartitionedStateStore
 from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService
 from flinkish_core.windowing.trigger import Trigger, TriggerContext
+from flinkish_core.windowing.triggers import EventTimeTrigger
 from flinkish_core.windowing.window import (
     LONG_MAX,
+    GlobalWindow,
     TimeWindow,
     Window,
     window_from_data,
     window_to_data,
 )
-from flinkish_core.windowing.window_assigner import MergingWindowAssigner, WindowAssigner
+from flinkish_core.windowing.window_assigner import (
+    MergingWindowAssigner,
+    SlidingEventTimeWindows,
+    TumblingEventTimeWindows,
+    WindowAssigner,
+)
 from flinkish_core.windowing.window_function import (
     AggregateFunction,
     ProcessWindowFunction,
     WindowContext,
 )
 
-__all__ = ["LateElement", "WindowFunction", "WindowOperator", "WindowOutput", "WindowResult"]
+__all__ = [
+    "COLUMNAR_FORMAT", "LateElement", "WindowFunction", "WindowOperator", "WindowOutput",
+    "WindowResult",
+]
 
 SNAPSHOT_FORMAT = 1
-"""Version of the :meth:`WindowOperator.snapshot` layout."""
+"""Version of the :meth:`WindowOperator.snapshot` layout: one entry per key."""
+
+COLUMNAR_FORMAT = 2
+"""Version of the :meth:`WindowOperator.columnar_snapshot` layout: one column per field."""
 
 WindowFunction = AggregateFunction[Any, Any, Any] | ProcessWindowFunction[Any, Any]
 
@@ -123,6 +137,13 @@ class WindowOperator:
         self.late_records = 0
         """How many elements went to the late output (Flink's ``numLateRecordsDropped``)."""
         self._out = WindowOutput()
+        # the common case process_elements runs as one loop: windows of one or more fixed
+        # spans (no merging), Flink's default trigger (exactly: a subclass may override it),
+        # an accumulator per window (no evictor, no element lists)
+        self._bulk = (
+            isinstance(assigner, TumblingEventTimeWindows | SlidingEventTimeWindows)
+            and assigner.is_event_time and type(self.trigger) is EventTimeTrigger
+            and evictor is None and isinstance(function, AggregateFunction))
 
     # ------------------------------------------------------------------ clocks
 
@@ -180,6 +201,82 @@ class WindowOperator:
             self._out.late.append(LateElement(key, value, timestamp))
         return self._out
 
+    def process_elements(self, elements: Iterable[tuple[Any, Any, int | None]]) -> WindowOutput:
+        """``(key, value, timestamp)`` elements, each in turn as :meth:`process_element` takes
+        it; one output holding all their results, then all their late elements, each in order.
+
+        In the common case (tumbling or sliding event-time windows, the default
+        ``EventTimeTrigger``, an aggregate function, no evictor) one loop does what
+        ``process_element`` and the trigger's callbacks do, without the calls: the same
+        contents, timers (registered in the same order, so they fire in the same order),
+        firings and late elements."""
+        if self._bulk:
+            return self._process_elements_bulk(elements)
+        out = WindowOutput()
+        for key, value, timestamp in elements:
+            one = self.process_element(key, value, timestamp)
+            out.results += one.results
+            out.late += one.late
+        return out
+
+    def _process_elements_bulk(
+        self, elements: Iterable[tuple[Any, Any, int | None]],
+    ) -> WindowOutput:
+        """:meth:`process_elements` in the common case: ``_on_element`` with
+        ``EventTimeTrigger.on_element`` folded in, the watermark being fixed meanwhile."""
+        assert isinstance(self.function, AggregateFunction)
+        self._out = out = WindowOutput()
+        watermark = self._timers.current_watermark
+        lateness = self.allowed_lateness
+        contents = self._contents
+        create, add = self.function.create_accumulator, self.function.add
+        register = self._timers.event_time_timers.register
+        assign = self.assigner.assign_windows
+        # a tumbling window's start as the assigner computes it (Python's remainder takes the
+        # divisor's sign, which folds Flink's branch for negative timestamps in), and one
+        # object per window
+        tumbling = self.assigner if type(self.assigner) is TumblingEventTimeWindows else None
+        size, offset = (tumbling.size, tumbling.offset % tumbling.size) if tumbling else (1, 0)
+        tumbling_windows: dict[int, TimeWindow] = {}
+        windows: Sequence[Any]
+        window: Any  # a TimeWindow: (start, end)
+        for key, value, timestamp in elements:
+            if tumbling is not None and timestamp is not None:
+                start = timestamp - (timestamp - offset) % size
+                tumbled = tumbling_windows.get(start)
+                if tumbled is None:
+                    tumbled = tumbling_windows[start] = TimeWindow(start, start + size)
+                windows = (tumbled,)
+            else:
+                windows = assign(value, timestamp, self)
+            skipped = True
+            for window in windows:
+                end = window[1] - 1  # max_timestamp()
+                cleanup = end + lateness if end + lateness < LONG_MAX else LONG_MAX
+                if cleanup <= watermark:
+                    continue  # the window is late
+                skipped = False
+                slot = (key, window)
+                accumulator = contents.get(slot)
+                contents[slot] = add(value, create() if accumulator is None else accumulator)
+                # EventTimeTrigger.on_element: a window the watermark has passed fires at
+                # once, any other gets a timer at its end
+                if end <= watermark:
+                    self._emit(key, window, window, watermark, clock_timer=False, last=False)
+                    if cleanup != LONG_MAX:
+                        register(key, window, cleanup)
+                else:
+                    register(key, window, end)
+                    # without lateness the cleanup timer is the end's, registered just now
+                    if cleanup != end and cleanup != LONG_MAX:
+                        register(key, window, cleanup)
+            # process_element's rule for the late output (the assigner refused a timestamp
+            # of None)
+            if skipped and (windows or timestamp + lateness <= watermark):  # type: ignore
+                self.late_records += 1
+                out.late.append(LateElement(key, value, timestamp))
+        return out
+
     def process_watermark(self, watermark: int) -> WindowOutput:
         """Advances event time to ``watermark`` and fires every event-time timer at or before
         it, in timestamp order.
@@ -195,9 +292,44 @@ class WindowOperator:
             return self._out
         self._timers.current_watermark = watermark
         queue = self._timers.event_time_timers
+        if self._bulk:
+            self._fire_event_time_bulk(watermark)
+            return self._out
         while (timer := queue.poll(self._timers.current_watermark)) is not None:
             self._on_timer(timer, event_time=True)
         return self._out
+
+    def _fire_event_time_bulk(self, watermark: int) -> None:
+        """:meth:`process_watermark`'s timers in the common case of :meth:`process_elements`,
+        where every timer is a window's end (``EventTimeTrigger``) or its cleanup time:
+        ``_on_timer`` with the trigger's ``on_event_time`` and ``_emit`` folded in. The
+        trigger's ``clear`` has nothing to do at the cleanup: the window's end timer, at or
+        before it, has fired."""
+        assert isinstance(self.function, AggregateFunction)
+        queue = self._timers.event_time_timers
+        contents, panes = self._contents, self._panes
+        lateness = self.allowed_lateness
+        get_result = self.function.get_result
+        results = self._out.results
+        # equal panes are one object (frozen): most firings are the first and last pane
+        pane_infos: dict[tuple[int, bool], PaneInfo] = {}
+        window: Any  # a TimeWindow: (start, end)
+        while (due := queue.pop_due(watermark)) is not None:
+            time, key, window = due
+            end = window[1] - 1  # max_timestamp()
+            cleanup = time == (end + lateness if end + lateness < LONG_MAX else LONG_MAX)
+            slot = (key, window)
+            if time == end and slot in contents:
+                # _emit's pane for the end-of-window timer: ON_TIME, the next index
+                index = panes.get(slot, 0)
+                panes[slot] = index + 1
+                pane = pane_infos.get((index, cleanup))
+                if pane is None:
+                    pane = pane_infos[(index, cleanup)] = PaneInfo(index, Timing.ON_TIME, cleanup)
+                results.append(WindowResult(key, window, get_result(contents[slot]), pane))
+            if cleanup:
+                contents.pop(slot, None)
+                panes.pop(slot, None)
 
     def process_processing_time(self, time: int) -> WindowOutput:
         """Advances processing time to ``time`` and fires the processing-time timers due."""
@@ -446,23 +578,79 @@ class WindowOperator:
         operator. ``copy=False`` shares them, for a caller that encodes the snapshot at once
         and drops the operator (``flinkish.windows``): copying them would be wasted work.
         Keys are always shared (hashable, never changed)."""
+        return {**self._header(SNAPSHOT_FORMAT),
+                "keys": list(self._key_entries(None, copy).values())}
+
+    def _header(self, layout: int) -> dict[str, Any]:
+        """What both snapshot layouts begin with: the layout, the clocks, the late count and
+        the timers' next sequence numbers."""
         return {
-            "format": SNAPSHOT_FORMAT,
+            "format": layout,
             "watermark": self._timers.current_watermark,
             "processing_time": self._timers.current_processing_time,
             "late_records": self.late_records,
             "timer_seq": [self._timers.event_time_timers.next_seq,
                           self._timers.processing_time_timers.next_seq],
-            "keys": list(self._key_entries(None, copy).values()),
+        }
+
+    def columnar_snapshot(self, *, copy: bool = True) -> dict[str, Any]:
+        """The state of :meth:`snapshot` laid out in columns (:data:`COLUMNAR_FORMAT`): the
+        clocks, the late count, ``keys`` and ``windows`` (``[starts, ends]``; both None for
+        the global window), each key and window once, and per kind of state a list of
+        columns whose rows refer to their key and window by position. The keys of a group
+        share a few windows, so most of it is small numbers in flat lists, which encode and
+        decode in a fraction of the per-key entries' time; :meth:`restore` takes either
+        layout. ``copy`` as in :meth:`snapshot`."""
+        value = deepcopy if copy else _same
+        trigger_state = list(self._trigger_state.items())
+        contents, panes = list(self._contents), list(self._panes)
+        timers = {name: queue.columns() for name, queue in (
+            ("event_timers", self._timers.event_time_timers),
+            ("processing_timers", self._timers.processing_time_timers))}
+        slot_columns = {
+            "contents": ([k for k, _ in contents], [w for _, w in contents]),
+            "panes": ([k for k, _ in panes], [w for _, w in panes]),
+            "trigger_state": ([k for k, _, _, _ in trigger_state],
+                              [w for _, w, _, _ in trigger_state]),
+            **{name: (timer_keys, windows) for name, (timer_keys, windows, _, _)
+               in timers.items()},
+        }
+        # each key and window once, at its position
+        keys = {key: i for i, key in enumerate(dict.fromkeys(itertools.chain(
+            self._merging, *(slot_keys for slot_keys, _ in slot_columns.values()))))}
+        windows = {window: i for i, window in enumerate(dict.fromkeys(itertools.chain(
+            *(slot_windows for _, slot_windows in slot_columns.values()))))}
+        slots = {name: [[keys[key] for key in slot_keys],
+                        [windows[window] for window in slot_windows]]
+                 for name, (slot_keys, slot_windows) in slot_columns.items()}
+        columns: dict[str, Any] = {
+            "contents": [*slots["contents"], [value(c) for c in self._contents.values()]],
+            "panes": [*slots["panes"], list(self._panes.values())],
+            "merging_windows": [[keys[key] for key in self._merging],
+                                [merging.to_data() for merging in self._merging.values()]],
+            "trigger_state": [*slots["trigger_state"],
+                              [name for _, _, name, _ in trigger_state],
+                              [value(state) for _, _, _, state in trigger_state]],
+        }
+        for name, (_, _, timestamps, seqs) in timers.items():
+            columns[name] = [*slots[name], timestamps, seqs]
+        return {
+            **self._header(COLUMNAR_FORMAT),
+            "keys": list(keys),
+            "windows": [[w[0] if w.__class__ is TimeWindow else None for w in windows],
+                        [w[1] if w.__class__ is TimeWindow else None for w in windows]],
+            **columns,
         }
 
     def restore(self, snapshot: dict[str, Any], *, copy: bool = True) -> None:
-        """Replaces this operator's state with a :meth:`snapshot` (taken from an operator of the
-        same assigner, function, trigger, lateness and evictor). With ``copy`` the operator
-        takes deep copies of the snapshot's user values; ``copy=False`` takes them over, for a
-        snapshot nobody else holds (just decoded, as in ``flinkish.windows``)."""
-        if snapshot.get("format") != SNAPSHOT_FORMAT:
-            raise ValueError(f"unknown window operator snapshot format {snapshot.get('format')!r}")
+        """Replaces this operator's state with a :meth:`snapshot` or a
+        :meth:`columnar_snapshot` (taken from an operator of the same assigner, function,
+        trigger, lateness and evictor). With ``copy`` the operator takes deep copies of the
+        snapshot's user values; ``copy=False`` takes them over, for a snapshot nobody else
+        holds (just decoded, as in ``flinkish.windows``)."""
+        layout = snapshot.get("format")
+        if layout not in (SNAPSHOT_FORMAT, COLUMNAR_FORMAT):
+            raise ValueError(f"unknown window operator snapshot format {layout!r}")
         self._timers = InternalTimerService()
         self._timers.current_watermark = snapshot["watermark"]
         self._timers.current_processing_time = snapshot["processing_time"]
@@ -470,8 +658,11 @@ class WindowOperator:
         self._ctx = TriggerContext(self._timers, self._trigger_state)
         self._contents, self._panes, self._merging = {}, {}, {}
         self.late_records = snapshot["late_records"]
-        for entry in snapshot["keys"]:
-            self._load_key(entry, copy)
+        if layout == SNAPSHOT_FORMAT:
+            for entry in snapshot["keys"]:
+                self._load_key(entry, copy)
+        else:
+            self._load_columns(snapshot, copy)
         event_seq, processing_seq = snapshot["timer_seq"]
         self._timers.event_time_timers.next_seq = event_seq
         self._timers.processing_time_timers.next_seq = processing_seq
@@ -545,6 +736,37 @@ class WindowOperator:
             self._timers.processing_time_timers.register(
                 key, window_from_data(window), timestamp, seq)
 
+    def _load_columns(self, snapshot: dict[str, Any], copy: bool) -> None:
+        """Loads the columns of a :meth:`columnar_snapshot`; the user's values deep-copied
+        with ``copy``."""
+        value = deepcopy if copy else _same
+        keys = snapshot["keys"]
+        windows: list[Window] = [GlobalWindow() if start is None else TimeWindow(start, end)
+                                 for start, end in zip(*snapshot["windows"], strict=True)]
+
+        def slots(key_positions: list[int], window_positions: list[int]) -> list[Any]:
+            return [(keys[k], windows[w])
+                    for k, w in zip(key_positions, window_positions, strict=True)]
+
+        *where, contents = snapshot["contents"]
+        self._contents = dict(zip(slots(*where), map(value, contents), strict=True))
+        *where, indexes = snapshot["panes"]
+        self._panes = dict(zip(slots(*where), indexes, strict=True))
+        if snapshot["merging_windows"][0]:
+            assert isinstance(self.assigner, MergingWindowAssigner)
+            for position, data in zip(*snapshot["merging_windows"], strict=True):
+                self._merging[keys[position]] = MergingWindowSet.from_data(self.assigner, data)
+        *where, names, states = snapshot["trigger_state"]
+        for (key, window), name, state in zip(slots(*where), names, states, strict=True):
+            self._trigger_state.put(key, window, name, value(state))
+        for name, queue in (("event_timers", self._timers.event_time_timers),
+                            ("processing_timers", self._timers.processing_time_timers)):
+            *where, timestamps, seqs = snapshot[name]
+            pairs = slots(*where)
+            queue.load([key for key, _ in pairs], [window for _, window in pairs],
+                       timestamps, seqs)
+
+
     def _drop_key(self, key: Any) -> None:
         for slot in [s for s in self._contents if s[0] == key]:
             del self._contents[slot]
@@ -569,6 +791,10 @@ class WindowOperator:
         """Flink's ``numKeyedStateEntries``: window contents, trigger state values and merging
         window sets (the pane counters, which Flink has not, aside)."""
         return len(self._contents) + self._trigger_state.count() + len(self._merging)
+
+    def earliest_event_time_timer(self) -> int | None:
+        """The timestamp of the first event-time timer to fire, or None when there is none."""
+        return self._timers.event_time_timers.earliest()
 
     def num_event_time_timers(self) -> int:
         return self._timers.num_event_time_timers()
