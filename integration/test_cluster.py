@@ -62,7 +62,7 @@ from integration.test_sink_crash import (
 )
 from integration.test_window_crash import table_windows
 
-pytestmark = [pytest.mark.integration, pytest.mark.cluster, pytest.mark.own_driver]
+pytestmark = [pytest.mark.integration, pytest.mark.cluster]
 
 MASTER = "local-cluster[2,1,1024]"
 MAX_OFFSETS = PARTITIONS * PER_PARTITION // 2  # batches 0 and 1 (the executor dies in 1)

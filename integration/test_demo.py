@@ -9,14 +9,11 @@ import re
 from pathlib import Path
 
 import pyarrow.dataset as ds
-import pytest
 from rich.console import Console
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish.cli import main
 from flinkish.inspect import load_epochs, table
-
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
 
 
 def test_demo_verdict_then_inspect_and_plot(kafka_bootstrap: str, tmp_path: Path,

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
+pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("flinkish", "flinkish/demo", "flinkish_core", "checkpointing", "flinkish_source",

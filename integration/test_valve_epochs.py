@@ -10,13 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from checkpointing import CheckpointStorage, CheckpointStore, failpoints
 from flinkish.demo.processes import kill_tree
 from integration.kafka_helpers import produce, wait_for
-
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
 
 B = 1_700_000_000_000
 

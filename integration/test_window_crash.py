@@ -51,7 +51,7 @@ from integration.test_sink_crash import (
     tail,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
+pytestmark = pytest.mark.integration
 
 BASE = 1_700_000_000_000  # a multiple of the window
 WINDOW_MS = 10_000

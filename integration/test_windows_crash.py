@@ -58,7 +58,7 @@ from integration.test_sink_crash import (
 )
 from integration.test_window_crash import batches, decided, dropped, reports
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
+pytestmark = pytest.mark.integration
 
 BASE = 1_700_000_000_000  # a multiple of the window
 WINDOW_MS = 10_000
