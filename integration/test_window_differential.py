@@ -12,14 +12,9 @@ group's timer or judges lateness at another watermark fails here.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
-import time
-import uuid
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +22,9 @@ import pytest
 
 import flinkish
 from flinkish import windows
-from flinkish.demo.embedded_kafka import create_topic
 from flinkish_core.windowing import TimeWindow, WindowOutput
-from integration.conftest import PROVIDER, ROCKSDB
-from integration.kafka_helpers import Collector, produce, source, wait_for
-from integration.test_windows import DEADLINE
+from integration.kafka_helpers import produce, source
+from integration.test_windows import run
 from integration.window_cases import BASE, CASES, Record, WindowCase, generate
 
 pytestmark = pytest.mark.integration
@@ -43,10 +36,10 @@ Row = tuple[Any, ...]
 time, value): a firing or a late row, and the batch it came out in."""
 
 
-def start_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
-               records: list[Record], max_offsets: int) -> tuple[Any, Collector, Path]:
+def run_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
+             records: list[Record], max_offsets: int) -> tuple[list[Row], Path]:
     """``records`` through the flinkish source (punctuated watermarks), ``with_watermark`` and
-    ``case``'s window operator, AvailableNow into a collector: the started query."""
+    ``case``'s window operator, AvailableNow; the output rows and the checkpoint."""
     produce(bootstrap, name, [
         (r.partition, r.key.encode(),
          json.dumps({"v": r.value, **({"p": True} if r.punctuation else {})}).encode(),
@@ -62,28 +55,8 @@ def start_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCas
                            value="v", trigger=case.trigger,
                            allowed_lateness=case.allowed_lateness, evictor=case.evictor)
     checkpoint = tmp / "ck"
-    collector = Collector()
-    query = (fired.writeStream.foreachBatch(collector).outputMode("append")
-             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
-    return query, collector, checkpoint
-
-
-def finish(query: Any, collector: Collector, deadline: float) -> list[Row]:
-    """Waits for ``query`` to end (until the monotonic ``deadline``): its output rows."""
-    try:
-        query.awaitTermination(max(1.0, deadline - time.monotonic()))
-    finally:
-        query.stop()
-    assert query.exception() is None, query.exception()
-    return [spark_row(batch, r) for batch, r in collector.rows]
-
-
-def run_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
-             records: list[Record], max_offsets: int) -> tuple[list[Row], Path]:
-    """:func:`start_case` to its end: the output rows and the checkpoint."""
-    query, collector, checkpoint = start_case(spark, bootstrap, name, tmp, case, records,
-                                              max_offsets)
-    return finish(query, collector, time.monotonic() + DEADLINE), checkpoint
+    _, rows = run(fired, checkpoint)
+    return [spark_row(batch, r) for batch, r in rows], checkpoint
 
 
 def ms(timestamp: Any) -> int | None:
@@ -153,79 +126,19 @@ def assert_same(rows: list[Row], expected: list[Row],
         + f"\nbatches (id, watermark, ends): {batches}")
 
 
-@dataclass
-class Outcome:
-    records: list[Record]
-    checkpoint: Path
-    rows: list[Row] | None = None
-    error: BaseException | None = None
-
-
-def first_batch_done(query: Any) -> bool:
-    return query.lastProgress is not None or not query.isActive
-
-
-@pytest.fixture(scope="module")
-def outcomes(
-    spark: Any, kafka_bootstrap: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[tuple[int, str], Outcome]]:
-    """Every (seed, case) run through Spark, the queries overlapping: each starts once the one
-    before it finished a batch (so one source runner starts at a time; a query of small
-    batches mostly waits on its own round trips, which the others fill)."""
-    before = spark.conf.get(PROVIDER, None)
-    spark.conf.set(PROVIDER, ROCKSDB)
-    running: list[tuple[Outcome, Any, Collector]] = []
-    out: dict[tuple[int, str], Outcome] = {}
-    try:
-        deadline = time.monotonic() + DEADLINE * len(CASES) * SEEDS
-        for seed in range(SEEDS):
-            for index, case in enumerate(CASES):
-                tmp = tmp_path_factory.mktemp(f"differential-{case.name}-{seed}")
-                name = f"differential-{uuid.uuid4().hex[:8]}"
-                create_topic(kafka_bootstrap, name, 2)
-                records = generate(1_000 * seed + index)
-                outcome = out[(seed, case.name)] = Outcome(records, tmp / "ck")
-                try:
-                    query, collector, _ = start_case(spark, kafka_bootstrap, name, tmp, case,
-                                                     records, max_offsets=2 + (seed + index) % 3)
-                except Exception as exc:  # judged by the case's test; the others go on
-                    outcome.error = exc
-                    continue
-                running.append((outcome, query, collector))
-                try:
-                    wait_for(functools.partial(first_batch_done, query), DEADLINE,
-                             f"the first batch of {case.name}")
-                except AssertionError as exc:
-                    outcome.error = exc
-        for outcome, query, collector in running:
-            if outcome.error is not None:
-                continue
-            try:
-                outcome.rows = finish(query, collector, deadline)
-            except Exception as exc:
-                outcome.error = exc
-        yield out
-    finally:
-        for _, query, _ in running:
-            query.stop()
-        if before is None:
-            spark.conf.unset(PROVIDER)
-        else:
-            spark.conf.set(PROVIDER, before)
-
-
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 @pytest.mark.parametrize("seed", range(SEEDS))
 def test_spark_fires_what_the_core_fires_batch_by_batch(
-    outcomes: dict[tuple[int, str], Outcome], case: WindowCase, seed: int,
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
+    case: WindowCase, seed: int,
 ) -> None:
-    outcome = outcomes[(seed, case.name)]
-    if outcome.error is not None:
-        raise outcome.error
-    assert outcome.rows is not None
-    batches = journal(outcome.checkpoint)
-    expected = replay(case, outcome.records, batches)
-    assert_same(outcome.rows, expected, batches)
+    index = CASES.index(case)
+    records = generate(1_000 * seed + index)
+    rows, checkpoint = run_case(spark, kafka_bootstrap, topic(2), tmp_path, case, records,
+                                max_offsets=2 + (seed + index) % 3)
+    batches = journal(checkpoint)
+    expected = replay(case, records, batches)
+    assert_same(rows, expected, batches)
     # the input exercised what it is for: firings, a watermark repeated over batches
     assert any(kind == "result" for _, kind, *_ in expected)
     watermarks = [watermark for _, watermark, _ in batches]
