@@ -20,7 +20,7 @@ from flinkish.session import RUNNER_ENV_KEYS
 from integration.test_sink_crash import PARTITIONS, PER_PARTITION, TargetView, _input_topic
 from integration.test_sink_crash import run_to_end as run_driver
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
+pytestmark = pytest.mark.integration
 
 QUERIES = 8
 

@@ -59,7 +59,7 @@ from flinkish_sink.iceberg_target import IcebergTarget
 from flinkish_sink.target import TransactionId
 from integration.kafka_helpers import produce
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_driver]
+pytestmark = pytest.mark.integration
 
 SCRIPT = Path(__file__).resolve().parent / "sink_query.py"
 PARTITIONS = 4
