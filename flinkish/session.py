@@ -23,6 +23,7 @@ from typing import Any
 from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
 from flinkish.epoch_listener import listen
+from flinkish.warm_start import warm_start
 from flinkish.worker_python import check_worker_python
 from flinkish_core.locations import MASTER_ENV
 
@@ -53,6 +54,7 @@ def register(spark: Any) -> None:
     if not manager.dataSourceExists(FlinkishDataSource.name()):
         spark.dataSource.register(FlinkishDataSource)
     seed_runner_environment(spark)
+    warm_start(spark, manager.lookupDataSource(FlinkishDataSource.name()))
     listen(spark)
 
 

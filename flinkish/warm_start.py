@@ -1,0 +1,166 @@
+"""Start the Python daemons of the data source's driver-side calls while the driver is busy
+elsewhere, so a (re)started query finds them running.
+
+Why: for a Python data source Spark runs four calls on the driver in Python processes, each
+through a worker daemon of its own (``PythonPlannerRunner.runInPython``): the source's creation
+(``pyspark.sql.worker.create_data_source``, at ``load()``), and in the first batch the read's
+planning (``plan_data_source_read``), the writer's creation (``write_into_data_source``) and the
+commit (``python_streaming_sink_runner``). Spark starts each daemon at its call's first use, one
+after the other, on the way to the first commit: an interpreter importing PySpark, then a forked
+worker importing the call's module (the read's planning imports pyarrow).
+
+``SparkEnv`` keys its worker factories on the interpreter, the module and the worker's
+environment; a worker created and released under the same key is handed to the first call that
+asks (PySpark reuses workers by default). So :func:`warm_start` creates one worker of each
+module, in a background thread, with the environment the planner runner gives its workers: the
+data source's shared ``envVars`` map and the keys ``runInPython`` adds (Spark 4.3). Where that
+environment cannot be known here (Python's fault handler on, which points workers at a
+directory of Spark's choosing), nothing is started. A key that no longer matches (another Spark
+version) only leaves an idle daemon behind: the call then starts its own, as without this
+module. The idle worker is reaped after Spark's minute of idleness; the daemon stays, as
+Spark's do.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+SPARK_ENV, BLOCK_MANAGER = "org.apache.spark.SparkEnv", "org.apache.spark.storage.BlockManager"
+
+#: Per Spark application (once per driver JVM is enough): the thread starting the workers and
+#: the modules it started.
+_runs: dict[str, tuple[threading.Thread, list[str]]] = {}
+_lock = threading.Lock()
+
+#: The modules of the data source's driver-side calls, in the order a first batch calls them.
+DRIVER_MODULES = (
+    "pyspark.sql.worker.create_data_source",
+    "pyspark.sql.worker.plan_data_source_read",
+    "pyspark.sql.worker.write_into_data_source",
+    "pyspark.sql.worker.python_streaming_sink_runner",
+)
+
+
+def planner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
+    """The environment ``PythonPlannerRunner.runInPython`` (Spark 4.3) gives a worker of a data
+    source whose shared map is ``source_env``; None when it cannot be known from here."""
+    sql_conf = spark._jsparkSession.sessionState().conf()
+    conf = spark.sparkContext._jsc.sc().conf()
+    if sql_conf.pythonUDFWorkerFaulthandlerEnabled():
+        return None
+    env = {str(entry.getKey()): str(entry.getValue()) for entry in source_env.entrySet()}
+    env["SPARK_LOCAL_DIRS"] = block_manager_dirs(spark)
+    if conf.getBoolean("spark.python.worker.reuse", True):
+        env["SPARK_REUSE_WORKER"] = "1"
+    for flag, key in ((sql_conf.pysparkHideTraceback(), "SPARK_HIDE_TRACEBACK"),
+                      (sql_conf.pysparkSimplifiedTraceback(), "SPARK_SIMPLIFIED_TRACEBACK"),
+                      (sql_conf.pysparkTracebackWithLocals(), "SPARK_TRACEBACK_WITH_LOCALS"),
+                      (sql_conf.pythonUDFDaemonKillWorkerOnFlushFailure(),
+                       "PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE")):
+        if flag:
+            env[key] = "1"
+    memory = sql_conf.pythonPlannerExecMemory()
+    if memory.isDefined():
+        env["PYSPARK_PLANNER_MEMORY_MB"] = str(memory.get())
+    env["SPARK_AUTH_SOCKET_TIMEOUT"] = str(
+        conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s"))
+    env["SPARK_BUFFER_SIZE"] = str(conf.getInt("spark.buffer.size", 65536))
+    dump_interval = sql_conf.pythonUDFWorkerTracebackDumpIntervalSeconds()
+    if dump_interval > 0:
+        env["PYTHON_TRACEBACK_DUMP_INTERVAL_SECONDS"] = str(dump_interval)
+    env["SPARK_JOB_ARTIFACT_UUID"] = "default"
+    if sql_conf.pythonWorkerLoggingEnabled():
+        env["PYSPARK_SPARK_SESSION_UUID"] = str(spark._jsparkSession.sessionUUID())
+    env["SPARK_PYTHON_RUNTIME"] = "PYTHON_WORKER"
+    return env
+
+
+def block_manager_dirs(spark: Any) -> str:
+    """The driver's block manager directories, as the runners put them into ``SPARK_LOCAL_DIRS``."""
+    spark_env = spark.sparkContext._jsc.sc().env()
+    block_manager = call(spark, spark_env, SPARK_ENV, "blockManager", BLOCK_MANAGER)
+    disk = call(spark, block_manager, BLOCK_MANAGER, "diskBlockManager",
+                "org.apache.spark.storage.DiskBlockManager")
+    dirs = call(spark, disk, "org.apache.spark.storage.DiskBlockManager", "localDirs",
+                "[Ljava.io.File;")
+    return ",".join(str(d.getPath()) for d in dirs)
+
+
+def call(spark: Any, target: Any, owner: str, method: str, returns: str,
+         *args: tuple[str, Any]) -> Any:
+    """``target.method(*args)`` in the JVM (``target`` of class ``owner``), each argument a
+    (class name, value) pair.
+
+    Through a method handle, not py4j's own call: py4j looks methods up by reflecting on all of
+    the class's methods, which fails for ``SparkEnv`` and ``BlockManager`` in a pip-installed
+    PySpark (a signature names ``com.google.protobuf`` classes it does not ship)."""
+    jvm, gateway = spark._jvm, spark.sparkContext._gateway
+
+    def java_class(name: str) -> Any:
+        primitive = {"boolean": jvm.java.lang.Boolean.TYPE, "void": jvm.java.lang.Void.TYPE}
+        return primitive.get(name) or jvm.java.lang.Class.forName(name)
+
+    types = gateway.new_array(jvm.java.lang.Class, len(args))
+    for i, (name, _) in enumerate(args):
+        types[i] = java_class(name)
+    handle = jvm.java.lang.invoke.MethodHandles.publicLookup().findVirtual(
+        java_class(owner), method, jvm.java.lang.invoke.MethodType.methodType(
+            java_class(returns), types))
+    values = gateway.new_array(jvm.java.lang.Object, len(args) + 1)
+    values[0] = target
+    for i, (_, value) in enumerate(args):
+        values[i + 1] = value
+    return handle.invokeWithArguments(values)
+
+
+def warm_start(spark: Any, source: Any) -> None:
+    """Start a worker of each of :data:`DRIVER_MODULES` for the registered data source
+    ``source`` (a ``UserDefinedPythonDataSource``) in a background thread, once per Spark
+    application; nothing when the workers' environment cannot be known (see
+    :func:`planner_environment`)."""
+    application = str(spark.sparkContext.applicationId)
+    with _lock:
+        if application in _runs:
+            return
+        function = source.dataSourceCls()
+        env = planner_environment(spark, function.envVars())
+        if env is None:
+            return
+        jvm = spark._jvm
+        java_env = jvm.java.util.HashMap()
+        for key, value in env.items():
+            java_env.put(key, value)
+        scala_env = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_env)
+        python, started = function.pythonExec(), []
+
+        def start() -> None:
+            spark_env = spark.sparkContext._jsc.sc().env()
+            for module in DRIVER_MODULES:
+                key = (("java.lang.String", python), ("java.lang.String", module),
+                       ("scala.collection.immutable.Map", scala_env))
+                try:
+                    worker = call(spark, spark_env, SPARK_ENV, "createPythonWorker",
+                                  "scala.Tuple2", *key, ("boolean", True))._1()
+                    call(spark, spark_env, SPARK_ENV, "releasePythonWorker", "void", *key,
+                         ("org.apache.spark.api.python.PythonWorker", worker))
+                except Exception as exc:  # noqa: BLE001 - the call starts its own worker then
+                    log.debug("could not start a worker of %s ahead: %s", module, exc)
+                    return
+                started.append(module)
+
+        thread = threading.Thread(target=start, name="flinkish-warm-start", daemon=True)
+        _runs[application] = (thread, started)
+    thread.start()
+
+
+def started(spark: Any, timeout: float) -> tuple[str, ...]:
+    """The modules :func:`warm_start` started for ``spark``'s application, once it is done
+    (waiting up to ``timeout`` seconds)."""
+    with _lock:
+        thread, modules = _runs[str(spark.sparkContext.applicationId)]
+    thread.join(timeout)
+    return tuple(modules)
