@@ -29,6 +29,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
+DEFAULT_DAEMON = "pyspark.daemon"
 SPARK_ENV, BLOCK_MANAGER = "org.apache.spark.SparkEnv", "org.apache.spark.storage.BlockManager"
 
 #: Per Spark application (once per driver JVM is enough): the thread starting the workers and
@@ -49,6 +50,36 @@ def planner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
     """The environment ``PythonPlannerRunner.runInPython`` (Spark 4.3) gives a worker of a data
     source whose shared map is ``source_env``; None when it cannot be known from here."""
     sql_conf = spark._jsparkSession.sessionState().conf()
+    env = runner_environment(spark, source_env)
+    if env is None:
+        return None
+    memory = sql_conf.pythonPlannerExecMemory()
+    if memory.isDefined():
+        env["PYSPARK_PLANNER_MEMORY_MB"] = str(memory.get())
+    if sql_conf.pythonWorkerLoggingEnabled():
+        env["PYSPARK_SPARK_SESSION_UUID"] = str(spark._jsparkSession.sessionUUID())
+    return env
+
+
+def task_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
+    """The environment ``BasePythonRunner.compute`` (Spark 4.3) gives the data source's read and
+    write tasks' workers; None when it cannot be known from here (the tasks' executor memory for
+    Python set, Python UDF pipelining on)."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    env = runner_environment(spark, source_env)
+    if env is None or conf.contains("spark.executor.pyspark.memory") or conf.getBoolean(
+            "spark.python.udf.pipelined.enabled", False):
+        return None
+    if not conf.contains("spark.executorEnv.OMP_NUM_THREADS"):
+        env["OMP_NUM_THREADS"] = str(conf.getInt("spark.task.cpus", 1))
+    env["PYTHON_UDF_BATCH_SIZE"] = str(
+        spark.conf.get("spark.sql.execution.python.udf.maxRecordsPerBatch", "100"))
+    return env
+
+
+def runner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
+    """What the planner's and the tasks' runners both put into a worker's environment."""
+    sql_conf = spark._jsparkSession.sessionState().conf()
     conf = spark.sparkContext._jsc.sc().conf()
     if sql_conf.pythonUDFWorkerFaulthandlerEnabled():
         return None
@@ -63,9 +94,6 @@ def planner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
                        "PYTHON_DAEMON_KILL_WORKER_ON_FLUSH_FAILURE")):
         if flag:
             env[key] = "1"
-    memory = sql_conf.pythonPlannerExecMemory()
-    if memory.isDefined():
-        env["PYSPARK_PLANNER_MEMORY_MB"] = str(memory.get())
     env["SPARK_AUTH_SOCKET_TIMEOUT"] = str(
         conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s"))
     env["SPARK_BUFFER_SIZE"] = str(conf.getInt("spark.buffer.size", 65536))
@@ -73,8 +101,6 @@ def planner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
     if dump_interval > 0:
         env["PYTHON_TRACEBACK_DUMP_INTERVAL_SECONDS"] = str(dump_interval)
     env["SPARK_JOB_ARTIFACT_UUID"] = "default"
-    if sql_conf.pythonWorkerLoggingEnabled():
-        env["PYSPARK_SPARK_SESSION_UUID"] = str(spark._jsparkSession.sessionUUID())
     env["SPARK_PYTHON_RUNTIME"] = "PYTHON_WORKER"
     return env
 
@@ -117,40 +143,56 @@ def call(spark: Any, target: Any, owner: str, method: str, returns: str,
     return handle.invokeWithArguments(values)
 
 
+def plans(spark: Any, source: Any) -> list[tuple[str, str, dict[str, str]]]:
+    """(worker module, daemon module, environment) of each daemon to start ahead, in the order a
+    query first needs them: :data:`DRIVER_MODULES` and, with a local master (whose tasks run in
+    the driver's JVM), the tasks' own."""
+    conf = spark.sparkContext._jsc.sc().conf()
+    if not conf.getBoolean("spark.python.use.daemon", True):
+        return []
+    source_env = source.dataSourceCls().envVars()
+    planner = planner_environment(spark, source_env)
+    found = [(module, DEFAULT_DAEMON, planner) for module in DRIVER_MODULES if planner]
+    master = spark.sparkContext.master
+    tasks = task_environment(spark, source_env)
+    if tasks is not None and (master == "local" or master.startswith("local[")):
+        found.insert(len(found) - 1, (conf.get("spark.python.worker.module", "pyspark.worker"),
+                                      conf.get("spark.python.daemon.module", DEFAULT_DAEMON),
+                                      tasks))
+    return found
+
+
 def warm_start(spark: Any, source: Any) -> None:
-    """Start a worker of each of :data:`DRIVER_MODULES` for the registered data source
-    ``source`` (a ``UserDefinedPythonDataSource``) in a background thread, once per Spark
-    application; nothing when the workers' environment cannot be known (see
-    :func:`planner_environment`)."""
+    """Start a worker of each of :func:`plans` for the registered data source ``source`` (a
+    ``UserDefinedPythonDataSource``) in a background thread, once per Spark application."""
     application = str(spark.sparkContext.applicationId)
     with _lock:
         if application in _runs:
             return
-        function = source.dataSourceCls()
-        env = planner_environment(spark, function.envVars())
-        if env is None:
-            return
         jvm = spark._jvm
-        java_env = jvm.java.util.HashMap()
-        for key, value in env.items():
-            java_env.put(key, value)
-        scala_env = jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_env)
-        python, started = function.pythonExec(), []
+        keys = []
+        for module, daemon, env in plans(spark, source):
+            java_env = jvm.java.util.HashMap()
+            for name, value in env.items():
+                java_env.put(name, value)
+            keys.append((("java.lang.String", source.dataSourceCls().pythonExec()),
+                         ("java.lang.String", module), ("java.lang.String", daemon),
+                         ("scala.collection.immutable.Map",
+                          jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_env))))
+        started: list[str] = []
 
         def start() -> None:
             spark_env = spark.sparkContext._jsc.sc().env()
-            for module in DRIVER_MODULES:
-                key = (("java.lang.String", python), ("java.lang.String", module),
-                       ("scala.collection.immutable.Map", scala_env))
+            for key in keys:
                 try:
                     worker = call(spark, spark_env, SPARK_ENV, "createPythonWorker",
                                   "scala.Tuple2", *key, ("boolean", True))._1()
                     call(spark, spark_env, SPARK_ENV, "releasePythonWorker", "void", *key,
                          ("org.apache.spark.api.python.PythonWorker", worker))
                 except Exception as exc:  # noqa: BLE001 - the call starts its own worker then
-                    log.debug("could not start a worker of %s ahead: %s", module, exc)
+                    log.debug("could not start a worker of %s ahead: %s", key[1][1], exc)
                     return
-                started.append(module)
+                started.append(key[1][1])
 
         thread = threading.Thread(target=start, name="flinkish-warm-start", daemon=True)
         _runs[application] = (thread, started)
