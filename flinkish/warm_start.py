@@ -7,13 +7,17 @@ through a worker daemon of its own (``PythonPlannerRunner.runInPython``): the so
 planning (``plan_data_source_read``), the writer's creation (``write_into_data_source``) and the
 commit (``python_streaming_sink_runner``). Spark starts each daemon at its call's first use, one
 after the other, on the way to the first commit: an interpreter importing PySpark, then a forked
-worker importing the call's module (the read's planning imports pyarrow).
+worker importing the call's module (the read's planning imports pyarrow). The tasks' daemon
+(``flinkish.worker_daemon`` where set, importing what the tasks need before it forks) starts
+between the writer's creation and the commit; with a local master it runs in the driver's JVM
+too, so it is started ahead as well.
 
 ``SparkEnv`` keys its worker factories on the interpreter, the module and the worker's
 environment; a worker created and released under the same key is handed to the first call that
 asks (PySpark reuses workers by default). So :func:`warm_start` creates one worker of each
-module, in a background thread, with the environment the planner runner gives its workers: the
-data source's shared ``envVars`` map and the keys ``runInPython`` adds (Spark 4.3). Where that
+module, in a background thread, with the environment the runner gives its workers: the data
+source's shared ``envVars`` map and the keys ``PythonPlannerRunner.runInPython`` or
+``BasePythonRunner.compute`` add (Spark 4.3). Where that
 environment cannot be known here (Python's fault handler on, which points workers at a
 directory of Spark's choosing), nothing is started. A key that no longer matches (another Spark
 version) only leaves an idle daemon behind: the call then starts its own, as without this
