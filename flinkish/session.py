@@ -42,7 +42,8 @@ def register(spark: Any) -> None:
     the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
     a cluster fails at query start instead of losing the executors' watermark state, and adds
     the listener that has each completed epoch committed to the query's consumer group right
-    away (``flinkish.epoch_listener``). It first
+    away (``flinkish.epoch_listener``), and starts the Python daemons of the data source's calls
+    in the background so a (re)started query finds them running (``flinkish.warm_start``). It first
     checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
     On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
     """
