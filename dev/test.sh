@@ -13,6 +13,10 @@ bash dev/setup.sh test
 .venv/bin/ruff check .
 .venv/bin/mypy
 SKIP_SETUP=1 bash dev/docs.sh
+# The tests' Spark drivers live for seconds to minutes: the JIT's C1 tier alone and the serial
+# collector halve their CPU (C2's compiler threads and the parallel collector's threads pay
+# off only in long runs), which leaves room on 2 cores for Spark's fixed timeouts.
+export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
