@@ -3,10 +3,12 @@
 # build (warnings as errors), then the unit tests and the integration tests (the docs' examples
 # among them) against a real broker, real Spark and real PostgreSQL.
 #
-# With arguments, pytest runs just those. Without, the unit tests run first, four at once
-# (they mostly wait on sockets and timers), then the integration tests one at a time (they
-# share one SparkSession, broker and PostgreSQL, and Spark's fixed 10 s for a new Python worker
-# to connect back leaves no room for a second Spark beside them on 2 cores).
+# With arguments, pytest runs just those. Without, two lanes run at once (the tests mostly
+# wait: on Spark's triggers, on drivers starting, on sockets), each a pytest process with its
+# own broker, PostgreSQL and S3 server: the session's lane (the integration tests sharing one
+# SparkSession, and the modules whose drivers run many queries at once) and a lane of the unit
+# tests, then the modules that run one query at a time in drivers of their own (the demo, the
+# crash tests of windows and of the valve, Spark Connect's server). Either failing fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash dev/setup.sh test
@@ -20,5 +22,29 @@ export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-} -XX:TieredStopAtLevel=1 -XX:+Us
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
-.venv/bin/python -m pytest -q -n 4 tests
-exec .venv/bin/python -m pytest -q integration
+own_drivers=(
+  integration/test_demo.py integration/test_window_crash.py integration/test_windows_crash.py
+  integration/test_valve_epochs.py integration/test_worker_python.py
+  integration/test_concurrent_queries.py integration/test_packaging.py
+  integration/test_spark_connect.py
+)
+lanes=$(mktemp -d)
+(
+  failed=0
+  .venv/bin/python -m pytest -q -n 2 -p no:cacheprovider --basetemp "$lanes/unit" tests \
+    || failed=1
+  .venv/bin/python -m pytest -q -p no:cacheprovider --basetemp "$lanes/drivers" \
+    "${own_drivers[@]}" || failed=1
+  exit "$failed"
+) > "$lanes/second.log" 2>&1 &
+second=$!
+trap 'pkill -P "$second" 2>/dev/null; wait "$second" 2>/dev/null; rm -rf "$lanes"' EXIT
+ignored=()
+for module in "${own_drivers[@]}"; do ignored+=(--ignore "$module"); done
+status=0
+.venv/bin/python -m pytest -q --basetemp "$lanes/session" integration "${ignored[@]}" \
+  || status=$?
+wait "$second" || status=$((status ? status : $?))
+echo "== the second lane (unit tests, then drivers of their own):"
+cat "$lanes/second.log"
+exit "$status"
