@@ -73,3 +73,18 @@ def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> 
     # the background thread is there at the fork (else the fork checks nothing about it)
     assert out[4:7] == ["True", "4999950000 300 499500", "0"]
 
+
+def test_the_task_workers_daemon_freezes_the_heap_its_forks_inherit() -> None:
+    """PySpark's worker runs a full collection after every task: the preloaded modules' objects
+    frozen, it skips them."""
+    code = ("import gc, flinkish.worker_daemon as d; "
+            "d.preload(['-m', 'pyspark.sql.worker.plan_data_source_read']); "
+            "print(gc.get_freeze_count()); "
+            "d.preload(['-m', 'pyspark.worker']); "
+            "print(gc.get_freeze_count(), len(gc.get_objects()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    assert out[0] == "0"
+    frozen, tracked = map(int, out[1].split())
+    assert frozen > 10_000 > tracked
+
