@@ -7,16 +7,30 @@ first task, ~0.7 s of CPU each; a (re)started query's first batch forks two work
 (one reads, one writes) at once, on the way to its first commit. Imported once in the daemon,
 the forks start with them.
 
-Forking after these imports is safe: pandas, pyarrow and confluent_kafka start no thread at
-import (Arrow's thread pools start at first use and are re-created in a forked child; librdkafka
-threads belong to a client, which only tasks create). Only the daemon of the task workers
-(``pyspark.worker``) preloads; the daemons of a data source's driver-side processes (their
-``pyspark.sql.worker`` module is the first argument) start as PySpark's do. A module that fails
-to import is left to the worker, which reports it with the task.
+Forking after these imports is safe: they start no Python thread, and the native threads two of
+them start at import have fork handlers of their own. NumPy's OpenBLAS starts its thread pool
+at import and stops it before each fork (the child starts its own at first use); pyarrow's
+bundled jemalloc starts a background thread (``jemalloc_bg_thd``) that stays in the daemon, and
+jemalloc takes its locks around the fork, so the child, which runs without that thread, finds
+its allocator consistent. Arrow's own thread pools start at first use and are re-created in a
+forked child; librdkafka threads belong to a client, which only tasks create.
+
+Only the daemon of the task workers (``pyspark.worker``) preloads; the daemons of a data
+source's driver-side processes (their ``pyspark.sql.worker`` module is the first argument)
+start as PySpark's do. A module that fails to import is left to the worker, which reports it
+with the task. Everything else is PySpark's ``daemon.manager()`` as it is: the environment
+Spark starts the daemon with, its signals, the forking and the reuse of workers.
+
+The preloaded heap is then frozen (``gc.freeze``, as Python's documentation advises before a
+fork without exec): PySpark's worker runs a full ``gc.collect()`` after every task, which would
+otherwise walk the ~80,000 objects of these modules each time (tens of milliseconds a task, on
+every task of a query, and a write to each object's page that un-shares it from the daemon).
+They are modules' objects, alive as long as the process anyway.
 """
 
 from __future__ import annotations
 
+import gc
 import importlib
 import sys
 
@@ -28,8 +42,8 @@ PRELOADED = ("pyspark.worker", "pandas", "pyarrow.compute")
 
 
 def preload(argv: list[str]) -> list[str]:
-    """Import :data:`PRELOADED` when ``argv`` starts the task workers' daemon; the modules
-    imported."""
+    """Import :data:`PRELOADED` when ``argv`` starts the task workers' daemon, and freeze the
+    heap the forks inherit; the modules imported."""
     if len(argv) > 1 and argv[1] != "pyspark.worker":
         return []
     from flinkish.worker_python import TASK_MODULES
@@ -41,6 +55,9 @@ def preload(argv: list[str]) -> list[str]:
         except Exception:  # noqa: BLE001 - the task's own import reports it
             continue
         loaded.append(name)
+    # the import's garbage collected first: what is frozen is never collected
+    gc.collect()
+    gc.freeze()
     return loaded
 
 

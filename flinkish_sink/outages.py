@@ -33,6 +33,7 @@ import pyarrow as pa
 
 from checkpointing.fencing import FencedError
 from flinkish_core.durations import format_duration
+from flinkish_sink.row_spill import RowSpill
 from flinkish_sink.target import AnyTarget, PreCommit, TaskTransaction, TransactionId
 
 logger = logging.getLogger(__name__)
@@ -216,13 +217,14 @@ class RetriedTransaction:
     """A task's transaction that survives its target going away for a while.
 
     A lost connection loses a PostgreSQL transaction's rows (and a half-uploaded file its
-    data), so the rows written so far are kept until the pre-commit succeeds, and after a
-    transient failure the transaction is begun again under the same id and they are written
-    again. Before that, whatever the lost attempt left under the id is rolled back: nothing,
-    half-written files, or — when the connection died during PREPARE TRANSACTION after the
-    server had done it — a prepared transaction holding every row, which would otherwise be
-    prepared a second time beside the new one. The id is this task attempt's alone and the
-    driver has not seen it yet (the task has not returned), so no decision can name it."""
+    data), so the rows written so far are kept (on local disk: :class:`RowSpill`) until the
+    pre-commit succeeds, and after a transient failure the transaction is begun again under the
+    same id and they are written again. Before that, whatever the lost attempt left under the
+    id is rolled back: nothing, half-written files, or — when the connection died during
+    PREPARE TRANSACTION after the server had done it — a prepared transaction holding every
+    row, which would otherwise be prepared a second time beside the new one. The id is this
+    task attempt's alone and the driver has not seen it yet (the task has not returned), so
+    no decision can name it."""
 
     def __init__(
         self, target: AnyTarget, txn: TransactionId, schema: pa.Schema, policy: RetryPolicy
@@ -231,7 +233,7 @@ class RetriedTransaction:
         self._txn = txn
         self._schema = schema
         self._policy = policy
-        self._written: list[pa.RecordBatch] = []
+        self._written = RowSpill(schema) if policy.timeout_s > 0 else None
         self._open: TaskTransaction | None = None
         self._lost = False  # a transient failure left the transaction's state unknown
         self._step(lambda _: None, "begin")
@@ -243,8 +245,9 @@ class RetriedTransaction:
                     self._target.rollback(self._txn)
                     self._lost = False
                 self._open = self._target.begin_transaction(self._txn, self._schema)
-                for batch in self._written:
-                    self._open.write(batch)
+                if self._written is not None:
+                    for batch in self._written.batches():
+                        self._open.write(batch)
             return action(self._open)
 
         return self._policy.call(self._target, f"{what} of {self._txn.gid}", attempt,
@@ -261,15 +264,18 @@ class RetriedTransaction:
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._step(lambda open_: open_.write(batch), "write")
-        if self._policy.timeout_s > 0:
+        if self._written is not None:
             self._written.append(batch)
 
     def pre_commit(self) -> PreCommit:
         pre_commit = self._step(lambda open_: open_.pre_commit(), "pre-commit")
-        self._written = []
+        if self._written is not None:
+            self._written.close()
         return pre_commit
 
     def abort(self) -> None:
+        if self._written is not None:
+            self._written.close()
         if self._open is not None:
             self._open.abort()
             self._open = None

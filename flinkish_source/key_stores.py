@@ -14,19 +14,17 @@ never a password.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import dataclasses
 import hashlib
 import os
-import shutil
 import struct
-import tempfile
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from flinkish_core.errors import OptionError
+from flinkish_core.process_files import process_directory
 from flinkish_core.secrets import fingerprint
 from flinkish_source.java_security import StoreSpec
 
@@ -235,37 +233,6 @@ def read_store(spec: StoreSpec) -> StoreContent:
 
 _lock = threading.Lock()
 _files: dict[tuple[int, str], StoreFiles] = {}
-_directory: dict[int, str] = {}
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _private_directory() -> str:
-    """This process's directory for converted stores (0700), created on first use; the ones
-    left by processes that are gone are removed."""
-    pid = os.getpid()
-    if pid not in _directory:
-        base = tempfile.gettempdir()
-        with contextlib.suppress(OSError):
-            for name in os.listdir(base):
-                owner = name[len(_DIR_PREFIX):].split("-", 1)[0]
-                if name.startswith(_DIR_PREFIX) and owner.isdigit() and not _pid_alive(
-                        int(owner)):
-                    shutil.rmtree(os.path.join(base, name), ignore_errors=True)
-        path = tempfile.mkdtemp(prefix=f"{_DIR_PREFIX}{pid}-")  # mode 0700
-        _directory[pid] = path
-        atexit.register(shutil.rmtree, path, True)
-    return _directory[pid]
-
-
 def _write(directory: str, name: str, data: bytes) -> str:
     path = os.path.join(directory, name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -298,7 +265,7 @@ def store_files(spec: StoreSpec) -> StoreFiles:
         if not content.certificates:
             raise _bad(spec, "holds no certificate")
         pem = b"".join(c.public_bytes(Encoding.PEM) for c in content.certificates)
-        directory = _private_directory()
+        directory = process_directory(_DIR_PREFIX)
         name = key[1][:16]
         if spec.kind == "truststore":
             files = StoreFiles(ca=_write(directory, f"{name}-ca.pem", pem))

@@ -53,9 +53,6 @@ def main() -> int:
             "spark.connect.grpc.binding.port": "0",  # ephemeral: never another run's server
             # as on a Connect server started by remote(...)
             "spark.sql.artifact.isolation.enabled": "true",
-            # Python workers must connect back within this; the default 15 s is too short for
-            # several queries starting at once on 2 busy cores
-            "spark.python.authenticate.socketTimeout": "120s",
         },
     )
     try:

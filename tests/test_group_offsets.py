@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
+import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +27,17 @@ from flinkish_source.stream_reader import FlinkishStreamReader
 
 OPTIONS = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t",
            "includeMarkers": "false", "kafka.group.id": "watch"}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A directory with a short path: a socket's path must fit AF_UNIX's 108 bytes, which
+    pytest's own ``tmp_path`` can outgrow (under xdist it is a level deeper)."""
+    path = Path(tempfile.mkdtemp(prefix="fn-"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 class Recording(GroupOffsetCommitter):
@@ -126,9 +139,9 @@ def test_a_listener_notice_counts_only_for_an_epoch_the_reader_planned_and_not_c
 
 
 def test_notices_reach_every_listening_reader_and_forget_the_gone(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(epoch_notices.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.setattr(epoch_notices.tempfile, "gettempdir", lambda: str(short_tmp))
     told: list[Any] = []
     received = threading.Event()
 
@@ -149,7 +162,7 @@ def test_notices_reach_every_listening_reader_and_forget_the_gone(
         assert not gone.exists()
     finally:
         listener.close()
-    assert not list(tmp_path.glob("*/*.sock"))
+    assert not list(short_tmp.glob("*/*.sock"))
 
 
 def test_notices_refuse_a_directory_others_can_enter(

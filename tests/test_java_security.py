@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import socket
 import stat
 import subprocess
@@ -23,7 +22,7 @@ from pki import KEY_PW, KEYTOOL, STORE_PW, Pki
 
 from flinkish_core.errors import OptionError, WorkerEnvironmentError
 from flinkish_core.secrets import MASK, scrub
-from flinkish_source import key_stores, msk_iam
+from flinkish_source import msk_iam
 from flinkish_source.java_security import MskIam, translate
 from flinkish_source.options import SourceOptions, parse_options
 
@@ -362,25 +361,6 @@ def test_a_jks_truststore_without_a_password_is_read_as_java_reads_it(pki: Pki) 
     given = pki.truststore("JKS")
     del given["ssl.truststore.password"]  # Java then skips the integrity check
     assert _certs(parse(**given).client_config()["ssl.ca.location"]) == [pki.ca]
-
-
-def test_directories_of_processes_that_are_gone_are_swept(tmp_path: Path) -> None:
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()
-    import tempfile
-
-    stale = Path(tempfile.gettempdir()) / f"flinkish-tls-{gone}-leftover"
-    stale.mkdir()
-    (stale / "key.pem").write_text("x")
-    saved = dict(key_stores._directory)
-    key_stores._directory.clear()
-    try:
-        fresh = key_stores._private_directory()
-        assert not stale.exists() and os.path.isdir(fresh)
-    finally:
-        shutil.rmtree(key_stores._directory.pop(os.getpid()), ignore_errors=True)
-        key_stores._directory.update(saved)
-        shutil.rmtree(stale, ignore_errors=True)
 
 
 # --- AWS MSK IAM ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ after a lost connection, and the driver's commit retried part-way through."""
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -255,6 +256,42 @@ def test_a_prepare_whose_answer_was_lost_is_rolled_back_and_done_again_with_ever
     assert pre_commit.rows == 3 and target.prepared == {TXN.gid: [1, 2, 3]}
     assert target.rolled_back == [TXN.gid] and len(clock.slept) == 1
 
+
+def test_rows_kept_for_a_retry_are_on_local_disk_until_the_pre_commit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path},/elsewhere")
+    target, clock = PreparingTarget(), Clock()
+    target.answers_lost = 0
+    transaction = RetriedTransaction(target, TXN, SCHEMA, _policy(30, clock))  # type: ignore[arg-type]
+    assert not list(tmp_path.glob("flinkish-spill-*/*"))  # nothing written, no file
+    big = pa.array(range(200_000), pa.int64())
+    transaction.write(pa.record_batch([big], schema=SCHEMA))
+    transaction.write(pa.record_batch([pa.array([-1], pa.int64())], schema=SCHEMA))
+    [spilled] = tmp_path.glob(f"flinkish-spill-{os.getpid()}-*/*.arrows")
+    assert spilled.stat().st_size >= big.nbytes
+    with pa.ipc.open_stream(pa.memory_map(str(spilled))) as reader:
+        assert reader.read_all().column(0).to_pylist() == [*range(200_000), -1]
+    assert transaction.pre_commit().rows == 200_001
+    assert not spilled.exists()
+
+    aborted = RetriedTransaction(target, TXN, SCHEMA, _policy(30, clock))  # type: ignore[arg-type]
+    aborted.write(pa.record_batch([pa.array([1], pa.int64())], schema=SCHEMA))
+    assert len(list(tmp_path.glob("flinkish-spill-*/*.arrows"))) == 1
+    aborted.abort()
+    assert not list(tmp_path.glob("flinkish-spill-*/*.arrows"))
+
+
+def test_without_outage_timeout_no_row_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    target = PreparingTarget()
+    target.answers_lost = 0
+    transaction = RetriedTransaction(target, TXN, SCHEMA, RetryPolicy(0))  # type: ignore[arg-type]
+    transaction.write(pa.record_batch([pa.array([1], pa.int64())], schema=SCHEMA))
+    assert not list(tmp_path.glob("flinkish-spill-*/*"))
+    assert transaction.pre_commit().rows == 1
 
 def test_without_outage_timeout_a_lost_prepare_fails_the_task() -> None:
     target = PreparingTarget()

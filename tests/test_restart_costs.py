@@ -42,18 +42,49 @@ def test_the_demo_sessions_workers_leave_sparks_zip_and_jars_off_their_path() ->
     assert out.strip() == os.pathsep.join([str(ROOT), "/opt/libs/other.jar"])
 
 
-def test_the_task_workers_daemon_preloads_their_imports_and_starts_no_thread() -> None:
-    """What the daemon imports its forks inherit; a thread it started would not survive the
-    fork (the reason PySpark's own daemon imports nothing of the task's)."""
-    code = ("import json, sys, threading, flinkish.worker_daemon as d; "
-            "print(d.preload(['-m', 'pyspark.sql.worker.plan_data_source_read'])); "
-            "print('pandas' in sys.modules); "
-            "loaded = d.preload(['-m', 'pyspark.worker']); "
-            "print(json.dumps(loaded)); print(threading.active_count())")
+def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> None:
+    """What the daemon imports its forks inherit; a Python thread it started would not survive
+    the fork (the reason PySpark's own daemon imports nothing of the task's). The native
+    threads the imports start (OpenBLAS's pool, pyarrow's jemalloc background thread) are
+    alive when it forks: a child must find the allocator and the pools usable (a lock held
+    across the fork would hang it)."""
+    code = ("import json, os, sys, threading, flinkish.worker_daemon as d\n"
+            "print(d.preload(['-m', 'pyspark.sql.worker.plan_data_source_read']))\n"
+            "print('pandas' in sys.modules)\n"
+            "print(json.dumps(d.preload(['-m', 'pyspark.worker'])))\n"
+            "print(threading.active_count())\n"
+            "print('jemalloc_bg_thd' in {open(f'/proc/self/task/{t}/comm').read().strip()\n"
+            "                            for t in os.listdir('/proc/self/task')}, flush=True)\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    import numpy, pandas, pyarrow as pa, pyarrow.compute as pc\n"
+            "    total = pc.sum(pa.array(list(range(100_000)))).as_py()\n"
+            "    square = int((numpy.ones((300, 300)) @ numpy.ones((300, 300)))[0, 0])\n"
+            "    frame = pandas.DataFrame({'x': range(1000)}).x.sum()\n"
+            "    print(total, square, frame, flush=True)\n"
+            "    os._exit(0)\n"
+            "print(os.waitpid(pid, 0)[1])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT).stdout.split("\n")
+                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
     assert out[:2] == ["[]", "False"]
     assert {"pandas", "pyarrow", "confluent_kafka", "flinkish_source.partition_reader",
             "flinkish_sink.stream_writer"} <= set(json.loads(out[2]))
     assert out[3] == "1"
+    # the background thread is there at the fork (else the fork checks nothing about it)
+    assert out[4:7] == ["True", "4999950000 300 499500", "0"]
+
+
+def test_the_task_workers_daemon_freezes_the_heap_its_forks_inherit() -> None:
+    """PySpark's worker runs a full collection after every task: the preloaded modules' objects
+    frozen, it skips them."""
+    code = ("import gc, flinkish.worker_daemon as d; "
+            "d.preload(['-m', 'pyspark.sql.worker.plan_data_source_read']); "
+            "print(gc.get_freeze_count()); "
+            "d.preload(['-m', 'pyspark.worker']); "
+            "print(gc.get_freeze_count(), len(gc.get_objects()))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    assert out[0] == "0"
+    frozen, tracked = map(int, out[1].split())
+    assert frozen > 10_000 > tracked
 

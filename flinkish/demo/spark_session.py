@@ -93,6 +93,10 @@ def local_session(app: str = "flinkish", cores: str = "2", master: str | None = 
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.daemon.module", "flinkish.worker_daemon")
+        # a Python process must connect to the JVM's authenticated sockets (collect(), a
+        # worker's) within this; the default 15 s is missed when several queries start at once
+        # on 2 busy cores
+        .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
