@@ -38,7 +38,7 @@ lanes=$(mktemp -d)
   exit "$failed"
 ) > "$lanes/second.log" 2>&1 &
 second=$!
-trap 'pkill -P "$second" 2>/dev/null; wait "$second" 2>/dev/null; rm -rf "$lanes"' EXIT
+trap 'pkill -P "$second" 2>/dev/null || true; wait "$second" 2>/dev/null || true; rm -rf "$lanes"' EXIT
 ignored=()
 for module in "${own_drivers[@]}"; do ignored+=(--ignore "$module"); done
 status=0
