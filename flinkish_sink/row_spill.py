@@ -1,10 +1,12 @@
-"""A write task's rows on local disk until its pre-commit.
+"""A write task's rows kept until its pre-commit: in memory up to a budget, then on local disk.
 
 After a transient outage the task's transaction is begun again and every row written so far is
-written again (:class:`flinkish_sink.outages.RetriedTransaction`). Keeping those rows in memory
-would hold a whole micro-batch's share per task; they go instead to an Arrow stream file in
-the executor's local directory (Spark gives its Python workers ``SPARK_LOCAL_DIRS``), read back
-memory-mapped when needed and deleted at the pre-commit or the abort."""
+written again (:class:`flinkish_sink.outages.RetriedTransaction`). A task's first
+:data:`MEMORY_BUDGET` bytes stay in memory (the common task never touches disk: no outage comes,
+the rows are dropped at the pre-commit). Past that, holding them would keep a whole
+micro-batch's share per task, so they all go to an Arrow stream file in the executor's local
+directory (Spark gives its Python workers ``SPARK_LOCAL_DIRS``), read back memory-mapped when
+needed and deleted at the pre-commit or the abort."""
 
 from __future__ import annotations
 
@@ -18,6 +20,9 @@ from flinkish_core.process_files import process_directory
 
 _PREFIX = "flinkish-spill-"
 
+MEMORY_BUDGET = 64 << 20
+"""Bytes of Arrow buffers a task keeps in memory before it spills them all to disk."""
+
 
 def local_directory() -> str:
     """The first of Spark's local directories in a task, else the temp directory."""
@@ -26,36 +31,48 @@ def local_directory() -> str:
 
 
 class RowSpill:
-    """Batches appended to a file, read back in order. The file is created at the first
-    batch: a task that writes nothing touches no disk."""
+    """Batches appended, read back in order: held in memory while they fit in
+    ``memory_budget`` bytes (:data:`MEMORY_BUDGET` unless given), then all of them in a file,
+    created when the budget is passed."""
 
-    def __init__(self, schema: pa.Schema) -> None:
+    def __init__(self, schema: pa.Schema, memory_budget: int | None = None) -> None:
         self._schema = schema
+        self._budget = MEMORY_BUDGET if memory_budget is None else memory_budget
+        self._held: list[pa.RecordBatch] = []
+        self._held_bytes = 0
         self._path: str | None = None
         self._file: pa.NativeFile | None = None
         self._writer: pa.ipc.RecordBatchStreamWriter | None = None
         self.rows = 0
 
     def append(self, batch: pa.RecordBatch) -> None:
+        self.rows += batch.num_rows
+        if self._writer is None and self._held_bytes + batch.nbytes <= self._budget:
+            self._held.append(batch)
+            self._held_bytes += batch.nbytes
+            return
         if self._writer is None:
             fd, self._path = tempfile.mkstemp(
                 suffix=".arrows", dir=process_directory(_PREFIX, local_directory()))
             os.close(fd)
             self._file = pa.OSFile(self._path, "wb")
             self._writer = pa.ipc.new_stream(self._file, self._schema)
+            for held in self._held:
+                self._writer.write_batch(held)
+            self._held, self._held_bytes = [], 0
         self._writer.write_batch(batch)
-        self.rows += batch.num_rows
 
     def batches(self) -> Iterator[pa.RecordBatch]:
-        """Every batch appended so far. Each is backed by the mapped file: use it before the
-        iteration ends."""
+        """Every batch appended so far. A spilled one is backed by the mapped file: use it
+        before the iteration ends."""
         if self._path is None:
+            yield from self._held
             return
         with pa.memory_map(self._path) as mapped:
             yield from pa.ipc.open_stream(mapped)
 
     def close(self) -> None:
-        """Deletes the file; appending starts a new one."""
+        """Drops the batches (deleting the file); appending starts again in memory."""
         if self._writer is not None:
             self._writer.close()
         if self._file is not None:
@@ -63,3 +80,4 @@ class RowSpill:
         if self._path is not None:
             os.unlink(self._path)
         self._path, self._file, self._writer, self.rows = None, None, None, 0
+        self._held, self._held_bytes = [], 0

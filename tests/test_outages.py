@@ -18,6 +18,7 @@ import sqlalchemy.exc
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.fencing import FencedError
 from flinkish_core.errors import OptionError
+from flinkish_sink import row_spill
 from flinkish_sink.options import DEFAULT_OUTAGE_TIMEOUT_MS, parse_sink_options
 from flinkish_sink.outages import (
     RetriedTransaction,
@@ -27,6 +28,7 @@ from flinkish_sink.outages import (
 )
 from flinkish_sink.parquet_target import ParquetTarget
 from flinkish_sink.postgres_target import PostgresConnectError
+from flinkish_sink.row_spill import RowSpill
 from flinkish_sink.target import PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
@@ -257,24 +259,52 @@ def test_a_prepare_whose_answer_was_lost_is_rolled_back_and_done_again_with_ever
     assert target.rolled_back == [TXN.gid] and len(clock.slept) == 1
 
 
-def test_rows_kept_for_a_retry_are_on_local_disk_until_the_pre_commit(
+def test_rows_kept_for_a_retry_stay_in_memory_within_the_budget(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path},/elsewhere")
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
     target, clock = PreparingTarget(), Clock()
     target.answers_lost = 0
     transaction = RetriedTransaction(target, TXN, SCHEMA, _policy(30, clock))  # type: ignore[arg-type]
-    assert not list(tmp_path.glob("flinkish-spill-*/*"))  # nothing written, no file
-    big = pa.array(range(200_000), pa.int64())
-    transaction.write(pa.record_batch([big], schema=SCHEMA))
-    transaction.write(pa.record_batch([pa.array([-1], pa.int64())], schema=SCHEMA))
+    transaction.write(pa.record_batch([pa.array(range(200_000), pa.int64())], schema=SCHEMA))
+    assert not list(tmp_path.glob("flinkish-spill-*/*"))  # the common task touches no disk
+    assert transaction.pre_commit().rows == 200_000
+
+
+def test_rows_past_the_memory_budget_go_to_local_disk_until_closed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", f"{tmp_path},/elsewhere")
+    small = pa.record_batch([pa.array([-1, -2], pa.int64())], schema=SCHEMA)
+    big = pa.record_batch([pa.array(range(200_000), pa.int64())], schema=SCHEMA)
+    spill = RowSpill(SCHEMA, memory_budget=big.nbytes)
+    spill.append(small)
+    assert not list(tmp_path.glob("flinkish-spill-*/*"))  # within the budget: in memory
+    assert [b.column(0).to_pylist() for b in spill.batches()] == [[-1, -2]]
+    spill.append(big)  # past it: everything so far goes to the file, in order
     [spilled] = tmp_path.glob(f"flinkish-spill-{os.getpid()}-*/*.arrows")
     assert spilled.stat().st_size >= big.nbytes
-    with pa.ipc.open_stream(pa.memory_map(str(spilled))) as reader:
-        assert reader.read_all().column(0).to_pylist() == [*range(200_000), -1]
-    assert transaction.pre_commit().rows == 200_001
-    assert not spilled.exists()
+    spill.append(small)
+    assert spill.rows == 200_004
+    assert [v for b in spill.batches() for v in b.column(0).to_pylist()] == [
+        -1, -2, *range(200_000), -1, -2]
+    spill.close()
+    assert not spilled.exists() and spill.rows == 0 and list(spill.batches()) == []
+    spill.append(small)  # after a close it starts again in memory
+    assert not list(tmp_path.glob("flinkish-spill-*/*.arrows"))
+    spill.append(big)
+    assert len(list(tmp_path.glob("flinkish-spill-*/*.arrows"))) == 1
+    spill.close()
+    assert not list(tmp_path.glob("flinkish-spill-*/*.arrows"))
 
+
+def test_an_aborted_transaction_deletes_its_spilled_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    monkeypatch.setattr(row_spill, "MEMORY_BUDGET", 0)
+    target, clock = PreparingTarget(), Clock()
+    target.answers_lost = 0
     aborted = RetriedTransaction(target, TXN, SCHEMA, _policy(30, clock))  # type: ignore[arg-type]
     aborted.write(pa.record_batch([pa.array([1], pa.int64())], schema=SCHEMA))
     assert len(list(tmp_path.glob("flinkish-spill-*/*.arrows"))) == 1
