@@ -112,6 +112,19 @@ def display(key: str) -> str:
     return _DISPLAY.get(key, key)
 
 
+#: librdkafka settings every client of a query starts from (its ``kafka.*`` options win). When
+#: no broker answers, librdkafka 2.16 starts again from ``bootstrap.servers`` (its default
+#: ``metadata.recovery.strategy``, ``rebootstrap``) and so resets its reconnect backoff: a client
+#: of a cluster that is down, idle in the consumer pool included, connects every ~50 ms for as
+#: long as it lives (~16 connections a second, measured), and a process that later listens on
+#: one of those ports gets them. Without re-bootstrapping the backoff grows as in Kafka's Java
+#: client, whose reconnect backoff is capped at 1 s (``reconnect.backoff.max.ms``).
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "metadata.recovery.strategy": "none",
+    "reconnect.backoff.max.ms": 1000,
+}
+
+
 def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked (the
     rule is :func:`flinkish_core.secrets.redact_config`, shared with the sink)."""
@@ -205,8 +218,8 @@ class SourceOptions:
     def client_config(self) -> dict[str, Any]:
         """The settings of a librdkafka client of this query: ``kafka_config`` with the key
         stores' PEM files and the MSK IAM token callback (see
-        :func:`flinkish_source.java_security.client_config`)."""
-        return client_config(self.kafka_config, self.client_security)
+        :func:`flinkish_source.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
+        return {**CLIENT_DEFAULTS, **client_config(self.kafka_config, self.client_security)}
 
 
 def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:

@@ -112,3 +112,44 @@ def test_the_bound_is_the_documented_option_and_warnings_are_paced() -> None:
     assert wait.bound == 120.0 and wait.step == 10.0  # about a dozen warnings before failing
     small = BrokerWait(_options("127.0.0.1:1"), "x")
     assert small.step == 0.5
+
+
+def _connections_in(seconds: float, config: dict[str, object]) -> int:
+    """Connections an idle consumer built from ``config`` opens in ``seconds`` to a broker
+    address where something accepts and hangs up at once (a port of a broker that is gone,
+    taken by another server since)."""
+    from confluent_kafka import Consumer
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(64)
+        server.settimeout(0.05)
+        config = {**config, "bootstrap.servers": f"127.0.0.1:{server.getsockname()[1]}",
+                  "log_level": 0}
+        consumer = Consumer(config)
+        accepted, deadline = 0, time.monotonic() + seconds
+        try:
+            while time.monotonic() < deadline:
+                try:
+                    conn, _ = server.accept()
+                except TimeoutError:
+                    continue
+                conn.close()
+                accepted += 1
+        finally:
+            consumer.close()
+    return accepted
+
+
+def test_an_idle_consumer_of_a_cluster_that_is_gone_backs_off_as_kafkas_java_client() -> None:
+    """librdkafka's default re-bootstrap resets its backoff: ~16 connections a second, for as
+    long as the pooled consumer lives, into whatever listens on the dead broker's port."""
+    from flinkish_source.kafka.base import consumer_config
+
+    config = consumer_config(_options("unused:1"))
+    # backoff 100 ms doubling to 1 s: about 6 in 3 s (the first one at once)
+    assert _connections_in(3, config) <= 9
+    # a user's kafka.* setting still wins
+    config = consumer_config(_options("unused:1", **{
+        "kafka.metadata.recovery.strategy": "rebootstrap"}))
+    assert _connections_in(1.5, config) >= 12
