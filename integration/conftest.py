@@ -12,6 +12,7 @@ from flinkish.demo.embedded_kafka import create_topic, kafka_for_tests
 from flinkish.demo.spark_session import local_session
 from flinkish_source.kafka import POOL
 from integration.connect_session import connect_server  # noqa: F401  (one per session)
+from integration.mock_cluster import mock_bootstrap  # noqa: F401  (one per session)
 from integration.postgres_fixtures import postgres_dsn  # noqa: F401  (one server per session)
 from integration.s3_server import s3  # noqa: F401  (one S3 server per session)
 

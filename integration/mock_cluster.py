@@ -74,9 +74,11 @@ def mock_topic(bootstrap: str, name: str, timeout: float = 30) -> None:
     raise RuntimeError(f"the mock cluster did not create topic {name} within {timeout:g} s")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mock_bootstrap() -> Iterator[str]:
-    """A mock cluster for the module's tests (import the fixture into the module)."""
+    """One mock cluster for the session (integration/conftest.py imports the fixture): its
+    brokers' ports stay theirs while a client that knows them (a consumer pooled in one of
+    Spark's Python workers) may still connect."""
     with mock_cluster() as bootstrap:
         yield bootstrap
         POOL.clear()  # this process's idle consumers of the cluster, before it stops

@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Iterator
 
+from flinkish.demo.ports import free_port
 from flinkish.demo.processes import kill_tree
 
 
@@ -53,19 +54,13 @@ def serve(port: int, upstream: tuple[str, int]) -> None:
         _connect_pair(client, upstream)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class OutageProxy:
     """A proxy process forwarding a free loopback port to ``upstream`` (host, port)."""
 
     def __init__(self, upstream: tuple[str, int], timeout: float = 30.0) -> None:
         self._upstream = upstream
         self._timeout = timeout
-        self.port = _free_port()
+        self.port = free_port()
         self._proc: subprocess.Popen[bytes] | None = None
         self._start()
 

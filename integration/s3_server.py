@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from flinkish.demo.ports import free_port
 from flinkish.demo.processes import kill_tree
 
 REGION = "us-east-1"
@@ -43,12 +43,6 @@ class S3Server:
         client.create_bucket(Bucket=bucket)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextlib.contextmanager
 def s3_server(timeout: float = 30.0) -> Iterator[S3Server]:
     """Start moto's S3 server on a free loopback port, export the credentials, stop it after."""
@@ -56,7 +50,7 @@ def s3_server(timeout: float = 30.0) -> Iterator[S3Server]:
              ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_REGION")}
     os.environ.update(AWS_ACCESS_KEY_ID=ACCESS_KEY, AWS_SECRET_ACCESS_KEY=SECRET_KEY,
                       AWS_DEFAULT_REGION=REGION, AWS_REGION=REGION)
-    port = _free_port()
+    port = free_port()
     # the server logs every request to stderr: into a file, as a pipe nobody reads fills up
     # after a few hundred requests and then blocks every request of the server for good
     stderr = tempfile.TemporaryFile()  # noqa: SIM115  (closed with the server, below)

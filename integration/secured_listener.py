@@ -34,6 +34,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from flinkish.demo.ports import server_socket
 from integration.sasl_server import (
     MECHANISMS,
     AuthenticationFailed,
@@ -369,7 +370,8 @@ class SecuredKafka:
         if port is None:
             tls = self._tls(security) if security.tls else None
             server = await asyncio.start_server(
-                lambda r, w: self._accept(_Stream(r, w, tls), listener, broker), "127.0.0.1", 0)
+                lambda r, w: self._accept(_Stream(r, w, tls), listener, broker),
+                sock=server_socket())
             listener.servers.append(server)
             port = listener.ports[broker] = server.sockets[0].getsockname()[1]
         return port

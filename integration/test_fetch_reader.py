@@ -15,7 +15,7 @@ from flinkish_source.kafka import read_range
 from flinkish_source.kafka.protocol import RecordChunk
 from flinkish_source.options import parse_options
 from integration.kafka_helpers import produce, run_available_now, source
-from integration.mock_cluster import mock_bootstrap, mock_topic  # noqa: F401  (a fixture)
+from integration.mock_cluster import mock_topic
 
 pytestmark = pytest.mark.integration
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import time
 import traceback
 import uuid
@@ -22,6 +21,7 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from flinkish.cli import main
+from flinkish.demo.ports import free_port
 from flinkish_core.errors import OptionError
 from flinkish_sink.options import parse_sink_options
 from flinkish_sink.outages import is_transient
@@ -32,13 +32,6 @@ from flinkish_sink.target import TransactionId
 pytestmark = pytest.mark.integration
 
 QUERY = "7e3c1f00-aaaa-4bbb-8ccc-0123456789ab"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 @contextlib.contextmanager
@@ -108,10 +101,10 @@ def test_the_dsn_password_never_leaves(
         secrets = [password, wrong]
         if form == "uri":
             dsn, bad_dsn = _uri(role_dsn, role, password), _uri(role_dsn, role, wrong)
-            unreachable = f"postgresql://{role}:{password}@127.0.0.1:{_free_port()}/x"
+            unreachable = f"postgresql://{role}:{password}@127.0.0.1:{free_port()}/x"
         else:
             dsn, bad_dsn = f"{role_dsn} password={password}", f"{role_dsn} password={wrong}"
-            unreachable = f"host=127.0.0.1 port={_free_port()} user={role} password={password}"
+            unreachable = f"host=127.0.0.1 port={free_port()} user={role} password={password}"
         table = f"secret_{uuid.uuid4().hex[:8]}"
         checkpoint = tmp_path / "ck"
         checkpoint.mkdir()

@@ -24,11 +24,7 @@ from integration.kafka_helpers import (
     start,
     wait_for,
 )
-from integration.mock_cluster import (  # noqa: F401  (mock_bootstrap: a fixture)
-    MOCK_PARTITIONS,
-    mock_bootstrap,
-    mock_topic,
-)
+from integration.mock_cluster import MOCK_PARTITIONS, mock_topic
 
 BROKERS = ("tansu", "mock-cluster")
 
@@ -229,7 +225,7 @@ def test_bad_options_fail_at_load_naming_the_option(
 
 
 def test_unreachable_broker_fails_clearly_and_hides_secrets(spark: Any, tmp_path: Any) -> None:
-    from flinkish.demo.embedded_kafka import free_port
+    from flinkish.demo.ports import free_port
 
     secret = "s3cr3t-value-never-logged"
     df = (

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from flinkish.demo.ports import server_socket
+
 API_PRODUCE, API_FETCH, API_LIST_OFFSETS, API_METADATA, API_VERSIONS = 0, 1, 2, 3, 18
 
 
@@ -69,7 +71,7 @@ class FaultyKafka:
         self.ports: dict[int, int] = {}
         self._stopped = False
         for node in range(1, brokers + 1):
-            server = socket.create_server(("127.0.0.1", 0))
+            server = server_socket()
             self._servers[node], self.ports[node] = server, server.getsockname()[1]
             threading.Thread(target=self._accept, args=(node, server), daemon=True).start()
 

@@ -25,6 +25,7 @@ from test_consumer_pool import FakeConsumer
 import flinkish_source.kafka as kafka_source
 import flinkish_source.kafka.base as kafka_base
 import flinkish_source.kafka.native as native
+from flinkish.demo.ports import free_port, server_socket
 from flinkish_source.kafka import DataLossError, KafkaUnavailableError
 from flinkish_source.kafka.base import ConsumerPool
 from flinkish_source.kafka.librdkafka import RangeReader
@@ -47,7 +48,7 @@ class FakeBroker:
         self.fetch_versions = (0, 11)  # what ApiVersions says the broker serves
         self.client_ids: list[bytes] = []
         self.settings: list[tuple[int, int, int]] = []  # max wait, min bytes, max bytes
-        self._server = socket.create_server(("127.0.0.1", 0))
+        self._server = server_socket()
         self.port = self._server.getsockname()[1]
         self._stopped = False
         threading.Thread(target=self._serve, daemon=True).start()
@@ -324,9 +325,7 @@ def test_an_error_the_reader_cannot_wait_out_hands_the_range_to_librdkafka(
 def test_an_unreachable_leader_fails_after_the_bound_naming_the_option(
     consumer: MetadataConsumer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        refused = probe.getsockname()[1]
+    refused = free_port()
     consumer.leader = lambda: Node("127.0.0.1", refused)
     caplog.set_level(logging.WARNING)
     started = time.monotonic()

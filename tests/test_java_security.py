@@ -24,7 +24,7 @@ from flinkish_core.errors import OptionError, WorkerEnvironmentError
 from flinkish_core.secrets import MASK, scrub
 from flinkish_source import msk_iam
 from flinkish_source.java_security import MskIam, translate
-from flinkish_source.options import SourceOptions, parse_options
+from flinkish_source.options import CLIENT_DEFAULTS, SourceOptions, parse_options
 
 SECRET = "Sup3r-s3cret-passw0rd"
 PLAIN = "org.apache.kafka.common.security.plain.PlainLoginModule"
@@ -201,7 +201,7 @@ def test_librdkafka_names_keep_working() -> None:
              "ssl.endpoint.identification.algorithm": "none"}
     o = parse(**given)
     assert o.kafka_config == {"bootstrap.servers": "b:9092", **given}
-    assert o.client_config() == o.kafka_config
+    assert o.client_config() == {**CLIENT_DEFAULTS, **o.kafka_config}
 
 
 @pytest.mark.parametrize(("java", "librdkafka"), [("", "none"), ("HTTPS", "https"),

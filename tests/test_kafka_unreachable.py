@@ -6,11 +6,11 @@ connection (a loopback port nobody listens on), no Spark, no broker."""
 from __future__ import annotations
 
 import logging
-import socket
 import time
 
 import pytest
 
+from flinkish.demo.ports import free_port, server_socket
 from flinkish_source.kafka import KafkaMetadata, KafkaUnavailableError, read_range
 from flinkish_source.kafka.base import WAIT_OPTION, BrokerWait
 from flinkish_source.options import SourceOptions, parse_options
@@ -19,16 +19,9 @@ SECRET = "sasl-S3cret-never-logged"
 BOUND_MS = 2000
 
 
-def _refused_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-    return port  # closed again: connecting to it is refused
-
-
 @pytest.fixture
 def servers() -> str:
-    return f"127.0.0.1:{_refused_port()}"
+    return f"127.0.0.1:{free_port()}"  # nothing listens: connecting is refused
 
 
 def _options(servers: str, **extra: str) -> SourceOptions:
@@ -120,9 +113,7 @@ def _connections_in(seconds: float, config: dict[str, object]) -> int:
     taken by another server since)."""
     from confluent_kafka import Consumer
 
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(64)
+    with server_socket() as server:
         server.settimeout(0.05)
         config = {**config, "bootstrap.servers": f"127.0.0.1:{server.getsockname()[1]}",
                   "log_level": 0}

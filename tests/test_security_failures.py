@@ -20,6 +20,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException
 from pki import KEYTOOL, Pki
 
+from flinkish.demo.ports import server_socket
 from flinkish_source.kafka import KafkaMetadata, read_range
 from flinkish_source.kafka.base import (
     BrokerWait,
@@ -46,7 +47,7 @@ class TlsListener:
         if require_client_certificate:
             self._context.verify_mode = ssl.CERT_REQUIRED
             self._context.load_verify_locations(pki.ca_pem)
-        self._socket = socket.create_server(("127.0.0.1", 0))
+        self._socket = server_socket()
         self.port = self._socket.getsockname()[1]
         self.handshakes: list[str] = []
         self._closed = False

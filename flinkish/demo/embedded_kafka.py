@@ -18,15 +18,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from flinkish.demo.ports import free_port
+
 logger = logging.getLogger(__name__)
 
 EXTERNAL_ENV = "FLINKISH_KAFKA_BOOTSTRAP"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def tansu_binary() -> Path:

@@ -16,7 +16,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+
+from flinkish.demo.ports import free_port
 
 DSN_ENV = "FLINKISH_POSTGRES_DSN"
 """Set to a libpq DSN to make :func:`postgres_for_tests` use that server instead."""
@@ -71,13 +72,6 @@ def find_pg_bin() -> Path:
 
 def _version_key(name: str) -> tuple[int, ...]:
     return tuple(int(part) for part in name.split(".") if part.isdigit())
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
 
 
 class EmbeddedPostgres:
@@ -145,7 +139,7 @@ class EmbeddedPostgres:
                 what="initdb",
             )
             for attempt in range(_START_ATTEMPTS):
-                port = _free_port()
+                port = free_port()
                 if self._start_server(bin_dir, run_as, base, port, attempt):
                     self._port = port
                     self._server = (bin_dir, run_as, base)
