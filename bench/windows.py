@@ -17,7 +17,8 @@ for Spark one row per open window and key; for flinkish one value-state row per 
 open windows), and ``worker_peak_rss_mb``: the largest peak resident set (VmHWM, the kernel's
 high-water mark) of the Python processes Spark ran during flinkish's runs (workers are reused
 from query to query, so a worker's mark includes what it ran before). The last line printed is
-JSON (``print_result``: one json object on one line).
+JSON (``print_result``: one json object on one line), with each run's seconds and CPU seconds
+(Spark's JVM, PySpark's Python processes: steadier than wall times on a shared machine).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from _common import (  # noqa: E402
+    CpuMeter,
     PeakMemorySampler,
     bench_environment,
     log,
@@ -95,14 +97,16 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
     writer = (counts.writeStream.foreachBatch(totals).outputMode("append")
               .option("checkpointLocation", str(env.workdir / f"{name}-ck"))
               .trigger(availableNow=True))
-    with PeakMemorySampler() as sampler:
+    with PeakMemorySampler() as sampler, CpuMeter() as cpu:
         run = run_to_end(writer, f"{name} query", 3600)
     peak = max((op.get("numRowsTotal", 0) for p in run.progress
                 for op in p.get("stateOperators", [])), default=0)
     log(f"{name}: {run.seconds:.1f} s, {len(run.progress)} batches, {totals.windows:,} windows "
         f"counting {totals.records:,} records, peak state rows {peak:,}, Python workers' "
-        f"peak RSS {sampler.peak_mb} MB")
+        f"peak RSS {sampler.peak_mb} MB, CPU seconds {cpu.seconds}")
     return {"seconds": run.seconds, "records": float(totals.records),
+            "jvm_cpu": cpu.seconds.get("spark_jvm", 0.0),
+            "python_cpu": cpu.seconds.get("python_workers", 0.0),
             "windows": float(totals.windows), "peak_state_rows": float(peak),
             "peak_rss_mb": sampler.peak_mb}
 
@@ -158,6 +162,10 @@ def main() -> None:
         "peak_state_rows_flinkish": max(r["peak_state_rows"] for r in runs[True]),
         "peak_state_rows_spark": max(r["peak_state_rows"] for r in runs[False]),
         "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[True]),
+        "flinkish_seconds": [round(r["seconds"], 1) for r in runs[True]],
+        "spark_seconds": [round(r["seconds"], 1) for r in runs[False]],
+        "flinkish_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[True]],
+        "spark_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[False]],
     })
 
 
