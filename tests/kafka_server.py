@@ -12,6 +12,7 @@ Fetch (v4) whose records would include a zstd batch with UNSUPPORTED_COMPRESSION
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import struct
 import threading
@@ -70,6 +71,7 @@ class FaultyKafka:
         self._servers: dict[int, socket.socket] = {}
         self.ports: dict[int, int] = {}
         self._stopped = False
+        self._sessions: dict[socket.socket, threading.Thread] = {}
         for node in range(1, brokers + 1):
             server = server_socket()
             self._servers[node], self.ports[node] = server, server.getsockname()[1]
@@ -84,15 +86,36 @@ class FaultyKafka:
         for server in self._servers.values():
             server.close()
 
+    def disconnect(self) -> None:
+        """Close every client's connection and wait until no answer is being made: a request
+        a closed client sent last can otherwise reach a fault after the test re-armed it."""
+        with self._lock:
+            sessions = list(self._sessions.items())
+        for conn, thread in sessions:
+            with contextlib.suppress(OSError):  # the client closed it already
+                conn.shutdown(socket.SHUT_RDWR)
+            thread.join(timeout=30)
+            assert not thread.is_alive(), "a session did not end within 30 s"
+
     def _accept(self, node: int, server: socket.socket) -> None:
         while not self._stopped:
             try:
                 conn, _ = server.accept()
             except OSError:
                 return
-            threading.Thread(target=self._session, args=(node, conn), daemon=True).start()
+            thread = threading.Thread(target=self._session, args=(node, conn), daemon=True)
+            with self._lock:
+                self._sessions[conn] = thread
+            thread.start()
 
     def _session(self, node: int, conn: socket.socket) -> None:
+        try:
+            self._serve(node, conn)
+        finally:
+            with self._lock:
+                self._sessions.pop(conn, None)
+
+    def _serve(self, node: int, conn: socket.socket) -> None:
         with conn:
             while True:
                 head = _recv(conn, 4)
