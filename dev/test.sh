@@ -6,9 +6,10 @@
 # With arguments, pytest runs just those. Without, two lanes run at once (the tests mostly
 # wait: on Spark's triggers, on drivers starting, on sockets), each a pytest process with its
 # own broker, PostgreSQL and S3 server: the session's lane (the integration tests sharing one
-# SparkSession, and the modules whose drivers run many queries at once) and a lane of the unit
-# tests, then the modules that run one query at a time in drivers of their own (the demo, the
-# crash tests of windows and of the valve, Spark Connect's server). Either failing fails the run.
+# SparkSession, and the cluster's module) and a lane of the unit tests, then the modules that
+# run queries in drivers of their own (the sink's crash suite, the demo, the crash tests of
+# windows and of the valve, Spark Connect's server), about as long as the first lane. Either
+# failing fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash dev/setup.sh test
@@ -27,7 +28,7 @@ if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi
 own_drivers=(
-  integration/test_demo.py integration/test_window_crash.py integration/test_windows_crash.py
+  integration/test_sink_crash.py integration/test_demo.py integration/test_window_crash.py integration/test_windows_crash.py
   integration/test_valve_epochs.py integration/test_worker_python.py
   integration/test_concurrent_queries.py integration/test_packaging.py
   integration/test_spark_connect.py

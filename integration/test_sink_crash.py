@@ -88,6 +88,11 @@ POINTS = (
     "checkpoint_write",   # checkpoint record written, latest pointer not
     "after_checkpoint",   # checkpoint completed, Spark's commit log not written
 )
+#: The crashes of the first run on the row targets: every point on both, but the last two
+#: (after the publish the target holds the whole epoch, and what a restart must do is the
+#: checkpoint store's, the same whatever the target) on one target each.
+CRASHES = tuple((point, kind) for point in POINTS[:-2] for kind in TARGETS) + (
+    ("checkpoint_write", "parquet"), ("after_checkpoint", "postgres"))
 #: Crashes during recovery: (first crash point, where the restart's replay of the crashed
 #: batch is killed again, target). Their restart is the restart run above; a third run
 #: finishes them. The recovery paths are the coordinator's, whatever the target; each pair
@@ -671,12 +676,11 @@ def suite(
     token = topic.rsplit("-", 1)[1]
     root = tmp_path_factory.mktemp("sink-crash")
     cases = {}
-    for point in POINTS:
-        for kind in TARGETS:
-            work = root / f"{point}-{kind}"
-            view = TargetView(kind, postgres_dsn, f"crash_{point}_{token}", work / "out")
-            case = Case(point, view, work, topic)
-            cases[case.name] = case
+    for point, kind in CRASHES:
+        work = root / f"{point}-{kind}"
+        view = TargetView(kind, postgres_dsn, f"crash_{point}_{token}", work / "out")
+        case = Case(point, view, work, topic)
+        cases[case.name] = case
     for point in DELTA_POINTS:
         work = root / f"{point}-delta"
         case = Case(point, TargetView("delta", postgres_dsn, "", work / "out"), work, topic)
@@ -723,7 +727,7 @@ def suite(
     yield result
 
 
-CASES = [pytest.param(point, kind, id=f"{point}-{kind}") for point in POINTS for kind in TARGETS]
+CASES = [pytest.param(point, kind, id=f"{point}-{kind}") for point, kind in CRASHES]
 
 
 def _check_crash_landed(case: Case) -> None:
