@@ -33,9 +33,16 @@ import time
 import traceback
 from typing import Any
 
+from flinkish.demo.spark_session import worker_start_timed_out
 from flinkish.foreach_batch import WatermarkedBatch
 
 TIMEOUT_S = 300.0
+#: Spark gives a new Python process a fixed 10 s to connect back
+#: (``PythonWorkerFactory.createSimpleWorker``): the foreachBatch runner Connect starts with a
+#: query, the source's runner. Queries started together on 2 busy cores can overrun it before
+#: their first batch; such a query is started again from its checkpoint, up to this many times
+#: (as ``sink_query.py --retry-transient`` does).
+WORKER_RETRIES = 3
 
 
 class EpochLog:
@@ -119,17 +126,48 @@ def _group_holds_last_epoch(job: dict[str, Any], query: Any, deadline: float) ->
     return False
 
 
+class _Retries:
+    """Starts of a job's queries again after a Python process missed Spark's 10 s to connect
+    back (``WORKER_RETRIES`` in all)."""
+
+    def __init__(self, job: dict[str, Any]) -> None:
+        self.job, self.used = job, 0
+
+    def allows(self, failure: BaseException | None) -> bool:
+        """Whether a query that failed with ``failure`` is to be started again (said on
+        stderr)."""
+        if self.used >= WORKER_RETRIES or not worker_start_timed_out(failure):
+            return False
+        self.used += 1
+        print(f"query {self.job['name']}: a Python process did not connect back in time; "
+              f"starting it again from its checkpoint ({self.used}/{WORKER_RETRIES})",
+              file=sys.stderr, flush=True)
+        return True
+
+    def start(self, spark: Any, available_now: bool) -> Any:
+        while True:
+            try:
+                return _start(spark, self.job, available_now)
+            except Exception as exc:
+                if not self.allows(exc):
+                    raise
+
+
 def _run(spark: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
     """Run one job to its end (stopped and restarted first with ``stop_after``)."""
     result: dict[str, Any] = {"name": job["name"], "ok": False, "error": None}
+    retries = _Retries(job)
     try:
         if job.get("stop_after") is not None:
-            query = _start(spark, job, available_now=False)
+            query = retries.start(spark, available_now=False)
             while time.monotonic() < deadline:
                 progress = query.lastProgress
                 if progress and progress["batchId"] >= job["stop_after"]:
                     break
                 if not query.isActive:
+                    if retries.allows(query.exception()):
+                        query = retries.start(spark, available_now=False)
+                        continue
                     raise RuntimeError(f"ended before batch {job['stop_after']}: "
                                        f"{query.exception()}")
                 time.sleep(0.2)
@@ -140,10 +178,18 @@ def _run(spark: Any, job: dict[str, Any], deadline: float) -> dict[str, Any]:
                     job, query, min(deadline, time.monotonic() + 60))
             query.stop()
             result["stopped_after"] = query.lastProgress["batchId"]
-        query = _start(spark, job, available_now=True)
-        if not query.awaitTermination(max(1.0, deadline - time.monotonic())):
-            query.stop()
-            raise TimeoutError("did not finish in time")
+        while True:
+            query = retries.start(spark, available_now=True)
+            try:
+                finished = query.awaitTermination(max(1.0, deadline - time.monotonic()))
+            except Exception as exc:
+                if retries.allows(exc):
+                    continue
+                raise
+            if not finished:
+                query.stop()
+                raise TimeoutError("did not finish in time")
+            break
         result["ok"] = True
     except Exception as exc:  # reported to the test with the others' outcomes
         result["error"] = "".join(traceback.format_exception_only(type(exc), exc))[:4000]
