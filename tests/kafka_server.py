@@ -104,9 +104,9 @@ class FaultyKafka:
             except OSError:
                 return
             thread = threading.Thread(target=self._session, args=(node, conn), daemon=True)
-            with self._lock:
+            with self._lock:  # disconnect() sees only started sessions
                 self._sessions[conn] = thread
-            thread.start()
+                thread.start()
 
     def _session(self, node: int, conn: socket.socket) -> None:
         try:
