@@ -529,8 +529,9 @@ class GroupStateWindow:
         with _collector_paused():
             row = self._visit(frames, state)
         if row is not None:
-            # columns by position; each cell one of the visit's output columns
-            yield pd.DataFrame({i: [cell] for i, cell in enumerate(row)})
+            # one row; each cell one of the visit's output columns, a sequence
+            yield pd.DataFrame({name: [cell] for name, cell in zip(
+                self.processor.row, row, strict=True)})
 
     def _column(self, frame: Any, name: str) -> list[Any]:
         values = frame[name].tolist()
