@@ -108,9 +108,10 @@ APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
 #: previous batch's watermark: this column carries the watermark's metadata and is null, which
 #: that filter never drops (a null comparison is not true), so every record still arrives
 _MARK = "__flinkish_watermark_mark"
-#: a nullable numeric column's nulls travel beside it (pandas turns an integer column with a
-#: null into floats, and a float column's null into NaN); the column itself with 0 for null
-_NULLS = "__flinkish_nulls_"
+#: a nullable numeric column's nulls travel beside the records, since pandas turns an integer
+#: column with a null into floats and a float column's null into NaN: the column itself with
+#: 0 for null, and one column for all of them, bit i set when the i-th one is null
+_NULLS = "__flinkish_nulls"
 _NUMBERS = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double"})
 
 
@@ -501,10 +502,11 @@ def _apply_in_pandas_with_state(df: Any, columns: list[Any], processor: WindowPr
         column = F.col(f"`{field.name}`")
         if field.nullable and field.dataType.simpleString() in _NUMBERS:
             nullable.append(field.name)
-            selected += [F.coalesce(column, F.lit(0)).alias(field.name),
-                         column.isNull().alias(_NULLS + field.name)]
-        else:
-            selected.append(column)
+            column = F.coalesce(column, F.lit(0)).alias(field.name)
+        selected.append(column)
+    if nullable:
+        selected.append(sum((F.col(f"`{name}`").isNull().cast("long") * (1 << i)
+                             for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
     delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
     selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
     function = GroupStateWindow(processor, [f.name for f in records.schema.fields[1:]], nullable)
@@ -520,8 +522,10 @@ class GroupStateWindow:
 
     def __init__(self, processor: WindowProcessor, names: list[str], nullable: list[str]) -> None:
         self.processor = processor
-        # the record columns after the key group: keys, event time, value
-        self.names, self.nullable = names, frozenset(nullable)
+        # the record columns after the key group: keys, event time, value; the nullable
+        # numbers' bits in the column of nulls
+        self.names = names
+        self.bits = {name: 1 << i for i, name in enumerate(nullable)}
 
     def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
         import pandas as pd
@@ -533,12 +537,12 @@ class GroupStateWindow:
             yield pd.DataFrame({name: [cell] for name, cell in zip(
                 self.processor.row, row, strict=True)})
 
-    def _column(self, frame: Any, name: str) -> list[Any]:
+    def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
         values = frame[name].tolist()
-        if name not in self.nullable:
+        bit = self.bits.get(name)
+        if bit is None or nulls is None:
             return values
-        return [None if null else v
-                for v, null in zip(values, frame[_NULLS + name].tolist(), strict=True)]
+        return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
 
     @staticmethod
     def _timeout(earliest: int, watermark: int) -> int:
@@ -559,7 +563,10 @@ class GroupStateWindow:
             n = len(processor.keys)
             elements: list[tuple[tuple[Any, ...], Any, int]] = []
             for frame in frames:
-                columns = [self._column(frame, name) for name in self.names]
+                # the column of nulls read only when a record has one
+                nulls = (frame[_NULLS].tolist() if self.bits and frame[_NULLS].any()
+                         else None)
+                columns = [self._column(frame, name, nulls) for name in self.names]
                 times = columns[n]
                 values = columns[n + 1] if processor.value is not None else [None] * len(times)
                 elements.extend(zip(zip(*columns[:n], strict=True), values, times, strict=True))

@@ -342,7 +342,7 @@ def frame(rows: list[tuple[str, int, Any]], nullable: bool = False) -> Any:
         windows._GROUP: [0] * len(rows), "key": [k for k, _, _ in rows],
         windows._TIME: [t for _, t, _ in rows],
         windows._VALUE: [0 if v is None else v for v in values] if nullable else values,
-        **({windows._NULLS + windows._VALUE: [v is None for v in values]} if nullable else {}),
+        **({windows._NULLS: [int(v is None) for v in values]} if nullable else {}),
     })
 
 
