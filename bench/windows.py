@@ -67,11 +67,9 @@ class Totals:
             self.records += records or 0
 
 
-#: the queries the bench can run: Spark's own window count, and flinkish.windows on each of
-#: its Spark operators (``window(operator=...)``)
+#: Spark's own window count; the other queries are flinkish.windows: "flinkish" on its default
+#: operator, "pandas" (or "pandas-<key groups>") on applyInPandasWithState
 SPARK = "spark"
-OPERATORS = {"flinkish": windows.TRANSFORM_WITH_STATE,
-             "pandas": windows.APPLY_IN_PANDAS_WITH_STATE}
 
 
 def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
@@ -95,9 +93,12 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
         (F.pmod(F.col("offset"), args.keys // PARTITIONS) * PARTITIONS + F.col("partition"))
         .alias("k"), "eventTime")
     if query != SPARK:
-        counts = windows.window(keyed, key="k", assigner=windows.tumbling("10 seconds"),
-                                aggregate=windows.Count(), key_groups=args.key_groups,
-                                operator=OPERATORS[query])
+        pandas = query.startswith("pandas")
+        key_groups = (int(query.split("-")[1]) if "-" in query else args.key_groups)
+        counts = windows.window(
+            keyed, key="k", assigner=windows.tumbling("10 seconds"), aggregate=windows.Count(),
+            key_groups=key_groups,
+            operator=windows.APPLY_IN_PANDAS_WITH_STATE if pandas else windows.TRANSFORM_WITH_STATE)
         totals = Totals("result", "result")
     else:
         counts = keyed.groupBy(F.window("eventTime", "10 seconds"), "k").count()
@@ -130,6 +131,8 @@ def main() -> None:
                         help="runs of each query, alternating; figures are medians")
     parser.add_argument("--pandas", action="store_true",
                         help="also run flinkish.windows on applyInPandasWithState")
+    parser.add_argument("--pandas-key-groups", dest="pandas_key_groups", default="",
+                        help="with --pandas, also run it at these key groups (comma-separated)")
     args = parser.parse_args()
     if args.keys % PARTITIONS:
         parser.error(f"--keys must be a multiple of {PARTITIONS}")
@@ -142,7 +145,9 @@ def main() -> None:
         import flinkish
 
         flinkish.register(spark)
-        queries = ["flinkish", *(["pandas"] if args.pandas else []), SPARK]
+        pandas = (["pandas", *(f"pandas-{n}" for n in args.pandas_key_groups.split(",") if n)]
+                  if args.pandas else [])
+        queries = ["flinkish", *pandas, SPARK]
         for query in reversed(queries):
             _run(spark, env, "windows-warmup", f"warmup-{query}", args, query)
         runs: dict[str, list[dict[str, float]]] = {query: [] for query in queries}
@@ -157,15 +162,15 @@ def main() -> None:
     rps = {query: median([args.records / r["seconds"] for r in kind])
            for query, kind in runs.items()}
     flinkish_rps, spark_rps = rps["flinkish"], rps[SPARK]
-    pandas = ({
-        "pandas_windows_rps": round(rps["pandas"]),
-        "ratio_pandas_vs_spark_window": round(rps["pandas"] / spark_rps, 3),
-        "ratio_pandas_vs_flinkish": round(rps["pandas"] / flinkish_rps, 3),
-        "peak_state_rows_pandas": max(r["peak_state_rows"] for r in runs["pandas"]),
-        "worker_peak_rss_mb_pandas": max(r["peak_rss_mb"] for r in runs["pandas"]),
-        "pandas_seconds": [round(r["seconds"], 1) for r in runs["pandas"]],
-        "pandas_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs["pandas"]],
-    } if args.pandas else {})
+    others = {f"{name}_{figure}": value for name in pandas for figure, value in {
+        "windows_rps": round(rps[name]),
+        "ratio_vs_spark_window": round(rps[name] / spark_rps, 3),
+        "ratio_vs_flinkish": round(rps[name] / flinkish_rps, 3),
+        "peak_state_rows": max(r["peak_state_rows"] for r in runs[name]),
+        "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[name]),
+        "seconds": [round(r["seconds"], 1) for r in runs[name]],
+        "cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[name]],
+    }.items()}
     print_result({
         "bench": "windows",
         "records": args.records,
@@ -185,7 +190,7 @@ def main() -> None:
         "spark_seconds": [round(r["seconds"], 1) for r in runs[SPARK]],
         "flinkish_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs["flinkish"]],
         "spark_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[SPARK]],
-        **pandas,
+        **others,
     })
 
 
