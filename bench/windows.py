@@ -19,6 +19,10 @@ high-water mark) of the Python processes Spark ran during flinkish's runs (worke
 from query to query, so a worker's mark includes what it ran before). The last line printed is
 JSON (``print_result``: one json object on one line), with each run's seconds and CPU seconds
 (Spark's JVM, PySpark's Python processes: steadier than wall times on a shared machine).
+``--pandas`` also runs flinkish.windows on ``applyInPandasWithState``
+(``window(operator='applyInPandasWithState')``) in the same rounds, and
+``--pandas-key-groups 32,...`` that operator at other numbers of key groups too; each adds its
+figures (``pandas_...``, ``pandas-32_...``) to the JSON line.
 """
 
 from __future__ import annotations
