@@ -19,6 +19,10 @@ high-water mark) of the Python processes Spark ran during flinkish's runs (worke
 from query to query, so a worker's mark includes what it ran before). The last line printed is
 JSON (``print_result``: one json object on one line), with each run's seconds and CPU seconds
 (Spark's JVM, PySpark's Python processes: steadier than wall times on a shared machine).
+``--pandas`` also runs flinkish.windows on ``applyInPandasWithState``
+(``window(operator='applyInPandasWithState')``) in the same rounds, and
+``--pandas-key-groups 32,...`` that operator at other numbers of key groups too; each adds its
+figures (``pandas_...``, ``pandas-32_...``) to the JSON line.
 """
 
 from __future__ import annotations
@@ -67,8 +71,13 @@ class Totals:
             self.records += records or 0
 
 
+#: Spark's own window count; the other queries are flinkish.windows: "flinkish" on its default
+#: operator, "pandas" (or "pandas-<key groups>") on applyInPandasWithState
+SPARK = "spark"
+
+
 def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
-         flinkish_windows: bool) -> dict[str, float]:
+         query: str) -> dict[str, float]:
     from pyspark.sql import functions as F
 
     import flinkish
@@ -87,9 +96,13 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
     keyed = flinkish.with_watermark(events).select(
         (F.pmod(F.col("offset"), args.keys // PARTITIONS) * PARTITIONS + F.col("partition"))
         .alias("k"), "eventTime")
-    if flinkish_windows:
-        counts = windows.window(keyed, key="k", assigner=windows.tumbling("10 seconds"),
-                                aggregate=windows.Count(), key_groups=args.key_groups)
+    if query != SPARK:
+        pandas = query.startswith("pandas")
+        key_groups = (int(query.split("-")[1]) if "-" in query else args.key_groups)
+        counts = windows.window(
+            keyed, key="k", assigner=windows.tumbling("10 seconds"), aggregate=windows.Count(),
+            key_groups=key_groups,
+            operator=windows.APPLY_IN_PANDAS_WITH_STATE if pandas else windows.TRANSFORM_WITH_STATE)
         totals = Totals("result", "result")
     else:
         counts = keyed.groupBy(F.window("eventTime", "10 seconds"), "k").count()
@@ -120,6 +133,10 @@ def main() -> None:
                         default=windows.DEFAULT_KEY_GROUPS, help="window(key_groups=...)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each query, alternating; figures are medians")
+    parser.add_argument("--pandas", action="store_true",
+                        help="also run flinkish.windows on applyInPandasWithState")
+    parser.add_argument("--pandas-key-groups", dest="pandas_key_groups", default="",
+                        help="with --pandas, also run it at these key groups (comma-separated)")
     args = parser.parse_args()
     if args.keys % PARTITIONS:
         parser.error(f"--keys must be a multiple of {PARTITIONS}")
@@ -132,21 +149,32 @@ def main() -> None:
         import flinkish
 
         flinkish.register(spark)
-        for name, flinkish_windows in (("warmup-spark", False), ("warmup-flinkish", True)):
-            _run(spark, env, "windows-warmup", name, args, flinkish_windows)
-        runs: dict[bool, list[dict[str, float]]] = {True: [], False: []}
+        pandas = (["pandas", *(f"pandas-{n}" for n in args.pandas_key_groups.split(",") if n)]
+                  if args.pandas else [])
+        queries = ["flinkish", *pandas, SPARK]
+        for query in reversed(queries):
+            _run(spark, env, "windows-warmup", f"warmup-{query}", args, query)
+        runs: dict[str, list[dict[str, float]]] = {query: [] for query in queries}
         for i in range(args.repeat):
-            # each round starts with the other query: the JVM still warms up from run to run,
-            # and the second query of a round runs warmer than the first
-            for flinkish_windows in ((True, False) if i % 2 == 0 else (False, True)):
-                name = f"{'flinkish' if flinkish_windows else 'spark'}-{i}"
-                runs[flinkish_windows].append(
-                    _run(spark, env, "windows", name, args, flinkish_windows))
+            # each round starts with the query the last one ended with: the JVM still warms up
+            # from run to run, and the later queries of a round run warmer than the first
+            for query in (queries if i % 2 == 0 else queries[::-1]):
+                runs[query].append(_run(spark, env, "windows", f"{query}-{i}", args, query))
     lost = [r["records"] for kind in runs.values() for r in kind if r["records"] != args.records]
     if lost:
         raise SystemExit(f"a query lost records: counted {lost} of {args.records:,}")
-    flinkish_rps = median([args.records / r["seconds"] for r in runs[True]])
-    spark_rps = median([args.records / r["seconds"] for r in runs[False]])
+    rps = {query: median([args.records / r["seconds"] for r in kind])
+           for query, kind in runs.items()}
+    flinkish_rps, spark_rps = rps["flinkish"], rps[SPARK]
+    others = {f"{name}_{figure}": value for name in pandas for figure, value in {
+        "windows_rps": round(rps[name]),
+        "ratio_vs_spark_window": round(rps[name] / spark_rps, 3),
+        "ratio_vs_flinkish": round(rps[name] / flinkish_rps, 3),
+        "peak_state_rows": max(r["peak_state_rows"] for r in runs[name]),
+        "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[name]),
+        "seconds": [round(r["seconds"], 1) for r in runs[name]],
+        "cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[name]],
+    }.items()}
     print_result({
         "bench": "windows",
         "records": args.records,
@@ -154,18 +182,19 @@ def main() -> None:
         "max_offsets_per_trigger": args.batch,
         "key_groups": args.key_groups,
         "repeat": args.repeat,
-        "windows_fired": runs[True][0]["windows"],
+        "windows_fired": runs["flinkish"][0]["windows"],
         "flinkish_windows_rps": round(flinkish_rps),
         "spark_window_rps": round(spark_rps),
         "ratio_vs_spark_window": round(flinkish_rps / spark_rps, 3),
         "ratio_target": 0.8,
-        "peak_state_rows_flinkish": max(r["peak_state_rows"] for r in runs[True]),
-        "peak_state_rows_spark": max(r["peak_state_rows"] for r in runs[False]),
-        "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[True]),
-        "flinkish_seconds": [round(r["seconds"], 1) for r in runs[True]],
-        "spark_seconds": [round(r["seconds"], 1) for r in runs[False]],
-        "flinkish_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[True]],
-        "spark_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[False]],
+        "peak_state_rows_flinkish": max(r["peak_state_rows"] for r in runs["flinkish"]),
+        "peak_state_rows_spark": max(r["peak_state_rows"] for r in runs[SPARK]),
+        "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["flinkish"]),
+        "flinkish_seconds": [round(r["seconds"], 1) for r in runs["flinkish"]],
+        "spark_seconds": [round(r["seconds"], 1) for r in runs[SPARK]],
+        "flinkish_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs["flinkish"]],
+        "spark_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[SPARK]],
+        **others,
     })
 
 

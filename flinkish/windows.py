@@ -101,6 +101,18 @@ _JSON_TYPES = frozenset(
 #: few round trips to the state server plus the Python of its keys' state: at 10,000 keys
 #: (bench/windows.py) 1,024 groups spent most of the time in round trips, 32 to 128 did not.
 DEFAULT_KEY_GROUPS = 128
+TRANSFORM_WITH_STATE = "transformWithState"
+APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
+#: applyInPandasWithState's event-time timeouts need a watermarked column in the operator's
+#: input, and Spark drops every input row whose watermarked column is at or below the
+#: previous batch's watermark: this column carries the watermark's metadata and is null, which
+#: that filter never drops (a null comparison is not true), so every record still arrives
+_MARK = "__flinkish_watermark_mark"
+#: a nullable numeric column's nulls travel beside the records, since pandas turns an integer
+#: column with a null into floats and a float column's null into NaN: the column itself with
+#: 0 for null, and one column for all of them, bit i set when the i-th one is null
+_NULLS = "__flinkish_nulls"
+_NUMBERS = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double"})
 
 
 
@@ -167,6 +179,7 @@ def window(
     evictor: Evictor | None = None,
     event_time: str = "eventTime",
     key_groups: int = DEFAULT_KEY_GROUPS,
+    operator: str = TRANSFORM_WITH_STATE,
 ) -> Any:
     """Windows of ``df`` per ``key``, as Flink's ``keyBy(key).window(assigner)``
     ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
@@ -183,6 +196,11 @@ def window(
     ``key_groups``: how many state entries the keys are hashed into (Flink's key groups);
     one entry holds the windows of all its keys, so a batch costs one visit per group with
     records or timers, not one per key.
+
+    ``operator``: the Spark operator the core runs in, ``'transformWithState'`` (the default)
+    or ``'applyInPandasWithState'`` (:class:`GroupStateWindow`: the state travels with the
+    group's rows, one event-time timeout per group). Their stored states differ: a query
+    keeps the operator it was started with.
     """
     from pyspark.sql import functions as F
 
@@ -213,6 +231,10 @@ def window(
                 f"numbers, strings or booleans ({', '.join(sorted(_JSON_TYPES))}): cast it")
     if key_groups < 1:
         raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
+    if operator not in (TRANSFORM_WITH_STATE, APPLY_IN_PANDAS_WITH_STATE):
+        raise OptionError(
+            f"window: operator must be {TRANSFORM_WITH_STATE!r} or "
+            f"{APPLY_IN_PANDAS_WITH_STATE!r}, got {operator!r}")
     lateness = ms(allowed_lateness)
     # built now so a wrong combination (a trigger that cannot merge, a negative lateness)
     # fails here, not in the first batch
@@ -236,13 +258,17 @@ def window(
                F.unix_millis(F.col(event_time)).alias(_TIME)]
     if value is not None:
         columns.append(F.col(value).alias(_VALUE))
-    records = df.select(*columns)
-    packed_schema = ", ".join(
-        [f"{_GROUP} long"]
-        + [f"`{f.name}` array<{f.dataType.simpleString()}>" for f in records.schema.fields[1:]])
-    fired = (records.mapInArrow(pack_key_groups, packed_schema).groupBy(_GROUP)
-             .transformWithState(statefulProcessor=processor, outputStructType=schema,
-                                 outputMode="Append", timeMode="EventTime"))
+    if operator == APPLY_IN_PANDAS_WITH_STATE:
+        fired = _apply_in_pandas_with_state(df, columns, processor, schema, event_time)
+    else:
+        records = df.select(*columns)
+        packed_schema = ", ".join(
+            [f"{_GROUP} long"]
+            + [f"`{f.name}` array<{f.dataType.simpleString()}>"
+               for f in records.schema.fields[1:]])
+        fired = (records.mapInArrow(pack_key_groups, packed_schema).groupBy(_GROUP)
+                 .transformWithState(statefulProcessor=processor, outputStructType=schema,
+                                     outputMode="Append", timeMode="EventTime"))
     rows = fired.select(F.inline(F.arrays_zip(*(F.col(name) for name, _ in output))))
     times = {"window_start", "window_end", event_time}
     return rows.select(*(F.timestamp_millis(F.col(c)).alias(c) if c in times else F.col(c)
@@ -459,3 +485,101 @@ class WindowProcessor(StatefulProcessor):
             *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
         ]
         return [self.row(*columns)]
+
+
+def _apply_in_pandas_with_state(df: Any, columns: list[Any], processor: WindowProcessor,
+                                schema: str, event_time: str) -> Any:
+    """The records (``columns``: key group, keys, event time, value) through
+    ``applyInPandasWithState`` grouped by key group, with :class:`GroupStateWindow`; one row
+    of arrays per visit, as the ``transformWithState`` operator's output."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    records = df.select(*columns)
+    selected = [F.col(_GROUP)]
+    nullable = []
+    for field in records.schema.fields[1:]:
+        column = F.col(f"`{field.name}`")
+        if field.nullable and field.dataType.simpleString() in _NUMBERS:
+            nullable.append(field.name)
+            column = F.coalesce(column, F.lit(0)).alias(field.name)
+        selected.append(column)
+    if nullable:
+        selected.append(sum((F.col(f"`{name}`").isNull().cast("long") * (1 << i)
+                             for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
+    delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
+    selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
+    function = GroupStateWindow(processor, [f.name for f in records.schema.fields[1:]], nullable)
+    return (records.select(*selected).groupBy(_GROUP)
+            .applyInPandasWithState(function.visit, schema, "state string", "append",
+                                    GroupStateTimeout.EventTimeTimeout))
+
+
+class GroupStateWindow:
+    """The ``applyInPandasWithState`` function running a :class:`WindowOperator` per key group,
+    as :class:`WindowProcessor` does, with the group's state handed in and out with its rows
+    (no state server) and one event-time timeout per group for the core's earliest timer."""
+
+    def __init__(self, processor: WindowProcessor, names: list[str], nullable: list[str]) -> None:
+        self.processor = processor
+        # the record columns after the key group: keys, event time, value; the nullable
+        # numbers' bits in the column of nulls
+        self.names = names
+        self.bits = {name: 1 << i for i, name in enumerate(nullable)}
+
+    def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        with _collector_paused():
+            row = self._visit(frames, state)
+        if row is not None:
+            # one row; each cell one of the visit's output columns, a sequence
+            yield pd.DataFrame({name: [cell] for name, cell in zip(
+                self.processor.row, row, strict=True)})
+
+    def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
+        values = frame[name].tolist()
+        bit = self.bits.get(name)
+        if bit is None or nulls is None:
+            return values
+        return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
+
+    @staticmethod
+    def _timeout(earliest: int, watermark: int) -> int:
+        """The group's timeout for the core's ``earliest`` event-time timer at ``watermark``:
+        Spark calls a group whose timeout is below the batch's watermark (strictly), and
+        refuses a timeout below the current one; the core fires ``earliest`` at the first
+        watermark at or past it that is greater than its current one."""
+        return max(earliest - 1, watermark)
+
+    def _visit(self, frames: Iterator[Any], state: Any) -> Any:
+        processor = self.processor
+        stored = state.getOption
+        operator, _ = processor._restore(None if stored is None else (stored[0], []))
+        watermark = state.getCurrentWatermarkMs()
+        outputs = [operator.process_watermark(watermark),
+                   operator.process_processing_time(state.getCurrentProcessingTimeMs())]
+        if not state.hasTimedOut:
+            n = len(processor.keys)
+            elements: list[tuple[tuple[Any, ...], Any, int]] = []
+            for frame in frames:
+                # the column of nulls read only when a record has one
+                nulls = (frame[_NULLS].tolist() if self.bits and frame[_NULLS].any()
+                         else None)
+                columns = [self._column(frame, name, nulls) for name in self.names]
+                times = columns[n]
+                values = columns[n + 1] if processor.value is not None else [None] * len(times)
+                elements.extend(zip(zip(*columns[:n], strict=True), values, times, strict=True))
+            # a stable sort: records of one event time keep their order
+            elements.sort(key=itemgetter(2))
+            outputs.append(operator.process_elements(elements))
+        earliest = operator.earliest_event_time_timer()
+        snapshot = operator.columnar_snapshot(copy=False)
+        if snapshot["keys"]:
+            state.update((json.dumps(snapshot, check_circular=False),))
+            if earliest is not None:
+                state.setTimeoutTimestamp(self._timeout(earliest, watermark))
+        else:
+            state.remove()
+        rows = processor._rows(outputs)
+        return rows[0] if rows else None

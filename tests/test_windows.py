@@ -8,11 +8,12 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pyarrow as pa
 import pytest
 from pyspark.sql import Row
+from pyspark.sql.streaming.state import GroupState
 
 from flinkish import windows
 from flinkish_core.errors import OptionError
@@ -291,3 +292,88 @@ def test_a_visit_pauses_the_cyclic_collector_and_leaves_it_as_it_found_it(
         assert seen == [False, False] and not gc.isenabled()
     finally:
         gc.enable()
+
+
+class GroupStates:
+    """Drives a :class:`windows.GroupStateWindow` as Spark's ``applyInPandasWithState`` does:
+    PySpark's own ``GroupState`` per call, the groups with records first, then every group
+    whose timeout is below the batch's watermark (strictly), with no records; a call's
+    timeout is reset unless it sets one."""
+
+    def __init__(self, function: windows.GroupStateWindow) -> None:
+        self.function = function
+        self.states: dict[Any, tuple[tuple[Any, ...], int]] = {}  # group: (value, timeout)
+
+    def batch(self, watermark: int, frames: dict[Any, list[Any]]) -> list[dict[str, Any]]:
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        out = []
+        timed_out = [g for g, (_, timeout) in self.states.items()
+                     if timeout != -1 and timeout < watermark and g not in frames]
+        for group, mine, expired in [*((g, f, False) for g, f in frames.items()),
+                                     *((g, [], True) for g in timed_out)]:
+            value = self.states.get(group, (None, -1))[0]
+            state = GroupState(
+                optionalValue=cast(Row, value and Row(*value)), batchProcessingTimeMs=0,
+                eventTimeWatermarkMs=watermark, timeoutConf="EventTimeTimeout",
+                hasTimedOut=expired, watermarkPresent=True, defined=value is not None,
+                updated=False, removed=False, timeoutTimestamp=-1, keyAsUnsafe=b"",
+                valueSchema=StructType([StructField("state", StringType())]))
+            out += list(self.function.visit((group,), iter(mine), state))
+            if state.exists:
+                self.states[group] = (state.get, state._timeout_timestamp)
+            else:
+                self.states.pop(group, None)
+        return [dict(zip(list(self.function.processor.row), values, strict=True))
+                for frame in out for values in zip(*frame.iloc[0], strict=True)]
+
+
+def group_state_window(nullable: list[str] = [], **kw: Any) -> windows.GroupStateWindow:  # noqa: B006
+    return windows.GroupStateWindow(
+        processor(windows.tumbling("10 s"), windows.Count(), **kw),
+        ["key", windows._TIME, windows._VALUE], nullable)
+
+
+def frame(rows: list[tuple[str, int, Any]], nullable: bool = False) -> Any:
+    import pandas as pd
+
+    values = [v for _, _, v in rows]
+    return pd.DataFrame({
+        windows._GROUP: [0] * len(rows), "key": [k for k, _, _ in rows],
+        windows._TIME: [t for _, t, _ in rows],
+        windows._VALUE: [0 if v is None else v for v in values] if nullable else values,
+        **({windows._NULLS: [int(v is None) for v in values]} if nullable else {}),
+    })
+
+
+def test_group_state_window_times_out_a_group_when_the_core_fires_its_earliest_timer() -> None:
+    run = GroupStates(group_state_window())
+    assert run.batch(0, {0: [frame([("a", 1_000, 0), ("a", 12_000, 0)])]}) == []
+    # the core's timer 9,999 fires at the first watermark at or past it: Spark calls a group
+    # whose timeout is below the watermark
+    assert run.states[0][1] == 9_998
+    assert fired(run.batch(9_998, {})) == []
+    assert fired(run.batch(9_999, {})) == [("a", 0, 1, 0, "ON_TIME", True)]
+    assert run.states[0][1] == 19_998
+    assert fired(run.batch(30_000, {})) == [("a", 10_000, 1, 0, "ON_TIME", True)]
+    assert run.states == {}  # nothing left: the group's state is removed
+
+
+def test_group_state_window_times_out_a_timer_at_the_watermark_when_it_next_rises() -> None:
+    # as test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_rises
+    run = GroupStates(group_state_window(trigger=windows.ContinuousEventTimeTrigger(3_000)))
+    assert run.batch(75_000, {0: [frame([("a", 74_999, 0)])]}) == []
+    # a timeout below the watermark is refused; at it, the group is called when it rises
+    assert run.states[0][1] == 75_000
+    assert run.batch(75_000, {0: [frame([("a", 76_000, 0), ("a", 77_000, 0)])]}) == []
+    assert fired(run.batch(76_000, {})) == [("a", 70_000, 3, 0, "EARLY", False)]
+
+
+def test_group_state_window_keeps_a_nullable_numbers_nulls_and_digits() -> None:
+    # pandas would make the column floats: 2**53 + 1 would lose its last digit, None be NaN
+    run = GroupStates(group_state_window(nullable=[windows._VALUE]))
+    big = 2**53 + 1
+    rows = run.batch(20_000, {0: [frame([("a", 1_000, big), ("a", 2_000, None)],
+                                        nullable=True)]})
+    assert [(r["key"], r["eventTime"], r["v"]) for r in rows if r["kind"] == "late"] == [
+        ("a", 1_000, big), ("a", 2_000, None)]
