@@ -1,19 +1,23 @@
 """Flink's window operator on Spark: ``flinkish.windows.window(df, key=..., assigner=...)``.
 
 The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allowed lateness,
-late output, evictors, panes) runs as one ``transformWithState`` operator in ``EventTime``
-mode, on the watermark of :func:`flinkish.with_watermark` (the valve's combined watermark).
-``transformWithState`` is the Row flavour of ``transformWithStateInPandas``, the same stateful
-operator: the pandas one's cheaper input is lost to a DataFrame per visit and back (and it
-turns an integer column with a null into floats). It is grouped by key group (a hash of the
-user's key columns, as Flink's keyed state is): each group's core state (all its keys'
-windows) lives in one value state (JSON), because every visit of a group costs round trips to
-the JVM's state server, and grouping makes them per group, not per key.
-One timer in the state store per group wakes the group when the watermark passes its
-earliest event-time timer in the core, so a key with nothing new still fires and cleans up
-(:meth:`WindowProcessor._spark_timer` says when). Records
-and firings cross between the JVM and Python packed: a row per key group and Arrow batch in,
-a row per visit out, each column an array.
+late output, evictors, panes) runs as one Spark stateful operator on the watermark of
+:func:`flinkish.with_watermark` (the valve's combined watermark), grouped by key group (a hash
+of the user's key columns, as Flink's keyed state is): each group's core state (all its keys'
+windows) is one state entry (JSON, :class:`KeyGroupCodec`), so a batch costs a visit per group,
+not per key. One timer per group wakes it when the watermark passes its earliest event-time
+timer in the core, so a key with nothing new still fires and cleans up. A visit's firings
+leave the operator as one row of arrays, turned into rows in the JVM.
+
+Two operators, whose stored states differ (a query keeps the one it started with):
+
+* ``applyInPandasWithState`` (the default, :class:`GroupStateWindow`): the group's state
+  travels with its rows, and one event-time timeout per group stands for the timer
+  (:meth:`GroupStateWindow._timeout` says when);
+* ``transformWithState`` (:class:`WindowProcessor`; every version before 0.2): the state
+  lives in the JVM's state store behind a state server that each visit calls a few times, so
+  records cross packed (a row per key group and Arrow batch, :func:`pack_key_groups`), and one
+  state-store timer per group (:meth:`WindowProcessor._spark_timer`).
 
 The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
 (window bounds, result, pane) and ``'late'`` rows are the late side output (the element's
@@ -23,7 +27,9 @@ Lateness is judged at the batch's watermark W (the combined watermark before the
 records were read, as Flink would see the records after that watermark): a record reaches the
 operator whatever its event time, because the operator receives the event time as a plain
 column, not the watermarked one, so Spark's own late-row filter (which drops rows at or below
-the previous batch's watermark, silently) does not apply. Every late record therefore comes
+the previous batch's watermark, silently) does not apply (``applyInPandasWithState``'s
+timeouts need a watermarked column in its input: it gets a null one, which that filter never
+drops). Every late record therefore comes
 out as a ``'late'`` row or re-fires its window within the allowed lateness; none is dropped.
 
 One time mode per operator: event time. Processing-time triggers on these event-time windows
@@ -179,7 +185,7 @@ def window(
     evictor: Evictor | None = None,
     event_time: str = "eventTime",
     key_groups: int = DEFAULT_KEY_GROUPS,
-    operator: str = TRANSFORM_WITH_STATE,
+    operator: str = APPLY_IN_PANDAS_WITH_STATE,
 ) -> Any:
     """Windows of ``df`` per ``key``, as Flink's ``keyBy(key).window(assigner)``
     ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
@@ -197,10 +203,12 @@ def window(
     one entry holds the windows of all its keys, so a batch costs one visit per group with
     records or timers, not one per key.
 
-    ``operator``: the Spark operator the core runs in, ``'transformWithState'`` (the default)
-    or ``'applyInPandasWithState'`` (:class:`GroupStateWindow`: the state travels with the
-    group's rows, one event-time timeout per group). Their stored states differ: a query
-    keeps the operator it was started with.
+    ``operator``: the Spark operator the core runs in, ``'applyInPandasWithState'`` (the
+    default: the state travels with the group's rows, one event-time timeout per group) or
+    ``'transformWithState'`` (every version before 0.2). Their stored states differ: a query
+    keeps the operator it was started with, and Spark refuses a checkpoint of the other one
+    (``STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA``): a query started before 0.2
+    passes ``operator='transformWithState'``.
     """
     from pyspark.sql import functions as F
 
@@ -251,15 +259,15 @@ def window(
                  (event_time, "long")]
               + ([(value, str(value_type))] if value is not None else []))
     schema = ", ".join(f"`{name}` array<{type_name}>" for name, type_name in output)
-    processor = WindowProcessor(assigner, function, trigger, lateness, evictor,
-                                keys, event_time, value)
+    codec = KeyGroupCodec(assigner, function, trigger, lateness, evictor, keys, event_time,
+                          value)
     group = F.pmod(F.xxhash64(*keys), F.lit(key_groups)).alias(_GROUP)
     columns = [group, *(F.col(k) for k in keys),
                F.unix_millis(F.col(event_time)).alias(_TIME)]
     if value is not None:
         columns.append(F.col(value).alias(_VALUE))
     if operator == APPLY_IN_PANDAS_WITH_STATE:
-        fired = _apply_in_pandas_with_state(df, columns, processor, schema, event_time)
+        fired = _apply_in_pandas_with_state(df, columns, codec, schema, event_time)
     else:
         records = df.select(*columns)
         packed_schema = ", ".join(
@@ -267,7 +275,8 @@ def window(
             + [f"`{f.name}` array<{f.dataType.simpleString()}>"
                for f in records.schema.fields[1:]])
         fired = (records.mapInArrow(pack_key_groups, packed_schema).groupBy(_GROUP)
-                 .transformWithState(statefulProcessor=processor, outputStructType=schema,
+                 .transformWithState(statefulProcessor=WindowProcessor(codec),
+                                     outputStructType=schema,
                                      outputMode="Append", timeMode="EventTime"))
     rows = fired.select(F.inline(F.arrays_zip(*(F.col(name) for name, _ in output))))
     times = {"window_start", "window_end", event_time}
@@ -335,12 +344,10 @@ def _bound(window: Any, end: bool) -> int | None:
     return window.end if end else window.start
 
 
-class WindowProcessor(StatefulProcessor):
-    """The ``StatefulProcessor`` running a :class:`WindowOperator` per key group: restores the
-    group's state (every key's windows, timers, panes), brings the core to the batch's
-    watermark and processing time, feeds the group's records (in event-time order, so a
-    replayed batch fires the same panes), stores the state and sets the group's state-store
-    timer to the core's earliest event-time timer."""
+class KeyGroupCodec:
+    """A key group's windows as both Spark operators keep them: the core's columnar snapshot
+    (every key's windows, timers, panes) as JSON in the group's state, and a visit's firings
+    and late elements as one output row whose cells are the output columns' sequences."""
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
@@ -352,6 +359,71 @@ class WindowProcessor(StatefulProcessor):
         # the late rows' columns: the element's event time, and its value when there is one
         self.extra = [event_time, *([value] if value is not None else [])]
         self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
+
+    def restore(self, text: str | None) -> WindowOperator:
+        """The group's operator from its stored JSON (None: a group without state)."""
+        operator = WindowOperator(*self.config)
+        if text is None:
+            return operator
+        snapshot = json.loads(text)
+        # JSON made the key tuples lists; a state stored before the columnar layout holds an
+        # entry per key
+        if snapshot.get("format") == COLUMNAR_FORMAT:
+            snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
+        else:
+            for entry in snapshot["keys"]:
+                entry["key"] = tuple(entry["key"])
+        operator.restore(snapshot, copy=False)
+        return operator
+
+    @staticmethod
+    def encode(operator: WindowOperator) -> str | None:
+        """The group's state to store, None when no key of it has anything left (the visit
+        owns the operator: no copies)."""
+        snapshot = operator.columnar_snapshot(copy=False)
+        if not snapshot["keys"]:
+            return None
+        # plain data built fresh, no cycles: the encoder's check for them is wasted work
+        return json.dumps(snapshot, check_circular=False)
+
+    def output(self, outputs: list[WindowOutput]) -> Any:
+        """The outputs as one Row of the operator's output columns, each a sequence (None when
+        there are none): the results, then the late elements. Tuples, but the results a list:
+        PySpark converts a nested Row (a struct result) to a dict inside a list, and leaves a
+        tuple's elements as they are."""
+        results = [r for out in outputs for r in out.results]
+        late = [e for out in outputs for e in out.late]
+        if not results and not late:
+            return None
+        windows = [r.window for r in results]
+        panes = [r.pane for r in results]
+        none = (None,) * len(late)
+        no_late = (None,) * len(results)
+        columns: list[Any] = [
+            *(tuple(r.key[i] for r in results) + tuple(e.key[i] for e in late)
+              for i in range(len(self.keys))),
+            (RESULT,) * len(results) + (LATE,) * len(late),
+            tuple(_bound(w, False) for w in windows) + none,
+            tuple(_bound(w, True) for w in windows) + none,
+            [r.result for r in results] + [None] * len(late),
+            tuple(p.index for p in panes) + none,
+            tuple(p.timing.value for p in panes) + none,
+            tuple(p.is_last for p in panes) + none,
+            no_late + tuple(e.timestamp for e in late),
+            *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
+        ]
+        return self.row(*columns)
+
+
+class WindowProcessor(StatefulProcessor):
+    """The ``transformWithState`` processor running a :class:`WindowOperator` per key group:
+    restores the group's state, brings the core to the batch's watermark and processing time,
+    feeds the group's records (in event-time order, so a replayed batch fires the same panes),
+    stores the state and sets the group's state-store timer to the core's earliest event-time
+    timer."""
+
+    def __init__(self, codec: KeyGroupCodec) -> None:
+        self.codec = codec
 
     def init(self, handle: Any) -> None:
         self.handle = handle
@@ -381,50 +453,32 @@ class WindowProcessor(StatefulProcessor):
         """One visit of a group: its state restored, brought to the batch's watermark and
         processing time, its records fed, stored again; returns the output. Everything else it
         built is garbage when it returns, before the cyclic collector runs again."""
-        operator, registered = self._restore(stored)
+        codec = self.codec
+        operator = codec.restore(None if stored is None else stored[0])
+        registered = set() if stored is None else set(stored[1])
         # Spark deletes an expired timer after the visit, and the next one this visit sets is
         # at or above the batch's watermark, so never the expired one
         if expired is not None:
             registered.discard(expired)
-        outputs = self._advance(operator, timer_values)
+        outputs = [operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
+                   operator.process_processing_time(timer_values.getCurrentProcessingTimeInMs())]
         # each row is a run of the group's records (pack_key_groups), by position as window()
         # selects them: the key group, then arrays of the keys, event times and values
-        n = len(self.keys)
+        n = len(codec.keys)
         elements: list[tuple[tuple[Any, ...], Any, int]] = []
         for row in rows:
             times = row[n + 1]
-            values = row[n + 2] if self.value is not None else [None] * len(times)
+            values = row[n + 2] if codec.value is not None else [None] * len(times)
             elements.extend(zip(zip(*row[1:n + 1], strict=True), values, times, strict=True))
         # a stable sort: records of one event time keep their order
         elements.sort(key=itemgetter(2))
         outputs.append(operator.process_elements(elements))
         self._store(operator, registered)
-        return self._rows(outputs)
+        row = codec.output(outputs)
+        return [] if row is None else [row]
 
     def close(self) -> None:
         pass
-
-    def _restore(self, stored: tuple[str, list[int]] | None) -> tuple[WindowOperator, set[int]]:
-        """The group's operator, and the Spark timers registered for it, from its stored
-        state (``get()``, None when the group has none: one call, not ``exists()`` too)."""
-        operator = WindowOperator(*self.config)
-        if stored is None:
-            return operator, set()
-        text, timers = stored
-        snapshot = json.loads(text)
-        # JSON made the key tuples lists; a state stored before the columnar layout holds an
-        # entry per key
-        if snapshot.get("format") == COLUMNAR_FORMAT:
-            snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
-        else:
-            for entry in snapshot["keys"]:
-                entry["key"] = tuple(entry["key"])
-        operator.restore(snapshot, copy=False)
-        return operator, set(timers)
-
-    def _advance(self, operator: WindowOperator, timer_values: Any) -> list[WindowOutput]:
-        return [operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
-                operator.process_processing_time(timer_values.getCurrentProcessingTimeInMs())]
 
     @staticmethod
     def _spark_timer(earliest: int, watermark: int) -> int:
@@ -451,43 +505,14 @@ class WindowProcessor(StatefulProcessor):
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:
             self.handle.registerTimer(timestamp)
-        snapshot = operator.columnar_snapshot(copy=False)
-        if snapshot["keys"]:
-            # plain data built fresh, no cycles: the encoder's check for them is wasted work
-            self.state.update((json.dumps(snapshot, check_circular=False), sorted(wanted)))
+        text = self.codec.encode(operator)
+        if text is not None:
+            self.state.update((text, sorted(wanted)))
         else:
             self.state.clear()
 
-    def _rows(self, outputs: list[WindowOutput]) -> list[Any]:
-        """The outputs as one Row of the operator's output columns, each a sequence (no Row
-        when there are none): the results, then the late elements. Tuples, but the results a
-        list: PySpark converts a nested Row (a struct result) to a dict inside a list, and
-        leaves a tuple's elements as they are."""
-        results = [r for out in outputs for r in out.results]
-        late = [e for out in outputs for e in out.late]
-        if not results and not late:
-            return []
-        windows = [r.window for r in results]
-        panes = [r.pane for r in results]
-        none = (None,) * len(late)
-        no_late = (None,) * len(results)
-        columns: list[Any] = [
-            *(tuple(r.key[i] for r in results) + tuple(e.key[i] for e in late)
-              for i in range(len(self.keys))),
-            (RESULT,) * len(results) + (LATE,) * len(late),
-            tuple(_bound(w, False) for w in windows) + none,
-            tuple(_bound(w, True) for w in windows) + none,
-            [r.result for r in results] + [None] * len(late),
-            tuple(p.index for p in panes) + none,
-            tuple(p.timing.value for p in panes) + none,
-            tuple(p.is_last for p in panes) + none,
-            no_late + tuple(e.timestamp for e in late),
-            *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
-        ]
-        return [self.row(*columns)]
 
-
-def _apply_in_pandas_with_state(df: Any, columns: list[Any], processor: WindowProcessor,
+def _apply_in_pandas_with_state(df: Any, columns: list[Any], codec: KeyGroupCodec,
                                 schema: str, event_time: str) -> Any:
     """The records (``columns``: key group, keys, event time, value) through
     ``applyInPandasWithState`` grouped by key group, with :class:`GroupStateWindow`; one row
@@ -509,7 +534,7 @@ def _apply_in_pandas_with_state(df: Any, columns: list[Any], processor: WindowPr
                              for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
     delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
     selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
-    function = GroupStateWindow(processor, [f.name for f in records.schema.fields[1:]], nullable)
+    function = GroupStateWindow(codec, [f.name for f in records.schema.fields[1:]], nullable)
     return (records.select(*selected).groupBy(_GROUP)
             .applyInPandasWithState(function.visit, schema, "state string", "append",
                                     GroupStateTimeout.EventTimeTimeout))
@@ -520,8 +545,8 @@ class GroupStateWindow:
     as :class:`WindowProcessor` does, with the group's state handed in and out with its rows
     (no state server) and one event-time timeout per group for the core's earliest timer."""
 
-    def __init__(self, processor: WindowProcessor, names: list[str], nullable: list[str]) -> None:
-        self.processor = processor
+    def __init__(self, codec: KeyGroupCodec, names: list[str], nullable: list[str]) -> None:
+        self.codec = codec
         # the record columns after the key group: keys, event time, value; the nullable
         # numbers' bits in the column of nulls
         self.names = names
@@ -535,7 +560,7 @@ class GroupStateWindow:
         if row is not None:
             # one row; each cell one of the visit's output columns, a sequence
             yield pd.DataFrame({name: [cell] for name, cell in zip(
-                self.processor.row, row, strict=True)})
+                self.codec.row, row, strict=True)})
 
     def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
         values = frame[name].tolist()
@@ -553,14 +578,14 @@ class GroupStateWindow:
         return max(earliest - 1, watermark)
 
     def _visit(self, frames: Iterator[Any], state: Any) -> Any:
-        processor = self.processor
+        codec = self.codec
         stored = state.getOption
-        operator, _ = processor._restore(None if stored is None else (stored[0], []))
+        operator = codec.restore(None if stored is None else stored[0])
         watermark = state.getCurrentWatermarkMs()
         outputs = [operator.process_watermark(watermark),
                    operator.process_processing_time(state.getCurrentProcessingTimeMs())]
         if not state.hasTimedOut:
-            n = len(processor.keys)
+            n = len(codec.keys)
             elements: list[tuple[tuple[Any, ...], Any, int]] = []
             for frame in frames:
                 # the column of nulls read only when a record has one
@@ -568,18 +593,17 @@ class GroupStateWindow:
                          else None)
                 columns = [self._column(frame, name, nulls) for name in self.names]
                 times = columns[n]
-                values = columns[n + 1] if processor.value is not None else [None] * len(times)
+                values = columns[n + 1] if codec.value is not None else [None] * len(times)
                 elements.extend(zip(zip(*columns[:n], strict=True), values, times, strict=True))
             # a stable sort: records of one event time keep their order
             elements.sort(key=itemgetter(2))
             outputs.append(operator.process_elements(elements))
         earliest = operator.earliest_event_time_timer()
-        snapshot = operator.columnar_snapshot(copy=False)
-        if snapshot["keys"]:
-            state.update((json.dumps(snapshot, check_circular=False),))
+        text = codec.encode(operator)
+        if text is not None:
+            state.update((text,))
             if earliest is not None:
                 state.setTimeoutTimestamp(self._timeout(earliest, watermark))
         else:
             state.remove()
-        rows = processor._rows(outputs)
-        return rows[0] if rows else None
+        return codec.output(outputs)

@@ -109,7 +109,7 @@ class Runner:
                 "g": [self.group(k) for k, _, _ in rows[i:i + 2]],
                 "key": [k for k, _, _ in rows[i:i + 2]],
                 "t": [t for _, t, _ in rows[i:i + 2]],
-                **({"v": [v for _, _, v in rows[i:i + 2]]} if self.processor.value else {})})
+                **({"v": [v for _, _, v in rows[i:i + 2]]} if self.processor.codec.value else {})})
             for packed in windows.pack_key_groups(iter([batch])):
                 for row in packed.to_pylist():
                     per_group.setdefault(row["g"], []).append(Row(*row.values()))
@@ -121,10 +121,16 @@ def fired(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
              r["pane_timing"], r["pane_is_last"]) for r in rows if r["kind"] == "result"]
 
 
-def processor(assigner: Any, function: Any, value: str | None = "v", **kw: Any) -> Any:
-    return windows.WindowProcessor(assigner, function, kw.get("trigger"),
-                                   kw.get("allowed_lateness", 0), kw.get("evictor"), KEYS,
-                                   "eventTime", value)
+def codec(assigner: Any, function: Any, value: str | None = "v",
+          **kw: Any) -> windows.KeyGroupCodec:
+    return windows.KeyGroupCodec(assigner, function, kw.get("trigger"),
+                                 kw.get("allowed_lateness", 0), kw.get("evictor"), KEYS,
+                                 "eventTime", value)
+
+
+def processor(assigner: Any, function: Any, value: str | None = "v",
+              **kw: Any) -> windows.WindowProcessor:
+    return windows.WindowProcessor(codec(assigner, function, value, **kw))
 
 
 def test_windows_fire_by_timer_when_the_key_has_nothing_new_and_state_is_dropped() -> None:
@@ -170,8 +176,8 @@ def test_a_state_stored_per_key_before_the_columnar_layout_restores() -> None:
 
     def state(run: Runner) -> tuple[dict[str, Any], list[int]]:
         """The group's state per key (the layout earlier versions stored) and its timers."""
-        operator, registered = run.processor._restore(run.handle.values[(0,)])
-        return operator.snapshot(), sorted(registered)
+        text, registered = run.handle.values[(0,)]
+        return run.processor.codec.restore(text).snapshot(), sorted(registered)
 
     old, _ = state(runs[1])
     runs[1].handle.values[(0,)] = (json.dumps(old), timers)
@@ -304,7 +310,8 @@ class GroupStates:
         self.function = function
         self.states: dict[Any, tuple[tuple[Any, ...], int]] = {}  # group: (value, timeout)
 
-    def batch(self, watermark: int, frames: dict[Any, list[Any]]) -> list[dict[str, Any]]:
+    def batch(self, watermark: int, frames: dict[Any, list[Any]],
+              processing_time: int = 0) -> list[dict[str, Any]]:
         from pyspark.sql.types import StringType, StructField, StructType
 
         out = []
@@ -314,7 +321,8 @@ class GroupStates:
                                      *((g, [], True) for g in timed_out)]:
             value = self.states.get(group, (None, -1))[0]
             state = GroupState(
-                optionalValue=cast(Row, value and Row(*value)), batchProcessingTimeMs=0,
+                optionalValue=cast(Row, value and Row(*value)),
+                batchProcessingTimeMs=processing_time,
                 eventTimeWatermarkMs=watermark, timeoutConf="EventTimeTimeout",
                 hasTimedOut=expired, watermarkPresent=True, defined=value is not None,
                 updated=False, removed=False, timeoutTimestamp=-1, keyAsUnsafe=b"",
@@ -324,13 +332,13 @@ class GroupStates:
                 self.states[group] = (state.get, state._timeout_timestamp)
             else:
                 self.states.pop(group, None)
-        return [dict(zip(list(self.function.processor.row), values, strict=True))
+        return [dict(zip(list(self.function.codec.row), values, strict=True))
                 for frame in out for values in zip(*frame.iloc[0], strict=True)]
 
 
 def group_state_window(nullable: list[str] = [], **kw: Any) -> windows.GroupStateWindow:  # noqa: B006
     return windows.GroupStateWindow(
-        processor(windows.tumbling("10 s"), windows.Count(), **kw),
+        codec(windows.tumbling("10 s"), windows.Count(), **kw),
         ["key", windows._TIME, windows._VALUE], nullable)
 
 
@@ -377,3 +385,56 @@ def test_group_state_window_keeps_a_nullable_numbers_nulls_and_digits() -> None:
                                         nullable=True)]})
     assert [(r["key"], r["eventTime"], r["v"]) for r in rows if r["kind"] == "late"] == [
         ("a", 1_000, big), ("a", 2_000, None)]
+
+
+#: (the window's arguments, the key group of a key, batches of (watermark, records, processing
+#: time)): the cases above, run through both operators' functions
+SCENARIOS: list[tuple[dict[str, Any], Callable[[str], Any], list[tuple[int, list[Any], int]]]] = [
+    ({"assigner": windows.tumbling("10 s"), "function": windows.Sum()}, lambda key: key,
+     [(-1, [("a", 1_000, 2), ("a", 12_000, 5), ("b", 3_000, 7)], 0),
+      (9_999, [("a", 15_000, 1)], 0), (20_000, [], 0)]),
+    ({"assigner": windows.tumbling("10 s"), "function": windows.Count(),
+      "trigger": windows.ContinuousEventTimeTrigger(3_000)}, lambda key: key,
+     [(75_000, [("a", 74_999, 0)], 0), (75_000, [("a", 76_000, 0), ("a", 77_000, 0)], 0),
+      (75_000, [("a", 78_000, 0)], 0), (76_000, [], 0), (90_000, [], 0)]),
+    ({"assigner": windows.tumbling("10 s"), "function": windows.Count(),
+      "allowed_lateness": 5_000}, lambda key: key,
+     [(-1, [("a", 1_000, 0)], 0), (9_999, [], 0), (9_999, [("a", 2_000, 0)], 0),
+      (14_999, [], 0), (14_999, [("a", 3_000, 42)], 0)]),
+    ({"assigner": windows.tumbling("10 s"), "function": windows.Max(),
+      "trigger": windows.CountTrigger(2)}, lambda key: key,
+     [(-1, [("a", 5_000, 50), ("a", 1_000, 10), ("a", 3_000, 30)], 0)]),
+    ({"assigner": windows.tumbling("10 s"), "function": windows.Sum()}, lambda key: 0,
+     [(-1, [("a", 1_000, 2), ("b", 3_000, 7), ("a", 12_000, 5)], 0), (9_999, [], 0),
+      (19_999, [("b", 25_000, 1)], 0), (29_999, [], 0)]),
+    ({"assigner": windows.tumbling("10 s"), "function": windows.Count(),
+      "trigger": windows.ContinuousProcessingTimeTrigger(1_000)}, lambda key: key,
+     [(-1, [("a", 1_000, 0)], 500), (-1, [("b", 2_000, 0)], 5_000),
+      (-1, [("a", 3_000, 0)], 6_000)]),
+    ({"assigner": windows.session("5 s"), "function": windows.Count()}, lambda key: key,
+     [(-1, [("a", 0, 0), ("a", 8_000, 0)], 0), (-1, [("a", 4_000, 0)], 0), (13_000, [], 0)]),
+]
+
+
+@pytest.mark.parametrize("window, group, batches", SCENARIOS)
+def test_both_operators_functions_fire_the_same_rows_in_the_same_batches(
+        window: dict[str, Any], group: Callable[[str], Any],
+        batches: list[tuple[int, list[Any], int]]) -> None:
+    window = {**window}
+    assigner, function = window.pop("assigner"), window.pop("function")
+    tws = Runner(processor(assigner, function, **window), group=group)
+    pandas = GroupStates(windows.GroupStateWindow(
+        codec(assigner, function, **window), ["key", windows._TIME, windows._VALUE], []))
+    seen = 0
+    for watermark, rows, processing_time in batches:
+        frames: dict[Any, list[Any]] = {}
+        for key, time, value in rows:
+            frames.setdefault(group(key), []).append((key, time, value))
+        expected = tws.batch(watermark, rows, processing_time)
+        got = pandas.batch(watermark, {g: [frame(r)] for g, r in frames.items()},
+                           processing_time)
+        assert sorted(map(repr, got)) == sorted(map(repr, expected))
+        seen += len(got)
+    assert seen  # every scenario fires something
+    # the same groups hold state on both
+    assert {group for group, in tws.handle.values} == set(pandas.states)
