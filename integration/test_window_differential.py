@@ -9,7 +9,7 @@ group's timer or judges lateness at another watermark fails here.
 
 ``FLINKISH_WINDOW_SEEDS=N`` runs N generated inputs per case (CI runs one);
 ``FLINKISH_WINDOW_OPERATORS=transformWithState,applyInPandasWithState`` runs them through each
-of ``window``'s Spark operators (CI runs the default).
+of ``window``'s Spark operators (CI runs the default). The split-batch case runs through both.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from integration.window_cases import BASE, CASES, Record, WindowCase, generate
 pytestmark = pytest.mark.integration
 
 SEEDS = int(os.environ.get("FLINKISH_WINDOW_SEEDS", "1"))
-OPERATORS = os.environ.get("FLINKISH_WINDOW_OPERATORS", windows.TRANSFORM_WITH_STATE).split(",")
+OPERATORS = os.environ.get("FLINKISH_WINDOW_OPERATORS",
+                           windows.APPLY_IN_PANDAS_WITH_STATE).split(",")
 
 Row = tuple[Any, ...]
 """(batch, kind, key, window start, window end, result, pane index, timing, last, event
@@ -41,7 +42,7 @@ time, value): a firing or a late row, and the batch it came out in."""
 
 def run_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
              records: list[Record], max_offsets: int,
-             operator: str = windows.TRANSFORM_WITH_STATE) -> tuple[list[Row], Path]:
+             operator: str) -> tuple[list[Row], Path]:
     """``records`` through the flinkish source (punctuated watermarks), ``with_watermark`` and
     ``case``'s window operator, AvailableNow; the output rows and the checkpoint."""
     produce(bootstrap, name, [
@@ -151,7 +152,8 @@ def test_spark_fires_what_the_core_fires_batch_by_batch(
     assert len(set(watermarks)) < len(watermarks)
 
 
-@pytest.mark.parametrize("operator", OPERATORS)
+@pytest.mark.parametrize("operator",
+                         [windows.APPLY_IN_PANDAS_WITH_STATE, windows.TRANSFORM_WITH_STATE])
 def test_a_watermarks_records_over_several_batches_fire_flinks_panes(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None, operator: str,
 ) -> None:

@@ -1,5 +1,6 @@
 """``flinkish.windows`` through Spark on a real broker: Flink's window operator as one
-``transformWithState`` on the combined watermark (``flinkish.with_watermark``).
+``applyInPandasWithState`` (or ``transformWithState``) on the combined watermark
+(``flinkish.with_watermark``).
 
 * a tumbling count over a lagging partition: exact counts, one ON_TIME pane per window;
 * allowed lateness, one record per micro-batch under a punctuated watermark so that W is known
@@ -7,6 +8,7 @@
   out as a late row, although Spark's own late-row filter would have dropped it;
 * early firings (``ContinuousEventTimeTrigger``): EARLY panes, then the ON_TIME one;
 * session windows merged by a record that arrives in a later batch between two sessions;
+* a checkpoint of the ``transformWithState`` operator: refused by the other, continued by it;
 * an idle partition: one falls silent and ``idleTimeout`` releases the combined watermark, so
   windows fire while the query runs, each in the batch whose watermark passed its end.
 """
@@ -152,6 +154,44 @@ def test_allowed_lateness_refires_a_late_window_and_sends_what_is_too_late_to_th
     # silently, but it reached the operator: nothing was dropped
     assert [b for b, r in out if r.kind == "late"] == [6]
     assert dropped(query) == 0
+
+
+def test_a_query_started_on_transform_with_state_restarts_on_it_and_is_told_to_otherwise(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+) -> None:
+    """A checkpoint written by ``operator='transformWithState'`` (every version before 0.2):
+    restarted with the default operator, Spark refuses it in the first batch, naming both
+    operators, before anything is read or written; restarted with the operator it started on,
+    its windows continue from the stored state."""
+    from pyspark.errors import StreamingQueryException
+
+    name = topic(1)
+    events = punctuated(spark, kafka_bootstrap, name, tmp_path / "state",
+                        [(BASE + 1_000, PLAIN), (BASE + 2_000, PLAIN)])
+
+    def counts(**operator: str) -> Any:
+        return windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                              aggregate=windows.Count(), **operator)
+
+    _, first = run(counts(operator=windows.TRANSFORM_WITH_STATE), tmp_path / "ck")
+    assert first == []  # [BASE, END) holds both records, open
+    produce(kafka_bootstrap, name, [(0, b"k", value, ts) for ts, value in
+                                    [(END + 5_000, FLAG), (END + 6_000, PLAIN),
+                                     (END + 7_000, PLAIN)]])
+    collector = Collector()
+    query = (counts().writeStream.foreachBatch(collector)
+             .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
+             .start())
+    with pytest.raises(StreamingQueryException) as refused:
+        query.awaitTermination(DEADLINE)
+    query.stop()
+    message = str(refused.value)
+    assert "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in message
+    assert "transformWithStateInPySparkExec" in message and "applyInPandasWithState" in message
+    assert collector.rows == []
+    _, rest = run(counts(operator=windows.TRANSFORM_WITH_STATE), tmp_path / "ck")
+    # the window kept the first run's two records
+    assert panes(rest) == [("k", BASE, END, 2, 0, "ON_TIME", True)]
 
 
 def test_the_sinks_upsert_mode_keeps_each_windows_latest_pane_exactly_once(
