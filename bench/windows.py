@@ -1,5 +1,5 @@
-"""Benchmark: a keyed tumbling count through ``flinkish.windows`` (Flink's window operator as one
-``transformWithState``) against Spark's own ``groupBy(window(...), key).count()``.
+"""Benchmark: a keyed tumbling count through ``flinkish.windows`` (Flink's window operator on
+Spark's stateful operators) against Spark's own ``groupBy(window(...), key).count()``.
 
 Run from the repository root: ``python bench/windows.py [--records N] [--keys K]``.
 
@@ -7,22 +7,23 @@ One topic (4 partitions, records 1 ms apart per partition with up to 1 s of jitt
 ``--records`` / 4 ms of event time) is read by both queries in one Spark session, each through
 the flinkish source and ``flinkish.with_watermark`` (bounded: ``endingOffsets``, so every
 window closes), ``maxOffsetsPerTrigger`` = ``--batch``, ``Trigger.AvailableNow``, both on the
-RocksDB state store (``transformWithState`` needs it). A record's key is one of ``--keys``
-(from its partition and offset); windows are 10 s. Each query's firings are summed per batch
-(``foreachBatch``): both must count every record. Figures: records per second of each query
-(start to end, after an untimed warm-up of both on a small topic; ``--repeat`` runs of each,
-alternating, each round starting with the query the last one ended with, medians), their ratio
+RocksDB state store. A record's key is one of ``--keys`` (from its partition and offset);
+windows are 10 s. flinkish's query is ``window()`` as a user calls it (its default operator,
+``--key-groups``). Each query's firings are summed per batch (``foreachBatch``): both must
+count every record. Figures: records per second of each query (start to end, after an
+untimed warm-up of both on a small topic; ``--repeat`` runs of each, alternating, each round
+starting with the query the last one ended with, medians), their ratio
 (``ratio_vs_spark_window``, target >= 0.8), the peak state rows of each (``numRowsTotal``:
-for Spark one row per open window and key; for flinkish one value-state row per key group with
+for Spark one row per open window and key; for flinkish one state row per key group with
 open windows), and ``worker_peak_rss_mb``: the largest peak resident set (VmHWM, the kernel's
 high-water mark) of the Python processes Spark ran during flinkish's runs (workers are reused
 from query to query, so a worker's mark includes what it ran before). The last line printed is
 JSON (``print_result``: one json object on one line), with each run's seconds and CPU seconds
 (Spark's JVM, PySpark's Python processes: steadier than wall times on a shared machine).
-``--pandas`` also runs flinkish.windows on ``applyInPandasWithState``
-(``window(operator='applyInPandasWithState')``) in the same rounds, and
-``--pandas-key-groups 32,...`` that operator at other numbers of key groups too; each adds its
-figures (``pandas_...``, ``pandas-32_...``) to the JSON line.
+``--variants transformWithState,applyInPandasWithState:32`` also runs ``window()`` on another
+operator or number of key groups in the same rounds; each adds its figures
+(``transformWithState_...``, ``applyInPandasWithState:32_...``, with its ratio to the default
+as ``..._ratio_vs_flinkish``) to the JSON line.
 """
 
 from __future__ import annotations
@@ -71,9 +72,10 @@ class Totals:
             self.records += records or 0
 
 
-#: Spark's own window count; the other queries are flinkish.windows: "flinkish" on its default
-#: operator, "pandas" (or "pandas-<key groups>") on applyInPandasWithState
+#: Spark's own window count; the other queries are flinkish.windows: "flinkish" as window()
+#: runs by default, and each --variants entry, "<operator>" or "<operator>:<key groups>"
 SPARK = "spark"
+FLINKISH = "flinkish"
 
 
 def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
@@ -97,12 +99,14 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
         (F.pmod(F.col("offset"), args.keys // PARTITIONS) * PARTITIONS + F.col("partition"))
         .alias("k"), "eventTime")
     if query != SPARK:
-        pandas = query.startswith("pandas")
-        key_groups = (int(query.split("-")[1]) if "-" in query else args.key_groups)
+        variant: dict[str, Any] = {"key_groups": args.key_groups}
+        if query != FLINKISH:
+            operator, _, key_groups = query.partition(":")
+            variant.update(operator=operator, **({"key_groups": int(key_groups)}
+                                                 if key_groups else {}))
         counts = windows.window(
             keyed, key="k", assigner=windows.tumbling("10 seconds"), aggregate=windows.Count(),
-            key_groups=key_groups,
-            operator=windows.APPLY_IN_PANDAS_WITH_STATE if pandas else windows.TRANSFORM_WITH_STATE)
+            **variant)
         totals = Totals("result", "result")
     else:
         counts = keyed.groupBy(F.window("eventTime", "10 seconds"), "k").count()
@@ -133,10 +137,9 @@ def main() -> None:
                         default=windows.DEFAULT_KEY_GROUPS, help="window(key_groups=...)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each query, alternating; figures are medians")
-    parser.add_argument("--pandas", action="store_true",
-                        help="also run flinkish.windows on applyInPandasWithState")
-    parser.add_argument("--pandas-key-groups", dest="pandas_key_groups", default="",
-                        help="with --pandas, also run it at these key groups (comma-separated)")
+    parser.add_argument("--variants", default="", help=(
+        "also run flinkish.windows as these (comma-separated 'operator' or "
+        "'operator:key_groups', e.g. transformWithState,applyInPandasWithState:32)"))
     args = parser.parse_args()
     if args.keys % PARTITIONS:
         parser.error(f"--keys must be a multiple of {PARTITIONS}")
@@ -149,9 +152,8 @@ def main() -> None:
         import flinkish
 
         flinkish.register(spark)
-        pandas = (["pandas", *(f"pandas-{n}" for n in args.pandas_key_groups.split(",") if n)]
-                  if args.pandas else [])
-        queries = ["flinkish", *pandas, SPARK]
+        variants = [v for v in args.variants.split(",") if v]
+        queries = [FLINKISH, *variants, SPARK]
         for query in reversed(queries):
             _run(spark, env, "windows-warmup", f"warmup-{query}", args, query)
         runs: dict[str, list[dict[str, float]]] = {query: [] for query in queries}
@@ -165,8 +167,8 @@ def main() -> None:
         raise SystemExit(f"a query lost records: counted {lost} of {args.records:,}")
     rps = {query: median([args.records / r["seconds"] for r in kind])
            for query, kind in runs.items()}
-    flinkish_rps, spark_rps = rps["flinkish"], rps[SPARK]
-    others = {f"{name}_{figure}": value for name in pandas for figure, value in {
+    flinkish_rps, spark_rps = rps[FLINKISH], rps[SPARK]
+    others = {f"{name}_{figure}": value for name in variants for figure, value in {
         "windows_rps": round(rps[name]),
         "ratio_vs_spark_window": round(rps[name] / spark_rps, 3),
         "ratio_vs_flinkish": round(rps[name] / flinkish_rps, 3),
@@ -182,17 +184,17 @@ def main() -> None:
         "max_offsets_per_trigger": args.batch,
         "key_groups": args.key_groups,
         "repeat": args.repeat,
-        "windows_fired": runs["flinkish"][0]["windows"],
+        "windows_fired": runs[FLINKISH][0]["windows"],
         "flinkish_windows_rps": round(flinkish_rps),
         "spark_window_rps": round(spark_rps),
         "ratio_vs_spark_window": round(flinkish_rps / spark_rps, 3),
         "ratio_target": 0.8,
-        "peak_state_rows_flinkish": max(r["peak_state_rows"] for r in runs["flinkish"]),
+        "peak_state_rows_flinkish": max(r["peak_state_rows"] for r in runs[FLINKISH]),
         "peak_state_rows_spark": max(r["peak_state_rows"] for r in runs[SPARK]),
-        "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs["flinkish"]),
-        "flinkish_seconds": [round(r["seconds"], 1) for r in runs["flinkish"]],
+        "worker_peak_rss_mb": max(r["peak_rss_mb"] for r in runs[FLINKISH]),
+        "flinkish_seconds": [round(r["seconds"], 1) for r in runs[FLINKISH]],
         "spark_seconds": [round(r["seconds"], 1) for r in runs[SPARK]],
-        "flinkish_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs["flinkish"]],
+        "flinkish_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[FLINKISH]],
         "spark_cpu_jvm_python": [[r["jvm_cpu"], r["python_cpu"]] for r in runs[SPARK]],
         **others,
     })
