@@ -87,7 +87,15 @@ def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
         writer = df.writeStream.foreachBatch(
             ValveForEachBatch(EpochLog(job["path"]), job["checkpoint"]))
     else:
-        if job["kind"] == "windowed":
+        if job["kind"] == "windowed" and job.get("windows") == "flinkish":
+            from flinkish import windows
+
+            fired = windows.window(flinkish.with_watermark(df), key="partition",
+                                   assigner=windows.tumbling("10 seconds"),
+                                   aggregate=windows.Count())
+            df = fired.select("window_start", "window_end", "partition",
+                              F.col("result").alias("count"))
+        elif job["kind"] == "windowed":
             counts = flinkish.with_watermark(df).groupBy(
                 F.window("eventTime", "10 seconds"), "partition").count()
             df = counts.select(F.col("window.start").alias("window_start"),

@@ -101,7 +101,8 @@ def test_stop_and_restart_on_connect_is_exactly_once(
     connect_server: tuple[Child, int], kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path
 ) -> None:
     """Each query is stopped once its batch 1 committed, started again from its checkpoint
-    and run to the end: every record and every window exactly once.
+    and run to the end: every record and every window exactly once. The windows are
+    ``flinkish.windows``' (its default operator, its state restored by the restart).
 
     A third commits to a consumer group and triggers hourly: Spark does not call its reader
     again after batch 0 before it is stopped, so the group holds batch 0's end only through
@@ -111,7 +112,7 @@ def test_stop_and_restart_on_connect_is_exactly_once(
     made = [_job(tmp_path, "records-pg", "records", "postgres", topic, kafka_bootstrap,
                  postgres_dsn, stop_after=1),
             _job(tmp_path, "windowed-pq", "windowed", "parquet", topic, kafka_bootstrap,
-                 postgres_dsn, stop_after=1),
+                 postgres_dsn, stop_after=1, windows="flinkish"),
             _job(tmp_path, "grouped-pq", "records", "parquet", topic, kafka_bootstrap,
                  postgres_dsn, stop_after=0, interval="1 hour", group=f"watch-{topic}")]
     _, _, results = run_client(connect_server, tmp_path, [job for job, _ in made])
