@@ -8,21 +8,21 @@ One topic (4 partitions, records 1 ms apart per partition with up to 1 s of jitt
 the flinkish source and ``flinkish.with_watermark`` (bounded: ``endingOffsets``, so every
 window closes), ``maxOffsetsPerTrigger`` = ``--batch``, ``Trigger.AvailableNow``, both on the
 RocksDB state store. A record's key is one of ``--keys`` (from its partition and offset);
-windows are 10 s. flinkish's query is ``window()`` as a user calls it (its default operator,
-``--key-groups``). Each query's firings are summed per batch (``foreachBatch``): both must
-count every record. Figures: records per second of each query (start to end, after an
+windows are 10 s. flinkish's query is ``window()`` as a user calls it (its default operator and
+key groups, or ``--key-groups``). Each query's firings are summed per batch (``foreachBatch``):
+both must count every record. Figures: records per second of each query (start to end, after an
 untimed warm-up of both on a small topic; ``--repeat`` runs of each, alternating, each round
 starting with the query the last one ended with, medians), their ratio
-(``ratio_vs_spark_window``, target >= 0.8), the peak state rows of each (``numRowsTotal``:
-for Spark one row per open window and key; for flinkish one state row per key group with
-open windows), and ``worker_peak_rss_mb``: the largest peak resident set (VmHWM, the kernel's
+(``ratio_vs_spark_window``, target >= 0.8), the peak state rows of each (``numRowsTotal``: for
+Spark one row per open window and key; for flinkish one state row per key group with open
+windows), and ``worker_peak_rss_mb``: the largest peak resident set (VmHWM, the kernel's
 high-water mark) of the Python processes Spark ran during flinkish's runs (workers are reused
 from query to query, so a worker's mark includes what it ran before). The last line printed is
 JSON (``print_result``: one json object on one line), with each run's seconds and CPU seconds
 (Spark's JVM, PySpark's Python processes: steadier than wall times on a shared machine).
-``--variants transformWithState,applyInPandasWithState:32`` also runs ``window()`` on another
+``--variants transformWithState,applyInPandasWithState:128`` also runs ``window()`` on another
 operator or number of key groups in the same rounds; each adds its figures
-(``transformWithState_...``, ``applyInPandasWithState:32_...``, with its ratio to the default
+(``transformWithState_...``, ``applyInPandasWithState:128_...``, with its ratio to the default
 as ``..._ratio_vs_flinkish``) to the JSON line.
 """
 
@@ -99,11 +99,14 @@ def _run(spark: Any, env: Any, topic: str, name: str, args: argparse.Namespace,
         (F.pmod(F.col("offset"), args.keys // PARTITIONS) * PARTITIONS + F.col("partition"))
         .alias("k"), "eventTime")
     if query != SPARK:
-        variant: dict[str, Any] = {"key_groups": args.key_groups}
-        if query != FLINKISH:
+        variant: dict[str, Any] = {}
+        if query == FLINKISH and args.key_groups is not None:
+            variant["key_groups"] = args.key_groups
+        elif query != FLINKISH:
             operator, _, key_groups = query.partition(":")
-            variant.update(operator=operator, **({"key_groups": int(key_groups)}
-                                                 if key_groups else {}))
+            variant["operator"] = operator
+            if key_groups:
+                variant["key_groups"] = int(key_groups)
         counts = windows.window(
             keyed, key="k", assigner=windows.tumbling("10 seconds"), aggregate=windows.Count(),
             **variant)
@@ -134,12 +137,12 @@ def main() -> None:
     parser.add_argument("--keys", type=int, default=10_000)
     parser.add_argument("--batch", type=int, default=50_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--key-groups", dest="key_groups", type=int,
-                        default=windows.DEFAULT_KEY_GROUPS, help="window(key_groups=...)")
+                        help="window(key_groups=...) (default: the operator's)")
     parser.add_argument("--repeat", type=int, default=3,
                         help="runs of each query, alternating; figures are medians")
     parser.add_argument("--variants", default="", help=(
         "also run flinkish.windows as these (comma-separated 'operator' or "
-        "'operator:key_groups', e.g. transformWithState,applyInPandasWithState:32)"))
+        "'operator:key_groups', e.g. transformWithState,applyInPandasWithState:128)"))
     args = parser.parse_args()
     if args.keys % PARTITIONS:
         parser.error(f"--keys must be a multiple of {PARTITIONS}")
@@ -182,7 +185,8 @@ def main() -> None:
         "records": args.records,
         "keys": args.keys,
         "max_offsets_per_trigger": args.batch,
-        "key_groups": args.key_groups,
+        "key_groups": args.key_groups or windows.DEFAULT_KEY_GROUPS[
+            windows.APPLY_IN_PANDAS_WITH_STATE],
         "repeat": args.repeat,
         "windows_fired": runs[FLINKISH][0]["windows"],
         "flinkish_windows_rps": round(flinkish_rps),

@@ -103,12 +103,15 @@ _VALUE = "__flinkish_value"
 _GROUP = "__flinkish_key_group"
 _JSON_TYPES = frozenset(
     {"tinyint", "smallint", "int", "bigint", "float", "double", "string", "boolean"})
-#: Key groups per operator, as Flink's default maximum parallelism. A visit of a group costs a
-#: few round trips to the state server plus the Python of its keys' state: at 10,000 keys
-#: (bench/windows.py) 1,024 groups spent most of the time in round trips, 32 to 128 did not.
-DEFAULT_KEY_GROUPS = 128
 TRANSFORM_WITH_STATE = "transformWithState"
 APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
+#: Key groups by operator when window() is not given them. A visit of a group has a fixed cost
+#: (applyInPandasWithState: ~2 ms of PySpark's pandas work; transformWithState: a few round
+#: trips to the state server) plus the Python of all its keys' state, and the number caps the
+#: operator's parallelism. At 10,000 keys (bench/windows.py) 32 groups made
+#: applyInPandasWithState 1.24x faster than 128, and 1,024 groups spent transformWithState's
+#: time in round trips; transformWithState keeps 128, which every query started on it used.
+DEFAULT_KEY_GROUPS = {APPLY_IN_PANDAS_WITH_STATE: 32, TRANSFORM_WITH_STATE: 128}
 #: applyInPandasWithState's event-time timeouts need a watermarked column in the operator's
 #: input, and Spark drops every input row whose watermarked column is at or below the
 #: previous batch's watermark: this column carries the watermark's metadata and is null, which
@@ -119,6 +122,8 @@ _MARK = "__flinkish_watermark_mark"
 #: 0 for null, and one column for all of them, bit i set when the i-th one is null
 _NULLS = "__flinkish_nulls"
 _NUMBERS = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double"})
+#: the key-group count in a group's stored state (states stored before it have none)
+_KEY_GROUPS = "key_groups"
 
 
 
@@ -184,7 +189,7 @@ def window(
     allowed_lateness: str | int = 0,
     evictor: Evictor | None = None,
     event_time: str = "eventTime",
-    key_groups: int = DEFAULT_KEY_GROUPS,
+    key_groups: int | None = None,
     operator: str = APPLY_IN_PANDAS_WITH_STATE,
 ) -> Any:
     """Windows of ``df`` per ``key``, as Flink's ``keyBy(key).window(assigner)``
@@ -201,7 +206,9 @@ def window(
 
     ``key_groups``: how many state entries the keys are hashed into (Flink's key groups);
     one entry holds the windows of all its keys, so a batch costs one visit per group with
-    records or timers, not one per key.
+    records or timers, not one per key. It caps the operator's parallelism, and it is part of
+    the stored state: a query keeps it (the default is the operator's,
+    :data:`DEFAULT_KEY_GROUPS`).
 
     ``operator``: the Spark operator the core runs in, ``'applyInPandasWithState'`` (the
     default: the state travels with the group's rows, one event-time timeout per group) or
@@ -237,12 +244,14 @@ def window(
             raise OptionError(
                 f"window: column {name!r} is {type_name}; key and value columns must be "
                 f"numbers, strings or booleans ({', '.join(sorted(_JSON_TYPES))}): cast it")
-    if key_groups < 1:
-        raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
-    if operator not in (TRANSFORM_WITH_STATE, APPLY_IN_PANDAS_WITH_STATE):
+    if operator not in DEFAULT_KEY_GROUPS:
         raise OptionError(
             f"window: operator must be {TRANSFORM_WITH_STATE!r} or "
             f"{APPLY_IN_PANDAS_WITH_STATE!r}, got {operator!r}")
+    if key_groups is None:
+        key_groups = DEFAULT_KEY_GROUPS[operator]
+    if key_groups < 1:
+        raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
     lateness = ms(allowed_lateness)
     # built now so a wrong combination (a trigger that cannot merge, a negative lateness)
     # fails here, not in the first batch
@@ -260,7 +269,7 @@ def window(
               + ([(value, str(value_type))] if value is not None else []))
     schema = ", ".join(f"`{name}` array<{type_name}>" for name, type_name in output)
     codec = KeyGroupCodec(assigner, function, trigger, lateness, evictor, keys, event_time,
-                          value)
+                          value, key_groups)
     group = F.pmod(F.xxhash64(*keys), F.lit(key_groups)).alias(_GROUP)
     columns = [group, *(F.col(k) for k in keys),
                F.unix_millis(F.col(event_time)).alias(_TIME)]
@@ -351,11 +360,11 @@ class KeyGroupCodec:
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
-                 event_time: str, value: str | None) -> None:
+                 event_time: str, value: str | None, key_groups: int) -> None:
         from pyspark.sql import Row
 
         self.config = (assigner, function, trigger, allowed_lateness, evictor)
-        self.keys, self.value = keys, value
+        self.keys, self.value, self.key_groups = keys, value, key_groups
         # the late rows' columns: the element's event time, and its value when there is one
         self.extra = [event_time, *([value] if value is not None else [])]
         self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
@@ -366,6 +375,14 @@ class KeyGroupCodec:
         if text is None:
             return operator
         snapshot = json.loads(text)
+        # a key's group is its hash modulo the number of groups: with another number its
+        # windows are in another group's state, and this group's keys no longer come here
+        stored = snapshot.pop(_KEY_GROUPS, self.key_groups)
+        if stored != self.key_groups:
+            raise OptionError(
+                f"window: this query's state was written with key_groups={stored}, and it "
+                f"now runs with key_groups={self.key_groups}: pass key_groups={stored} (the "
+                "number of key groups is part of a query's state)")
         # JSON made the key tuples lists; a state stored before the columnar layout holds an
         # entry per key
         if snapshot.get("format") == COLUMNAR_FORMAT:
@@ -376,13 +393,13 @@ class KeyGroupCodec:
         operator.restore(snapshot, copy=False)
         return operator
 
-    @staticmethod
-    def encode(operator: WindowOperator) -> str | None:
+    def encode(self, operator: WindowOperator) -> str | None:
         """The group's state to store, None when no key of it has anything left (the visit
         owns the operator: no copies)."""
         snapshot = operator.columnar_snapshot(copy=False)
         if not snapshot["keys"]:
             return None
+        snapshot[_KEY_GROUPS] = self.key_groups
         # plain data built fresh, no cycles: the encoder's check for them is wasted work
         return json.dumps(snapshot, check_circular=False)
 

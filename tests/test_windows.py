@@ -125,7 +125,7 @@ def codec(assigner: Any, function: Any, value: str | None = "v",
           **kw: Any) -> windows.KeyGroupCodec:
     return windows.KeyGroupCodec(assigner, function, kw.get("trigger"),
                                  kw.get("allowed_lateness", 0), kw.get("evictor"), KEYS,
-                                 "eventTime", value)
+                                 "eventTime", value, kw.get("key_groups", 32))
 
 
 def processor(assigner: Any, function: Any, value: str | None = "v",
@@ -185,6 +185,23 @@ def test_a_state_stored_per_key_before_the_columnar_layout_restores() -> None:
         assert runs[1].batch(*batch) == runs[0].batch(*batch) != []
         assert state(runs[1]) == state(runs[0])
         assert json.loads(runs[1].handle.values[(0,)][0])["format"] == windows.COLUMNAR_FORMAT
+
+
+def test_a_state_stored_with_other_key_groups_is_refused_with_the_fix() -> None:
+    """A key's group is its hash modulo the number of groups: restarted with another number, a
+    query would look for its keys' windows in other groups. A state stored before the number
+    was kept in it restores."""
+    run = Runner(processor(windows.tumbling("10 s"), windows.Sum(), key_groups=32))
+    run.batch(-1, [("a", 1_000, 2)])
+    text, _ = run.handle.values[("a",)]
+    assert json.loads(text)["key_groups"] == 32
+    with pytest.raises(OptionError, match=r"written with key_groups=32.*pass key_groups=32"):
+        codec(windows.tumbling("10 s"), windows.Sum(), key_groups=128).restore(text)
+    old = json.loads(text)
+    del old["key_groups"]
+    restored = codec(windows.tumbling("10 s"), windows.Sum(), key_groups=128).restore(
+        json.dumps(old))
+    assert restored.earliest_event_time_timer() == 9_999
 
 
 def test_a_timer_a_record_sets_at_the_watermark_fires_when_the_watermark_next_rises() -> None:
