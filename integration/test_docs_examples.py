@@ -20,7 +20,14 @@ import pytest
 
 from flinkish.demo.embedded_kafka import EXTERNAL_ENV, create_topic
 from flinkish.demo.embedded_postgres import DSN_ENV
-from integration.doc_examples import ROOT, RUNNABLE, Block, blocks, runnable_pages
+from integration.doc_examples import (
+    ILLUSTRATIONS,
+    ROOT,
+    RUNNABLE,
+    Block,
+    blocks,
+    runnable_pages,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -85,7 +92,8 @@ def test_the_pages_examples_run_and_print_what_the_page_shows(
                 assert _CHECKER.check_output(block.code, printed, _FLAGS), (
                     f"{block.where}: the example printed\n{printed}\nthe page shows\n"
                     f"{block.code}")
-            assert block.marker is not None or block.language in RUNNABLE
+            # a picture or a record (ILLUSTRATIONS) is shown as is
+            assert block.marker is not None or block.language in RUNNABLE + ILLUSTRATIONS
     finally:
         for query in spark.streams.active:
             if query.id not in before:  # an example's query that did not end by itself
