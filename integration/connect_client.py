@@ -41,8 +41,11 @@ TIMEOUT_S = 300.0
 #: (``PythonWorkerFactory.createSimpleWorker``): the foreachBatch runner Connect starts with a
 #: query, the source's runner. Queries started together on 2 busy cores can overrun it before
 #: their first batch; such a query is started again from its checkpoint, up to this many times
-#: (as ``sink_query.py --retry-transient`` does).
+#: (as ``sink_query.py --retry-transient`` does), after a pause that grows with each retry: the
+#: queries started with it are busy starting too, and an immediate retry meets the same load
+#: (a CI run saw a query's four starts in a row miss the 10 s).
 WORKER_RETRIES = 3
+RETRY_PAUSE_S = 5.0
 
 
 class EpochLog:
@@ -147,9 +150,11 @@ class _Retries:
         if self.used >= WORKER_RETRIES or not worker_start_timed_out(failure):
             return False
         self.used += 1
+        pause = RETRY_PAUSE_S * self.used
         print(f"query {self.job['name']}: a Python process did not connect back in time; "
-              f"starting it again from its checkpoint ({self.used}/{WORKER_RETRIES})",
-              file=sys.stderr, flush=True)
+              f"starting it again from its checkpoint in {pause:.0f} s "
+              f"({self.used}/{WORKER_RETRIES})", file=sys.stderr, flush=True)
+        time.sleep(pause)
         return True
 
     def start(self, spark: Any, available_now: bool) -> Any:
