@@ -58,9 +58,9 @@ def worker_probe(
 ) -> Callable[[], tuple[str, str | None, list[FileStamp]]]:
     """A function that imports ``modules`` where it runs and returns that interpreter, the
     first failure (``None`` if all import) and the files the imports came from (the modules'
-    own and ``pyspark``'s). Built here, not defined at module level, so that cloudpickle ships
-    it by value: a worker without flinkish could not unpickle a function of a flinkish
-    module."""
+    own and ``pyspark``'s; for a module imported from a zip archive, the archive). Built here,
+    not defined at module level, so that cloudpickle ships it by value: a worker without
+    flinkish could not unpickle a function of a flinkish module."""
 
     def probe() -> tuple[str, str | None, list[FileStamp]]:
         import importlib
@@ -73,9 +73,17 @@ def worker_probe(
                 path = importlib.import_module(module).__file__
             except Exception as exc:  # any failure to import is the answer, reported as is
                 return worker_sys.executable, f"{module}: {type(exc).__name__}: {exc}", []
-            if path:
-                stat = worker_os.stat(path)
+            # a module imported from an archive (Spark puts pyspark.zip on its workers' path)
+            # has its path inside it: the archive is the file that changes
+            while path:
+                try:
+                    stat = worker_os.stat(path)
+                except (NotADirectoryError, FileNotFoundError):
+                    parent = worker_os.path.dirname(path)
+                    path = parent if parent != path else None
+                    continue
                 found.append((path, stat.st_mtime_ns, stat.st_size))
+                break
         return worker_sys.executable, None, found
 
     return probe

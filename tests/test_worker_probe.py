@@ -28,6 +28,22 @@ def test_the_probe_imports_what_read_and_write_tasks_need() -> None:
     assert all(os.stat(p).st_size == size for p, _, size in files)
 
 
+def test_a_module_imported_from_a_zip_is_stamped_by_the_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As pyspark is in a worker that Spark started with pyspark.zip on its path."""
+    import zipfile
+
+    archive = tmp_path / "zipped.zip"
+    with zipfile.ZipFile(archive, "w") as zipped:
+        zipped.writestr("flinkish_zipped_probe/__init__.py", "x = 1\n")
+    monkeypatch.syspath_prepend(str(archive))
+    monkeypatch.delitem(sys.modules, "flinkish_zipped_probe", raising=False)
+    python, error, files = worker_probe(("flinkish_zipped_probe",))()
+    assert error is None
+    assert files[0] == (str(archive), archive.stat().st_mtime_ns, archive.stat().st_size)
+
+
 class FakeContext:
     master = "local[2]"
     pythonExec = sys.executable
