@@ -11,6 +11,8 @@ session; on a Spark Connect session it runs in a Python process of the server.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import threading
 import weakref
@@ -40,11 +42,35 @@ class CompletedEpochListener(StreamingQueryListener):
         pass
 
 
+#: How long the driver's exit waits for Spark to deliver the events already posted (ms).
+DRAIN_MS = 10_000
+
+
 def listen(spark: Any) -> None:
     """Add the listener to a classic ``spark`` session, unless it has it already (a Connect
     session adds it once, in ``flinkish.connect.register_connect``)."""
     with _lock:
         if spark in _listening:
             return
-        spark.streams.addListener(CompletedEpochListener())
+        listener = CompletedEpochListener()
+        spark.streams.addListener(listener)
         _listening.add(spark)
+        atexit.register(_drain, weakref.ref(spark), listener)
+
+
+def _drain(session: weakref.ref[Any], listener: CompletedEpochListener) -> None:
+    """At the driver's exit: let Spark deliver the events posted and not yet delivered (a
+    query's last progress reaches listeners on Spark's listener thread, possibly after
+    ``awaitTermination`` has returned to a script that then exits), then remove the listener.
+    Without it the last epoch's notice is lost, and the JVM, which stops after this process,
+    logs each event it can no longer deliver as an error of the listener."""
+    spark = session()
+    if spark is None or spark.sparkContext._jsc is None:  # gone or stopped: nothing to deliver
+        return
+    context = spark.sparkContext._jsc
+    # at exit, best effort: what does not arrive in time stays undelivered, and a session
+    # stopping on its own may refuse the removal
+    with contextlib.suppress(Exception):
+        context.sc().listenerBus().waitUntilEmpty(DRAIN_MS)
+    with contextlib.suppress(Exception):
+        spark.streams.removeListener(listener)

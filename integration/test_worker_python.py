@@ -1,7 +1,7 @@
 """``flinkish.register`` fails at once, naming the module, the interpreter and the fix, when
 Spark's Python workers cannot import what flinkish's tasks need (a script run with a
 virtualenv's interpreter while the workers start another one, with or without flinkish on its
-path)."""
+path); with the fix, a plain script registers, runs a query to its end and exits cleanly."""
 
 from __future__ import annotations
 
@@ -10,8 +10,11 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from integration.kafka_helpers import produce
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +69,57 @@ def test_register_names_the_worker_interpreter_that_cannot_import_flinkish(
     assert "pyarrow: ModuleNotFoundError: No module named 'pyarrow'" in result.stdout
     assert "PYSPARK_PYTHON" in result.stdout
     # (with workers that have everything it registers: every other integration test does)
+
+
+ENDING = textwrap.dedent("""
+    import sys
+    from pyspark.sql import SparkSession
+    import flinkish
+
+    bootstrap, topic, group, work = sys.argv[1:5]
+    spark = (SparkSession.builder.master("local[2]").appName("ends-without-stop")
+             .config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    flinkish.register(spark)
+    query = (spark.readStream.format("flinkish").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic).option("startingOffsets", "earliest")
+             .option("maxOffsetsPerTrigger", "100").option("kafka.group.id", group)
+             .option("checkpointing.location", work + "/state").load()
+             .writeStream.format("noop").option("checkpointLocation", work + "/ck")
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    print("ENDED", query.lastProgress["batchId"])
+""")
+
+
+def test_a_plain_script_that_exits_after_its_query_ends_leaves_the_group_at_the_end(
+    tmp_path: Path, kafka_bootstrap: str, topic: Any
+) -> None:
+    """A user's script as the error above tells them to run it: a plain SparkSession (its
+    workers import pyspark from Spark's pyspark.zip, which the check's probe must stamp), no
+    ``spark.stop()``. Spark delivers a query's last progress to the listener ``register``
+    added on its own thread, possibly after ``awaitTermination`` returned: the driver's exit
+    lets it arrive, so the group holds the query's end and the JVM logs no listener error."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    name = topic(3)
+    produce(kafka_bootstrap, name, [(p, b"k", b"{}", 1_700_000_000_000 + i)
+                                    for i in range(100) for p in range(3)])
+    script = tmp_path / "ends.py"
+    script.write_text(ENDING)
+    group = f"ends-{name}"
+    env = dict(os.environ, PYSPARK_PYTHON=sys.executable)
+    result = subprocess.run([sys.executable, str(script), kafka_bootstrap, name, group,
+                             str(tmp_path)], cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "ENDED" in result.stdout
+    assert "threw an exception" not in result.stderr, result.stderr[-3000:]
+    consumer = Consumer({"bootstrap.servers": kafka_bootstrap, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        committed = consumer.committed([TopicPartition(name, p) for p in range(3)], timeout=30)
+    finally:
+        consumer.close()
+    assert {tp.partition: tp.offset for tp in committed} == {0: 100, 1: 100, 2: 100}
