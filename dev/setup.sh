@@ -22,7 +22,7 @@ case "$extra" in test|docs) ;; *) extra=demo ;; esac
 # Bytecode for the project's modules, as pip writes it when it installs a wheel: an editable
 # install has none, and where PYTHONDONTWRITEBYTECODE is set every Python process Spark starts
 # (one per streaming query on the driver, the workers) would compile them again.
-.venv/bin/python -m compileall -q flinkish flinkish_core flinkish_source flinkish_sink \
+.venv/bin/python -m compileall -q flinkish flinkish_core flinkish_kafka flinkish_source flinkish_sink \
   checkpointing pyspark_flinkish.py >/dev/null
 need_apt=()
 command -v java >/dev/null 2>&1 || need_apt+=(openjdk-17-jre-headless)

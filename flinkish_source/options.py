@@ -22,7 +22,7 @@ from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
 from flinkish_core.secrets import redact_config, secret_values
 from flinkish_core.watermark import DEFAULT_HORIZON_MS
-from flinkish_source.java_security import (
+from flinkish_kafka.java_security import (
     NO_SECURITY,
     ClientSecurity,
     check_client_security,
@@ -218,7 +218,7 @@ class SourceOptions:
     def client_config(self) -> dict[str, Any]:
         """The settings of a librdkafka client of this query: ``kafka_config`` with the key
         stores' PEM files and the MSK IAM token callback (see
-        :func:`flinkish_source.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
+        :func:`flinkish_kafka.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
         return {**CLIENT_DEFAULTS, **client_config(self.kafka_config, self.client_security)}
 
 

@@ -18,8 +18,8 @@ import pytest
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("flinkish", "flinkish/demo", "flinkish_core", "checkpointing", "flinkish_source",
-            "flinkish_sink")
+PACKAGES = ("flinkish", "flinkish/demo", "flinkish_core", "checkpointing", "flinkish_kafka",
+            "flinkish_source", "flinkish_sink")
 
 
 def _run(*args: str, cwd: Path = ROOT) -> str:

@@ -23,7 +23,7 @@ import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from flinkish_source.java_security import client_config, translate
+from flinkish_kafka.java_security import client_config, translate
 from integration.connect_session import FAKE_AWS_ENV, Child, run_client
 from integration.kafka_helpers import Collector, produce, run_available_now, source, start
 from integration.sasl_server import Login, msk_iam_principal, token_check

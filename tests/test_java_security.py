@@ -22,8 +22,8 @@ from pki import KEY_PW, KEYTOOL, STORE_PW, Pki
 
 from flinkish_core.errors import OptionError, WorkerEnvironmentError
 from flinkish_core.secrets import MASK, scrub
-from flinkish_source import msk_iam
-from flinkish_source.java_security import MskIam, translate
+from flinkish_kafka import msk_iam
+from flinkish_kafka.java_security import MskIam, translate
 from flinkish_source.options import CLIENT_DEFAULTS, SourceOptions, parse_options
 
 SECRET = "Sup3r-s3cret-passw0rd"

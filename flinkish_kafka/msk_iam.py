@@ -15,7 +15,7 @@ import functools
 from collections.abc import Callable
 
 from flinkish_core.errors import WorkerEnvironmentError
-from flinkish_source.java_security import MskIam
+from flinkish_kafka.java_security import MskIam
 
 __all__ = ["token_callback"]
 

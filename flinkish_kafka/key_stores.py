@@ -26,7 +26,7 @@ from typing import Any
 from flinkish_core.errors import OptionError
 from flinkish_core.process_files import process_directory
 from flinkish_core.secrets import fingerprint
-from flinkish_source.java_security import StoreSpec
+from flinkish_kafka.java_security import StoreSpec
 
 __all__ = ["StoreContent", "StoreFiles", "read_store", "store_files"]
 

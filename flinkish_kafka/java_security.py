@@ -99,7 +99,7 @@ _JAVA_ONLY = {
 @dataclass(frozen=True)
 class StoreSpec:
     """A Java key store or trust store, as the options name it (converted per process by
-    :mod:`flinkish_source.key_stores`)."""
+    :mod:`flinkish_kafka.key_stores`)."""
 
     kind: str  # "truststore" or "keystore"
     store_type: str | None  # JKS, PKCS12, PEM; None: told by the file's content
@@ -157,7 +157,7 @@ def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
     if not security.active:
         return config
     if security.truststore is not None or security.keystore is not None:
-        from flinkish_source.key_stores import store_files
+        from flinkish_kafka.key_stores import store_files
 
         if security.truststore is not None:
             config["ssl.ca.location"] = store_files(security.truststore).ca
@@ -166,7 +166,7 @@ def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
             config["ssl.certificate.location"] = files.certificate
             config["ssl.key.location"] = files.key
     if security.msk_iam is not None:
-        from flinkish_source.msk_iam import token_callback
+        from flinkish_kafka.msk_iam import token_callback
 
         config["oauth_cb"] = token_callback(security.msk_iam)
     return config
@@ -177,13 +177,13 @@ def check_client_security(security: ClientSecurity) -> None:
     a missing library fails there; no file is written (the process that plans may not be the
     one that builds clients)."""
     if security.truststore is not None or security.keystore is not None:
-        from flinkish_source.key_stores import read_store
+        from flinkish_kafka.key_stores import read_store
 
         for store in (security.truststore, security.keystore):
             if store is not None:
                 read_store(store)
     if security.msk_iam is not None:
-        from flinkish_source.msk_iam import token_callback
+        from flinkish_kafka.msk_iam import token_callback
 
         token_callback(security.msk_iam)
 
