@@ -65,11 +65,27 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from flinkish_core.config import Option, size_bytes, whole_number
 from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
-from flinkish_sink.options import DEFAULT_TARGET_FILE_SIZE
+from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
 from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.targets import TargetFactory
 
 logger = logging.getLogger(__name__)
+
+#: The size Parquet compaction merges files up to (Spark's Delta ``OPTIMIZE`` aims at 1 GB,
+#: Iceberg at 512 MB; a stream's files are read as they come, so smaller).
+DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
+COMPACT_EVERY = Option(
+    "parquet.compactEvery", whole_number(0, "a whole number of epochs (0: never compact)"), 0,
+    doc="After every that many epochs, merge the query's small committed files into files of "
+        "up to `parquet.targetFileSize` (`0`: never, the default: a reader listing the "
+        "directory sees a compaction's rows twice for a moment); see [compaction]"
+        "(../guides/exactly-once.md#fewer-larger-parquet-files).")
+TARGET_FILE_SIZE = Option(
+    "parquet.targetFileSize", size_bytes, DEFAULT_TARGET_FILE_SIZE, shown_default="`128 MB`",
+    doc="The size compaction merges files up to: bytes, or a number with `KB`, `MB`, `GB` "
+        "(powers of 1024).")
 
 STAGING_DIR = "_flinkish_staging"
 EPOCHS_DIR = "_flinkish_epochs"
@@ -540,3 +556,23 @@ def _local_os_path(filesystem: pafs.FileSystem, path: str) -> str | None:
     if isinstance(filesystem, pafs.SubTreeFileSystem):
         return _local_os_path(filesystem.base_fs, filesystem.base_path.rstrip("/") + "/" + path)
     return None
+
+
+def _create(options: TargetOptions, late: bool) -> ParquetTarget:
+    path = options[LATE_PATH] if late else options[PATH]
+    assert path is not None
+    return ParquetTarget(path, compact_every=options[COMPACT_EVERY],
+                         target_file_size=options[TARGET_FILE_SIZE])
+
+
+FACTORY = TargetFactory(
+    name="parquet",
+    doc="Parquet files in a directory, committed by renaming them into place.",
+    options=(PATH, COMPACT_EVERY, TARGET_FILE_SIZE, LATE_PATH),
+    required={PATH: "a directory or URI"},
+    side_output=LATE_PATH,
+    check=lambda options: distinct(options, PATH, "place"),
+    create=_create,
+    cli_option="path",
+    title="Parquet",
+)

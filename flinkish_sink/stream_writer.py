@@ -47,7 +47,14 @@ from flinkish_core.markers import (
 )
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, is_window_output
-from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
+from flinkish_sink import targets
+from flinkish_sink.options import (
+    UPSERT_KEY,
+    DeliveryGuarantee,
+    LateData,
+    SinkOptions,
+    parse_sink_options,
+)
 from flinkish_sink.outages import RetriedTransaction, RetryPolicy
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
@@ -147,37 +154,7 @@ class SinkCommitMessage(WriterCommitMessage):
 
 def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
     """The configured target (or, with ``late``, the late-data side output)."""
-    if options.target == "postgres":
-        from flinkish_sink.postgres_target import PostgresTarget
-
-        assert options.dsn is not None and options.table is not None
-        table = options.late_table if late else options.table
-        assert table is not None
-        return PostgresTarget(
-            options.dsn, table, epochs_table=options.epochs_table,
-            two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
-            upsert_key=() if late else options.upsert_key,  # late rows append
-        )
-    if options.target == "iceberg":
-        from flinkish_sink.iceberg_target import IcebergTarget
-
-        table = options.late_table if late else options.table
-        assert table is not None
-        return IcebergTarget(dict(options.catalog), table, partition_by=options.partition_by,
-                             app_id=options.app_id)
-    path = options.late_path if late else options.path
-    assert path is not None
-    if options.target == "delta":
-        from flinkish_sink.delta_target import DeltaTarget
-
-        return DeltaTarget(path, partition_by=options.partition_by, app_id=options.app_id,
-                           upsert_key=() if late else options.upsert_key,
-                           compact_every=options.compact_every,
-                           vacuum_retention_hours=options.vacuum_retention_hours)
-    from flinkish_sink.parquet_target import ParquetTarget
-
-    return ParquetTarget(path, compact_every=options.parquet_compact_every,
-                         target_file_size=options.target_file_size)
+    return targets.factory(options.target).create(options.target_options, late)
 
 
 def store_location(options: SinkOptions) -> str:
@@ -223,11 +200,11 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     f"option eventTimeColumn: column {self._event_time!r} is {kind}, not a "
                     "timestamp; late data is judged on the source's eventTime column"
                 )
-        if (self._window_output and self._options.upsert_key
-                and self._options.late_data is LateData.KEEP):
+        upsert_key = self._options[UPSERT_KEY]
+        if self._window_output and upsert_key and self._options.late_data is LateData.KEEP:
             raise OptionError(
                 f"option upsertKey: flinkish.windows' late rows have no window, so they "
-                f"cannot be upserted on {','.join(self._options.upsert_key)}; set "
+                f"cannot be upserted on {','.join(upsert_key)}; set "
                 "lateData=side (with lateData.table) to append them to a table of their own, "
                 "or lateData=drop to count and drop them, or write windows.split()'s results "
                 "alone"

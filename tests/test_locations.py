@@ -9,7 +9,7 @@ import pytest
 
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
-from flinkish_sink.options import parse_sink_options
+from flinkish_sink.options import PATH, parse_sink_options
 
 CLUSTER = "local-cluster[2,1,1024]"
 
@@ -44,7 +44,7 @@ def test_sink_refuses_a_local_parquet_path_on_a_cluster(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(MASTER_ENV, CLUSTER)
-    assert parse_sink_options(_parquet()).path == "s3://bucket/out"
+    assert parse_sink_options(_parquet())[PATH] == "s3://bucket/out"
     with pytest.raises(OptionError, match="option path: '/out' is on the local filesystem"):
         parse_sink_options(_parquet(path="/out"))
     with pytest.raises(OptionError, match="option lateData.path: '/late' is on the local"):
@@ -55,4 +55,4 @@ def test_sink_refuses_a_local_parquet_path_on_a_cluster(
 
 def test_sink_takes_local_paths_on_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MASTER_ENV, "local[2]")
-    assert parse_sink_options(_parquet(path="/out")).path == "/out"
+    assert parse_sink_options(_parquet(path="/out"))[PATH] == "/out"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flinkish_core.errors import OptionError
-from flinkish_sink.options import parse_sink_options
+from flinkish_sink import delta_target
+from flinkish_sink.options import PARTITION_BY, UPSERT_KEY, parse_sink_options
 
 BASE = {"target": "parquet", "path": "/tmp/out", "checkpointLocation": "/tmp/ck"}
 
@@ -39,8 +40,8 @@ def test_upsert_key_is_a_comma_separated_list_for_postgres_only() -> None:
     postgres = {"target": "postgres", "dsn": "host=x", "table": "t",
                 "checkpointLocation": "/tmp/ck"}
     options = parse_sink_options({**postgres, "upsertkey": " k, window_start "})
-    assert options.upsert_key == ("k", "window_start")
-    assert parse_sink_options(postgres).upsert_key == ()
+    assert options[UPSERT_KEY] == ("k", "window_start")
+    assert parse_sink_options(postgres)[UPSERT_KEY] == ()
     for bad in ({**postgres, "upsertKey": " , "}, {**BASE, "upsertKey": "k"}):
         with pytest.raises(OptionError, match="option upsertKey: the key columns"):
             parse_sink_options(bad)
@@ -50,14 +51,14 @@ def test_delta_options() -> None:
     delta = {"target": "delta", "path": "/tmp/t", "checkpointLocation": "/tmp/ck"}
     options = parse_sink_options({**delta, "partitionby": "k, day", "delta.appid": "app"})
     assert options.target == "delta"
-    assert options.partition_by == ("k", "day") and options.app_id == "app"
-    assert parse_sink_options(delta).app_id is None  # the query's id
-    assert parse_sink_options({**delta, "upsertKey": "k,w_start"}).upsert_key == ("k", "w_start")
-    assert parse_sink_options(delta).compact_every == 50
-    assert parse_sink_options(delta).vacuum_retention_hours is None
+    assert options[PARTITION_BY] == ("k", "day") and options[delta_target.APP_ID] == "app"
+    assert parse_sink_options(delta)[delta_target.APP_ID] is None  # the query's id
+    assert parse_sink_options({**delta, "upsertKey": "k,w_start"})[UPSERT_KEY] == ("k", "w_start")
+    assert parse_sink_options(delta)[delta_target.COMPACT_EVERY] == 50
+    assert parse_sink_options(delta)[delta_target.VACUUM_RETENTION] is None
     tuned = parse_sink_options({**delta, "delta.compactevery": "0",
                                 "delta.vacuumretention": "90 min"})
-    assert (tuned.compact_every, tuned.vacuum_retention_hours) == (0, 2)
+    assert (tuned[delta_target.COMPACT_EVERY], tuned[delta_target.VACUUM_RETENTION]) == (0, 2)
     for bad, message in (
         ({**delta, "path": ""}, "option path is required with target delta"),
         ({**BASE, "partitionBy": "k"}, "option partitionBy applies to targets delta and iceberg"),
