@@ -488,6 +488,16 @@ def _sasl_exchange(mechanism: str, config: Mapping[str, Any], timeout_s: float) 
                       "SCRAM-SHA-256, SCRAM-SHA-512 and OAUTHBEARER")
 
 
+def _api_ranges(reader: Reader) -> dict[int, tuple[int, int]]:
+    """ApiVersions' ``ApiKeys``: api key -> (min, max version)."""
+    versions = {}
+    for _ in range(reader.array_length()):
+        api, low, high = reader.int16(), reader.int16(), reader.int16()
+        reader.tags()
+        versions[api] = (low, high)
+    return versions
+
+
 # --- the connection -------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -613,8 +623,11 @@ class BrokerConnection:
         return b"".join(chunks)
 
     def _negotiate(self) -> None:
-        """ApiVersions at our highest version; a broker that does not speak it answers in v0
-        with ``UNSUPPORTED_VERSION`` and its own range (KIP-511), and is asked again at that."""
+        """ApiVersions at our highest version; a broker that does not speak it answers
+        ``UNSUPPORTED_VERSION`` in v0's layout with its own range (KIP-511), and is asked again
+        at that. An answer that cannot be read so (librdkafka's mock cluster answers in the
+        flexible layout, its array miscounted) means asking again at v0, which every broker
+        speaks."""
         version = SPOKEN[API_VERSIONS][1]
         while True:
             body = Writer(self.flexible(API_VERSIONS, version))
@@ -622,20 +635,18 @@ class BrokerConnection:
                 body.string("flinkish").string("1").tags()
             reader = self.call(API_VERSIONS, version, body.getvalue())
             error = reader.int16()
-            if error == UNSUPPORTED_VERSION:
-                reader.flexible = False  # the answer is v0's
-            versions = {}
-            for _ in range(reader.array_length()):
-                api, low, high = reader.int16(), reader.int16(), reader.int16()
-                reader.tags()
-                versions[api] = (low, high)
             if error == UNSUPPORTED_VERSION and version > 0:
-                version = min(versions.get(API_VERSIONS, (0, 0))[1], version - 1)
+                reader.flexible = False
+                try:
+                    highest = _api_ranges(reader).get(API_VERSIONS, (0, 0))[1]
+                except ValueError:
+                    highest = 0
+                version = max(0, min(highest, version - 1))
                 continue
             if error:
                 raise UnsupportedVersionError(self._say(
                     f"ApiVersions answered {error_name(error)} ({error})"))
-            self.broker_versions = versions
+            self.broker_versions = _api_ranges(reader)
             return
 
     def _authenticate(self, config: Mapping[str, Any]) -> None:
