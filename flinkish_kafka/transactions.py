@@ -27,7 +27,26 @@ The rules of Kafka's ``TransactionCoordinator.handleEndTransaction`` (core's
   ``init_transactions()``), which aborts the open transaction first. Both raise
   :class:`TransactionFencedError`: the records are lost to the committed view;
 * an unknown transactional id (never used, or expired after ``transactional.id.expiration.ms``)
-  or another producer id answers ``INVALID_PRODUCER_ID_MAPPING``.
+  or another producer id answers ``INVALID_PRODUCER_ID_MAPPING``;
+* a retried COMMIT succeeds only while the transactional id has begun nothing newer: once its
+  producer (or a new one with the same id and epoch) has started another transaction, a late
+  retry with the same epoch would end that one. The sink commits each committable before the
+  id is used again, as Flink's does.
+
+These are transaction version 1's rules (EndTxn up to v4), the version librdkafka's producers
+speak; Kafka 4's coordinator keeps them for such clients (``handleEndTxnRequest`` takes EndTxn
+v5 alone for version 2, which bumps the epoch at every end).
+
+How a write task must leave its producer (measured with confluent-kafka 2.16 / librdkafka 2.16,
+``integration/test_kafka_transactions.py``): a producer that is destroyed with its transaction
+open (its object collected, or its process exiting, normally or by ``os._exit``) leaves the
+transaction open for the driver to commit; ``Producer.close()`` aborts it (an ABORT marker is
+written). The coordinator still aborts it at ``transaction.timeout.ms`` if the driver is late.
+
+The embedded broker (Tansu 0.6) differs from Kafka where an EndTxn is refused: it closes the
+connection instead of answering an error code, so there a fenced commit is retried until the
+timeout and raises :class:`TransactionTimeoutError`; it also answers success to an ABORT after
+a COMMIT (Kafka: ``INVALID_TXN_STATE``).
 """
 
 from __future__ import annotations

@@ -83,6 +83,10 @@ class FakeCoordinator:
     find_answers: list[int | str] = field(default_factory=list)  # queued; then 0
     end_answers: list[int | str] = field(default_factory=list)  # queued; then 0
     requests: list[Request] = field(default_factory=list)
+    #: how an ApiVersions above our range is refused: "kip-511" (v0's layout, as Kafka), or
+    #: "mock" (librdkafka's mock cluster: the request's flexible layout, the array counted
+    #: without KIP-482's +1)
+    refusal: str = "kip-511"
 
     def __post_init__(self) -> None:
         self.ports: dict[int, int] = {}
@@ -148,6 +152,9 @@ class FakeCoordinator:
         if api == API_VERSIONS:
             self.requests.append(Request(node, api, version, {}))
             low, high = self.versions[API_VERSIONS]
+            if version > high and self.refusal == "mock":
+                return struct.pack(">h", 35) + b"\x01" + struct.pack(">hhh", API_VERSIONS, low,
+                                                                      high) + b"\x00" * 6
             if version > high:  # KIP-511: v0's layout, the error and our range
                 return struct.pack(">hi", 35, 1) + struct.pack(">hhh", API_VERSIONS, low, high)
             items = b"".join(struct.pack(">hhh", key, lo, hi) + tags

@@ -156,14 +156,16 @@ def test_committable_json_round_trip() -> None:
 
 # --- negotiation ----------------------------------------------------------------------------
 
-def test_api_versions_falls_back_to_the_brokers_version() -> None:
+@pytest.mark.parametrize(("refusal", "asked"), [("kip-511", [3, 2]), ("mock", [3, 0])])
+def test_api_versions_falls_back_to_the_brokers_version(refusal: str, asked: list[int]) -> None:
     """A broker that speaks ApiVersions up to v2 answers our v3 in v0's layout with
-    UNSUPPORTED_VERSION and its range (KIP-511); we ask again at v2."""
+    UNSUPPORTED_VERSION and its range (KIP-511): we ask again at v2. librdkafka's mock cluster
+    answers in a layout that cannot be read: we ask again at v0."""
     with FakeCoordinator(versions={API_VERSIONS: (0, 2), FIND_COORDINATOR: (0, 2),
-                                   END_TXN: (0, 1)}) as broker:
+                                   END_TXN: (0, 1)}, refusal=refusal) as broker:
         connection = BrokerConnection("127.0.0.1", broker.ports[1], {}, 5)
         connection.close()
-        assert [r.version for r in broker.of(API_VERSIONS)] == [3, 2]
+        assert [r.version for r in broker.of(API_VERSIONS)] == asked
         assert connection.broker_versions[END_TXN] == (0, 1)
 
 
