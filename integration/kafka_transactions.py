@@ -28,7 +28,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from flinkish_kafka.transactions import KafkaCommittable
-from flinkish_source.kafka.protocol import BrokerConnection, FetchWant
+from flinkish_source.kafka.protocol import BrokerConnection, FetchWant, _control_type, _varint
 
 _BATCH = struct.Struct(">qiibIhiqqqhii")  # the 61-byte record batch header (magic 2)
 _TRANSACTIONAL, _CONTROL = 0x10, 0x20
@@ -69,17 +69,6 @@ class Record:
     value: bytes
     producer_id: int
     fate: str  # "committed" (or not transactional), "aborted", "open"
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return (value >> 1) ^ -(value & 1), pos  # zigzag
-        shift += 7
 
 
 def _records(batch: bytes, count: int) -> list[tuple[int, bytes | None, bytes]]:
@@ -135,8 +124,7 @@ def partition_view(bootstrap: str, topic: str, partition: int = 0) -> list[Recor
     for base, attributes, producer, batch in batches:
         count = _BATCH.unpack_from(batch)[-1]
         if attributes & _CONTROL:
-            key = _records(batch, 1)[0][1] or b""  # version, type (0 abort, 1 commit)
-            fate = "committed" if struct.unpack(">hh", key)[1] == 1 else "aborted"
+            fate = "committed" if _control_type(batch[_BATCH.size:]) == 1 else "aborted"
             out += [Record(r.offset, r.value, r.producer_id, fate)
                     for r in open_records.pop(producer, [])]
             continue

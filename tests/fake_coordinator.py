@@ -3,7 +3,9 @@
 Brokers (one thread per connection) answer ApiVersions with the ranges a test sets, and
 FindCoordinator and EndTxn with the answers a test queues: an error code, or :data:`DROP` to
 close the connection instead of answering. Every request is recorded with its decoded fields.
-Encodings are written out here from Kafka's message definitions, independently of the client's.
+Responses are written out here from Kafka's message definitions, independently of the
+client's encoder; requests are read with the client's :class:`~flinkish_kafka.connection.Reader`
+(the requests' bytes are checked against the definitions in the tests' encoding cases).
 """
 
 from __future__ import annotations
@@ -16,19 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flinkish.demo.ports import server_socket
+from flinkish_kafka.connection import Reader
+from tests.kafka_server import _recv
+from tests.kafka_server import _uvarint as uvarint
 
 API_VERSIONS, FIND_COORDINATOR, END_TXN = 18, 10, 26
 FLEXIBLE_FROM = {API_VERSIONS: 3, FIND_COORDINATOR: 3, END_TXN: 3}
 DROP = "drop"
-
-
-def uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def string(text: str | None, flexible: bool) -> bytes:
@@ -44,32 +40,6 @@ class Request:
     api: int
     version: int
     fields: dict[str, Any]
-
-
-class _Body:
-    def __init__(self, data: bytes, pos: int, flexible: bool) -> None:
-        self.data, self.pos, self.flexible = data, pos, flexible
-
-    def fixed(self, fmt: str) -> Any:
-        value = struct.unpack_from(fmt, self.data, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def uvarint(self) -> int:
-        value = shift = 0
-        while True:
-            byte = self.data[self.pos]
-            self.pos += 1
-            value |= (byte & 0x7F) << shift
-            if not byte & 0x80:
-                return value
-            shift += 7
-
-    def string(self) -> str:
-        length = self.uvarint() - 1 if self.flexible else self.fixed(">h")
-        text = self.data[self.pos:self.pos + length].decode()
-        self.pos += length
-        return text
 
 
 @dataclass
@@ -134,9 +104,8 @@ class FakeCoordinator:
                 (client_length,) = struct.unpack_from(">h", frame, 8)
                 pos = 10 + max(client_length, 0)
                 flexible = version >= FLEXIBLE_FROM[api]
-                body = _Body(frame, pos, flexible)
-                if flexible:
-                    body.uvarint()  # request header v2's tagged fields
+                body = Reader(frame[pos:], flexible)
+                body.tags()  # request header v2's
                 with self._lock:
                     answer = self._answer(node, api, version, body)
                 if answer is None:
@@ -146,7 +115,7 @@ class FakeCoordinator:
                     header += uvarint(0)
                 conn.sendall(struct.pack(">i", len(header) + len(answer)) + header + answer)
 
-    def _answer(self, node: int, api: int, version: int, body: _Body) -> bytes | None:
+    def _answer(self, node: int, api: int, version: int, body: Reader) -> bytes | None:
         flexible = body.flexible
         tags = uvarint(0) if flexible else b""
         if api == API_VERSIONS:
@@ -168,12 +137,11 @@ class FakeCoordinator:
         host, port = "127.0.0.1", self.ports[self.coordinator]
         if api == FIND_COORDINATOR:
             if version < 4:
-                keys = [body.string()]
-                fields: dict[str, Any] = {"key_type": body.fixed(">b"), "keys": keys}
+                keys = [body.string() or ""]
+                fields: dict[str, Any] = {"key_type": body.int8(), "keys": keys}
             else:
-                fields = {"key_type": body.fixed(">b")}
-                count = body.uvarint() - 1
-                fields["keys"] = keys = [body.string() for _ in range(count)]
+                fields = {"key_type": body.int8()}
+                fields["keys"] = keys = [body.string() or "" for _ in range(body.array_length())]
             self.requests.append(Request(node, api, version, fields))
             error = self.find_answers.pop(0) if self.find_answers else 0
             if error == DROP:
@@ -190,8 +158,8 @@ class FakeCoordinator:
                     + tags
             return out + tags
         assert api == END_TXN
-        fields = {"transactional_id": body.string(), "producer_id": body.fixed(">q"),
-                  "producer_epoch": body.fixed(">h"), "committed": body.fixed(">b") == 1,
+        fields = {"transactional_id": body.string(), "producer_id": body.int64(),
+                  "producer_epoch": body.int16(), "committed": body.int8() == 1,
                   "node": node}
         self.requests.append(Request(node, api, version, fields))
         error = self.end_answers.pop(0) if self.end_answers else 0
@@ -206,16 +174,3 @@ def _recv_frame(conn: socket.socket) -> bytes | None:
     if head is None:
         return None
     return _recv(conn, struct.unpack(">i", head)[0])
-
-
-def _recv(conn: socket.socket, n: int) -> bytes | None:
-    data = b""
-    while len(data) < n:
-        try:
-            chunk = conn.recv(n - len(data))
-        except OSError:
-            return None
-        if not chunk:
-            return None
-        data += chunk
-    return data
