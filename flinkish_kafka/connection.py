@@ -44,7 +44,8 @@ from flinkish_core.errors import OptionError
 from flinkish_core.secrets import scrub, secret_values
 
 __all__ = ["API_VERSIONS", "AuthenticationError", "BrokerConnection", "BrokerUnavailable",
-           "Reader", "UnsupportedVersionError", "Writer", "broker_addresses", "error_name"]
+           "Reader", "Security", "UnsupportedVersionError", "Writer", "broker_addresses",
+           "error_name"]
 
 API_VERSIONS = 18
 SASL_HANDSHAKE = 17

@@ -106,6 +106,14 @@ class KafkaCommittable:
     producer_id: int
     producer_epoch: int
 
+    def __post_init__(self) -> None:
+        if not self.transactional_id or self.producer_id < 0 \
+                or not 0 <= self.producer_epoch <= 32767:
+            raise ValueError(
+                f"not an open transaction's ids: {self!r} (a transactional id, a producer id "
+                f">= 0 and an epoch 0..32767, as librdkafka's statistics show them under eos "
+                f"once init_transactions() has returned)")
+
     def to_json(self) -> dict[str, Any]:
         return {"transactional_id": self.transactional_id, "producer_id": self.producer_id,
                 "producer_epoch": self.producer_epoch}
@@ -346,7 +354,9 @@ class TransactionClient:
         connection = self._connections.get(address)
         if connection is None:
             connection = BrokerConnection(address[0], address[1], self._config,
-                                          _remaining(deadline), speaks=SPEAKS)
+                                          _remaining(deadline), speaks=SPEAKS,
+                                          client_id=str(self._config.get("client.id",
+                                                                         "flinkish")))
             self._connections[address] = connection
         return connection
 

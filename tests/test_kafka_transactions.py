@@ -154,6 +154,13 @@ def test_committable_json_round_trip() -> None:
     assert KafkaCommittable.from_json(json.loads(json.dumps(TXN.to_json()))) == TXN
 
 
+@pytest.mark.parametrize(("txn_id", "pid", "epoch"), [("", 1, 0), ("t", -1, 0), ("t", 1, -1),
+                                                       ("t", 1, 32768)])
+def test_committable_refuses_ids_no_transaction_has(txn_id: str, pid: int, epoch: int) -> None:
+    with pytest.raises(ValueError, match="init_transactions"):
+        KafkaCommittable(txn_id, pid, epoch)
+
+
 # --- negotiation ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("refusal", "asked"), [("kip-511", [3, 2]), ("mock", [3, 0])])
