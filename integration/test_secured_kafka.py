@@ -335,11 +335,13 @@ def java_option_sets(pki: Certificates, token_url: str) -> OptionSets:
                 f" clientSecret='{CLIENT_SECRET}' scope='kafka'"
                 " extension_logicalCluster='lkc-flinkish';",
             **pem_trust}),
-        # AWS MSK with IAM through OAUTHBEARER (the signer's token)
+        # AWS MSK with IAM through OAUTHBEARER (the signer's token), as AWS documents it
         "msk-iam": (SASL_SSL, {
             "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "OAUTHBEARER",
             "kafka.sasl.jaas.config": f"{OAUTH_MODULE} required;",
             "kafka.sasl.login.callback.handler.class":
+                "software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler",
+            "kafka.sasl.client.callback.handler.class":
                 "software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler",
             **pki.jks_trust}),
         # the same with MSK's own mechanism name, which librdkafka lacks
