@@ -365,6 +365,29 @@ JAVA_LOGINS = {
 MSK_SETS = ("msk-iam", "msk-iam-aws-msk-iam")
 
 
+@pytest.mark.parametrize("name", ["mutual-tls-jks", "scram-sha-512", "event-hubs"])
+def test_java_stores_reach_librdkafka_in_memory(
+    secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint, topic: Any,
+    name: str
+) -> None:
+    """JKS and PKCS#12 stores, translated, as librdkafka's ``ssl.*.pem`` settings: the broker's
+    CA is trusted and the client's certificate chain and key are presented (mutual TLS logs in
+    as the certificate's subject)."""
+    security, options = java_option_sets(pki, token_endpoint.url)[name]
+    kafka = {k[len("kafka."):]: v for k, v in options.items()}
+    kafka["bootstrap.servers"] = secured.bootstrap(security)
+    config = client_config(*translate(kafka))
+    assert not any(k.endswith(".location") for k in config)
+    listed = topic(1)
+    before = len(secured.logins)
+    consumer = Consumer({**config, "group.id": "in-memory"})
+    try:
+        assert list(consumer.list_topics(listed, timeout=30).topics[listed].partitions) == [0]
+    finally:
+        consumer.close()
+    assert {(x.mechanism, x.principal) for x in secured.logins[before:]} == {JAVA_LOGINS[name]}
+
+
 @pytest.mark.parametrize("name", MSK_SETS)
 def test_msk_iam_token_is_exchanged_through_oauthbearer(
     secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint, topic: Any,
