@@ -53,9 +53,9 @@ def _handed_to_spark(func: Callable[[Any, int], None]) -> str:
 def _spark_decides(texts: list[str]) -> list[str]:
     """'match', 'no match' or 'overflow' per text: java.util.regex on a 1 MB thread stack."""
     assert _JAVA is not None
-    lines = "".join("".join(f"{ord(c):04x}" for c in t) + "\n" for t in texts)
-    done = subprocess.run([_JAVA, str(_HARNESS)], input=lines, capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run([_JAVA, str(_HARNESS)], input="".join(t + "\0" for t in texts)[:-1],
+                          capture_output=True, text=True, encoding="utf-8", timeout=120,
+                          check=True)
     return done.stdout.splitlines()
 
 

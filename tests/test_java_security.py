@@ -455,17 +455,22 @@ def test_a_jks_truststore_without_a_password_is_read_as_java_reads_it(pki: Pki) 
 
 # --- AWS MSK IAM ----------------------------------------------------------------------------
 
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Static credentials from the environment: the signer reads them without any call."""
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS setting, file or instance metadata where botocore looks."""
     for name in list(os.environ):
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFLINKISHTEST0001")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flinkish/test/secret/key/0000000000000000")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Static credentials from the environment: the signer reads them without any call."""
+    no_aws_credentials(monkeypatch)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFLINKISHTEST0001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flinkish/test/secret/key/0000000000000000")
 
 
 def test_aws_msk_iam_mechanism_becomes_oauthbearer_with_the_region_of_the_host() -> None:
@@ -522,15 +527,6 @@ def test_msk_iam_handlers_that_do_not_go_together_fail_at_load(
         given["sasl.jaas.config"] = f"{IAM_MODULE} required;"
     with pytest.raises(OptionError, match=says):
         parse(**given)
-
-
-def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in list(os.environ):
-        if name.startswith("AWS_"):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 @pytest.mark.parametrize(("jaas_options", "env", "says"), [
