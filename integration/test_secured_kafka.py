@@ -365,15 +365,25 @@ JAVA_LOGINS = {
 MSK_SETS = ("msk-iam", "msk-iam-aws-msk-iam")
 
 
-@pytest.mark.parametrize("name", ["mutual-tls-jks", "scram-sha-512", "event-hubs"])
+@pytest.mark.parametrize("name", ["mutual-tls-jks", "scram-sha-512", "event-hubs",
+                                  "two-cas"])
 def test_java_stores_reach_librdkafka_in_memory(
     secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint, topic: Any,
-    name: str
+    tmp_path: Path, name: str
 ) -> None:
     """JKS and PKCS#12 stores, translated, as librdkafka's ``ssl.*.pem`` settings: the broker's
-    CA is trusted and the client's certificate chain and key are presented (mutual TLS logs in
-    as the certificate's subject)."""
-    security, options = java_option_sets(pki, token_endpoint.url)[name]
+    CA is trusted (also when it is the second certificate of a trust store, as while a CA is
+    rotated) and the client's certificate chain and key are presented (mutual TLS logs in as
+    the certificate's subject)."""
+    sets = java_option_sets(pki, token_endpoint.url)
+    # another CA's name: librdkafka (OpenSSL's lookup by subject) tries only the first
+    # certificate of a name, from a file as from memory
+    other = Pki(tmp_path, ca_name="flinkish other CA")
+    two_cas = tmp_path / "two-cas.pem"
+    two_cas.write_bytes(Path(other.ca_pem).read_bytes() + Path(pki.ca_pem).read_bytes())
+    sets["two-cas"] = (SASL_SSL, {**sets["confluent-cloud"][1],
+                                  "kafka.ssl.truststore.location": str(two_cas)})
+    security, options = sets[name]
     kafka = {k[len("kafka."):]: v for k, v in options.items()}
     kafka["bootstrap.servers"] = secured.bootstrap(security)
     config = client_config(*translate(kafka))
@@ -385,7 +395,8 @@ def test_java_stores_reach_librdkafka_in_memory(
         assert list(consumer.list_topics(listed, timeout=30).topics[listed].partitions) == [0]
     finally:
         consumer.close()
-    assert {(x.mechanism, x.principal) for x in secured.logins[before:]} == {JAVA_LOGINS[name]}
+    login = JAVA_LOGINS["confluent-cloud" if name == "two-cas" else name]
+    assert {(x.mechanism, x.principal) for x in secured.logins[before:]} == {login}
 
 
 @pytest.mark.parametrize("name", MSK_SETS)

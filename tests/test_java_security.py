@@ -268,7 +268,7 @@ def test_a_trust_store_of_several_certificates_is_taken_whole(pki: Pki, tmp_path
     """librdkafka reads every certificate of ``ssl.ca.pem`` (since 2.0), as a trust store of
     a rotating CA (old and new) needs."""
     (tmp_path / "other").mkdir()
-    other = Pki(tmp_path / "other")
+    other = Pki(tmp_path / "other", ca_name="flinkish other CA")
     path = tmp_path / "two-cas.pem"
     path.write_bytes(Path(other.ca_pem).read_bytes() + Path(pki.ca_pem).read_bytes())
     config = parse(**{"ssl.truststore.type": "PEM",
