@@ -170,9 +170,9 @@ TABLE = Option(
         "identity partitioning are checked. PostgreSQL: `table` or `schema.table`. Created "
         "from the stream's schema if missing; otherwise its columns are checked. A Spark time "
         "window (`window`, `session_window`: `struct<start, end>` of timestamps) becomes two "
-        "`timestamptz` columns `<name>_start` and `<name>_end`; a table an older flinkish "
-        "created with a jsonb `<name>` column keeps receiving jsonb. Other structs, arrays "
-        "and maps are stored as `jsonb`.")
+        "`timestamptz` columns `<name>_start` and `<name>_end` (a table flinkish 0.1 "
+        "created with a jsonb `<name>` column is refused with the statements that move it). "
+        "Other structs, arrays and maps are stored as `jsonb`.")
 UPSERT_KEY_USAGE = "the key columns, comma-separated (e.g. 'k,window_start')"
 UPSERT_KEY: Option[tuple[str, ...]] = Option(
     "upsertKey", checked(names, _upsert_key), (),

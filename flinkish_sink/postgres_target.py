@@ -146,23 +146,6 @@ def postgres_types(schema: pa.Schema) -> list[ColumnType]:
     return [postgres_type(field.type, field.name) for field in schema]
 
 
-def kept_windows(conn: Connection, table: sql.Identifier, schema: pa.Schema) -> frozenset[str]:
-    """The window columns of ``schema`` that the existing ``table`` holds as one jsonb column
-    (created by a version before windows were split) and lacks ``<name>_start`` for: they
-    keep being written as jsonb. Empty when the stream has no window (no query then)."""
-    windows = [f.name for f in schema if is_window(f.type)]
-    if not windows:
-        return frozenset()
-    names = [*windows, *(f"{w}_start" for w in windows)]
-    found: dict[str, str] = dict(conn.execute(
-        "SELECT a.attname, t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid "
-        "WHERE a.attrelid = to_regclass(%s) AND a.attnum > 0 AND NOT a.attisdropped "
-        "AND a.attname = ANY(%s)",
-        [table.as_string(conn), names],
-    ).fetchall())
-    return frozenset(w for w in windows if found.get(w) == "jsonb" and f"{w}_start" not in found)
-
-
 def _binary_values(data: np.ndarray, width: int) -> pa.Array:
     """A large_binary array over ``data`` (a contiguous buffer), ``width`` bytes per value."""
     count = len(data) * data.dtype.itemsize // width
@@ -266,11 +249,9 @@ def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
     return memoryview(rows.buffers()[2])[start:end]
 
 
-def _copy_into(
-    conn: Connection, table: sql.Composable, batch: pa.RecordBatch, kept: frozenset[str]
-) -> None:
+def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
     """COPY ``batch`` into ``table``, windows split as :func:`table_batch` does."""
-    batch = table_batch(batch, kept)
+    batch = table_batch(batch)
     types = postgres_types(batch.schema)
     if batch.num_rows == 0:
         return
@@ -290,20 +271,19 @@ _STAGING_ORDER = "flinkish_row"  # the staging table's row order: of one key the
 
 
 def _upsert_into(
-    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, kept: frozenset[str],
-    key: tuple[str, ...],
+    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, key: tuple[str, ...],
 ) -> None:
     """Upserts ``batch`` into ``table`` on the columns ``key`` (see the module docstring),
     inside the caller's transaction. Of several rows with one key, the last one wins (one
     statement may not update a row twice)."""
-    batch = table_batch(batch, kept)
+    batch = table_batch(batch)
     if batch.num_rows == 0:
         return
     staging = sql.Identifier(f"flinkish_staging_{uuid.uuid4().hex}")
     order = sql.Identifier(_STAGING_ORDER)
     conn.execute(sql.SQL("CREATE TABLE {} (LIKE {}, {} bigserial)").format(
         staging, table, order))
-    _copy_into(conn, staging, batch, frozenset())
+    _copy_into(conn, staging, batch)
     columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
     keys = sql.SQL(", ").join(sql.Identifier(name) for name in key)
     updates = [name for name in batch.schema.names if name not in key]
@@ -326,13 +306,12 @@ def _identifier(name: str) -> sql.Identifier:
 
 
 def _write(
-    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, kept: frozenset[str],
-    upsert_key: tuple[str, ...],
+    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, upsert_key: tuple[str, ...],
 ) -> None:
     if upsert_key:
-        _upsert_into(conn, table, batch, kept, upsert_key)
+        _upsert_into(conn, table, batch, upsert_key)
     else:
-        _copy_into(conn, table, batch, kept)
+        _copy_into(conn, table, batch)
 
 
 class PostgresConnectError(RuntimeError):
@@ -370,10 +349,9 @@ class PostgresTransaction:
 
     def __init__(
         self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
-        kept: frozenset[str] | None = None, upsert_key: tuple[str, ...] = (),
+        upsert_key: tuple[str, ...] = (),
     ) -> None:
-        """``kept``: the windows the table keeps as jsonb (None: look them up here);
-        ``upsert_key``: upsert on these columns instead of appending."""
+        """``upsert_key``: upsert on these columns instead of appending."""
         postgres_types(table_schema(schema))  # fail before connecting if a column cannot be stored
         self.txn = txn
         self._table = table
@@ -383,7 +361,6 @@ class PostgresTransaction:
         self._prepared = False
         # application_name shows in pg_stat_activity which attempt holds a session.
         self._conn = _connect(dsn, application_name=txn.gid[:63])
-        self._kept = kept_windows(self._conn, table, schema) if kept is None else kept
         self._conn.execute("BEGIN")
 
     def write(self, batch: pa.RecordBatch) -> None:
@@ -393,7 +370,7 @@ class PostgresTransaction:
             raise ValueError(
                 f"batch types {batch.schema.types} differ from the transaction's {self._types}"
             )
-        _write(self._conn, self._table, batch, self._kept, self._upsert_key)
+        _write(self._conn, self._table, batch, self._upsert_key)
         self._rows += batch.num_rows
 
     def pre_commit(self) -> PreCommit:
@@ -462,7 +439,6 @@ class PostgresTarget:
         self._epochs_ready = False
         # the windows the table keeps as jsonb, once known (check sets it on the driver and
         # it travels to the tasks with the pickled target; otherwise each looks it up)
-        self._kept: frozenset[str] | None = None
         self._max_pending: int | None = None
 
     def __repr__(self) -> str:
@@ -486,8 +462,8 @@ class PostgresTarget:
         conn = self._connection()
         if self.two_phase and not self.max_pending():
             raise RuntimeError(f"PostgreSQL at {conn.info.host}:{conn.info.port}: {_FIX_2PC}")
-        self._kept = kept_windows(conn, self._table, schema)
-        schema = table_schema(schema, self._kept)
+        windows = [f.name for f in schema if is_window(f.type)]
+        schema = table_schema(schema)
         types = postgres_types(schema)
         missing = [name for name in self.upsert_key if name not in schema.names]
         if missing:
@@ -509,7 +485,7 @@ class PostgresTarget:
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table,
                                                                 sql.SQL(", ").join(parts)))
         else:
-            self._check_columns(conn, found[0], schema, types)
+            self._check_columns(conn, found[0], schema, types, windows)
             self._check_upsert_key(conn, found[0])
         self._ensure_epochs_table()
 
@@ -535,7 +511,8 @@ class PostgresTarget:
             )
 
     def _check_columns(
-        self, conn: Connection, oid: int, schema: pa.Schema, types: list[ColumnType]
+        self, conn: Connection, oid: int, schema: pa.Schema, types: list[ColumnType],
+        windows: list[str],
     ) -> None:
         rows = conn.execute(
             """
@@ -549,6 +526,17 @@ class PostgresTarget:
             [oid],
         ).fetchall()
         existing = {name: (typname, shown) for name, typname, shown, _ in rows}
+        for w in windows:
+            if existing.get(w, ("",))[0] == "jsonb" and f"{w}_start" not in existing:
+                column, start, end = (f'"{name}"' for name in (w, f"{w}_start", f"{w}_end"))
+                raise ValueError(
+                    f"table {self.table} holds the window {w!r} as one jsonb column, as "
+                    f"flinkish 0.1 created it; 0.2 writes a window as two timestamptz columns "
+                    f"{w}_start and {w}_end. Move the table to them: ALTER TABLE {self.table} "
+                    f"ADD COLUMN {start} timestamptz, ADD COLUMN {end} timestamptz; "
+                    f"UPDATE {self.table} SET {start} = ({column}->>'start')::timestamptz, "
+                    f"{end} = ({column}->>'end')::timestamptz; ALTER TABLE {self.table} "
+                    f"DROP COLUMN {column}")
         problems = []
         for field, kind in zip(schema, types, strict=True):
             if field.name not in existing:
@@ -576,16 +564,13 @@ class PostgresTarget:
         return self._max_pending
 
     def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> PostgresTransaction:
-        return PostgresTransaction(self.dsn, self._table, txn, schema, self._kept,
-                                   self.upsert_key)
+        return PostgresTransaction(self.dsn, self._table, txn, schema, self.upsert_key)
 
     def write_direct(self, batch: pa.RecordBatch) -> None:
         """One transaction of its own: the batch commits as a whole, at once."""
         conn = self._connection()
-        if self._kept is None:
-            self._kept = kept_windows(conn, self._table, batch.schema)
         with conn.transaction():
-            _write(conn, self._table, batch, self._kept, self.upsert_key)
+            _write(conn, self._table, batch, self.upsert_key)
 
     def commit(self, pre_commit: PreCommit) -> None:
         """COMMIT PREPARED; a gid that is no longer prepared was committed before.

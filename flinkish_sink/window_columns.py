@@ -22,14 +22,15 @@ def is_window(dtype: pa.DataType) -> bool:
     )
 
 
-def table_schema(schema: pa.Schema, kept: frozenset[str] = frozenset()) -> pa.Schema:
+def table_schema(schema: pa.Schema) -> pa.Schema:
     """The table's columns for a stream's ``schema``: each window struct ``w`` becomes two
-    timestamp columns ``w_start`` and ``w_end``, except the windows in ``kept`` (which a
-    PostgreSQL table of an older version holds as one jsonb column).
-    ValueError when a split column's name is already taken by another column."""
+    timestamp columns ``w_start`` and ``w_end``.
+
+    Raises:
+        ValueError: a split column's name is already taken by another column."""
     fields: list[pa.Field] = []
     for field in schema:
-        if field.name in kept or not is_window(field.type):
+        if not is_window(field.type):
             fields.append(field)
             continue
         for part in WINDOW_FIELDS:
@@ -44,9 +45,9 @@ def table_schema(schema: pa.Schema, kept: frozenset[str] = frozenset()) -> pa.Sc
     return pa.schema(fields)
 
 
-def table_batch(batch: pa.RecordBatch, kept: frozenset[str] = frozenset()) -> pa.RecordBatch:
+def table_batch(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` in the columns of :func:`table_schema` (windows split into their bounds)."""
-    windows = [f.name for f in batch.schema if f.name not in kept and is_window(f.type)]
+    windows = [f.name for f in batch.schema if is_window(f.type)]
     if not windows:
         return batch
     columns = []
@@ -57,4 +58,4 @@ def table_batch(batch: pa.RecordBatch, kept: frozenset[str] = frozenset()) -> pa
                         for part in WINDOW_FIELDS]
         else:
             columns.append(column)
-    return pa.RecordBatch.from_arrays(columns, schema=table_schema(batch.schema, kept))
+    return pa.RecordBatch.from_arrays(columns, schema=table_schema(batch.schema))

@@ -1,6 +1,6 @@
-"""PostgresTarget against a real server (no Spark): a window struct into a table an older
-version created with a jsonb ``window`` column keeps working, a table whose ``window`` is
-neither gets a clear error, and an epoch with more write tasks than
+"""PostgresTarget against a real server (no Spark): a table flinkish 0.1 created with a jsonb
+``window`` column is refused with the statements that move it to the window's bounds (and they
+do), a table whose ``window`` is neither gets a clear error, and an epoch with more write tasks than
 ``max_prepared_transactions`` fails naming the setting and the fix."""
 
 from __future__ import annotations
@@ -36,19 +36,23 @@ def write_epoch(target: PostgresTarget, query: str) -> None:
     target.commit(txn.pre_commit())
 
 
-def test_an_older_jsonb_window_column_keeps_receiving_rows(postgres_dsn: str) -> None:
+def test_a_jsonb_window_column_of_0_1_is_refused_with_its_migration(postgres_dsn: str) -> None:
     table = f"legacy_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f'CREATE TABLE {table} ("window" jsonb, "count" bigint)')
-    write_epoch(PostgresTarget(postgres_dsn, table), "q1")
-    # a fresh target (a later batch's write task) finds the layout itself
-    fresh = PostgresTarget(postgres_dsn, table)
-    txn = fresh.begin_transaction(TransactionId("flinkish", "q1", 1, 0, 0), SCHEMA)
-    txn.write(rows())
-    fresh.commit(txn.pre_commit())
+        conn.execute(f"""INSERT INTO {table} VALUES ('{{"start": "2024-01-01T12:00:00+00:00", '
+                     '"end": "2024-01-01T12:01:00+00:00"}}', 3)""")
+    with pytest.raises(ValueError, match="'window' as one jsonb column, as flinkish 0.1") as e:
+        PostgresTarget(postgres_dsn, table).check(SCHEMA)
+    # the message's statements move the table to the bounds, its rows kept
+    migration = str(e.value).split("Move the table to them: ")[1]
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        found = conn.execute(f"""SELECT "window"->>'start', "count" FROM {table}""").fetchall()
-    assert found == [("2024-01-01T12:00:00+00:00", 7)] * 2
+        conn.execute(migration)
+    write_epoch(PostgresTarget(postgres_dsn, table), "q1")
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        found = conn.execute(f"SELECT window_start, window_end, count FROM {table} "
+                             "ORDER BY count").fetchall()
+    assert found == [(T0, T1, 3), (T0, T1, 7)]
 
 
 def test_a_new_table_gets_the_windows_bounds(postgres_dsn: str) -> None:

@@ -199,10 +199,6 @@ def test_a_window_struct_becomes_two_timestamptz_columns() -> None:
                                                              "bigint"]
     assert split.column("window_start").to_pylist() == [t0, None]  # a NULL window: NULL bounds
     assert split.column("window_end").to_pylist() == [t1, None]
-    # a table that an older version made keeps its jsonb column
-    kept = table_batch(batch, frozenset({"window"}))
-    assert kept.schema.names == ["window", "count"]
-    assert postgres_type(kept.schema.field("window").type, "window").ddl == "jsonb"
 
 
 @pytest.mark.parametrize("dtype", [
