@@ -7,6 +7,7 @@ and the Fetch v4 request and response framing."""
 from __future__ import annotations
 
 import struct
+import sys
 
 import pytest
 from hypothesis import given, settings
@@ -319,3 +320,20 @@ def test_damaged_batches_fail_cleanly_never_crash(data: st.DataObject) -> None:
                 c.headers.validate(full=True)
     except (ValueError, UnsupportedBatch, struct.error, IndexError):
         pass
+
+
+@pytest.mark.parametrize("codec", [2, 3, 4], ids=["snappy", "lz4", "zstd"])
+def test_without_cramjam_a_batch_of_its_codecs_is_left_to_librdkafka_naming_the_extra(
+        codec: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "cramjam", None)  # import cramjam: ModuleNotFoundError
+    records = batch(2, [Rec(0, b"k", b"v")], codec=codec)
+    decoder = PartitionDecoder(0, 10, 100)
+    chunks = decoder.decode(fetched(plain(0, 2) + records))
+    assert offsets(read_chunk(next(chunks))) == [0, 1]
+    with pytest.raises(UnsupportedBatch, match=r"offset 2: .*cramjam, which is not installed "
+                                               r"\(pip install 'flinkish\[native\]'\)"):
+        next(chunks)
+    assert decoder.position == 2
+    # gzip needs nothing more
+    gzipped = batch(0, [Rec(0, b"k", b"v")], codec=1)
+    assert offsets(read(PartitionDecoder(0, 1, 100), fetched(gzipped))) == [0]

@@ -12,7 +12,10 @@ Only what a read needs is spoken here: metadata, offsets and everything else sta
 librdkafka (:mod:`flinkish_source.kafka.librdkafka`), which also reads whatever this path does not:
 a client configured for TLS or SASL (see :func:`flinkish_source.kafka.native.eligible`) and
 batches in an old message format. Every
-codec Kafka defines is decompressed here (gzip with zlib; snappy, lz4 and zstd with cramjam).
+codec Kafka defines is decompressed here: gzip with zlib; snappy, lz4 and zstd with cramjam, an
+optional dependency (the ``native`` extra: ``pip install 'flinkish[native]'``). Without it, a
+batch in those codecs is read with librdkafka from its offset, with the fallback's WARNING
+naming the install command.
 
 Transactions follow Kafka's consumer: with ``read_committed`` a fetch returns records up to the
 last stable offset and the aborted transactions among them; batches of an aborted transaction
@@ -394,8 +397,12 @@ def _decompressed(batch: bytes, codec: int, base: int, limit: int) -> bytes:
     name = CODECS.get(codec, f"codec {codec}")
     try:
         records = _decompress(batch[_BATCH.size:], codec, limit)
-    except UnsupportedBatch:
-        raise
+    except ModuleNotFoundError as exc:
+        if exc.name != "cramjam":
+            raise
+        raise UnsupportedBatch(f"{name}-compressed record batch at offset {base}: the native "
+                               f"path decompresses {name} with cramjam, which is not installed "
+                               f"(pip install 'flinkish[native]')") from None
     except Exception as exc:  # the codec's own error: let librdkafka have its say
         raise UnsupportedBatch(f"{name}-compressed record batch at offset {base} could not be "
                                f"decompressed ({type(exc).__name__}: {exc})") from exc
