@@ -44,8 +44,8 @@ from flinkish_core.errors import OptionError
 from flinkish_core.secrets import scrub, secret_values
 
 __all__ = ["API_VERSIONS", "AuthenticationError", "BrokerConnection", "BrokerUnavailable",
-           "Reader", "Security", "UnsupportedVersionError", "Writer", "broker_addresses",
-           "error_name"]
+           "Reader", "ResponseTooLarge", "Security", "UnsupportedVersionError", "Writer",
+           "broker_addresses", "error_name"]
 
 API_VERSIONS = 18
 SASL_HANDSHAKE = 17
@@ -84,6 +84,15 @@ def error_name(code: int) -> str:
 class BrokerUnavailable(ConnectionError):
     """The broker could not be reached, or the connection broke or timed out: worth retrying
     on a new connection."""
+
+
+class ResponseTooLarge(BrokerUnavailable):
+    """The broker's answer is larger than the connection accepts (``max_response``); the
+    connection is closed, the rest of the answer unread."""
+
+    def __init__(self, message: str, size: int, limit: int) -> None:
+        super().__init__(message)
+        self.size, self.limit = size, limit
 
 
 class UnsupportedVersionError(Exception):
@@ -164,7 +173,7 @@ class Writer:
 class Reader:
     """Kafka's primitive types, read in order from a response body."""
 
-    def __init__(self, data: bytes | memoryview, flexible: bool = False) -> None:
+    def __init__(self, data: bytes | bytearray | memoryview, flexible: bool = False) -> None:
         self.data, self.pos, self.flexible = memoryview(data), 0, flexible
 
     def _fixed(self, fmt: str, size: int) -> Any:
@@ -522,12 +531,14 @@ class BrokerConnection:
 
     ``speaks`` adds the APIs the caller will send (api key -> (min, max, first flexible
     version, name)); connecting negotiates each of them against the broker's ApiVersions.
+    ``max_response`` bounds an answer's size (:class:`ResponseTooLarge` beyond it).
     """
 
     def __init__(self, host: str, port: int, config: Mapping[str, Any], timeout_s: float,
                  speaks: Mapping[int, tuple[int, int, int, str]] | None = None,
-                 client_id: str = "flinkish") -> None:
+                 client_id: str = "flinkish", max_response: int = MAX_RESPONSE) -> None:
         self.address = f"{host}:{port}"
+        self._max_response = max_response
         self._secrets = secret_values(config)
         self._client_id = client_id
         self._timeout_s = timeout_s
@@ -596,11 +607,17 @@ class BrokerConnection:
         try:
             self._sock.sendall(frame)
             (size,) = struct.unpack(">i", self._read(4))
-            if not 4 <= size <= MAX_RESPONSE:
+            if size > self._max_response:
+                raise ResponseTooLarge(self._say(
+                    f"answered with {size} bytes, more than the {self._max_response} this "
+                    f"client accepts"), size, self._max_response)
+            if size < 4:
                 raise BrokerUnavailable(self._say(f"answered a frame of {size} bytes"))
             payload = self._read(size)
         except (OSError, ssl.SSLError) as exc:  # socket.timeout is an OSError
             self.close()
+            if isinstance(exc, ResponseTooLarge):
+                raise
             raise BrokerUnavailable(self._say(
                 f"{self._names.get(api, api)} failed: {exc.__class__.__name__}: {exc}")) from None
         reader = Reader(payload, flexible and api != API_VERSIONS)
@@ -613,15 +630,16 @@ class BrokerConnection:
         reader.flexible = flexible
         return reader
 
-    def _read(self, n: int) -> bytes:
-        chunks, got = [], 0
+    def _read(self, n: int) -> bytearray:
+        """``n`` bytes, received into one buffer (a Fetch answer is large: no copies)."""
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
         while got < n:
-            chunk = self._sock.recv(min(n - got, 1 << 20))
-            if not chunk:
+            read = self._sock.recv_into(view[got:], n - got)
+            if read == 0:
                 raise BrokerUnavailable(self._say("closed the connection"))
-            chunks.append(chunk)
-            got += len(chunk)
-        return b"".join(chunks)
+            got += read
+        return buf
 
     def _negotiate(self) -> None:
         """ApiVersions at our highest version; a broker that does not speak it answers

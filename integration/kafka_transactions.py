@@ -28,7 +28,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from flinkish_kafka.transactions import KafkaCommittable
-from flinkish_source.kafka.protocol import BrokerConnection, FetchWant, _control_type, _varint
+from flinkish_source.kafka.protocol import FetchConnection, FetchWant, _control_type, _varint
 
 _BATCH = struct.Struct(">qiibIhiqqqhii")  # the 61-byte record batch header (magic 2)
 _TRANSACTIONAL, _CONTROL = 0x10, 0x20
@@ -97,7 +97,7 @@ def _records(batch: bytes, count: int) -> list[tuple[int, bytes | None, bytes]]:
 def partition_view(bootstrap: str, topic: str, partition: int = 0) -> list[Record]:
     """Every data record of the partition with its fate, read from the whole log."""
     host, _, port = bootstrap.split(",")[0].rpartition(":")
-    connection = BrokerConnection(host, int(port), 10, "txn-view", 64 << 20)
+    connection = FetchConnection(host, int(port), {}, 10, "txn-view", 64 << 20)
     batches: list[tuple[int, int, int, bytes]] = []  # base offset, attributes, producer, bytes
     try:
         offset, high = 0, None

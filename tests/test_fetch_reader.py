@@ -75,10 +75,13 @@ class FakeBroker:
                 assert body is not None
                 api, version, correlation, client = struct.unpack_from(">hhih", body)
                 self.client_ids.append(body[10:10 + client])
-                if (api, version) == (18, 0):
+                if api == 18:  # ApiVersions: v0 to v2, as Kafka 2.0 (KIP-511 for others)
                     low, high = self.fetch_versions
-                    answer = struct.pack(">ihi", correlation, 0, 2) + struct.pack(
-                        ">hhhhhh", 1, low, high, 18, 0, 3)
+                    error = 35 if version > 2 else 0  # UNSUPPORTED_VERSION, in v0's layout
+                    answer = struct.pack(">ihi", correlation, error, 2) + struct.pack(
+                        ">hhhhhh", 1, low, high, 18, 0, 2)
+                    if version >= 1:
+                        answer += struct.pack(">i", 0)  # throttle time
                     conn.sendall(struct.pack(">i", len(answer)) + answer)
                     continue
                 assert (api, version) == (1, 4)

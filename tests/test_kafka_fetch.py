@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from record_batches import BASE_TS, Rec, batch, control, legacy_set, plain
 
+from flinkish_kafka.connection import request_frame
 from flinkish_source.kafka import _record_batch  # type: ignore[attr-defined]
 from flinkish_source.kafka.protocol import (
     FetchWant,
@@ -263,8 +264,9 @@ def test_record_views_answer_like_librdkafka_messages() -> None:
 
 
 def test_fetch_request_and_response_framing() -> None:
-    request = encode_fetch(5, [FetchWant("t", 0, 42, 1024), FetchWant("t", 1, 7, 1024),
-                               FetchWant("u", 0, 0, 2048)], 100, 1 << 20, True, "me", 7)
+    body = encode_fetch([FetchWant("t", 0, 42, 1024), FetchWant("t", 1, 7, 1024),
+                         FetchWant("u", 0, 0, 2048)], 100, 1 << 20, True, 7)
+    request = request_frame(1, 4, 5, "me", False, body)
     size, api, version, correlation, client = struct.unpack_from(">ihhih", request)
     assert (size, api, version, correlation) == (len(request) - 4, 1, 4, 5)
     assert request[14:14 + client] == b"me"  # client.id

@@ -352,13 +352,14 @@ class FetchRangeReader(PooledRangeReader):
         return self._leaders.get(r.key)
 
     def _connection(self, leader: tuple[str, int]) -> Any:
-        from flinkish_source.kafka.protocol import BrokerConnection
+        from flinkish_source.kafka.protocol import FetchConnection
 
         connection = self._connections.get(leader)
         if connection is None:
             timeout = min(SOCKET_TIMEOUT_S, self._options.poll_timeout_ms / 1000)
-            connection = self._connections[leader] = BrokerConnection(
-                *leader, timeout, self._settings.client_id, self._settings.max_response)
+            connection = self._connections[leader] = FetchConnection(
+                *leader, self._options.kafka_config, timeout, self._settings.client_id,
+                self._settings.max_response)
         return connection
 
     def _drop_connections(self) -> None:

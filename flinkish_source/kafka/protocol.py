@@ -1,9 +1,11 @@
-"""Kafka's Fetch request on a plain socket, its record batches decoded straight into Arrow.
+"""Kafka's Fetch request, its record batches decoded straight into Arrow.
 
 Why: librdkafka hands Python one ``Message`` object per record, and taking them apart costs
 more CPU than Spark spends on the rows (about 0.9 CPU-seconds per million records for
 ``consume()`` alone, before a column is built). Here a read task sends Fetch (version 4, which
-every broker since Kafka 0.11 answers and Kafka 4 still does) to the partition's leader and
+every broker since Kafka 0.11 answers and Kafka 4 still does) to the partition's leader over
+:class:`flinkish_kafka.connection.BrokerConnection` (the project's one Kafka protocol
+connection: framing, ApiVersions, TLS, SASL) and
 :mod:`flinkish_source.kafka._record_batch` (C) decodes the response's record batches into the
 buffers of the key, value, offset and timestamp columns (and the headers', when the query reads
 them).
@@ -25,22 +27,20 @@ output.
 
 from __future__ import annotations
 
-import socket
 import struct
 import zlib
-from collections.abc import Generator, Iterator, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from flinkish_kafka.connection import BrokerConnection, ResponseTooLarge, UnsupportedVersionError
 from flinkish_source.kafka import _record_batch  # type: ignore[attr-defined]
 from flinkish_source.schema import arrow_schema
 
 FETCH = 1
 FETCH_VERSION = 4
-API_VERSIONS = 18
-_HEADER = struct.Struct(">ihhih")  # size, api key, version, correlation id, client id length
 _BATCH = struct.Struct(">qiibIhiqqqhii")  # the 61-byte record batch header
 _MAGIC_AT = 16  # where every message format (v0, v1, v2) keeps its magic byte
 _CONTROL_KEY = struct.Struct(">hh")  # version, type (0 abort, 1 commit)
@@ -113,17 +113,9 @@ def _string(text: str) -> bytes:
     return struct.pack(">h", len(raw)) + raw
 
 
-def _request(api: int, version: int, correlation: int, client_id: str, payload: bytes) -> bytes:
-    """A request header (v1: with the client id) and ``payload``, framed with their size."""
-    client = client_id.encode("utf-8")
-    return _HEADER.pack(_HEADER.size - 4 + len(client) + len(payload), api, version,
-                        correlation, len(client)) + client + payload
-
-
-def encode_fetch(correlation: int, wants: Sequence[FetchWant], max_wait_ms: int,
-                 max_bytes: int, read_committed: bool, client_id: str,
-                 min_bytes: int = 1) -> bytes:
-    """A Fetch v4 request (a consumer's: replica id -1), framed with its size."""
+def encode_fetch(wants: Sequence[FetchWant], max_wait_ms: int, max_bytes: int,
+                 read_committed: bool, min_bytes: int = 1) -> bytes:
+    """A Fetch v4 request's body (a consumer's: replica id -1)."""
     topics: dict[str, list[FetchWant]] = {}
     for want in wants:
         topics.setdefault(want.topic, []).append(want)
@@ -134,16 +126,7 @@ def encode_fetch(correlation: int, wants: Sequence[FetchWant], max_wait_ms: int,
         body.append(_string(topic))
         body.append(struct.pack(">i", len(parts)))
         body.extend(struct.pack(">iqi", w.partition, w.offset, w.max_bytes) for w in parts)
-    return _request(FETCH, FETCH_VERSION, correlation, client_id, b"".join(body))
-
-
-def decode_api_versions(response: memoryview) -> dict[int, tuple[int, int]]:
-    """An ApiVersions v0 response body (after the correlation id): api key -> (min, max)."""
-    error, count = struct.unpack_from(">hi", response, 0)
-    if error:
-        raise FetchRefused(f"the broker answered ApiVersions with Kafka error code {error}")
-    return {key: (low, high) for key, low, high in
-            (struct.unpack_from(">hhh", response, 6 + 6 * i) for i in range(count))}
+    return b"".join(body)
 
 
 def decode_fetch(response: memoryview) -> list[PartitionFetch]:
@@ -175,68 +158,42 @@ def decode_fetch(response: memoryview) -> list[PartitionFetch]:
     return out
 
 
-class BrokerConnection:
-    """One socket to one broker, one request in flight at a time. Connecting asks the broker
-    for its ApiVersions first, as Kafka's clients do: one that does not serve Fetch v4 raises
+class FetchConnection:
+    """One connection to one broker for Fetch requests, one in flight at a time: a
+    :class:`flinkish_kafka.connection.BrokerConnection` (framing, ApiVersions, TLS and SASL
+    from ``config``, librdkafka's settings). A broker that does not serve Fetch v4 raises
     :class:`FetchRefused` at once (librdkafka then reads) rather than closing the connection
-    at every Fetch until the wait gives up."""
+    at every Fetch until the wait gives up; so does an answer larger than ``max_response``
+    (``receive.message.max.bytes``)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float, client_id: str,
-                 max_response: int) -> None:
-        self.address = f"{host}:{port}"
-        self._client_id, self._max_response = client_id, max_response
-        self._sock = socket.create_connection((host, port), timeout=timeout_s)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._correlation = 0
+    def __init__(self, host: str, port: int, config: Mapping[str, Any], timeout_s: float,
+                 client_id: str, max_response: int) -> None:
         try:
-            versions = decode_api_versions(self._call(API_VERSIONS, 0, b""))
-        except BaseException:
-            self.close()
-            raise
-        low, high = versions.get(FETCH, (0, -1))
+            self._connection = BrokerConnection(
+                host, port, config, timeout_s,
+                speaks={FETCH: (FETCH_VERSION, FETCH_VERSION, 99, "Fetch")},
+                client_id=client_id, max_response=max_response)
+        except UnsupportedVersionError as exc:
+            raise FetchRefused(str(exc)) from None
+        self.address = self._connection.address
+        low, high = self._connection.broker_versions.get(FETCH, (0, -1))
         if not low <= FETCH_VERSION <= high:
             self.close()
             raise FetchRefused(f"broker {self.address} serves Fetch versions {low}..{high}, "
                                f"not {FETCH_VERSION}")
 
     def close(self) -> None:
-        self._sock.close()
+        self._connection.close()
 
     def fetch(self, wants: Sequence[FetchWant], max_wait_ms: int, max_bytes: int,
               read_committed: bool, min_bytes: int = 1) -> list[PartitionFetch]:
-        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
-        self._sock.sendall(encode_fetch(self._correlation, wants, max_wait_ms, max_bytes,
-                                        read_committed, self._client_id, min_bytes))
-        return decode_fetch(self._answer())
-
-    def _call(self, api: int, version: int, payload: bytes) -> memoryview:
-        self._correlation = (self._correlation + 1) & 0x7FFFFFFF
-        self._sock.sendall(_request(api, version, self._correlation, self._client_id, payload))
-        return self._answer()
-
-    def _answer(self) -> memoryview:
-        """The response to the request in flight, after its correlation id."""
-        (size,) = struct.unpack(">i", self._read(4))
-        if not 4 <= size <= self._max_response:
-            self.close()  # the rest of it is never read: this connection is done
-            raise FetchRefused(f"broker {self.address} answered with {size} bytes, more than "
-                               f"receive.message.max.bytes={self._max_response}")
-        body = self._read(size)
-        (correlation,) = struct.unpack_from(">i", body, 0)
-        if correlation != self._correlation:
-            raise ConnectionError(f"broker {self.address} answered request {correlation}, "
-                                  f"expected {self._correlation}")
-        return memoryview(body)[4:]
-
-    def _read(self, n: int) -> bytearray:
-        buf = bytearray(n)
-        view, got = memoryview(buf), 0
-        while got < n:
-            read = self._sock.recv_into(view[got:], n - got)
-            if read == 0:
-                raise ConnectionError(f"broker {self.address} closed the connection")
-            got += read
-        return buf
+        body = encode_fetch(wants, max_wait_ms, max_bytes, read_committed, min_bytes)
+        try:
+            reader = self._connection.call(FETCH, FETCH_VERSION, body)
+        except ResponseTooLarge as exc:
+            raise FetchRefused(f"broker {self.address} answered with {exc.size} bytes, more "
+                               f"than receive.message.max.bytes={exc.limit}") from None
+        return decode_fetch(reader.data[reader.pos:])
 
 
 @dataclass
