@@ -23,7 +23,8 @@ at the very same moment can both write the same generation, and the token makes 
 record was overwritten fail at its read-back or its first write. Either way, a zombie that
 passed its check just before a new run claimed the location can still finish that one write:
 fencing narrows the window to one operation, it cannot close it. ``_owner`` repeats the newest
-claim for people and tools (and is how earlier versions recorded it); the claims decide.
+claim for people and tools (a location of a 0.1 build from before claims has only it, and is
+read through it); the claims decide.
 
 **Runs.** A writer that may open the store from more than one process during one run of the
 query (the Spark sink: its commits run in a Python worker that Spark may replace) names the run
@@ -246,7 +247,8 @@ def _prune_claims(storage: CheckpointStorage, generation: int) -> None:
 
 
 def _read_claim(storage: CheckpointStorage) -> Claim | None:
-    """The newest claim; before any, the owner record of an earlier version (or None)."""
+    """The newest claim; without one, the owner record (a 0.1 location's only record), or
+    None."""
     generations = _claim_generations(storage)
     relpath = claim_path(generations[-1]) if generations else OWNER_RECORD
     try:

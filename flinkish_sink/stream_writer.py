@@ -6,7 +6,7 @@ commit messages travel from tasks to the driver, so each carries the task's pre-
 source's marker rows it saw (markers are not data: they feed the valve at the epoch commit).
 
 Fencing across epochs: Spark runs ``commit`` on a fresh writer every batch, but in one
-long-lived Python worker of the driver (seen: the same process for every batch of a query, and
+long-lived Python worker of the driver (Spark keeps one process for every batch of a query, and
 for the next run of it in the same driver). The checkpoint store claimed at a run's first
 commit is kept in that process (``_STORES``) for its later epochs, so the run keeps one
 generation instead of claiming a new one every epoch. Each commit message names the Spark run

@@ -47,7 +47,7 @@ logger = logging.getLogger(__name__)
 LATE_SUFFIX = "-late"
 
 #: The key of Spark's event-time watermark of the epoch in its decision record (and so in its
-#: completed checkpoint): None, or absent in records of older versions, when not given.
+#: completed checkpoint): None when not given (absent from the records of 0.1 builds before it).
 SPARK_WATERMARK_KEY = "spark_watermark"
 
 
