@@ -126,7 +126,15 @@ def stoppable(func: F) -> F:
     """``df.writeStream.foreachBatch(flinkish.stoppable(func))``: ``func`` whose failures
     Spark's stop check can read (see :mod:`flinkish.batch_errors`); a query stopped while
     ``func`` runs a Spark job then ends as a stop does, not with a ``StackOverflowError`` in
-    Spark's stream thread."""
+    Spark's stream thread.
+
+    Args:
+        func: the ``foreachBatch`` function, ``func(df, epoch_id)``.
+
+    Returns:
+        ``func`` wrapped: the same calls and results; a failure is logged whole and re-raised
+        with a short traceback.
+    """
 
     @functools.wraps(func)
     def run(*args: Any, **kwargs: Any) -> Any:

@@ -26,7 +26,17 @@ from flinkish_core.watermark import MIN_WATERMARK
 
 @dataclass(frozen=True)
 class WatermarkedBatch:
-    """One micro-batch as the valve sees it."""
+    """One micro-batch as the valve sees it: what :class:`ValveForEachBatch` hands ``func``.
+
+    Attributes:
+        epoch: Spark's batch id.
+        records: the batch's record rows, marker columns dropped (a DataFrame).
+        on_time: the records after the combined watermark of the epoch before.
+        late: the records at or below it.
+        watermark: the valve's state after this epoch (its combined watermark and status).
+        rows: how many records the batch has.
+        late_rows: how many of them are late.
+    """
 
     epoch: int
     records: Any  # DataFrame: the batch's record rows, marker columns dropped
@@ -51,6 +61,14 @@ class ValveForEachBatch:
     id, so two queries cannot share it by mistake. ``func`` may be called again for an epoch
     after a crash (Spark's foreachBatch is at-least-once); it then gets the identical batch,
     watermark and late split, so an idempotent ``func`` gives exactly-once results.
+
+    Args:
+        func: called once per epoch with its :class:`WatermarkedBatch`.
+        checkpoint_location: the query's ``checkpointLocation``.
+        state_location: where the valve's state lives instead (default:
+            ``<checkpoint_location>/flinkish``); a local path or a ``pyarrow.fs`` URI.
+        event_time_column: the records' event-time column, which the late split reads.
+        retain: how many completed epochs the valve's store keeps.
     """
 
     def __init__(

@@ -88,8 +88,17 @@ def end_offsets(progress: Mapping[str, Any]) -> list[Any]:
 
 
 def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[SourceLag]:
-    """The lag figures of every flinkish source in one progress report (its JSON dict);
-    ``now_ms`` defaults to the report's own timestamp."""
+    """The lag figures of every flinkish source in one progress report.
+
+    Args:
+        progress: a ``StreamingQueryProgress`` as its JSON dict
+            (``json.loads(query.lastProgress.json)`` or a listener event's).
+        now_ms: the time the lag in event time is measured at (default: the report's own
+            timestamp).
+
+    Returns:
+        One :class:`SourceLag` per flinkish source of the query, in the report's order.
+    """
     if now_ms is None:
         stamp = progress.get("timestamp")
         now_ms = int(time.time() * 1000) if stamp is None else _parse_ms(str(stamp))
@@ -153,8 +162,15 @@ def _parse_ms(text: str) -> int:
 
 def log_lag(spark: Any, level: int = logging.INFO) -> Any:
     """Log every flinkish source's lag figures after each micro-batch of every query of
-    ``spark`` (logger ``flinkish.lag``); returns the listener (``spark.streams.removeListener``
-    takes it off)."""
+    ``spark`` (logger ``flinkish.lag``).
+
+    Args:
+        spark: the driver's ``SparkSession``.
+        level: the log level of the lines.
+
+    Returns:
+        The listener it added (``spark.streams.removeListener`` takes it off).
+    """
     from pyspark.sql.streaming import StreamingQueryListener
 
     class LagListener(StreamingQueryListener):

@@ -15,7 +15,14 @@ def parquet_files(path: str) -> list[str]:
     that hold each committed row once: whole epochs only, and each compaction's inputs or its
     outputs, never both. URIs come back as URIs of the same scheme, so
     ``spark.read.parquet(*parquet_files(path))`` and ``pyarrow.dataset.dataset(...)`` take
-    them; an empty list means no committed rows yet."""
+    them.
+
+    Args:
+        path: the target's ``path`` option: a local directory or a ``pyarrow.fs`` URI.
+
+    Returns:
+        The files' paths (URIs for a URI ``path``); empty when nothing is committed yet.
+    """
     filesystem, base = filesystem_of(path, "a Parquet target path")
     files = readable_files(filesystem, base)
     if "://" not in path:

@@ -46,6 +46,13 @@ def register(spark: Any) -> None:
     in the background so a (re)started query finds them running (``flinkish.warm_start``). It first
     checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
     On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
+
+    Args:
+        spark: the driver's ``SparkSession``, classic or Spark Connect.
+
+    Raises:
+        WorkerEnvironmentError: Spark's Python workers cannot import flinkish (the message
+            names the interpreter they run and how to install flinkish there).
     """
     check_worker_python(spark)
     if is_connect(spark):

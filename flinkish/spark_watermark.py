@@ -53,6 +53,21 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
     ``watermark.horizon`` (default one day); it is the delay Spark sees, so it must exceed the
     largest skew between partitions, and it is also the window of
     ``dropDuplicatesWithinWatermark``. A mismatch fails the query at its first carrier row.
+
+    Args:
+        df: the flinkish source's DataFrame, marker rows and columns still in it (row-wise
+            transformations that keep them are fine).
+        event_time: the timestamp column Spark's watermark goes on.
+        horizon: the source's ``watermark.horizon`` (a duration such as ``'1d'``; None: the
+            default, one day).
+
+    Returns:
+        The DataFrame's record rows (marker rows and the carrier dropped), with Spark's
+        watermark on ``event_time``, for Spark's stateful operators.
+
+    Raises:
+        OptionError: the marker columns are missing, ``event_time`` is not a timestamp
+            column or already has a watermark, or ``horizon`` is not a positive duration.
     """
     from pyspark.sql import functions as F
 

@@ -14,7 +14,7 @@ Two operators, whose stored states differ (a query keeps the one it started with
 * ``applyInPandasWithState`` (the default, :class:`GroupStateWindow`): the group's state
   travels with its rows, and one event-time timeout per group stands for the timer
   (:meth:`GroupStateWindow._timeout` says when);
-* ``transformWithState`` (:class:`WindowProcessor`; every version before 0.2): the state
+* ``transformWithState`` (:class:`WindowProcessor`; flinkish 0.1's operator): the state
   lives in the JVM's state store behind a state server that each visit calls a few times, so
   records cross packed (a row per key group and Arrow batch, :func:`pack_key_groups`), and one
   state-store timer per group (:meth:`WindowProcessor._spark_timer`).
@@ -128,29 +128,67 @@ _KEY_GROUPS = "key_groups"
 
 
 def ms(duration: str | int) -> int:
-    """A duration as milliseconds: ``"10 seconds"``, ``"500 ms"`` or an int (ms)."""
+    """A duration as milliseconds.
+
+    Args:
+        duration: ``"10 seconds"``, ``"500 ms"``, ``"5m"``, or an int (milliseconds).
+
+    Returns:
+        The duration in milliseconds.
+
+    Raises:
+        OptionError: the text is not a duration.
+    """
     if isinstance(duration, int):
         return duration
     return parse_duration_ms("duration", duration)
 
 
 def tumbling(size: str | int, offset: str | int = 0) -> TumblingEventTimeWindows:
-    """Flink's ``TumblingEventTimeWindows.of(size, offset)``."""
+    """Flink's ``TumblingEventTimeWindows.of(size, offset)``.
+
+    Args:
+        size: each window's length (a duration, see :func:`ms`).
+        offset: shifts the windows' starts from the epoch (e.g. for time zones).
+
+    Returns:
+        The assigner, for :func:`window`.
+    """
     return TumblingEventTimeWindows(ms(size), ms(offset))
 
 
 def sliding(size: str | int, slide: str | int, offset: str | int = 0) -> SlidingEventTimeWindows:
-    """Flink's ``SlidingEventTimeWindows.of(size, slide, offset)``."""
+    """Flink's ``SlidingEventTimeWindows.of(size, slide, offset)``.
+
+    Args:
+        size: each window's length (a duration, see :func:`ms`).
+        slide: how far apart the windows start.
+        offset: shifts the windows' starts from the epoch.
+
+    Returns:
+        The assigner, for :func:`window`.
+    """
     return SlidingEventTimeWindows(ms(size), ms(slide), ms(offset))
 
 
 def session(gap: str | int) -> EventTimeSessionWindows:
-    """Flink's ``EventTimeSessionWindows.withGap(gap)``: merging session windows."""
+    """Flink's ``EventTimeSessionWindows.withGap(gap)``: merging session windows.
+
+    Args:
+        gap: the inactivity that ends a key's session (a duration, see :func:`ms`).
+
+    Returns:
+        The assigner, for :func:`window`.
+    """
     return EventTimeSessionWindows(ms(gap))
 
 
 def global_windows() -> GlobalWindows:
-    """Flink's ``GlobalWindows.create()``: one window per key, fired only by a trigger."""
+    """Flink's ``GlobalWindows.create()``: one window per key, fired only by a trigger.
+
+    Returns:
+        The assigner, for :func:`window` (with a ``trigger``).
+    """
     return GlobalWindows()
 
 
@@ -204,18 +242,44 @@ def window(
     (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows the element's
     ``event_time`` column and ``value`` column. See :func:`split`.
 
-    ``key_groups``: how many state entries the keys are hashed into (Flink's key groups);
-    one entry holds the windows of all its keys, so a batch costs one visit per group with
-    records or timers, not one per key. It caps the operator's parallelism, and it is part of
-    the stored state: a query keeps it (the default is the operator's,
-    :data:`DEFAULT_KEY_GROUPS`).
+    Args:
+        df: the output of :func:`flinkish.with_watermark` (or a row-wise transformation of it).
+        key: the key column, or several.
+        assigner: which windows an element belongs to (:func:`tumbling`, :func:`sliding`,
+            :func:`session`, :func:`global_windows`).
+        aggregate: an incremental window function (one accumulator per window); exactly one
+            of ``aggregate`` and ``process``.
+        process: a full-window function (the window keeps every element).
+        value: the column whose values are the window function's elements (None: the
+            elements are None, as for a count).
+        result_type: the Spark type of ``result`` (a DDL string); inferred for ``Count``,
+            ``Avg``, and ``Sum``, ``Min``, ``Max`` of a numeric ``value``.
+        trigger: when a window fires (default: the assigner's, at the watermark).
+        allowed_lateness: how long after its end a window still takes late elements (a
+            duration such as ``'5m'``, or milliseconds).
+        evictor: removes elements before or after the window function runs.
+        event_time: the column that carries Spark's watermark.
+        key_groups: how many state entries the keys are hashed into (Flink's key groups); one
+            entry holds the windows of all its keys, so a batch costs one visit per group with
+            records or timers, not one per key. It caps the operator's parallelism and is part
+            of the stored state: a query keeps it (None: the operator's default,
+            :data:`DEFAULT_KEY_GROUPS`).
+        operator: the Spark operator the core runs in, ``'applyInPandasWithState'`` (the
+            default: the state travels with the group's rows, one event-time timeout per
+            group) or ``'transformWithState'`` (flinkish 0.1's). Their stored states differ: a
+            query keeps the operator it was started with, and Spark refuses a checkpoint of
+            the other one (``STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA``), so a
+            query started on 0.1 passes ``operator='transformWithState'``.
 
-    ``operator``: the Spark operator the core runs in, ``'applyInPandasWithState'`` (the
-    default: the state travels with the group's rows, one event-time timeout per group) or
-    ``'transformWithState'`` (every version before 0.2). Their stored states differ: a query
-    keeps the operator it was started with, and Spark refuses a checkpoint of the other one
-    (``STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA``): a query started before 0.2
-    passes ``operator='transformWithState'``.
+    Returns:
+        The windows' results and late elements as one streaming DataFrame (output mode
+        append), columns as above.
+
+    Raises:
+        OptionError: not exactly one of ``aggregate`` and ``process``, a processing-time
+            assigner, a missing column, an ``event_time`` without a watermark, an unknown
+            ``operator``, ``key_groups`` below 1, or a ``result_type`` that cannot be
+            inferred.
     """
     from pyspark.sql import functions as F
 
@@ -297,7 +361,16 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
     """(results, late) of a :func:`window` DataFrame: the firings (key columns and
     :data:`PANE_COLUMNS`) and the late side output (key columns, ``event_time``, ``value``).
     Both are filters of the same stream: write each with its own query, or use the whole
-    DataFrame in one query and route by ``kind``."""
+    DataFrame in one query and route by ``kind``.
+
+    Args:
+        df: what :func:`window` returned.
+        event_time: the ``event_time`` given to :func:`window`.
+        value: the ``value`` given to :func:`window`.
+
+    Returns:
+        ``(results, late)``, two DataFrames.
+    """
     extra = [event_time, *([value] if value is not None else [])]
     keys = [c for c in df.columns if c not in (KIND, *PANE_COLUMNS, *extra)]
     return (df.filter(df[KIND] == RESULT).select(*keys, *PANE_COLUMNS),
