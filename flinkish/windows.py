@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from operator import itemgetter
 from typing import Any
@@ -466,6 +466,39 @@ class KeyGroupCodec:
         operator.restore(snapshot, copy=False)
         return operator
 
+    def visit(self, stored: str | None, watermark: int, processing_time: int,
+              runs: Iterable[Sequence[Sequence[Any]]]) -> tuple[WindowOperator, list[Any]]:
+        """One visit of a group, as both operators make it: its state restored, brought to the
+        batch's watermark and processing time, its records fed in event-time order (so a
+        replayed batch fires the same panes). ``runs``: runs of the group's records, each as
+        its columns (the keys', the event times, the values' when there is a value column).
+        Returns the operator, to store, and its outputs."""
+        operator = self.restore(stored)
+        outputs = [operator.process_watermark(watermark),
+                   operator.process_processing_time(processing_time)]
+        n = len(self.keys)
+        elements: list[tuple[tuple[Any, ...], Any, int]] = []
+        for run in runs:
+            times = run[n]
+            values = run[n + 1] if self.value is not None else [None] * len(times)
+            elements.extend(zip(zip(*run[:n], strict=True), values, times, strict=True))
+        # a stable sort: records of one event time keep their order
+        elements.sort(key=itemgetter(2))
+        outputs.append(operator.process_elements(elements))
+        return operator, outputs
+
+    @staticmethod
+    def firing_watermark(operator: WindowOperator) -> int | None:
+        """The lowest watermark at which the core fires its earliest event-time timer (None:
+        it has none): the timer itself, or a millisecond past the core's watermark when the
+        timer is already at or below it (a record late for its trigger's interval registered
+        it), since the core fires a timer at the first watermark at or past it that is
+        greater than its current one (a repeated watermark fires nothing, as in Flink). Each
+        operator sets its one Spark timer from it, so one timer per group is enough (every
+        visit brings the core to the batch's watermark, firing all its timers due)."""
+        earliest = operator.earliest_event_time_timer()
+        return None if earliest is None else max(earliest, operator.current_watermark + 1)
+
     def encode(self, operator: WindowOperator) -> str | None:
         """The group's state to store, None when no key of it has anything left (the visit
         owns the operator: no copies)."""
@@ -540,57 +573,33 @@ class WindowProcessor(StatefulProcessor):
 
     def _visit(self, stored: tuple[str, list[int]] | None, timer_values: Any,
                rows: Iterator[Any], expired: int | None = None) -> list[Any]:
-        """One visit of a group: its state restored, brought to the batch's watermark and
-        processing time, its records fed, stored again; returns the output. Everything else it
-        built is garbage when it returns, before the cyclic collector runs again."""
-        codec = self.codec
-        operator = codec.restore(None if stored is None else stored[0])
+        """One visit of a group (:meth:`KeyGroupCodec.visit`), stored again; returns the
+        output. Everything else it built is garbage when it returns, before the cyclic
+        collector runs again."""
         registered = set() if stored is None else set(stored[1])
         # Spark deletes an expired timer after the visit, and the next one this visit sets is
         # at or above the batch's watermark, so never the expired one
         if expired is not None:
             registered.discard(expired)
-        outputs = [operator.process_watermark(timer_values.getCurrentWatermarkInMs()),
-                   operator.process_processing_time(timer_values.getCurrentProcessingTimeInMs())]
         # each row is a run of the group's records (pack_key_groups), by position as window()
         # selects them: the key group, then arrays of the keys, event times and values
-        n = len(codec.keys)
-        elements: list[tuple[tuple[Any, ...], Any, int]] = []
-        for row in rows:
-            times = row[n + 1]
-            values = row[n + 2] if codec.value is not None else [None] * len(times)
-            elements.extend(zip(zip(*row[1:n + 1], strict=True), values, times, strict=True))
-        # a stable sort: records of one event time keep their order
-        elements.sort(key=itemgetter(2))
-        outputs.append(operator.process_elements(elements))
+        operator, outputs = self.codec.visit(
+            None if stored is None else stored[0], timer_values.getCurrentWatermarkInMs(),
+            timer_values.getCurrentProcessingTimeInMs(), (row[1:] for row in rows))
         self._store(operator, registered)
-        row = codec.output(outputs)
+        row = self.codec.output(outputs)
         return [] if row is None else [row]
 
     def close(self) -> None:
         pass
 
-    @staticmethod
-    def _spark_timer(earliest: int, watermark: int) -> int:
-        """The Spark timer that visits a group in the first batch whose watermark fires the
-        core's ``earliest`` event-time timer, the core being at ``watermark``.
-
-        The core fires a timer at the first watermark that is at or past it and greater than
-        its current one (a repeated watermark fires nothing, as in Flink); Spark hands over a
-        timer T in the first batch whose watermark is at or past T. So T is ``earliest``, or
-        a millisecond past the current watermark when the timer is already at or below it (a
-        record late for its trigger's interval registered it): it fires when the watermark
-        next rises, and never in the batch that set it, which Spark would then delete."""
-        return max(earliest, watermark + 1)
-
     def _store(self, operator: WindowOperator, registered: set[int]) -> None:
-        """Saves the group's state and sets the group's one Spark timer from the core's
-        earliest event-time timer: every visit brings the core to the batch's watermark,
-        firing all its timers due, so one Spark timer per group is enough (a timer per
-        timestamp would cost a round trip to register and one to delete each)."""
-        earliest = operator.earliest_event_time_timer()
-        wanted = ({self._spark_timer(earliest, operator.current_watermark)}
-                  if earliest is not None else set())
+        """Saves the group's state and sets the group's one Spark timer: Spark hands over a
+        timer T in the first batch whose watermark is at or past T, so T is the core's
+        :meth:`~KeyGroupCodec.firing_watermark` (never in the batch that set it, which Spark
+        would then delete)."""
+        firing = self.codec.firing_watermark(operator)
+        wanted = {firing} if firing is not None else set()
         for timestamp in registered - wanted:
             self.handle.deleteTimer(timestamp)
         for timestamp in wanted - registered:
@@ -659,41 +668,29 @@ class GroupStateWindow:
             return values
         return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
 
-    @staticmethod
-    def _timeout(earliest: int, watermark: int) -> int:
-        """The group's timeout for the core's ``earliest`` event-time timer at ``watermark``:
-        Spark calls a group whose timeout is below the batch's watermark (strictly), and
-        refuses a timeout below the current one; the core fires ``earliest`` at the first
-        watermark at or past it that is greater than its current one."""
-        return max(earliest - 1, watermark)
-
     def _visit(self, frames: Iterator[Any], state: Any) -> Any:
-        codec = self.codec
+        """One visit of a group (:meth:`KeyGroupCodec.visit`), its state handed back with its
+        timeout: Spark calls a group whose timeout is below the batch's watermark (strictly),
+        so the timeout is a millisecond below the core's
+        :meth:`~KeyGroupCodec.firing_watermark` (which is above the current watermark, as
+        Spark requires of a timeout)."""
         stored = state.getOption
-        operator = codec.restore(None if stored is None else stored[0])
-        watermark = state.getCurrentWatermarkMs()
-        outputs = [operator.process_watermark(watermark),
-                   operator.process_processing_time(state.getCurrentProcessingTimeMs())]
-        if not state.hasTimedOut:
-            n = len(codec.keys)
-            elements: list[tuple[tuple[Any, ...], Any, int]] = []
-            for frame in frames:
-                # the column of nulls read only when a record has one
-                nulls = (frame[_NULLS].tolist() if self.bits and frame[_NULLS].any()
-                         else None)
-                columns = [self._column(frame, name, nulls) for name in self.names]
-                times = columns[n]
-                values = columns[n + 1] if codec.value is not None else [None] * len(times)
-                elements.extend(zip(zip(*columns[:n], strict=True), values, times, strict=True))
-            # a stable sort: records of one event time keep their order
-            elements.sort(key=itemgetter(2))
-            outputs.append(operator.process_elements(elements))
-        earliest = operator.earliest_event_time_timer()
-        text = codec.encode(operator)
+        operator, outputs = self.codec.visit(
+            None if stored is None else stored[0], state.getCurrentWatermarkMs(),
+            state.getCurrentProcessingTimeMs(), () if state.hasTimedOut else self._runs(frames))
+        text = self.codec.encode(operator)
         if text is not None:
             state.update((text,))
-            if earliest is not None:
-                state.setTimeoutTimestamp(self._timeout(earliest, watermark))
+            firing = self.codec.firing_watermark(operator)
+            if firing is not None:
+                state.setTimeoutTimestamp(firing - 1)
         else:
             state.remove()
-        return codec.output(outputs)
+        return self.codec.output(outputs)
+
+    def _runs(self, frames: Iterator[Any]) -> Iterator[list[list[Any]]]:
+        """Each frame's record columns (keys, event time, value), nulls restored."""
+        for frame in frames:
+            # the column of nulls read only when a record has one
+            nulls = frame[_NULLS].tolist() if self.bits and frame[_NULLS].any() else None
+            yield [self._column(frame, name, nulls) for name in self.names]
