@@ -6,13 +6,15 @@ transaction markers and compacted offsets, lost offsets per ``failOnDataLoss``, 
 for the brokers bounded by ``kafkaConsumer.pollTimeoutMs`` with a warning per slice.
 
 Partition leaders and earliest offsets come from a pooled librdkafka consumer, which knows the
-cluster; records come over one plain socket per leader. One Fetch request asks for the range
+cluster; records come over one connection per leader
+(:class:`~flinkish_source.kafka.protocol.FetchConnection`, on the project's Kafka connection). One Fetch request asks for the range
 being read and for the next announced ranges on that leader (a task of many small ranges reads
 them in one round trip), as long as what is buffered for them stays under the look-ahead.
 
-:func:`eligible` says when this path can read for a query. A range it cannot decode (a batch
-compressed with another codec than gzip, an old message format) is read on from there with
-librdkafka.
+:func:`eligible` says when this path can read for a query (plaintext clusters: the
+connection speaks TLS and SASL, but the source hands it the query's settings untranslated). A
+range it cannot decode (an old message format, a snappy, lz4 or zstd batch without the
+``native`` extra) is read on from there with librdkafka.
 """
 
 from __future__ import annotations
