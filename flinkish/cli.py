@@ -76,7 +76,9 @@ def _inspect(args: argparse.Namespace) -> int:
         lag_table,
         lags,
         load_epochs,
+        nothing_to_draw,
         plot,
+        reading_batches,
         table,
         with_source_journal,
     )
@@ -100,8 +102,10 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
                       "(read less than their share to stay within the drift)")
     if args.plot:
-        plot(rows, args.plot, lag)
-        console.print(f"plot written to {args.plot}")
+        read = reading_batches(args.location)
+        plot(rows, args.plot, lag, read)
+        empty = nothing_to_draw(rows, read)
+        console.print(f"plot written to {args.plot}" + (f": {empty}" if empty else ""))
     return 0
 
 
