@@ -471,8 +471,12 @@ def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = 
     def draw(points: list[tuple[int, int]], **style: Any) -> Any:
         return ax.plot([e for e, _ in points], [when(w) for _, w in points], **style)[0]
 
-    for names, points in _coinciding(series).items():
-        line = draw(points, marker="o", markersize=4, linewidth=1.2, label=" = ".join(names))
+    lines = _coinciding(series)
+    for i, (names, points) in enumerate(lines.items()):
+        # each line a little wider than the next: where lines meet, those below still show
+        under = min(len(lines) - 1 - i, 4)
+        line = draw(points, marker="o", markersize=4 + 2 * under, linewidth=1.2 + 1.5 * under,
+                    label=" = ".join(names))
         idle = series.idle.get(names[0], [])
         if idle:
             ax.scatter([e for e, _ in idle], [when(w) for _, w in idle], s=70,
