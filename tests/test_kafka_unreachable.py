@@ -54,15 +54,20 @@ def test_listing_topics_warns_while_waiting_then_names_servers_and_option(
     caplog: pytest.LogCaptureFixture, servers: str
 ) -> None:
     caplog.set_level(logging.WARNING)
-    metadata = KafkaMetadata(_options(servers))
+    failure, took = _listing_fails(_options(servers))
+    _check(caplog, failure, servers, "could not list Kafka topics", took)
+
+
+def _listing_fails(options: SourceOptions) -> tuple[KafkaUnavailableError, float]:
+    """The error listing the topics ends in, and how long it took."""
+    metadata = KafkaMetadata(options)
     started = time.monotonic()
     try:
         with pytest.raises(KafkaUnavailableError) as failure:
             metadata.partitions()
     finally:
         metadata.close()
-    _check(caplog, failure.value, servers, "could not list Kafka topics",
-           time.monotonic() - started)
+    return failure.value, time.monotonic() - started
 
 
 def test_reading_offsets_warns_while_waiting_then_names_servers_and_option(
@@ -134,17 +139,10 @@ def test_a_refused_connection_to_every_bootstrap_server_fails_in_seconds_once(
     short error says so, with no warning before it and no raw librdkafka lines on stderr."""
     caplog.set_level(logging.WARNING)
     both = f"127.0.0.1:{free_port()},localhost:{free_port()}"
-    metadata = KafkaMetadata(parse_options({
+    failure, took = _listing_fails(parse_options({
         "kafka.bootstrap.servers": both, "subscribe": "t", "includeMarkers": "false"}))
-    started = time.monotonic()
-    try:
-        with pytest.raises(KafkaUnavailableError) as failure:
-            metadata.partitions()
-    finally:
-        metadata.close()
-    took = time.monotonic() - started
     assert REFUSED_FOR_S <= took <= 15
-    message = str(failure.value)
+    message = str(failure)
     assert "connection refused by every bootstrap server" in message and repr(both) in message
     assert "kafka.bootstrap.servers" in message and len(message) < 300
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
@@ -156,15 +154,10 @@ def test_a_server_that_answers_no_request_gets_the_whole_wait(servers: str) -> N
     refusal, so the whole bound is waited."""
     with server_socket() as silent:
         both = f"{servers},127.0.0.1:{silent.getsockname()[1]}"
-        metadata = KafkaMetadata(_options(both, **{"kafkaConsumer.pollTimeoutMs": "8000"}))
-        started = time.monotonic()
-        try:
-            with pytest.raises(KafkaUnavailableError) as failure:
-                metadata.partitions()
-        finally:
-            metadata.close()
-    assert time.monotonic() - started >= 8 - 0.1
-    assert "within 8 s" in str(failure.value)
+        failure, took = _listing_fails(
+            _options(both, **{"kafkaConsumer.pollTimeoutMs": "8000"}))
+    assert took >= 8 - 0.1
+    assert "within 8 s" in str(failure)
 
 
 def _refused(name: str) -> KafkaError:
