@@ -213,11 +213,17 @@ def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
 def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[EpochRow]:
     """``rows`` where the sink recorded Spark's watermark (its rows, a stateful operator's
     output, carried no markers), completed with what the source journaled for the same batch:
-    each partition's watermark and status, the idle partitions, the combined watermark."""
+    each partition's watermark and status, the idle partitions, the combined watermark; before
+    the first batch journaled with a combined watermark, Spark's is none yet."""
     journal = journaled_watermarks(checkpoint_location)
+    # Spark's watermark before the first carrier with a combined watermark reached it is a
+    # record's event time minus the horizon (a day before the data), no watermark of the data
+    first = min((b for b, v in journal.items() if _wm(v.watermark) is not None), default=None)
     out = []
     for row in rows:
         valve = journal.get(row.epoch)
+        if row.watermark_source == WATERMARK_SPARK and first is not None and row.epoch < first:
+            row = replace(row, watermark=None)
         if row.watermark_source != WATERMARK_SPARK or row.partitions or valve is None:
             out.append(row)
             continue
