@@ -205,8 +205,28 @@ def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
         for offset in offsets:
             if isinstance(offset, Mapping) and OFFSET_KEY in offset:
                 before = PlanningValve.from_offset(offset).before
-                out[batch] = advance(before, batch, [])  # the restored valve, per partition
+                valve = advance(before, batch, [])  # the restored valve, per partition
+                out[batch] = replace(valve, partitions=_announced(valve.partitions, offset))
                 break  # of several flinkish sources (a union, a join), the first
+    return out
+
+
+def _announced(partitions: dict[str, dict[str, Any]], offset: Mapping[str, Any]
+               ) -> dict[str, dict[str, Any]]:
+    """``partitions`` with the status each partition's journaled position announced in the
+    batch (ACTIVE or IDLE): the valve is journaled as it stood before the last batch that read
+    anything, so a partition gone idle since shows in the positions only, which is where the
+    lag table reads idleness too."""
+    try:
+        positions = offset_from_json(offset)
+    except (ValueError, AttributeError):
+        return partitions
+    out = dict(partitions)
+    for (topic, p), pos in positions.items():
+        name = f"{topic}/{p}"
+        if name in out and pos.status in ("ACTIVE", "IDLE") and out[name].get("status") in (
+                "ACTIVE", "IDLE"):
+            out[name] = {**out[name], "status": pos.status}
     return out
 
 

@@ -278,3 +278,33 @@ def test_partitions_whose_lines_coincide_are_drawn_once_labelled_together() -> N
             row(1, {"t/0": T + 5, "t/1": T + 5, "t/2": T + 5, "t/3": T}, idle="t/2")]
     lines = _coinciding(plot_series(rows))
     assert sorted(lines) == [("t/0", "t/1"), ("t/2",), ("t/3",)]
+
+
+def test_idleness_agrees_in_the_epochs_table_the_lag_table_and_the_plot(tmp_path: Path) -> None:
+    """Every partition goes idle after the last batch that read anything: the journaled valve
+    predates it, the journaled positions say it; all three views show it."""
+    from flinkish.inspect import lags, plot_series, with_source_journal
+    from flinkish_source.combined_watermark import PlanningValve
+
+    location = tmp_path / "ck" / "flinkish"
+    store = CheckpointStore(CheckpointStorage.open(str(location)), owner="q")
+    for epoch in range(3):
+        store.complete(epoch, {"watermark": advance(initial(), epoch, []).to_json(), "rows": 2,
+                               "late_rows": 0, "spark_watermark": T})
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q"}\n')
+    offsets = tmp_path / "ck" / "offsets"
+    offsets.mkdir()
+    valve = advance(initial(), 0, [
+        Marker("t", 0, 0, "status", status="ACTIVE"), Marker("t", 1, 0, "status", status="ACTIVE"),
+        Marker("t", 0, 5, "watermark", watermark=T), Marker("t", 1, 5, "watermark", watermark=T)])
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": T + 33_000, "conf": {}})
+    for batch, status in enumerate(["ACTIVE", "IDLE", "IDLE"]):
+        pos = {"offset": 5, "first": 0, "progressAt": T, "seen": 5, "status": status}
+        (offsets / str(batch)).write_text("v1\n" + meta + "\n" + json.dumps(
+            {"version": 1, "topics": {"t": {"0": pos, "1": pos}},
+             "valve": PlanningValve(valve).to_json()}))
+    rows = with_source_journal(load_epochs(str(tmp_path / "ck")), str(tmp_path / "ck"))
+    assert [r.idle_partitions for r in rows] == [(), ("t/0", "t/1"), ("t/0", "t/1")]
+    assert [sorted(lag.idle_ms) for lag in lags(str(tmp_path / "ck")).values()] == [
+        [], ["t/0", "t/1"], ["t/0", "t/1"]]
+    assert plot_series(rows).idle == {"t/0": [(1, T), (2, T)], "t/1": [(1, T), (2, T)]}
