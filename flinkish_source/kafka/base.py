@@ -164,7 +164,7 @@ def retry_step(bound_s: float) -> float:
 
 #: How long every bootstrap server must have refused the connection, in a row, before a wait
 #: for a cluster the client never reached ends (see :class:`RefusalWatch`).
-REFUSED_FOR_S = 6.0
+REFUSED_FOR_S = 4.0
 #: librdkafka's report of a refused connection: ``<broker name>: Connect to <address> failed:
 #: Connection refused``, where a bootstrap server's name is ``host:port/bootstrap``
 _CONNECTION_REFUSED = re.compile(r"^(?P<name>\S+)/bootstrap: Connect to \S+ failed: "
