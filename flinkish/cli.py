@@ -70,6 +70,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from flinkish.inspect import (
+        SPARK_EVENT_TIME_NOTE,
         LocationNotFoundError,
         capped_partitions,
         held_partitions,
@@ -82,6 +83,7 @@ def _inspect(args: argparse.Namespace) -> int:
         table,
         with_source_journal,
     )
+    from flinkish_sink.target import WATERMARK_SPARK
 
     try:
         rows = load_epochs(args.location)
@@ -93,6 +95,8 @@ def _inspect(args: argparse.Namespace) -> int:
         return 1
     rows = with_source_journal(rows, args.location)
     console.print(table(rows))
+    if any(r.watermark_source == WATERMARK_SPARK for r in rows):
+        console.print(SPARK_EVENT_TIME_NOTE)
     lag = lags(args.location)
     if lag:
         console.print(lag_table(lag))

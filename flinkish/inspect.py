@@ -44,6 +44,13 @@ class EpochRow:
     journaled_watermark: int | None = None
 
 
+#: Said beside epochs whose watermark is Spark's (a query through with_watermark)
+SPARK_EVENT_TIME_NOTE = (
+    "Spark's progress (lastProgress eventTime) counts the row that carries the combined "
+    "watermark into Spark: its max runs the horizon (a day by default) ahead of the data, the "
+    "year 9999 once the input ended. The watermarks here are the true figures.")
+
+
 class LocationNotFoundError(FileNotFoundError):
     """The location given to ``inspect`` does not exist (a typo, or the query never ran)."""
 

@@ -262,6 +262,7 @@ def test_a_plot_with_nothing_to_draw_says_why_in_words(
     assert out.read_bytes()[:4] == b"\x89PNG"
     printed = " ".join(capsys.readouterr().out.split())
     assert "one batch (0) read the whole input" in printed and "end of time *" in printed
+    assert "counts the row that carries the combined watermark into Spark" in printed
     # a plot with points says nothing of the kind
     assert nothing_to_draw(load_epochs(str(_store(tmp_path / "other"))), {}) is None
 
