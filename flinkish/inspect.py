@@ -243,13 +243,14 @@ def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[
     each partition's watermark and status, the idle partitions, the combined watermark; before
     the first batch journaled with a combined watermark, Spark's is none yet."""
     journal = journaled_watermarks(checkpoint_location)
-    # Spark's watermark before the first carrier with a combined watermark reached it is a
-    # record's event time minus the horizon (a day before the data), no watermark of the data
+    # Spark's watermark follows the combined one an epoch later; before the first carrier with
+    # a combined watermark reached it, it is a record's event time minus the horizon (a day
+    # before the data), no watermark of the data: none yet
     first = min((b for b, v in journal.items() if _wm(v.watermark) is not None), default=None)
     out = []
     for row in rows:
         valve = journal.get(row.epoch)
-        if row.watermark_source == WATERMARK_SPARK and first is not None and row.epoch < first:
+        if row.watermark_source == WATERMARK_SPARK and first is not None and row.epoch <= first:
             row = replace(row, watermark=None)
         if row.watermark_source != WATERMARK_SPARK or row.partitions or valve is None:
             out.append(row)
@@ -362,7 +363,8 @@ def table(rows: list[EpochRow]) -> Any:
             str(r.epoch), r.state,
             format_watermark(r.committed_at, not one_day)[:-4] if r.committed_at else "-",
             format_watermark(r.watermark, not marks_that_day)
-            + (" *" if r.watermark_source == WATERMARK_SPARK else ""),
+            + (" *" if r.watermark_source == WATERMARK_SPARK and r.watermark is not None
+               else ""),
             _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),
             "-" if r.late_rows is None else str(r.late_rows),
@@ -444,13 +446,10 @@ def plot_series(rows: list[EpochRow]) -> PlotSeries:
         value = r.watermark if r.watermark_source == WATERMARK_VALVE else r.journaled_watermark
         if value is not None and _on_chart(value):
             combined.append((r.epoch, value))
-    # Spark's watermark follows the carrier one batch later; before that it is a record's event
-    # time minus the horizon, a day below everything else: it is drawn from the epoch after the
-    # first one the valve had a watermark for
-    first = min((e for e, _ in combined), default=None)
+    # (Spark's watermark before the first carrier reached it is none yet: with_source_journal)
     spark = [(r.epoch, r.watermark) for r in done
              if r.watermark_source == WATERMARK_SPARK and r.watermark is not None
-             and (first is None or r.epoch > first) and _on_chart(r.watermark)]
+             and _on_chart(r.watermark)]
     return PlotSeries(partitions, idle, combined, spark)
 
 
