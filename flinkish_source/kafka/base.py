@@ -211,6 +211,11 @@ class RefusalWatch:
         """A broker answered: the cluster exists, any later refusal is its being away."""
         self._reached = True
 
+    @property
+    def reached(self) -> bool:
+        """Whether a broker ever answered."""
+        return self._reached
+
     def refusing(self) -> bool:
         """Whether every report so far, if any, was a refused connection."""
         return not self._reached and self._since is not None
@@ -269,12 +274,13 @@ class BrokerWait:
 
     def _short(self, first: bool) -> bool:
         """Whether the next attempt is short: the first one of a client that may be refused
-        (TLS or SASL: a plaintext client is never refused, so it gets a whole slice), and any
-        while every report so far is a refused connection."""
+        (TLS or SASL: a plaintext client is never refused) or that no broker answered yet (a
+        wrong port), and any while every report so far is a refused connection."""
         if self._refusals is not None and self._refusals.refusing():
             return True
         protocol = str(self._options.kafka_config.get("security.protocol", "plaintext"))
-        return first and (protocol.strip().lower() != "plaintext" or self._refusals is not None)
+        unreached = self._refusals is not None and not self._refusals.reached
+        return first and (protocol.strip().lower() != "plaintext" or unreached)
 
     def call(self, attempt: Callable[[float], _T]) -> _T:
         """``attempt(timeout_s)`` until it answers, retrying unanswered attempts to the bound."""
