@@ -73,16 +73,20 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from flinkish.inspect import (
+        SPARK_EVENT_TIME_NOTE,
         LocationNotFoundError,
         capped_partitions,
         held_partitions,
         lag_table,
         lags,
         load_epochs,
+        nothing_to_draw,
         plot,
+        reading_batches,
         table,
         with_source_journal,
     )
+    from flinkish_sink.target import WATERMARK_SPARK
 
     try:
         rows = load_epochs(args.location)
@@ -94,6 +98,8 @@ def _inspect(args: argparse.Namespace) -> int:
         return 1
     rows = with_source_journal(rows, args.location)
     console.print(table(rows))
+    if any(r.watermark_source == WATERMARK_SPARK for r in rows):
+        console.print(SPARK_EVENT_TIME_NOTE)
     lag = lags(args.location)
     if lag:
         console.print(lag_table(lag))
@@ -103,8 +109,10 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
                       "(read less than their share to stay within the drift)")
     if args.plot:
-        plot(rows, args.plot, lag)
-        console.print(f"plot written to {args.plot}")
+        read = reading_batches(args.location)
+        plot(rows, args.plot, lag, read)
+        empty = nothing_to_draw(rows, read)
+        console.print(f"plot written to {args.plot}" + (f": {empty}" if empty else ""))
     return 0
 
 

@@ -113,7 +113,9 @@ LATE_DATA = Option(
     doc="`keep`, `drop` or `side`: what happens to record rows whose `eventTimeColumn` ≤ the "
         "combined watermark after the previous epoch, and to `flinkish.windows`' `late` rows "
         "(judged by the operator). They are counted in every mode. With `upsertKey`, the "
-        "operator's late rows (no window) need `side` or `drop`.")
+        "operator's late rows (no window) need `side` or `drop`. With `side` or `drop`, the "
+        "operator's results go to a table without the late rows' own columns (event time, "
+        "value), and with `side` its late rows to one without the window and pane columns.")
 EVENT_TIME_COLUMN = Option(
     "eventTimeColumn", text, "eventTime", owner=SINK,
     doc="Timestamp column used to classify late rows (another type fails at start). If the "
