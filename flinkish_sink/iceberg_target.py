@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from flinkish_core.config import Option
+from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import (
     dsn_secrets,
@@ -74,10 +74,6 @@ from flinkish_sink.window_columns import table_batch, table_schema
 logger = logging.getLogger(__name__)
 
 
-def _catalog(key: str, value: str) -> dict[str, str]:
-    raise AssertionError("a prefix option is collected, not read")  # pragma: no cover
-
-
 def _shown_catalog(catalog: dict[str, str]) -> dict[str, object]:
     return {k: mask_uri(v) if k == "uri" else v for k, v in redact_config(catalog).items()}
 
@@ -88,7 +84,7 @@ def _catalog_secrets(catalog: dict[str, str]) -> list[str]:
 
 #: The Iceberg catalog's properties: the ``catalog.*`` options without the prefix.
 CATALOG: Option[dict[str, str]] = Option(
-    "catalog.*", _catalog, {}, shown_default="—", mask=_shown_catalog, secrets=_catalog_secrets,
+    "catalog.*", collected, {}, shown_default="—", mask=_shown_catalog, secrets=_catalog_secrets,
     doc="The catalog, each `catalog.<property>` passed to pyiceberg's `load_catalog` as "
         "`<property>`. `catalog.uri` (required): a SQLAlchemy URI for its SQL catalog "
         "(`sqlite:////path/catalog.db`, `postgresql+psycopg://user:password@host/db`), which "
