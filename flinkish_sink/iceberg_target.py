@@ -45,6 +45,7 @@ import pyarrow.parquet as pq
 
 from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
+from flinkish_core.locations import filesystem_of, sync_path
 from flinkish_core.secrets import (
     dsn_secrets,
     fingerprint,
@@ -66,7 +67,7 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import filesystem_of, sync_path, type_differences
+from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
@@ -212,7 +213,7 @@ class IcebergTarget(StagedFilesTarget):
             location = self._layout().data_location
             if location.startswith("file:") or "://" not in location:
                 # local disk needs no configuration (nor pyiceberg's file IO, slow to import)
-                self._fs_handle = filesystem_of(location, "an Iceberg table's data location")
+                self._fs_handle = filesystem_of(location, "the Iceberg table's data location")
             else:
                 from pyiceberg.io.pyarrow import PyArrowFileIO
 
