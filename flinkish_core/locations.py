@@ -15,10 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-
-import pyarrow.fs as pafs
+from typing import TYPE_CHECKING
 
 from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
+
+if TYPE_CHECKING:  # pyarrow is for the processes that touch files, not for the option checks
+    import pyarrow.fs as pafs
 
 MASTER_ENV = "FLINKISH_SPARK_MASTER"
 
@@ -58,6 +60,8 @@ def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
         ValueError: the location is empty or cannot be opened; any credentials in it are
             masked and the cause is not chained (pyarrow's message may quote them).
     """
+    import pyarrow.fs as pafs
+
     if not location.strip():
         raise ValueError(f"{what} is empty")
     if "://" not in location:
@@ -98,6 +102,8 @@ def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
 
 def _local_os_path(filesystem: pafs.FileSystem, path: str) -> str | None:
     """The OS path behind ``path`` if ``filesystem`` is local disk (possibly a subtree of it)."""
+    import pyarrow.fs as pafs
+
     if isinstance(filesystem, pafs.LocalFileSystem):
         return path
     if isinstance(filesystem, pafs.SubTreeFileSystem):
