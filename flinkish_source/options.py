@@ -380,8 +380,13 @@ def display(key: str) -> str:
 
 
 def reference() -> str:
-    """The docs' source option reference (Markdown), generated from the declarations."""
-    return reference_table(SOURCE_OPTIONS)
+    """The docs' source option reference (Markdown), generated from the declarations: a
+    table for each group of options, named by their owner."""
+    groups = dict.fromkeys(o.owner for o in SOURCE_OPTIONS)
+    return "\n".join(
+        f"## {group[0].upper()}{group[1:]}\n\n"
+        + reference_table(o for o in SOURCE_OPTIONS if o.owner == group)
+        for group in groups)
 
 
 #: librdkafka settings every client of a query starts from (its ``kafka.*`` options win). When
