@@ -268,16 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     txns = commands.add_parser("transactions",
                                help="list or resolve pre-commits a query left in its target")
+    from flinkish_core.durations import format_duration
+    from flinkish_sink.options import TRANSACTION_TIMEOUT, TRANSACTIONAL_ID_PREFIX
+
     _target_flags(txns)
-    txns.add_argument("--prefix", default="flinkish",
-                      help="the sink's transactionalIdPrefix (default flinkish)")
+    txns.add_argument("--prefix", default=TRANSACTIONAL_ID_PREFIX.default,
+                      help=f"the sink's {TRANSACTIONAL_ID_PREFIX.key} (default "
+                      f"{TRANSACTIONAL_ID_PREFIX.default})")
     txns.add_argument("--query", help="query id (default: read from --checkpoint)")
     txns.add_argument("--checkpoint", help="the query's checkpointLocation")
     txns.add_argument("--resolve", action="store_true",
                       help="commit decided pre-commits, roll back the rest (stop the query first)")
-    txns.add_argument("--transaction-timeout", default="15 min", metavar="DURATION",
-                      help="flag pre-commits older than this (default: 15 min, the sink's "
-                      "transactionTimeout default)")
+    timeout = format_duration(TRANSACTION_TIMEOUT.default / 1000)
+    txns.add_argument("--transaction-timeout", default=timeout, metavar="DURATION",
+                      help=f"flag pre-commits older than this (default: {timeout}, the sink's "
+                      f"{TRANSACTION_TIMEOUT.key} default)")
     return parser
 
 

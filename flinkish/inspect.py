@@ -5,7 +5,6 @@ Reads only (``CheckpointStore.reader``), so it is safe beside a running query.
 
 from __future__ import annotations
 
-import os
 import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -60,13 +59,12 @@ def _exists(location: str) -> bool:
     (opening a checkpoint storage creates its directory)."""
     import pyarrow.fs as pafs
 
-    if "://" in location:
-        try:
-            filesystem, path = pafs.FileSystem.from_uri(location)
-        except (ValueError, OSError):
-            return True  # opening the storage reports it, with any credentials masked
-    else:
-        filesystem, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(location))
+    from flinkish_core.locations import filesystem_of
+
+    try:
+        filesystem, path = filesystem_of(location, "the location")
+    except ValueError:
+        return True  # opening the storage reports it, with any credentials masked
     return bool(filesystem.get_file_info(path).type != pafs.FileType.NotFound)
 
 
@@ -270,11 +268,10 @@ def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], li
 
     import pyarrow.fs as pafs
 
-    if "://" in checkpoint_location:
-        filesystem, base = pafs.FileSystem.from_uri(checkpoint_location)
-    else:
-        filesystem, base = pafs.LocalFileSystem(), checkpoint_location
-    directory = posixpath.join(base.rstrip("/"), "offsets")
+    from flinkish_core.locations import filesystem_of
+
+    filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
+    directory = posixpath.join(base, "offsets")
     found = filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     batches = []
     for info in found:
