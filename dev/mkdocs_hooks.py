@@ -24,6 +24,7 @@ from mkdocs.structure.files import File, Files
 
 CLI_HELP = "<!-- cli-help -->"
 SINK_OPTIONS = "<!-- sink-options -->"
+SOURCE_OPTIONS = "<!-- source-options -->"
 BENCHMARKS_LATEST = "<!-- benchmarks-latest -->"
 BENCHMARKS_CSV = "benchmarks.csv"
 BENCHMARKS_PLOT = "benchmarks.svg"
@@ -96,6 +97,10 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str
         from flinkish_sink.options import reference
 
         markdown = markdown.replace(SINK_OPTIONS, reference())
+    if SOURCE_OPTIONS in markdown:
+        from flinkish_source.options import reference as source_reference
+
+        markdown = markdown.replace(SOURCE_OPTIONS, source_reference())
     if BENCHMARKS_LATEST in markdown:
         rows = _benchmark_rows(config["docs_dir"])
         markdown = markdown.replace(BENCHMARKS_LATEST, _latest_table(rows))

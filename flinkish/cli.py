@@ -73,16 +73,20 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from flinkish.inspect import (
+        SPARK_EVENT_TIME_NOTE,
         LocationNotFoundError,
         capped_partitions,
         held_partitions,
         lag_table,
         lags,
         load_epochs,
+        nothing_to_draw,
         plot,
+        reading_batches,
         table,
         with_source_journal,
     )
+    from flinkish_sink.target import WATERMARK_SPARK
 
     try:
         rows = load_epochs(args.location)
@@ -94,6 +98,8 @@ def _inspect(args: argparse.Namespace) -> int:
         return 1
     rows = with_source_journal(rows, args.location)
     console.print(table(rows))
+    if any(r.watermark_source == WATERMARK_SPARK for r in rows):
+        console.print(SPARK_EVENT_TIME_NOTE)
     lag = lags(args.location)
     if lag:
         console.print(lag_table(lag))
@@ -103,8 +109,10 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
                       "(read less than their share to stay within the drift)")
     if args.plot:
-        plot(rows, args.plot, lag)
-        console.print(f"plot written to {args.plot}")
+        read = reading_batches(args.location)
+        plot(rows, args.plot, lag, read)
+        empty = nothing_to_draw(rows, read)
+        console.print(f"plot written to {args.plot}" + (f": {empty}" if empty else ""))
     return 0
 
 
@@ -260,16 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     txns = commands.add_parser("transactions",
                                help="list or resolve pre-commits a query left in its target")
+    from flinkish_core.durations import format_duration
+    from flinkish_sink.options import TRANSACTION_TIMEOUT, TRANSACTIONAL_ID_PREFIX
+
     _target_flags(txns)
-    txns.add_argument("--prefix", default="flinkish",
-                      help="the sink's transactionalIdPrefix (default flinkish)")
+    txns.add_argument("--prefix", default=TRANSACTIONAL_ID_PREFIX.default,
+                      help=f"the sink's {TRANSACTIONAL_ID_PREFIX.key} (default "
+                      f"{TRANSACTIONAL_ID_PREFIX.default})")
     txns.add_argument("--query", help="query id (default: read from --checkpoint)")
     txns.add_argument("--checkpoint", help="the query's checkpointLocation")
     txns.add_argument("--resolve", action="store_true",
                       help="commit decided pre-commits, roll back the rest (stop the query first)")
-    txns.add_argument("--transaction-timeout", default="15 min", metavar="DURATION",
-                      help="flag pre-commits older than this (default: 15 min, the sink's "
-                      "transactionTimeout default)")
+    timeout = format_duration(TRANSACTION_TIMEOUT.default / 1000)
+    txns.add_argument("--transaction-timeout", default=timeout, metavar="DURATION",
+                      help=f"flag pre-commits older than this (default: {timeout}, the sink's "
+                      f"{TRANSACTION_TIMEOUT.key} default)")
     return parser
 
 

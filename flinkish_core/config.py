@@ -11,7 +11,6 @@ matched case-insensitively and messages use the declared spelling.
 
 from __future__ import annotations
 
-import difflib
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -78,6 +77,27 @@ def text(key: str, value: str) -> str:
 def optional_text(key: str, value: str) -> str | None:
     """The text, None when empty (an empty option is an option left out)."""
     return value or None
+
+
+def collected(key: str, value: str) -> dict[str, str]:
+    """The reader of a ``prefix.*`` option, whose options are collected into a dict instead."""
+    raise AssertionError(f"option {key} is collected, not read")  # pragma: no cover
+
+
+def boolean(key: str, value: str) -> bool:
+    """``true`` or ``false``, in any case."""
+    word = value.strip().lower()
+    if word not in ("true", "false"):
+        raise OptionError(f"option {key}: {value!r} is not a boolean; use true or false")
+    return word == "true"
+
+
+def positive_duration_ms(key: str, value: str) -> int:
+    """A duration above zero, in milliseconds."""
+    ms = parse_duration_ms(key, value)
+    if ms <= 0:
+        raise OptionError(f"option {key} must be a positive duration")
+    return ms
 
 
 def whole_number(minimum: int, what: str) -> Reader[int]:
@@ -186,6 +206,8 @@ def match(raw: Mapping[str, Any], declared: Iterable[Option[Any]],
 
 def did_you_mean(key: str, by_spelling: Mapping[str, Option[Any]]) -> str:
     """``"; did you mean <key>?"`` naming the declared option closest to ``key``, or ``""``."""
+    import difflib  # here: ~5 ms to import, for every reader process of a query otherwise
+
     close = difflib.get_close_matches(key.lower(), list(by_spelling), n=1)
     return f"; did you mean {by_spelling[close[0]].key}?" if close else ""
 

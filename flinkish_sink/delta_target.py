@@ -60,6 +60,7 @@ import pyarrow.parquet as pq
 
 from flinkish_core.config import Option, duration_ms, whole_number
 from flinkish_core.errors import OptionError
+from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.data_files import (
     Manifests,
@@ -77,12 +78,7 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import (
-    delete_file_if_present,
-    filesystem_of,
-    sync_path,
-    type_differences,
-)
+from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
@@ -230,7 +226,7 @@ class DeltaTarget(StagedFilesTarget):
                 "target delta needs the deltalake package (delta-rs) wherever the query runs, "
                 "executors included: pip install 'flinkish[delta]'"
             ) from None
-        self._fs, self._base = filesystem_of(path, "a Delta table path")
+        self._fs, self._base = filesystem_of(path, "the Delta table's path")
         self._base = self._base.rstrip("/")
         self._uri, self._storage = delta_location(path)
         self._where = mask_uri(path) or path

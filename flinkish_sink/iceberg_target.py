@@ -43,8 +43,9 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from flinkish_core.config import Option
+from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
+from flinkish_core.locations import filesystem_of, sync_path
 from flinkish_core.secrets import (
     dsn_secrets,
     fingerprint,
@@ -66,16 +67,12 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import filesystem_of, sync_path, type_differences
+from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
 
 logger = logging.getLogger(__name__)
-
-
-def _catalog(key: str, value: str) -> dict[str, str]:
-    raise AssertionError("a prefix option is collected, not read")  # pragma: no cover
 
 
 def _shown_catalog(catalog: dict[str, str]) -> dict[str, object]:
@@ -88,7 +85,7 @@ def _catalog_secrets(catalog: dict[str, str]) -> list[str]:
 
 #: The Iceberg catalog's properties: the ``catalog.*`` options without the prefix.
 CATALOG: Option[dict[str, str]] = Option(
-    "catalog.*", _catalog, {}, shown_default="—", mask=_shown_catalog, secrets=_catalog_secrets,
+    "catalog.*", collected, {}, shown_default="—", mask=_shown_catalog, secrets=_catalog_secrets,
     doc="The catalog, each `catalog.<property>` passed to pyiceberg's `load_catalog` as "
         "`<property>`. `catalog.uri` (required): a SQLAlchemy URI for its SQL catalog "
         "(`sqlite:////path/catalog.db`, `postgresql+psycopg://user:password@host/db`), which "
@@ -216,7 +213,7 @@ class IcebergTarget(StagedFilesTarget):
             location = self._layout().data_location
             if location.startswith("file:") or "://" not in location:
                 # local disk needs no configuration (nor pyiceberg's file IO, slow to import)
-                self._fs_handle = filesystem_of(location, "an Iceberg table's data location")
+                self._fs_handle = filesystem_of(location, "the Iceberg table's data location")
             else:
                 from pyiceberg.io.pyarrow import PyArrowFileIO
 

@@ -83,8 +83,14 @@ def _shared_location(key: str, value: str, location: str | None) -> None:
 
 def _upsert_key(key: str, value: str, columns: tuple[str, ...]) -> None:
     if not columns:
-        raise OptionError(f"option {key}: {UPSERT_KEY_USAGE}, with target "
-                          f"{targets.listed(targets.taking(UPSERT_KEY), 'or')}")
+        raise _upsert_key_error()
+
+
+def _upsert_key_error() -> OptionError:
+    """Empty, or given to a target that only appends: what the option takes and where."""
+    return OptionError(
+        "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
+        f"target {targets.listed(targets.taking(UPSERT_KEY), 'or')}")
 
 
 def app_id(key: str, value: str) -> str:
@@ -113,7 +119,9 @@ LATE_DATA = Option(
     doc="`keep`, `drop` or `side`: what happens to record rows whose `eventTimeColumn` ≤ the "
         "combined watermark after the previous epoch, and to `flinkish.windows`' `late` rows "
         "(judged by the operator). They are counted in every mode. With `upsertKey`, the "
-        "operator's late rows (no window) need `side` or `drop`.")
+        "operator's late rows (no window) need `side` or `drop`. With `side` or `drop`, the "
+        "operator's results go to a table without the late rows' own columns (event time, "
+        "value), and with `side` its late rows to one without the window and pane columns.")
 EVENT_TIME_COLUMN = Option(
     "eventTimeColumn", text, "eventTime", owner=SINK,
     doc="Timestamp column used to classify late rows (another type fails at start). If the "
@@ -173,7 +181,6 @@ TABLE = Option(
         "`timestamptz` columns `<name>_start` and `<name>_end` (a table flinkish 0.1 "
         "created with a jsonb `<name>` column is refused with the statements that move it). "
         "Other structs, arrays and maps are stored as `jsonb`.")
-UPSERT_KEY_USAGE = "the key columns, comma-separated (e.g. 'k,window_start')"
 UPSERT_KEY: Option[tuple[str, ...]] = Option(
     "upsertKey", checked(names, _upsert_key), (),
     doc="Comma-separated table columns (a window `w` is `w_start`, `w_end`). A row replaces "
@@ -317,8 +324,7 @@ def _unknown(key: str, declared: Mapping[str, Option[Any]], target: str) -> Opti
 def _misplaced(option: Option[Any], target: str) -> OptionError:
     takers = targets.taking(option)
     if option is UPSERT_KEY:
-        return OptionError(f"option {option.key}: {UPSERT_KEY_USAGE}, with target "
-                           f"{targets.listed(takers, 'or')}")
+        return _upsert_key_error()
     many = option.prefix is not None
     return OptionError(
         f"option{'s' if many else ''} {option.key} appl{'y' if many else 'ies'} to "

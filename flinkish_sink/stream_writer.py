@@ -46,7 +46,7 @@ from flinkish_core.markers import (
     Marker,
 )
 from flinkish_core.watermark import SPARK_DELAY_KEY
-from flinkish_core.window_output import KIND, LATE, is_window_output
+from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, is_window_output, late_columns
 from flinkish_sink import targets
 from flinkish_sink.options import (
     UPSERT_KEY,
@@ -213,6 +213,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         self._policy = RetryPolicy(self._options.outage_timeout_ms / 1000)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
+        self._schemas = self._table_schemas(schema)
         # a hash, not the options: the DSN may hold a password
         checked = (self._options.fingerprint, self._data_schema.to_string())
         if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
@@ -225,10 +226,10 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 )
             # retried: a fresh Python worker of a running query checks again, maybe while
             # the target is away
-            for target in (self._target, self._side):
+            for target, kind in ((self._target, "data"), (self._side, "late")):
                 if target is not None:
                     self._policy.call(target, "check", functools.partial(
-                        target.check, self._data_schema))
+                        target.check, self._schemas[kind]))
             _CHECKED.add(checked)
         self._query = ""
         self._run = uuid.uuid4().hex[:8]  # see TransactionId.run
@@ -272,13 +273,14 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 assert target is not None
                 open_txns[kind] = RetriedTransaction(
                     target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
-                    self._data_schema, self._policy,
+                    self._schemas[kind], self._policy,
                 )
             return open_txns[kind]
 
         def emit(kind: str, rows: pa.RecordBatch) -> None:
             if rows.num_rows == 0:
                 return
+            rows = rows.select(self._schemas[kind].names)
             if exactly_once:
                 txn(kind).write(rows)
             else:
@@ -325,6 +327,19 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     logger.exception("abort after a failed write")
             raise
         return message
+
+    def _table_schemas(self, schema: StructType) -> dict[str, pa.Schema]:
+        """The columns of the table for records ("data") and of the late side table ("late").
+        Where flinkish.windows' results and late rows go to tables of their own (``lateData``
+        side or drop), each leaves out the other's columns, null in all its rows: the late
+        rows' event time and value, the results' window and pane."""
+        split = self._window_output and self._options.late_data is not LateData.KEEP
+        late_only = late_columns((f.name, f.metadata) for f in schema.fields) if split else set()
+        return {
+            "data": pa.schema([f for f in self._data_schema if f.name not in late_only]),
+            "late": pa.schema([f for f in self._data_schema
+                               if not (late_only and f.name in PANE_COLUMNS)]),
+        }
 
     def _resolve_leftovers(self, run: str | None) -> None:
         """Before this task writes: resolve the transactions other writers of the query left

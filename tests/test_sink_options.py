@@ -1,13 +1,25 @@
 """The sink's option errors name options as the docs spell them, although Spark hands the
-sink its option keys in lower case."""
+sink its option keys in lower case; a target is a plug-in, its options declared in its module."""
 
 from __future__ import annotations
 
+import re
+from typing import Any
+
 import pytest
 
+from flinkish_core.config import Option, whole_number
 from flinkish_core.errors import OptionError
-from flinkish_sink import delta_target
-from flinkish_sink.options import PARTITION_BY, UPSERT_KEY, parse_sink_options
+from flinkish_sink import delta_target, targets
+from flinkish_sink.options import (
+    PARTITION_BY,
+    PATH,
+    UPSERT_KEY,
+    TargetOptions,
+    parse_sink_options,
+    reference,
+)
+from flinkish_sink.targets import TargetFactory
 
 BASE = {"target": "parquet", "path": "/tmp/out", "checkpointLocation": "/tmp/ck"}
 
@@ -73,3 +85,57 @@ def test_delta_options() -> None:
     ):
         with pytest.raises(OptionError, match=message):
             parse_sink_options(bad)
+
+
+# ---------------------------------------------------------------- targets as plug-ins
+
+SIZE = Option("toy.size", whole_number(1, "a whole number >= 1"), 3, doc="Rows per toy file.")
+
+
+def _toy(options: TargetOptions, late: bool) -> Any:
+    return ("toy", options[PATH], options[SIZE], late)
+
+
+FACTORY = TargetFactory(name="toy", title="Toy", doc="A target of this test.",
+                        options=(PATH, SIZE), required={PATH: "where it goes"},
+                        create=_toy, cli_option="path")
+
+
+def test_a_target_is_its_module_and_a_line_in_the_registry(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """This module declares a target; registering it is all the sink, the docs and the CLI
+    need to take it."""
+    from flinkish_sink.stream_writer import make_target
+
+    monkeypatch.setitem(targets.TARGETS, "toy", __name__)
+    toy = {"target": "toy", "path": "/tmp/toy", "checkpointLocation": "/tmp/ck"}
+    options = parse_sink_options({**toy, "toy.size": "5"})
+    assert make_target(options) == ("toy", "/tmp/toy", 5, False)
+    assert parse_sink_options(toy)[SIZE] == 3
+    for bad, message in (({"toy.size": "0"}, "option toy.size: '0' is not a whole number"),
+                         ({"path": ""}, "option path is required with target toy (where it"),
+                         ({"toy.sise": "1"}, "did you mean toy.size?"),
+                         ({"lateData": "side"}, "target toy has no side output"),
+                         ({"delta.compactEvery": "1"}, "applies to target delta only")):
+        with pytest.raises(OptionError, match=re.escape(message)):
+            parse_sink_options({**toy, **bad})
+    with pytest.raises(OptionError, match=re.escape("option toy.size applies to target toy "
+                                                    "only (not parquet)")):
+        parse_sink_options({**BASE, "toy.size": "1"})
+    assert "- `toy`: A target of this test." in reference()
+    assert "| `toy.size` | `3` | `toy` | Rows per toy file. |" in reference()
+    from flinkish.cli import build_parser
+
+    args = build_parser().parse_args(["transactions", "--toy", "/tmp/toy", "--query", "q"])
+    assert args.target_toy == "/tmp/toy"  # flinkish transactions --toy PATH
+
+
+def test_a_target_whose_packages_are_missing_names_its_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(targets.TARGETS, "absent", "flinkish_sink.no_such_target")
+    with pytest.raises(OptionError, match=re.escape("target absent needs packages that are "
+                                                    "not installed")) as failure:
+        parse_sink_options({"target": "absent", "checkpointLocation": "/tmp/ck"})
+    assert "flinkish[absent]" in str(failure.value)
+    # the other targets still parse, and still name their options
+    assert parse_sink_options(BASE).target == "parquet"

@@ -7,9 +7,10 @@ for the brokers bounded by ``kafkaConsumer.pollTimeoutMs`` with a warning per sl
 
 Partition leaders and earliest offsets come from a pooled librdkafka consumer, which knows the
 cluster; records come over one connection per leader
-(:class:`~flinkish_source.kafka.protocol.FetchConnection`, on the project's Kafka connection). One Fetch request asks for the range
-being read and for the next announced ranges on that leader (a task of many small ranges reads
-them in one round trip), as long as what is buffered for them stays under the look-ahead.
+(:class:`~flinkish_source.kafka.protocol.FetchConnection`, on the project's Kafka connection).
+One Fetch request asks for the range being read and for the next announced ranges on that
+leader (a task of many small ranges reads them in one round trip), as long as what is buffered
+for them stays under the look-ahead.
 
 :func:`eligible` says when this path can read for a query (plaintext clusters: the
 connection speaks TLS and SASL, but the source hands it the query's settings untranslated). A
