@@ -16,7 +16,8 @@ index of the records it has read (:meth:`SourceStateStore.find_state`,
 :meth:`SourceStateStore.find_outcomes`), refreshed by listing the directory when it looks for
 something it has not seen, and falls back to the per-partition records
 ``source/<topic>/<partition>/<offset>`` that :func:`~flinkish_source.partition_reader.read_slice`
-writes (a slice re-read on the driver, or a checkpoint from before task records).
+writes when the driver re-reads a slice a read task did not finish (and which checkpoints of
+0.1 builds from before task records hold).
 ``~`` cannot appear in a Kafka topic name, so the directory never clashes with a topic's.
 """
 
@@ -214,10 +215,11 @@ class SourceStateStore:
         return self.load(topic, partition, at)
 
     def find_outcomes(self, topic: str, partition: int, at: int) -> list[SliceOutcome]:
-        """The recorded outcomes of slices that ended at ``at`` (task records first)."""
+        """The recorded outcomes of slices that ended at ``at``: the task records', then the
+        per-partition record's (a slice the driver re-read)."""
         found = [e[3] for e in self._entries(topic, partition, at)]
-        legacy = self.load_outcome(topic, partition, at)
-        return found + ([legacy] if legacy is not None else [])
+        reread = self.load_outcome(topic, partition, at)
+        return found + ([reread] if reread is not None else [])
 
     def save_closing(self, batch: str, watermark: int) -> None:
         """A read task of the closing ``batch`` yielded the carrier of ``watermark``. One
