@@ -328,7 +328,9 @@ FETCH = Option(
         "leader over a plain socket, the record batches decoded in C straight into Arrow "
         "columns; far less CPU per record. Partition leaders and earliest offsets still come "
         "from librdkafka. It decompresses every codec Kafka defines (gzip with zlib; snappy, "
-        "raw or in the Java producer's xerial framing, lz4 and zstd with cramjam) and honours "
+        "raw or in the Java producer's xerial framing, lz4 and zstd with cramjam, which the "
+        "`native` extra installs: `pip install 'flinkish[native]'`; without it such batches "
+        "are handed to librdkafka) and honours "
         "`kafka.isolation.level` as Kafka's consumer does (read_committed: up to the last "
         "stable offset, aborted transactions dropped). Whatever it does not handle is read on "
         "with librdkafka from that offset, for that range: an old message format (magic 0/1), "
@@ -394,12 +396,12 @@ def reference() -> str:
 
 
 #: librdkafka settings every client of a query starts from (its ``kafka.*`` options win). When
-#: no broker answers, librdkafka 2.16 starts again from ``bootstrap.servers`` (its default
-#: ``metadata.recovery.strategy``, ``rebootstrap``) and so resets its reconnect backoff: a client
-#: of a cluster that is down, idle in the consumer pool included, connects every ~50 ms for as
-#: long as it lives (~16 connections a second, measured), and a process that later listens on
-#: one of those ports gets them. Without re-bootstrapping the backoff grows as in Kafka's Java
-#: client, whose reconnect backoff is capped at 1 s (``reconnect.backoff.max.ms``).
+#: no broker answers, librdkafka's default ``metadata.recovery.strategy`` (``rebootstrap``)
+#: starts again from ``bootstrap.servers`` and so resets its reconnect backoff: a client of a
+#: cluster that is down, idle in the consumer pool included, would connect every ~50 ms for as
+#: long as it lives, and a process that later listens on one of those ports would get those
+#: connections. Without re-bootstrapping the backoff grows as in Kafka's Java client, capped at
+#: 1 s (``reconnect.backoff.max.ms``).
 CLIENT_DEFAULTS: dict[str, Any] = {
     "metadata.recovery.strategy": "none",
     "reconnect.backoff.max.ms": 1000,
