@@ -27,12 +27,15 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from flinkish.demo.embedded_kafka import EXTERNAL_ENV
-from flinkish.demo.embedded_postgres import DSN_ENV
-from integration.doc_examples import ILLUSTRATIONS, RUNNABLE, Block, blocks, dev_command
+from integration.doc_examples import (
+    DEV_ENV,
+    ILLUSTRATIONS,
+    RUNNABLE,
+    Block,
+    blocks,
+    dev_command,
+)
 
-#: What a page's examples may read of ``flinkish dev``: the variables of its ``export`` line.
-DEV_ENV = (EXTERNAL_ENV, DSN_ENV)
 #: How long flinkish dev may take to stop.
 DEV_STOP_S = 60
 _CHECKER = doctest.OutputChecker()

@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from integration.doc_examples import ROOT, runnable_pages
-from integration.run_doc_pages import DEV_ENV
+from integration.doc_examples import DEV_ENV, ROOT, runnable_pages
 
 pytestmark = pytest.mark.integration
 
