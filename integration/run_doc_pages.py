@@ -1,10 +1,10 @@
 """Runs pages of the docs as a reader does, one after another in this process: for each page,
 the ``flinkish dev`` command the page shows (in a second terminal, as it were, kept running
-until the last page has run), then the page's
-examples as written, its Python blocks in one fresh ``__main__`` namespace (a file of them run
-with ``python``), its shell blocks as commands, in the current directory. The page sees only
-the environment ``flinkish dev`` exports. Pages share this process's Spark driver, as one
-``python`` session running them in turn would.
+until the last page has run), then the page's examples as written, its Python blocks in one
+fresh ``__main__`` namespace (a file of them run with ``python``), its shell blocks as
+commands, in the current directory. The page sees only the environment ``flinkish dev``
+exports. Pages share this process's Spark driver, as one ``python`` session running them in
+turn would.
 
 ``python -m integration.run_doc_pages RESULTS.json PAGE...`` writes, for each page, whether it
 ran and printed what it shows, or where and how it did not.
