@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ pytestmark = pytest.mark.integration
 PAGES = runnable_pages()
 #: For every page together (a page takes seconds to a minute).
 TIMEOUT_S = 900
+STOP_S = 60
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +36,19 @@ def page_results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     # the reader's virtualenv is active; the pages show commands' output at 100 columns
     env |= {"PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "COLUMNS": "100",
             "PYTHONPATH": str(ROOT)}
-    subprocess.run([sys.executable, "-m", "integration.run_doc_pages", str(results),
-                    *map(str, PAGES)], cwd=workdir, env=env, timeout=TIMEOUT_S, check=True)
+    # a session of its own: on a timeout its flinkish dev servers stop with it
+    reader = subprocess.Popen([sys.executable, "-m", "integration.run_doc_pages", str(results),
+                               *map(str, PAGES)], cwd=workdir, env=env, start_new_session=True)
+    try:
+        assert reader.wait(TIMEOUT_S) == 0
+    finally:
+        if reader.poll() is None:
+            os.killpg(reader.pid, signal.SIGTERM)  # flinkish dev stops its servers on SIGTERM
+            try:
+                reader.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(reader.pid, signal.SIGKILL)
+                reader.wait()
     found: dict[str, Any] = json.loads(results.read_text())
     return found
 
