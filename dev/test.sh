@@ -8,8 +8,8 @@
 # own broker, PostgreSQL and S3 server: the session's lane (the integration tests sharing one
 # SparkSession, and the cluster's module) and a lane of the unit tests, then the modules that
 # run queries in drivers of their own (the sink's crash suite, the demo, the crash tests of
-# windows and of the valve, Spark Connect's server), about as long as the first lane. Either
-# failing fails the run.
+# windows and of the valve, Spark Connect's server, the docs' pages), about as long as the
+# first lane. Either failing fails the run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash dev/setup.sh test
@@ -28,7 +28,7 @@ own_drivers=(
   integration/test_sink_crash.py integration/test_demo.py integration/test_window_crash.py integration/test_windows_crash.py
   integration/test_valve_epochs.py integration/test_worker_python.py
   integration/test_concurrent_queries.py integration/test_packaging.py
-  integration/test_spark_connect.py
+  integration/test_spark_connect.py integration/test_docs_examples.py
 )
 lanes=$(mktemp -d)
 (

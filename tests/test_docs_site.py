@@ -14,7 +14,15 @@ import flinkish
 from flinkish_core.errors import OptionError
 from flinkish_sink import options as sink_options
 from flinkish_source import options as source_options
-from integration.doc_examples import ROOT, pages, problems
+from integration.doc_examples import (
+    ROOT,
+    blocks,
+    flinkish_options,
+    pages,
+    problems,
+    runnable_pages,
+    shared_names,
+)
 
 _NAME = re.compile(r"`([^`]+)`")
 
@@ -33,6 +41,31 @@ def option_tables(text: str) -> set[str]:
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_every_code_block_runs_or_says_why_not(page: object) -> None:
     assert problems(page) == []  # type: ignore[arg-type]
+
+
+def test_the_pages_that_run_use_topics_tables_and_directories_of_their_own() -> None:
+    """A reader runs the pages against one ``flinkish dev``: no page may write to another's
+    table or checkpoint, or read its topic."""
+    assert shared_names(runnable_pages()) == []
+
+
+@pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_examples_that_do_not_run_give_flinkish_only_options_it_accepts(
+    page: object,
+) -> None:
+    """A managed cluster's example, a lakehouse's: they need services CI does not start, but
+    their option names are checked (and problems() checks that they compile)."""
+    from flinkish_sink import targets
+
+    declared = [*source_options.SOURCE_OPTIONS, *sink_options.SINK_OPTIONS,
+                *(o for f in targets.installed() for o in f.options)]
+    accepted = {key for o in declared for key in o.spellings()}
+    prefixes = tuple(o.prefix.lower() for o in declared if o.prefix)
+    for block in blocks(page):  # type: ignore[arg-type]
+        if block.language == "python" and block.marker == "not run":
+            unknown = [name for name in flinkish_options(block) if name.lower() not in accepted
+                       and not name.lower().startswith(prefixes)]
+            assert unknown == [], f"{block.where}: options flinkish does not accept"
 
 
 def test_the_source_options_reference_is_generated_from_the_declarations() -> None:
