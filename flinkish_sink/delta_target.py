@@ -72,6 +72,12 @@ from flinkish_sink.parquet_target import (
     sync_path,
     type_differences,
 )
+from flinkish_sink.table_constraints import (
+    Check,
+    TableRules,
+    UnsupportedCheck,
+    compile_check,
+)
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.window_columns import table_batch, table_schema
 
@@ -84,6 +90,13 @@ RECORD_KEY = "flinkish"
 #: the writer (and its target) anew every micro-batch, and a target that knows them spares
 #: each write task a read of the table's log.
 _PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
+
+#: The NOT NULL columns and CHECK constraints of the tables this process has checked, by URI
+#: (as :data:`_PARTITIONS_SEEN`): the write tasks refuse the rows the table would.
+_RULES_SEEN: dict[str, TableRules] = {}
+#: What a NOT NULL column's error says to lift the rule.
+_DROP_NOT_NULL = "ALTER TABLE … ALTER COLUMN … DROP NOT NULL"
+_CONSTRAINT_KEY = "delta.constraints."
 
 #: The tables this process has open, by URI and storage options. Spark builds the writer (and
 #: its target) anew every micro-batch, in one long-lived process on the driver: a handle kept
@@ -144,9 +157,17 @@ def partition_value(value: Any) -> str | None:
     return str(value)  # integers, dates (YYYY-MM-DD)
 
 
-def _delta_types(schema: pa.Schema) -> dict[str, Any]:
-    """Column name -> Delta type (nullability left out: Spark writes every column nullable)."""
+def _delta_fields(schema: pa.Schema) -> list[dict[str, Any]]:
+    """The Delta schema's fields (JSON) of the Arrow ``schema``."""
     from deltalake import Schema
+
+    fields: list[dict[str, Any]] = json.loads(Schema.from_arrow(schema).to_json())["fields"]
+    return fields
+
+
+def _delta_types(schema: pa.Schema) -> dict[str, Any]:
+    """Column name -> Delta type (nullability left out: Spark writes every column nullable;
+    :func:`_rules_of` takes the table's NOT NULL columns)."""
 
     def strip(node: Any) -> Any:
         if isinstance(node, dict):
@@ -156,8 +177,61 @@ def _delta_types(schema: pa.Schema) -> dict[str, Any]:
             return [strip(v) for v in node]
         return node
 
-    fields = json.loads(Schema.from_arrow(schema).to_json())["fields"]
-    return {f["name"]: strip(f["type"]) for f in fields}
+    return {f["name"]: strip(f["type"]) for f in _delta_fields(schema)}
+
+
+def _nested_not_null(table: Any, stream: Any, path: str) -> list[str]:
+    """The fields, elements and values inside ``table``'s Delta type (JSON) that are NOT NULL
+    where ``stream``'s (the same type) may be null: a task checks top-level columns only."""
+    if not (isinstance(table, dict) and isinstance(stream, dict)):
+        return []
+    found = []
+    if table.get("type") == "struct":
+        streamed = {f["name"]: f for f in stream.get("fields", [])}
+        for inner in table.get("fields", []):
+            other = streamed.get(inner["name"], {})
+            where = f"{path}.{inner['name']}"
+            if not inner.get("nullable", True) and other.get("nullable", True):
+                found.append(where)
+            found += _nested_not_null(inner["type"], other.get("type"), where)
+    for key, flag, part in (("elementType", "containsNull", "[]"),
+                            ("keyType", None, "{key}"), ("valueType", "valueContainsNull", "{}")):
+        if key in table:
+            if flag and not table.get(flag, True) and stream.get(flag, True):
+                found.append(f"{path}{part}")
+            found += _nested_not_null(table[key], stream.get(key), f"{path}{part}")
+    return found
+
+
+def _rules_of(table: Any, columns: pa.Schema, where: str) -> TableRules:
+    """``table``'s NOT NULL columns and CHECK constraints, as the stream's rows (``columns``)
+    are checked against them; ValueError for what a task cannot check: a NOT NULL inside a
+    column, a constraint outside the SQL :mod:`flinkish_sink.table_constraints` evaluates."""
+    fields = json.loads(table.schema().to_json())["fields"]
+    streamed = {f["name"]: f for f in _delta_fields(columns)}
+    nested = [p for f in fields if f["name"] in streamed
+              for p in _nested_not_null(f["type"], streamed[f["name"]]["type"], f["name"])]
+    if nested:
+        raise ValueError(
+            f"Delta table {where!r} has NOT NULL fields inside its columns ({nested}) where "
+            "the stream's rows may hold NULL; flinkish checks NOT NULL on whole columns only. "
+            "Make the stream's fields non-nullable, or write a table without them")
+    checks = []
+    for key, sql in sorted(table.metadata().configuration.items()):
+        if key.startswith(_CONSTRAINT_KEY) and sql:
+            name = key[len(_CONSTRAINT_KEY):]
+            try:
+                checks.append(Check(name, sql, compile_check(sql, columns)))
+            except UnsupportedCheck as exc:
+                raise ValueError(
+                    f"Delta table {where!r} has CHECK constraint {name!r} ({sql}), which "
+                    f"flinkish cannot evaluate on the stream's rows ({exc}): it checks "
+                    "comparisons, AND/OR/NOT, IS [NOT] NULL, [NOT] IN, BETWEEN and arithmetic "
+                    "over columns and literals. Rewrite the constraint in those terms, or "
+                    "drop it (ALTER TABLE … DROP CONSTRAINT)") from None
+    not_null = tuple(f["name"] for f in fields if not f.get("nullable", True)
+                     and f["name"] in streamed)
+    return TableRules(f"Delta table {where!r}", not_null, tuple(checks))
 
 
 def _shown(dtype: Any) -> str:
@@ -203,6 +277,7 @@ class DeltaTarget(StagedFilesTarget):
         self._compact_every = compact_every
         self._vacuum_hours = vacuum_retention_hours
         self._manifests = Manifests(self._fs, self._base)
+        self._rules: TableRules | None = _RULES_SEEN.get(self._uri)
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self._where!r})"
@@ -241,6 +316,14 @@ class DeltaTarget(StagedFilesTarget):
                 self._partitions = tuple(table.metadata().partition_columns)
         return self._partitions
 
+    def rules(self, columns: pa.Schema) -> TableRules:
+        """The table's NOT NULL columns and CHECK constraints, for rows of ``columns`` (as
+        :meth:`check` found them, or asked of the table)."""
+        if self._rules is None:
+            with self._latest() as table:
+                self._rules = _rules_of(table, columns, self._where)
+        return self._rules
+
     @property
     def manifests(self) -> Manifests:
         return self._manifests
@@ -269,6 +352,7 @@ class DeltaTarget(StagedFilesTarget):
         with self._latest() as table:
             existing = tuple(table.metadata().partition_columns)
             current = pa.schema(table.schema().to_arrow())
+            rules = _rules_of(table, columns, self._where)
         if self._wanted_partitions and existing != self._wanted_partitions:
             raise ValueError(
                 f"option partitionBy: Delta table {self._where!r} is partitioned by "
@@ -292,6 +376,7 @@ class DeltaTarget(StagedFilesTarget):
                 + " (a window column w is stored as w_start and w_end). Write to a new "
                 "table, or change the query to produce the table's columns"
             )
+        self._rules = _RULES_SEEN[self._uri] = rules
 
     def _check_partition_columns(self, columns: pa.Schema) -> None:
         for name in self._partitions or ():
@@ -511,7 +596,9 @@ class DeltaTransaction:
         # a referenced file holds no partition column (its add action has the values); the
         # files an upsert merges from are only read by the driver, which needs them whole
         dropped = () if target.upsert_key else self._partitions
-        self._schema = pa.schema([f for f in table_schema(schema) if f.name not in dropped])
+        columns = table_schema(schema)
+        self._schema = pa.schema([f for f in columns if f.name not in dropped])
+        self._rules = target.rules(columns)
         self._open: dict[tuple[str | None, ...], _DataFile] = {}
         self._files: list[str] = []
         self._rows = 0
@@ -525,6 +612,7 @@ class DeltaTransaction:
         if self._finished:
             raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
         batch = table_batch(batch)
+        self._rules.refuse(batch, _DROP_NOT_NULL)
         for key, rows in split_by_partition(batch, self._partitions):
             values = tuple(partition_value(key[n]) for n in self._partitions)
             data = pa.RecordBatch.from_arrays(

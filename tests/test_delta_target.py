@@ -314,6 +314,51 @@ def test_an_existing_table_of_another_schema_is_refused(tmp_path: Path) -> None:
         DeltaTarget(str(tmp_path / "u"), partition_by=("nope",)).check(SCHEMA)
 
 
+def constrained_table(path: Path, **constraints: str) -> None:
+    """A table whose ``id`` is NOT NULL, with ``constraints`` (name -> SQL)."""
+    fields = [f.with_nullable(f.name != "id") for f in SCHEMA]
+    deltalake.DeltaTable.create(str(path), pa.schema(fields))
+    if constraints:
+        table(path).alter.add_constraint(constraints)
+
+
+def test_rows_the_tables_constraints_refuse_fail_the_task_before_any_decision(
+    tmp_path: Path
+) -> None:
+    constrained_table(tmp_path / "table", positive="id > 0", named="name IN ('n0', 'n1')")
+    env = Env(tmp_path)  # the stream's id is nullable: fine while no row has it NULL
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2])], [], 2, 0)
+    assert read_ids(env.path) == [1, 2]
+
+    shipped = pickle.loads(pickle.dumps(env.target))  # as Spark ships it to a task
+    transaction = shipped.begin_transaction(txn(1, 0), SCHEMA)
+    with pytest.raises(ValueError, match=r"column 'id' is NOT NULL there, but 1 row"):
+        transaction.write(batch([3]).set_column(
+            0, "id", pa.array([None], pa.int64())))
+    transaction = shipped.begin_transaction(txn(1, 0, 1), SCHEMA)
+    with pytest.raises(ValueError, match=r"1 row\(s\) of the stream break its CHECK "
+                                         r"constraint 'positive' \(id > 0\)"):
+        transaction.write(batch([3, -4]))
+    transaction = shipped.begin_transaction(txn(1, 0, 2), SCHEMA)
+    with pytest.raises(ValueError, match="constraint 'named'"):
+        transaction.write(batch([3], name="x"))
+    transaction.abort()
+    assert read_ids(env.path) == [1, 2]
+
+
+def test_a_constraint_a_task_cannot_evaluate_is_refused_at_start(tmp_path: Path) -> None:
+    constrained_table(tmp_path / "t", short="upper(name) = name")
+    with pytest.raises(ValueError, match=r"CHECK constraint 'short' \(.*\), which flinkish "
+                                         r"cannot evaluate.*function upper\(\)"):
+        DeltaTarget(str(tmp_path / "t")).check(SCHEMA)
+    nested = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.field("tag", pa.string(),
+                                                                        nullable=False)))])
+    deltalake.DeltaTable.create(str(tmp_path / "n"), nested)
+    streamed = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string()))])
+    with pytest.raises(ValueError, match=r"NOT NULL fields inside its columns \(\['tags\[\]'\]\)"):
+        DeltaTarget(str(tmp_path / "n")).check(streamed)
+
+
 def test_an_existing_partitioned_table_is_written_by_its_partitions(tmp_path: Path) -> None:
     DeltaTarget(str(tmp_path / "t"), partition_by=("name",)).check(SCHEMA)
     target = DeltaTarget(str(tmp_path / "t"))  # no partitionBy: the table's
