@@ -49,7 +49,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -106,6 +106,9 @@ _CONSTRAINT_KEY = "delta.constraints."
 #: used under :data:`_TABLES_LOCK`, from the read it is brought up to date by to the commit
 #: made against that read.
 _TABLES: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+#: Per table (as :data:`_TABLES`): the version up to which this process counted the commits
+#: since the table's last compaction, and their number.
+_SINCE_COMPACTION: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, int]] = {}
 _TABLES_LOCK = threading.RLock()
 
 #: The Arrow types a partition column may have.
@@ -444,34 +447,78 @@ class DeltaTarget(StagedFilesTarget):
                     # this epoch (an earlier run of the query), the epoch is in
                     if not _holds(self._table(), app, record.epoch):
                         raise
-                if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
-                    self._compact()
         for decided in pre_commits:
             if self.upsert_key:  # the merge wrote the rows into files of its own
                 for add in _adds_of(decided):
                     delete_file_if_present(self._fs, self._path(add["path"]))
             self.manifests.drop(decided.txn)
 
-    def _compact(self) -> None:
-        """Rewrite the table's small files into fewer large ones (``OPTIMIZE``), then vacuum
-        if configured. Runs on the driver right after an epoch's commit, so never beside one
-        of this query's; it is one commit of its own that removes and adds the same rows
-        (``dataChange`` false), so no row is lost or doubled, and it does not touch ``txn``.
-        A failure is logged, not raised: the epoch is committed, and the next compaction
+    def maintain(self, prefix: str, query: str, epoch: int,
+                 fence: Callable[[], None] = lambda: None) -> None:
+        """After an epoch completed: compact the table once ``compact_every`` commits have
+        added data since its last compaction (``OPTIMIZE``: small files of a partition
+        rewritten into large ones, as one commit that removes and adds the same rows,
+        ``dataChange`` false, not touching ``txn``), then vacuum if configured.
+
+        Whether a compaction is due is read from the table's log, not from the epoch's
+        number, so a crash between an epoch's commit and its compaction defers the
+        compaction to the restarted query's next epoch (or its replay) rather than skipping
+        it. A failure is logged, not raised: the epoch is committed, and the next epoch
         tries again."""
+        if not self._compact_every:
+            return
         try:
-            table = self._table()
-            metrics = table.optimize.compact()
-            logger.info("Delta table %s compacted: %s files into %s", self._where,
-                        metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
-            if self._vacuum_hours is not None:
-                deleted = table.vacuum(self._vacuum_hours, dry_run=False,
-                                       enforce_retention_duration=False)
-                logger.info("Delta table %s vacuumed: %s files deleted", self._where,
-                            len(deleted))
+            with self._latest() as table:
+                if self._commits_since_compaction(table) < self._compact_every:
+                    return
+                fence()
+                metrics = table.optimize.compact()
+                _SINCE_COMPACTION[self._table_key()] = (table.version(), 0)
+                logger.info("Delta table %s compacted: %s files into %s", self._where,
+                            metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+                if self._vacuum_hours is not None:
+                    self._vacuum(table, self._vacuum_hours)
         except Exception as exc:  # compaction is an optimisation: the epoch is in
-            logger.warning("compacting Delta table %s failed (the next compaction tries "
+            logger.warning("compacting Delta table %s failed (the next epoch tries "
                            "again): %s", self._where, exc)
+
+    def _table_key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return self._uri, tuple(sorted(self._storage.items()))
+
+    def _commits_since_compaction(self, table: Any) -> int:
+        """How many commits added or changed data since ``table``'s newest compaction (or
+        its creation), from its log: the commits since the version this process last
+        counted up to, or, the first time, read back until that compaction (or enough)."""
+        version = table.version()
+        counted = _SINCE_COMPACTION.get(self._table_key())
+        if counted is not None and counted[0] <= version:
+            since, count = counted
+            if version > since:
+                newer, compacted = _data_commits(table.history(version - since))
+                count = newer if compacted else count + newer
+        else:
+            limit = self._compact_every + 4
+            while True:
+                commits = table.history(limit)
+                count, compacted = _data_commits(commits)
+                if compacted or count >= self._compact_every or len(commits) < limit:
+                    break
+                limit *= 4
+        _SINCE_COMPACTION[self._table_key()] = (version, count)
+        return count
+
+    def _vacuum(self, table: Any, hours: int) -> None:
+        """Delete the files no version references that are older than ``hours``: files the
+        table stopped referencing, and files it never did (a compaction or another writer
+        killed before its commit), except those a flinkish transaction's manifest lists
+        (an epoch decided but not yet committed, of any query on the table)."""
+        unreferenced = table.vacuum(hours, dry_run=True, enforce_retention_duration=False,
+                                    full=True)
+        kept = self.manifests.named()
+        deleted = [name for name in unreferenced if name not in kept]
+        for name in deleted:
+            delete_file_if_present(self._fs, self._path(name))
+        logger.info("Delta table %s vacuumed: %d files deleted", self._where, len(deleted))
 
     def _check_present(self, adds: list[dict[str, Any]], epoch: int) -> None:
         paths = [self._path(a["path"]) for a in adds]
@@ -541,6 +588,19 @@ def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str,
             if query is None or record["query"] == query:
                 records.append({**record, "version": commit.get("version")})
     return records
+
+
+def _data_commits(commits: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Of ``commits`` (history entries, newest first): how many added or changed data before
+    the newest compaction or creation among them, and whether there was one."""
+    count = 0
+    for commit in commits:
+        operation = str(commit.get("operation", ""))
+        if operation == "OPTIMIZE" or operation.startswith("CREATE"):
+            return count, True
+        if not operation.startswith("VACUUM"):
+            count += 1
+    return count, False
 
 
 def _holds(table: Any, app: str, epoch: int) -> bool:

@@ -511,6 +511,58 @@ def test_compaction_every_n_epochs_keeps_every_row_once(tmp_path: Path) -> None:
     assert table(env.path).transaction_version(QUERY) == 3
 
 
+class Crash(BaseException):
+    """The driver's process dying (not an error the target could catch)."""
+
+
+def test_a_crash_before_a_compaction_defers_it_rather_than_skipping_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = Env(tmp_path, compact_every=2)
+    compact = deltalake.table.TableOptimizer.compact
+
+    def killed(*_: Any, **__: Any) -> None:
+        monkeypatch.setattr(deltalake.table.TableOptimizer, "compact", compact)
+        raise Crash("the driver died right after the epoch's commit")
+
+    monkeypatch.setattr(deltalake.table.TableOptimizer, "compact", killed)
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1])], [], 1, 0)
+    with pytest.raises(Crash):
+        env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [2])], [], 1, 0)
+    assert table(env.path).transaction_version(QUERY) == 1  # epoch 1 is in, not compacted
+    # the restarted query replays epoch 1: it commits nothing and compacts
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [2], run="r2")], [], 1, 0)
+    operations = [h["operation"] for h in reversed(table(env.path).history())]
+    assert operations == ["CREATE TABLE", "WRITE", "WRITE", "OPTIMIZE"]
+    assert len(referenced(env.path)) == 1
+    assert read_ids(env.path) == [1, 2]
+
+
+def test_vacuum_deletes_what_a_killed_compaction_left_and_keeps_decided_files(
+    tmp_path: Path
+) -> None:
+    import os
+
+    import pyarrow.parquet as pq
+
+    env = Env(tmp_path, compact_every=2, vacuum_retention_hours=1)
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1])], [], 1, 0)
+    # an OPTIMIZE killed before its commit left its file; another query's epoch is decided,
+    # its files waiting for that query's restart; both older than the retention
+    orphan = env.path / "part-00001-0b7c3a5e-c000.zstd.parquet"
+    pq.write_table(pa.table({"id": [1]}), orphan)
+    other = pre_commit(env.target, 0, 0, [7], prefix="other")
+    waiting = env.path / other.detail["adds"][0]["path"]  # type: ignore[index]
+    hours_ago = datetime.now().timestamp() - 3 * 3600
+    for path in (orphan, waiting):
+        os.utime(path, (hours_ago, hours_ago))
+
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [2])], [], 1, 0)
+    assert not orphan.exists()
+    assert waiting.exists()
+    assert read_ids(env.path) == [1, 2]
+
+
 def test_readers_skipping_files_by_statistics_find_every_row(tmp_path: Path) -> None:
     """Every bound is safe for delta-rs' reader, which prunes files by the add actions'
     statistics: a filtered read of each value of each column finds its row, whether the
