@@ -33,6 +33,10 @@ With an upsert key (``upsertKey``) an epoch's rows replace the table's rows of t
 them into the table (delta-rs ``MERGE``, NULL keys matching) as the epoch's one version, with
 the same ``txn`` and record; the tasks' files, never referenced, are then deleted.
 
+The commit of add actions checks no rows, so a write task checks its own against the table's
+``NOT NULL`` columns and ``CHECK`` constraints before it pre-commits
+(:mod:`flinkish_sink.table_constraints`): a decision never names a row the table refuses.
+
 Two runs of one query (a zombie driver) cannot both commit an epoch: the checkpoint store
 fences the older one, and delta-rs refuses a commit whose app id another commit set since
 it read the table (``CommitFailedError``), after which the table's ``txn`` says whether the
@@ -259,8 +263,9 @@ class DeltaTarget(StagedFilesTarget):
         keeps in the checkpoint location across restarts); ``upsert_key``: the columns (of
         the table: a window ``w`` is ``w_start``, ``w_end``) on which an epoch's row replaces
         the table's row instead of adding one; ``compact_every``: compact the table's small
-        files after every that many epochs (0: never); ``vacuum_retention_hours``: after
-        compacting, delete files the table stopped referencing that long ago (None: never)."""
+        files once that many commits added data since its last compaction (0: never);
+        ``vacuum_retention_hours``: after compacting, delete the files no version references
+        that are older than that (None: never; see :meth:`maintain`)."""
         try:
             import deltalake  # noqa: F401
         except ImportError:
