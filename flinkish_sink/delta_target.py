@@ -233,8 +233,9 @@ def _rules_of(table: Any, columns: pa.Schema, where: str) -> TableRules:
                 raise ValueError(
                     f"Delta table {where!r} has CHECK constraint {name!r} ({sql}), which "
                     f"flinkish cannot evaluate on the stream's rows ({exc}): it checks "
-                    "comparisons, AND/OR/NOT, IS [NOT] NULL, [NOT] IN, BETWEEN and arithmetic "
-                    "over columns and literals. Rewrite the constraint in those terms, or "
+                    "comparisons, AND/OR/NOT, IS [NOT] NULL, IS [NOT] DISTINCT FROM, "
+                    "[NOT] IN, BETWEEN and arithmetic over columns and literals. Rewrite the "
+                    "constraint in those terms, or "
                     "drop it (ALTER TABLE … DROP CONSTRAINT)") from None
     not_null = tuple(f["name"] for f in fields if not f.get("nullable", True)
                      and f["name"] in streamed)

@@ -9,8 +9,9 @@ error. So the task checks its rows: a row the table would refuse fails the task,
 decision names it, with an error naming the column or constraint.
 
 ``CHECK`` constraints are SQL; :func:`compile_check` understands the subset they are written
-in (comparisons, ``AND``/``OR``/``NOT``, ``IS [NOT] NULL``, ``[NOT] IN``, ``BETWEEN``,
-arithmetic, literals, columns) and turns it into a ``pyarrow.compute`` expression; a
+in (comparisons, ``AND``/``OR``/``NOT``, ``IS [NOT] NULL``, ``IS [NOT] DISTINCT FROM``,
+``[NOT] IN``, ``BETWEEN``, arithmetic, literals -- a string beside a date or timestamp column
+read as one --, columns) and turns it into a ``pyarrow.compute`` expression; a
 constraint outside it is refused at query start, named. As delta-rs' own writer does, a row
 passes a constraint only when the expression is true (NULL fails).
 """
@@ -109,7 +110,8 @@ def compile_check(sql: str, schema: pa.Schema) -> pc.Expression:
     # evaluated once over no rows: a type the functions cannot take shows now, not in a task
     try:
         _evaluate(expression, pa.RecordBatch.from_pylist([], schema=schema))
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError,
+            pa.ArrowKeyError) as exc:
         raise UnsupportedCheck(str(exc).splitlines()[0]) from None
     return expression
 
@@ -137,6 +139,11 @@ class _Parser:
         self._tokens = tokens
         self._at = 0
         self._schema = schema
+        #: the column's type of an expression that is a column, the text of a string literal
+        #: (by the expression's id, while it is parsed): a literal compared with a date or
+        #: timestamp column is read as one, as SQL does
+        self._columns: dict[int, pa.DataType] = {}
+        self._strings: dict[int, str] = {}
 
     def peek(self) -> tuple[str, str] | None:
         return self._tokens[self._at] if self._at < len(self._tokens) else None
@@ -193,6 +200,10 @@ class _Parser:
             return pc.is_valid(left)
         if self._keyword("IS", "NULL"):
             return pc.is_null(left)
+        if self._keyword("IS", "NOT", "DISTINCT", "FROM"):
+            return self._same(left, self._sum())
+        if self._keyword("IS", "DISTINCT", "FROM"):
+            return pc.invert(self._same(left, self._sum()))
         negated = self._keyword("NOT")
         if self._keyword("IN"):
             self._expect("(")
@@ -200,19 +211,47 @@ class _Parser:
             while self._op(","):
                 values.append(self._sum())
             self._expect(")")
-            result = _any(pc.equal(left, v) for v in values)
+            result = _any(pc.equal(*self._typed(left, v)) for v in values)
         elif self._keyword("BETWEEN"):
             low = self._sum()
             if not self._keyword("AND"):
                 raise UnsupportedCheck("BETWEEN without AND")
-            result = pc.and_kleene(pc.greater_equal(left, low),
-                                   pc.less_equal(left, self._sum()))
+            result = pc.and_kleene(pc.greater_equal(*self._typed(left, low)),
+                                   pc.less_equal(*self._typed(left, self._sum())))
         elif negated:
             raise UnsupportedCheck("NOT where IN or BETWEEN was expected")
         else:
             op = self._op(*_COMPARISONS)
-            return left if op is None else _COMPARISONS[op](left, self._sum())
+            return left if op is None else _COMPARISONS[op](*self._typed(left, self._sum()))
         return pc.invert(result) if negated else result
+
+    def _same(self, left: Any, right: Any) -> Any:
+        """``left IS NOT DISTINCT FROM right``: equal, or both NULL."""
+        left, right = self._typed(left, right)
+        return pc.if_else(pc.and_kleene(pc.is_null(left), pc.is_null(right)), pc.scalar(True),
+                          pc.coalesce(pc.equal(left, right), pc.scalar(False)))
+
+    def _typed(self, left: Any, right: Any) -> tuple[Any, Any]:
+        """``left`` and ``right`` to compare, a string literal beside a date or timestamp
+        column read as a value of the column's type."""
+        def read(literal: Any, column: Any) -> Any:
+            dtype = self._columns.get(id(column))
+            text = self._strings.get(id(literal))
+            if dtype is None or text is None or not (
+                    pa.types.is_timestamp(dtype) or pa.types.is_date(dtype)):
+                return literal
+            value = pa.scalar(text)
+            try:
+                return pc.scalar(value.cast(dtype))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                pass
+            try:  # without a zone offset: in UTC, as delta-rs reads it
+                return pc.scalar(value.cast(pa.timestamp(dtype.unit)).cast(dtype))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, AttributeError) as exc:
+                raise UnsupportedCheck(f"{text!r} is not a {dtype}: "
+                                       f"{str(exc).splitlines()[0]}") from None
+
+        return read(left, right), read(right, left)
 
     def _sum(self) -> Any:
         left = self._product()
@@ -241,7 +280,10 @@ class _Parser:
             value: Any = float(text) if any(c in text for c in ".eE") else int(text)
             return pc.scalar(value)
         if kind == "string":
-            return pc.scalar(text[1:-1].replace("''", "'"))
+            value = text[1:-1].replace("''", "'")
+            literal = pc.scalar(value)
+            self._strings[id(literal)] = value
+            return literal
         if kind == "quoted":
             return self._column(text[1:-1].replace(text[0] * 2, text[0]))
         if kind == "word":
@@ -259,7 +301,9 @@ class _Parser:
         found = [n for n in self._schema.names if n.lower() == name.lower()]
         if not found:
             raise UnsupportedCheck(f"{name!r} is not a column of the table")
-        return pc.field(found[0])
+        column = pc.field(found[0])
+        self._columns[id(column)] = self._schema.field(found[0]).type
+        return column
 
 
 def _any(tests: Iterable[Any]) -> Any:
