@@ -101,6 +101,7 @@ _RULES_SEEN: dict[str, TableRules] = {}
 #: What a NOT NULL column's error says to lift the rule.
 _DROP_NOT_NULL = "ALTER TABLE … ALTER COLUMN … DROP NOT NULL"
 _CONSTRAINT_KEY = "delta.constraints."
+_INVARIANTS_KEY = "delta.invariants"
 
 #: The tables this process has open, by URI and storage options. Spark builds the writer (and
 #: its target) anew every micro-batch, in one long-lived process on the driver: a handle kept
@@ -223,20 +224,24 @@ def _rules_of(table: Any, columns: pa.Schema, where: str) -> TableRules:
             f"Delta table {where!r} has NOT NULL fields inside its columns ({nested}) where "
             "the stream's rows may hold NULL; flinkish checks NOT NULL on whole columns only. "
             "Make the stream's fields non-nullable, or write a table without them")
+    constraints = [(key[len(_CONSTRAINT_KEY):], sql) for key, sql
+                   in sorted(table.metadata().configuration.items())
+                   if key.startswith(_CONSTRAINT_KEY) and sql]
+    for f in fields:  # column invariants, the older form of a CHECK constraint
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            invariant = json.loads(f["metadata"][_INVARIANTS_KEY])["expression"]["expression"]
+            constraints.append((f"invariant of {f['name']}", str(invariant)))
     checks = []
-    for key, sql in sorted(table.metadata().configuration.items()):
-        if key.startswith(_CONSTRAINT_KEY) and sql:
-            name = key[len(_CONSTRAINT_KEY):]
-            try:
-                checks.append(Check(name, sql, compile_check(sql, columns)))
-            except UnsupportedCheck as exc:
-                raise ValueError(
-                    f"Delta table {where!r} has CHECK constraint {name!r} ({sql}), which "
-                    f"flinkish cannot evaluate on the stream's rows ({exc}): it checks "
-                    "comparisons, AND/OR/NOT, IS [NOT] NULL, IS [NOT] DISTINCT FROM, "
-                    "[NOT] IN, BETWEEN and arithmetic over columns and literals. Rewrite the "
-                    "constraint in those terms, or "
-                    "drop it (ALTER TABLE … DROP CONSTRAINT)") from None
+    for name, sql in constraints:
+        try:
+            checks.append(Check(name, sql, compile_check(sql, columns)))
+        except UnsupportedCheck as exc:
+            raise ValueError(
+                f"Delta table {where!r} has CHECK constraint {name!r} ({sql}), which "
+                f"flinkish cannot evaluate on the stream's rows ({exc}): it checks "
+                "comparisons, AND/OR/NOT, IS [NOT] NULL, IS [NOT] DISTINCT FROM, [NOT] IN, "
+                "BETWEEN and arithmetic over columns and literals. Rewrite the constraint in "
+                "those terms, or drop it (ALTER TABLE … DROP CONSTRAINT)") from None
     not_null = tuple(f["name"] for f in fields if not f.get("nullable", True)
                      and f["name"] in streamed)
     return TableRules(f"Delta table {where!r}", not_null, tuple(checks))

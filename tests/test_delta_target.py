@@ -346,6 +346,17 @@ def test_rows_the_tables_constraints_refuse_fail_the_task_before_any_decision(
     assert read_ids(env.path) == [1, 2]
 
 
+def test_a_columns_invariant_is_checked_like_a_constraint(tmp_path: Path) -> None:
+    invariant = json.dumps({"expression": {"expression": "id < 100"}})
+    fields = [f.with_metadata({"delta.invariants": invariant}) if f.name == "id" else f
+              for f in SCHEMA]
+    deltalake.DeltaTable.create(str(tmp_path / "table"), pa.schema(fields))
+    env = Env(tmp_path)
+    transaction = env.target.begin_transaction(txn(0, 0), SCHEMA)
+    with pytest.raises(ValueError, match=r"constraint 'invariant of id' \(id < 100\)"):
+        transaction.write(batch([5, 100]))
+
+
 def test_a_constraint_a_task_cannot_evaluate_is_refused_at_start(tmp_path: Path) -> None:
     constrained_table(tmp_path / "t", short="upper(name) = name")
     with pytest.raises(ValueError, match=r"CHECK constraint 'short' \(.*\), which flinkish "
