@@ -9,6 +9,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from flinkish_core.errors import OptionError
+from flinkish_core.locations import filesystem_of
 
 #: The flinkish checkpoint store's directory inside a query's ``checkpointLocation``.
 STORE_DIR = "flinkish"
@@ -22,20 +23,11 @@ def store_location(checkpoint_location: str, state_location: str | None = None) 
     return f"{checkpoint_location.rstrip('/')}/{STORE_DIR}"
 
 
-def _filesystem(location: str) -> tuple[pafs.FileSystem, str]:
-    if "://" in location:
-        filesystem, path = pafs.FileSystem.from_uri(location)
-        return filesystem, path.rstrip("/")
-    if location.startswith("file:"):
-        location = location[len("file:"):]
-    return pafs.LocalFileSystem(), location.rstrip("/")
-
-
 def query_id(checkpoint_location: str) -> str:
     """The streaming query's id, which Spark writes to ``<checkpointLocation>/metadata`` before
     the first batch and keeps across restarts: the identity transactions and fencing use."""
     try:
-        filesystem, base = _filesystem(checkpoint_location)
+        filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
         with filesystem.open_input_stream(posixpath.join(base, "metadata")) as stream:
             text = stream.read().decode("utf-8")
         return str(json.loads(text.splitlines()[0])["id"])
@@ -49,7 +41,7 @@ def query_id(checkpoint_location: str) -> str:
 def resolve_store(location: str) -> str:
     """Accept either a query's ``checkpointLocation`` (the store is then nested under
     ``flinkish/``) or the store itself, on any filesystem."""
-    filesystem, base = _filesystem(location)
+    filesystem, base = filesystem_of(location, "checkpoint location")
     nested = store_location(location)
     infos: list[Any] = filesystem.get_file_info(
         [posixpath.join(base, "metadata"), posixpath.join(base, STORE_DIR)]
@@ -66,7 +58,7 @@ def spark_batch_watermark(checkpoint_location: str, batch_id: int) -> int | None
     file cannot be read. Through ``flinkish.with_watermark`` it is the valve's combined
     watermark, one batch behind."""
     try:
-        filesystem, base = _filesystem(checkpoint_location)
+        filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
         with filesystem.open_input_stream(posixpath.join(base, "offsets", str(batch_id))) as s:
             metadata = json.loads(s.read().decode("utf-8").splitlines()[1])
         value = int(metadata["batchWatermarkMs"])

@@ -41,7 +41,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow.fs as pafs
 
-from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
+from flinkish_core.locations import filesystem_of, sync_local
 
 MAGIC = b"FLINKISH-RECORD"
 VERSION = 1
@@ -116,15 +116,6 @@ def decode_record(data: bytes, path: str) -> Any:
         return json.loads(payload.decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CorruptRecordError(path, f"bad JSON: {e}") from e
-
-
-def _fsync_dir(path: str) -> None:
-    """Make a rename, creation or removal inside ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _has_boto3() -> bool:
@@ -209,19 +200,7 @@ class CheckpointStorage:
     def open(cls, location: str) -> CheckpointStorage:
         """Storage at a local path or a URI ``pyarrow.fs.FileSystem.from_uri`` understands
         (``file://``, ``s3://``, ``hdfs://``, ``gs://``...), creating the directory."""
-        if not location.strip():
-            raise ValueError("checkpoint location is empty")
-        if "://" not in location:
-            path = os.path.abspath(os.path.expanduser(location))
-            return cls(pafs.LocalFileSystem(), path, location=path)
-        try:
-            filesystem, path = pafs.FileSystem.from_uri(location)
-        except (ValueError, OSError) as e:  # ArrowInvalid is a ValueError
-            # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
-            reason = scrub(str(e), dsn_secrets(location))
-            raise ValueError(
-                f"cannot open checkpoint location {mask_uri(location)!r}: {reason}"
-            ) from None
+        filesystem, path = filesystem_of(location, "checkpoint location")
         if isinstance(filesystem, pafs.LocalFileSystem):
             return cls(filesystem, path, location=path)
         return cls(
@@ -312,7 +291,7 @@ class CheckpointStorage:
             with contextlib.suppress(OSError):
                 os.unlink(temp)
             raise
-        _fsync_dir(directory)
+        sync_local(directory)
 
     def _put_if_absent(self, path: str, data: bytes) -> None:
         """One conditional PUT (``If-None-Match: *``): S3 answers 412 if the key exists."""
@@ -342,7 +321,7 @@ class CheckpointStorage:
         self._ensure_local_dir(parent)
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory)
-        _fsync_dir(parent)
+        sync_local(parent)
 
     def _put(self, path: str, data: bytes) -> None:
         """One PUT. Object stores need no directories; other filesystems get them on demand
@@ -409,7 +388,7 @@ class CheckpointStorage:
                 os.unlink(path)
             except FileNotFoundError:
                 return
-            _fsync_dir(os.path.dirname(path))
+            sync_local(os.path.dirname(path))
         else:
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_file(path)
@@ -422,7 +401,7 @@ class CheckpointStorage:
                 shutil.rmtree(path)
             except FileNotFoundError:
                 return
-            _fsync_dir(os.path.dirname(path))
+            sync_local(os.path.dirname(path))
         else:
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_dir(path)
@@ -457,7 +436,7 @@ class CheckpointStorage:
                     self._fs.delete_file(temp)
         if self._local:
             for directory in {os.path.dirname(t) for t in temps}:
-                _fsync_dir(directory)
+                sync_local(directory)
         return len(temps)
 
     def _kept(self, temp: str, keep: tuple[str, ...]) -> bool:

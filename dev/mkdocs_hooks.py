@@ -2,6 +2,9 @@
 
 - ``<!-- cli-help -->`` in a page becomes each ``flinkish`` command's ``--help``, from the
   parser ``flinkish.cli`` runs, so the CLI reference cannot drift from it;
+- ``<!-- sink-options -->`` becomes the sink's option reference and ``<!-- source-options -->``
+  the source's, generated from the options' declarations (:mod:`flinkish_core.config`), so the
+  reference lists exactly the options the parsers accept;
 - ``<!-- benchmarks-latest -->`` becomes a table of each bench's latest figure in
   ``docs/benchmarks.csv``, and ``benchmarks.svg`` plots every figure of that file over time;
 - the docstrings' Sphinx roles (``:func:`x```), which mkdocstrings leaves as text, become code.
@@ -20,6 +23,8 @@ from typing import Any
 from mkdocs.structure.files import File, Files
 
 CLI_HELP = "<!-- cli-help -->"
+SINK_OPTIONS = "<!-- sink-options -->"
+SOURCE_OPTIONS = "<!-- source-options -->"
 BENCHMARKS_LATEST = "<!-- benchmarks-latest -->"
 BENCHMARKS_CSV = "benchmarks.csv"
 BENCHMARKS_PLOT = "benchmarks.svg"
@@ -88,6 +93,14 @@ def on_files(files: Files, config: Any) -> Files:
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Files) -> str:
     if CLI_HELP in markdown:
         markdown = markdown.replace(CLI_HELP, _cli_help())
+    if SINK_OPTIONS in markdown:
+        from flinkish_sink.options import reference
+
+        markdown = markdown.replace(SINK_OPTIONS, reference())
+    if SOURCE_OPTIONS in markdown:
+        from flinkish_source.options import reference as source_reference
+
+        markdown = markdown.replace(SOURCE_OPTIONS, source_reference())
     if BENCHMARKS_LATEST in markdown:
         rows = _benchmark_rows(config["docs_dir"])
         markdown = markdown.replace(BENCHMARKS_LATEST, _latest_table(rows))

@@ -18,12 +18,9 @@ bash dev/setup.sh test
 SKIP_SETUP=1 bash dev/docs.sh
 # The tests' Spark drivers live for seconds to minutes: the JIT's C1 tier alone and the serial
 # collector halve their CPU (C2's compiler threads and the parallel collector's threads pay
-# off only in long runs), which leaves room on 2 cores for Spark's fixed timeouts. C1's frames
-# are larger than C2's, and a query stopped while its foreachBatch function runs a Spark job
-# has Spark match the Python error against StreamExecution.PROXY_ERROR, a regex that recurses
-# once per character of it: 4 MB thread stacks let that query end with its error rather than
-# a StackOverflowError.
-export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xss4m"
+# off only in long runs), which leaves room on 2 cores for Spark's fixed timeouts. Thread
+# stacks stay the JVM's default, as users' are.
+export SPARK_SUBMIT_OPTS="${SPARK_SUBMIT_OPTS:-} -XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest -q "$@"
 fi

@@ -5,7 +5,8 @@ two-phase-commit sinks for Spark Structured Streaming.
   watermark and status markers, and a carrier row per batch);
 - :func:`with_watermark`: Spark's own stateful operators on the valve's combined watermark;
 - ``df.writeStream.format("flinkish")``: the two-phase-commit sink (PostgreSQL, Parquet);
-- :class:`ValveForEachBatch`: the valve for any other sink;
+- :class:`ValveForEachBatch`: the valve for any other sink; :func:`stoppable` for a plain
+  ``foreachBatch`` function (a stop() while it runs a Spark job ends the query cleanly);
 - :mod:`flinkish.windows`: Flink's window operator (triggers, lateness, late output, panes);
 - :func:`register`: call once per driver before starting flinkish queries.
 """
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from checkpointing import CorruptRecordError, FencedError
     from flinkish import windows
+    from flinkish.batch_errors import stoppable
     from flinkish.foreach_batch import ValveForEachBatch, WatermarkedBatch
     from flinkish.lag import log_lag, source_lags
     from flinkish.parquet_reader import parquet_files
@@ -41,6 +43,7 @@ _PUBLIC = {
     "parquet_files": "flinkish.parquet_reader",
     "register": "flinkish.session",
     "source_lags": "flinkish.lag",
+    "stoppable": "flinkish.batch_errors",
     "windows": "flinkish.windows",
     "with_watermark": "flinkish.spark_watermark",
 }
@@ -72,6 +75,7 @@ __all__ = [
     "parquet_files",
     "register",
     "source_lags",
+    "stoppable",
     "windows",
     "with_watermark",
 ]

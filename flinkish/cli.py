@@ -6,7 +6,10 @@ import argparse
 import shlex
 import signal
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flinkish_sink.target import AnyTarget
 
 #: Plain text (the module docstring is reST): argparse prints it as it is.
 DESCRIPTION = (
@@ -70,16 +73,20 @@ def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from flinkish.inspect import (
+        SPARK_EVENT_TIME_NOTE,
         LocationNotFoundError,
         capped_partitions,
         held_partitions,
         lag_table,
         lags,
         load_epochs,
+        nothing_to_draw,
         plot,
+        reading_batches,
         table,
         with_source_journal,
     )
+    from flinkish_sink.target import WATERMARK_SPARK
 
     try:
         rows = load_epochs(args.location)
@@ -91,6 +98,8 @@ def _inspect(args: argparse.Namespace) -> int:
         return 1
     rows = with_source_journal(rows, args.location)
     console.print(table(rows))
+    if any(r.watermark_source == WATERMARK_SPARK for r in rows):
+        console.print(SPARK_EVENT_TIME_NOTE)
     lag = lags(args.location)
     if lag:
         console.print(lag_table(lag))
@@ -100,8 +109,10 @@ def _inspect(args: argparse.Namespace) -> int:
         console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
                       "(read less than their share to stay within the drift)")
     if args.plot:
-        plot(rows, args.plot, lag)
-        console.print(f"plot written to {args.plot}")
+        read = reading_batches(args.location)
+        plot(rows, args.plot, lag, read)
+        empty = nothing_to_draw(rows, read)
+        console.print(f"plot written to {args.plot}" + (f": {empty}" if empty else ""))
     return 0
 
 
@@ -112,6 +123,30 @@ def _key_value(text: str) -> tuple[str, str]:
     return key, value
 
 
+def _open_target(args: argparse.Namespace) -> AnyTarget:
+    """The target ``flinkish transactions`` was pointed at (``--<target> LOCATION``), built
+    from the sink options the flags stand for."""
+    from flinkish_core.errors import OptionError
+    from flinkish_sink import targets
+    from flinkish_sink.options import TABLE, parse_target_options
+
+    name = next(n for n in targets.names() if getattr(args, f"target_{n}", None))
+    factory = targets.factory(name)
+    raw = {"target": name, factory.cli_option: getattr(args, f"target_{name}")}
+    if args.table:
+        raw[TABLE.key] = args.table
+    raw.update({f"catalog.{k}": v for k, v in map(_key_value, args.catalog)})
+    if args.app_id:
+        raw[f"{name}.appId"] = args.app_id
+    for option, what in factory.required.items():
+        if option is TABLE and not args.table:
+            raise SystemExit(f"--{name} needs --table" + (f" ({what})" if what else ""))
+    try:
+        return factory.create(parse_target_options(raw), False)
+    except OptionError as exc:
+        raise SystemExit(str(exc)) from None
+
+
 def _transactions(args: argparse.Namespace) -> int:
     from rich.console import Console
 
@@ -119,7 +154,6 @@ def _transactions(args: argparse.Namespace) -> int:
     from checkpointing.query import query_id, resolve_store
     from flinkish_core.durations import format_duration, parse_duration_ms
     from flinkish_core.errors import OptionError
-    from flinkish_sink.target import AnyTarget
     from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
     try:
@@ -127,28 +161,7 @@ def _transactions(args: argparse.Namespace) -> int:
     except OptionError as exc:
         raise SystemExit(str(exc)) from None
 
-    target: AnyTarget
-    if args.delta:
-        from flinkish_sink.delta_target import DeltaTarget
-
-        target = DeltaTarget(args.delta, app_id=args.app_id)
-    elif args.iceberg:
-        from flinkish_sink.iceberg_target import IcebergTarget
-
-        if not args.table:
-            raise SystemExit("--iceberg needs --table (namespace.table)")
-        catalog = {"uri": args.iceberg, **dict(_key_value(kv) for kv in args.catalog)}
-        target = IcebergTarget(catalog, args.table, app_id=args.app_id)
-    elif args.postgres:
-        from flinkish_sink.postgres_target import PostgresTarget
-
-        if not args.table:
-            raise SystemExit("--postgres needs --table")
-        target = PostgresTarget(args.postgres, args.table)
-    else:
-        from flinkish_sink.parquet_target import ParquetTarget
-
-        target = ParquetTarget(args.parquet)
+    target = _open_target(args)
     query = args.query or (query_id(args.checkpoint) if args.checkpoint else None)
     if query is None:
         raise SystemExit("name the query: --checkpoint (its checkpointLocation) or --query ID")
@@ -189,6 +202,35 @@ def _transactions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _target_flags(txns: argparse.ArgumentParser) -> None:
+    """``--<target> LOCATION`` for each target, and the flags of the options some take."""
+    from flinkish_sink import targets
+
+    where = txns.add_mutually_exclusive_group(required=True)
+    installed = targets.installed()
+    for factory in installed:
+        where.add_argument(f"--{factory.name}", dest=f"target_{factory.name}",
+                           metavar=factory.cli_option.upper().replace(".", "_"),
+                           help=f"the sink's {factory.title} target: its {factory.cli_option} "
+                           "option")
+
+    def flags(names: list[str]) -> str:
+        return targets.listed([f"--{n}" for n in names], "or")
+
+    def taking(key: str) -> list[str]:
+        return [f.name for f in installed if any(o.key == key for o in f.options)]
+
+    txns.add_argument("--table", help=f"with {flags(taking('table'))}: the sink's table "
+                      "option")
+    txns.add_argument("--catalog", action="append", default=[], metavar="KEY=VALUE",
+                      help=f"with {flags(taking('catalog.*'))}: another catalog.KEY option of "
+                      "the sink (name, warehouse …); repeatable")
+    app_ids = [n for n in targets.names() if n in taking(f"{n}.appId")]
+    txns.add_argument("--app-id", dest="app_id",
+                      help=f"with {flags(app_ids)}: the sink's "
+                      f"{' / '.join(f'{n}.appId' for n in app_ids)} option, if it was set")
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The command line; the docs site's CLI reference prints each command's help from it."""
     parser = argparse.ArgumentParser(prog="flinkish", description=DESCRIPTION)
@@ -226,29 +268,21 @@ def build_parser() -> argparse.ArgumentParser:
 
     txns = commands.add_parser("transactions",
                                help="list or resolve pre-commits a query left in its target")
-    where = txns.add_mutually_exclusive_group(required=True)
-    where.add_argument("--postgres", metavar="DSN",
-                       help="the sink's PostgreSQL target: its dsn option (libpq string)")
-    where.add_argument("--parquet", metavar="PATH", help="the sink's Parquet target: its path")
-    where.add_argument("--delta", metavar="PATH", help="the sink's Delta target: its path")
-    where.add_argument("--iceberg", metavar="CATALOG_URI",
-                       help="the sink's Iceberg target: its catalog.uri option")
-    txns.add_argument("--table", help="with --postgres or --iceberg: the sink's table option")
-    txns.add_argument("--catalog", action="append", default=[], metavar="KEY=VALUE",
-                      help="with --iceberg: another catalog.KEY option of the sink "
-                      "(name, warehouse …); repeatable")
-    txns.add_argument("--app-id", dest="app_id",
-                      help="with --delta or --iceberg: the sink's delta.appId / iceberg.appId "
-                      "option, if it was set")
-    txns.add_argument("--prefix", default="flinkish",
-                      help="the sink's transactionalIdPrefix (default flinkish)")
+    from flinkish_core.durations import format_duration
+    from flinkish_sink.options import TRANSACTION_TIMEOUT, TRANSACTIONAL_ID_PREFIX
+
+    _target_flags(txns)
+    txns.add_argument("--prefix", default=TRANSACTIONAL_ID_PREFIX.default,
+                      help=f"the sink's {TRANSACTIONAL_ID_PREFIX.key} (default "
+                      f"{TRANSACTIONAL_ID_PREFIX.default})")
     txns.add_argument("--query", help="query id (default: read from --checkpoint)")
     txns.add_argument("--checkpoint", help="the query's checkpointLocation")
     txns.add_argument("--resolve", action="store_true",
                       help="commit decided pre-commits, roll back the rest (stop the query first)")
-    txns.add_argument("--transaction-timeout", default="15 min", metavar="DURATION",
-                      help="flag pre-commits older than this (default: 15 min, the sink's "
-                      "transactionTimeout default)")
+    timeout = format_duration(TRANSACTION_TIMEOUT.default / 1000)
+    txns.add_argument("--transaction-timeout", default=timeout, metavar="DURATION",
+                      help=f"flag pre-commits older than this (default: {timeout}, the sink's "
+                      f"{TRANSACTION_TIMEOUT.key} default)")
     return parser
 
 

@@ -17,6 +17,7 @@ from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.epoch_watermarks import STATE_KEY, advance_epoch, completed_watermark
 from checkpointing.failpoints import failpoint
 from checkpointing.query import query_id, store_location
+from flinkish.batch_errors import spark_safe_errors
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.late_data import late_cutoff_us
 from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, MARKER_KINDS, Marker
@@ -77,6 +78,10 @@ class ValveForEachBatch:
         return self._store
 
     def __call__(self, df: Any, epoch: int) -> None:
+        with spark_safe_errors():
+            self._run(df, epoch)
+
+    def _run(self, df: Any, epoch: int) -> None:
         from pyspark.sql import functions as F
 
         store = self._open()

@@ -5,7 +5,7 @@ Reads only (``CheckpointStore.reader``), so it is safe beside a running query.
 
 from __future__ import annotations
 
-import os
+import textwrap
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -43,6 +43,13 @@ class EpochRow:
     journaled_watermark: int | None = None
 
 
+#: Said beside epochs whose watermark is Spark's (a query through with_watermark)
+SPARK_EVENT_TIME_NOTE = (
+    "Spark's progress (lastProgress eventTime) counts the row that carries the combined "
+    "watermark into Spark: its max runs the horizon (a day by default) ahead of the data, the "
+    "year 9999 once the input ended. The watermarks here are the true figures.")
+
+
 class LocationNotFoundError(FileNotFoundError):
     """The location given to ``inspect`` does not exist (a typo, or the query never ran)."""
 
@@ -52,13 +59,12 @@ def _exists(location: str) -> bool:
     (opening a checkpoint storage creates its directory)."""
     import pyarrow.fs as pafs
 
-    if "://" in location:
-        try:
-            filesystem, path = pafs.FileSystem.from_uri(location)
-        except (ValueError, OSError):
-            return True  # opening the storage reports it, with any credentials masked
-    else:
-        filesystem, path = pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(location))
+    from flinkish_core.locations import filesystem_of
+
+    try:
+        filesystem, path = filesystem_of(location, "the location")
+    except ValueError:
+        return True  # opening the storage reports it, with any credentials masked
     return bool(filesystem.get_file_info(path).type != pafs.FileType.NotFound)
 
 
@@ -119,6 +125,65 @@ def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
     return batches
 
 
+def reading_batches(checkpoint_location: str) -> dict[int, int]:
+    """Batch id -> how many records its flinkish sources planned to read, for the batches that
+    read any, from Spark's offsets log (each batch reads from the previous one's end offsets,
+    the first from where each partition entered the query)."""
+    out: dict[int, int] = {}
+    before: dict[tuple[str, int], int] = {}
+    for batch, _, offsets in _offsets_log(checkpoint_location):
+        count = 0
+        for offset in offsets:
+            try:
+                positions = offset_from_json(offset)
+            except (ValueError, AttributeError):  # another source's offset
+                continue
+            for key, pos in positions.items():
+                count += max(0, pos.offset - before.get(key, pos.first))
+                before[key] = pos.offset
+        if count:
+            out[batch] = count
+    return out
+
+
+def nothing_to_draw(rows: list[EpochRow], read: Mapping[int, int]) -> str | None:
+    """Why the plot of ``rows`` would hold no point, in words (None when it holds some): no
+    completed epoch yet, or no watermark between none yet and the end of time, as when one
+    batch reads a whole bounded topic. ``read``: :func:`reading_batches`."""
+    done = [r for r in rows if r.state == "completed"]
+    if not done:
+        return "Nothing to draw: no epoch is completed yet."
+    series = plot_series(done)
+    if any(series.partitions.values()) or series.combined or series.spark:
+        return None
+    ended = [r.epoch for r in done if r.watermark is not None and is_end_of_time(r.watermark)]
+    if read:
+        batches = sorted(read)
+        what = (f"one batch ({batches[0]}) read the whole input, {read[batches[0]]} records"
+                if len(batches) == 1 else
+                f"batches {_numbers(batches)} read {sum(read.values())} records")
+    else:
+        what = "no batch read a record"
+    if ended:
+        return (f"Nothing to draw: {what}, and the watermark went from none yet straight to "
+                f"the end of time in epoch {ended[0]} (every partition reached its end, "
+                "endingOffsets, which closes every window): no epoch recorded a watermark in "
+                "between.")
+    return (f"Nothing to draw: {what}, and no epoch recorded a watermark yet (a partition "
+            "without records holds the combined watermark back until it goes idle).")
+
+
+def _numbers(numbers: list[int]) -> str:
+    """Batch ids, runs as ranges: 0-3, 5."""
+    runs: list[list[int]] = []
+    for n in numbers:
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+
+
 def lags(checkpoint_location: str) -> dict[int, SourceLag]:
     """Batch id -> how far its flinkish sources were behind when Spark planned it: offsets
     behind latest, the combined watermark's lag and idle times (``flinkish.lag``), from the
@@ -145,19 +210,46 @@ def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
         for offset in offsets:
             if isinstance(offset, Mapping) and OFFSET_KEY in offset:
                 before = PlanningValve.from_offset(offset).before
-                out[batch] = advance(before, batch, [])  # the restored valve, per partition
+                valve = advance(before, batch, [])  # the restored valve, per partition
+                out[batch] = replace(valve, partitions=_announced(valve.partitions, offset))
                 break  # of several flinkish sources (a union, a join), the first
+    return out
+
+
+def _announced(partitions: dict[str, dict[str, Any]], offset: Mapping[str, Any]
+               ) -> dict[str, dict[str, Any]]:
+    """``partitions`` with the status each partition's journaled position announced in the
+    batch (ACTIVE or IDLE): the valve is journaled as it stood before the last batch that read
+    anything, so a partition gone idle since shows in the positions only, which is where the
+    lag table reads idleness too."""
+    try:
+        positions = offset_from_json(offset)
+    except (ValueError, AttributeError):
+        return partitions
+    out = dict(partitions)
+    for (topic, p), pos in positions.items():
+        name = f"{topic}/{p}"
+        if name in out and pos.status in ("ACTIVE", "IDLE") and out[name].get("status") in (
+                "ACTIVE", "IDLE"):
+            out[name] = {**out[name], "status": pos.status}
     return out
 
 
 def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[EpochRow]:
     """``rows`` where the sink recorded Spark's watermark (its rows, a stateful operator's
     output, carried no markers), completed with what the source journaled for the same batch:
-    each partition's watermark and status, the idle partitions, the combined watermark."""
+    each partition's watermark and status, the idle partitions, the combined watermark; before
+    the first batch journaled with a combined watermark, Spark's is none yet."""
     journal = journaled_watermarks(checkpoint_location)
+    # Spark's watermark follows the combined one an epoch later; before the first carrier with
+    # a combined watermark reached it, it is a record's event time minus the horizon (a day
+    # before the data), no watermark of the data: none yet
+    first = min((b for b, v in journal.items() if _wm(v.watermark) is not None), default=None)
     out = []
     for row in rows:
         valve = journal.get(row.epoch)
+        if row.watermark_source == WATERMARK_SPARK and first is not None and row.epoch <= first:
+            row = replace(row, watermark=None)
         if row.watermark_source != WATERMARK_SPARK or row.partitions or valve is None:
             out.append(row)
             continue
@@ -176,11 +268,10 @@ def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], li
 
     import pyarrow.fs as pafs
 
-    if "://" in checkpoint_location:
-        filesystem, base = pafs.FileSystem.from_uri(checkpoint_location)
-    else:
-        filesystem, base = pafs.LocalFileSystem(), checkpoint_location
-    directory = posixpath.join(base.rstrip("/"), "offsets")
+    from flinkish_core.locations import filesystem_of
+
+    filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
+    directory = posixpath.join(base, "offsets")
     found = filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
     batches = []
     for info in found:
@@ -199,16 +290,34 @@ def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], li
     return sorted(batches, key=lambda b: b[0])
 
 
+#: Watermarks from here on are the end of the input, not a time: the carrier row's event time is
+#: clamped to the last instant Python's datetime holds, and Spark's watermark is that minus the
+#: horizon, in the year 9999 too; the epochs table of a target stores Long.MAX as the last
+#: instant its timestamps hold.
+_END_OF_TIME_MS = int(datetime(9999, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+
+
+def is_end_of_time(value: int) -> bool:
+    """Whether a watermark says the input ended rather than a time."""
+    return value == MAX_WATERMARK or value >= _END_OF_TIME_MS
+
+
 def _wm(value: Any) -> int | None:
     return None if value is None or int(value) == MIN_WATERMARK else int(value)
 
 
+#: How every watermark past the last event time is shown (Long.MAX_VALUE, and Spark's watermark
+#: and the epochs table's value once the input ended): one way everywhere
+END_OF_TIME = "end of time"
+
+
 def format_watermark(value: int | None, with_date: bool = True) -> str:
-    """Epoch milliseconds as UTC time; Long.MIN/MAX as words."""
+    """Epoch milliseconds as UTC time; none yet as "-", the end of the input as
+    :data:`END_OF_TIME`."""
     if value is None or value == MIN_WATERMARK:
         return "-"
-    if value == MAX_WATERMARK:
-        return "MAX (ended)"
+    if is_end_of_time(value):
+        return END_OF_TIME
     shape = "%Y-%m-%d %H:%M:%S.%f" if with_date else "%H:%M:%S.%f"
     return datetime.fromtimestamp(value / 1000, timezone.utc).strftime(shape)[:-3]
 
@@ -229,9 +338,9 @@ def table(rows: list[EpochRow]) -> Any:
     # column only where the caption states it for every value shown
     days = {format_watermark(r.committed_at)[:10] for r in rows if r.committed_at}
     marks = {format_watermark(r.watermark)[:10] for r in rows
-             if _wm(r.watermark) is not None and r.watermark != MAX_WATERMARK}
+             if r.watermark is not None and _on_chart(r.watermark)}
     one_day = len(days) == 1
-    marks_that_day = one_day and marks <= days
+    marks_that_day = one_day and bool(marks) and marks <= days
     title = "flinkish epochs" + (f" of topic {next(iter(topics))}" if len(topics) == 1 else "")
     spark = any(r.watermark_source == WATERMARK_SPARK for r in rows)
     day = next(iter(days)) if one_day else ""
@@ -251,7 +360,8 @@ def table(rows: list[EpochRow]) -> Any:
             str(r.epoch), r.state,
             format_watermark(r.committed_at, not one_day)[:-4] if r.committed_at else "-",
             format_watermark(r.watermark, not marks_that_day)
-            + (" *" if r.watermark_source == WATERMARK_SPARK else ""),
+            + (" *" if r.watermark_source == WATERMARK_SPARK and r.watermark is not None
+               else ""),
             _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),
             "-" if r.late_rows is None else str(r.late_rows),
@@ -286,10 +396,6 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
     return out
 
 
-#: Watermarks from here on are the end of the input, not a time: the carrier row's event time is
-#: clamped to the last instant Python's datetime holds, and Spark's watermark is that minus the
-#: horizon, in the year 9999 too.
-_END_OF_TIME_MS = int(datetime(9999, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
 
 
 @dataclass(frozen=True)
@@ -305,7 +411,16 @@ class PlotSeries:
 
 def _on_chart(value: int) -> bool:
     """Long.MIN/MAX and the end of the input are not times: they stay off the chart."""
-    return value not in (MIN_WATERMARK, MAX_WATERMARK) and value < _END_OF_TIME_MS
+    return value != MIN_WATERMARK and not is_end_of_time(value)
+
+
+def _coinciding(series: PlotSeries) -> dict[tuple[str, ...], list[tuple[int, int]]]:
+    """Partitions grouped by identical points and idleness: one line each, as a line drawn
+    over another would hide it."""
+    groups: dict[Any, list[str]] = {}
+    for name, points in series.partitions.items():
+        groups.setdefault((tuple(points), tuple(series.idle.get(name, []))), []).append(name)
+    return {tuple(names): list(key[0]) for key, names in groups.items()}
 
 
 def plot_series(rows: list[EpochRow]) -> PlotSeries:
@@ -328,21 +443,21 @@ def plot_series(rows: list[EpochRow]) -> PlotSeries:
         value = r.watermark if r.watermark_source == WATERMARK_VALVE else r.journaled_watermark
         if value is not None and _on_chart(value):
             combined.append((r.epoch, value))
-    # Spark's watermark follows the carrier one batch later; before that it is a record's event
-    # time minus the horizon, a day below everything else: it is drawn from the epoch after the
-    # first one the valve had a watermark for
-    first = min((e for e, _ in combined), default=None)
+    # (Spark's watermark before the first carrier reached it is none yet: with_source_journal)
     spark = [(r.epoch, r.watermark) for r in done
              if r.watermark_source == WATERMARK_SPARK and r.watermark is not None
-             and (first is None or r.epoch > first) and _on_chart(r.watermark)]
+             and _on_chart(r.watermark)]
     return PlotSeries(partitions, idle, combined, spark)
 
 
-def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = None) -> None:
+def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = None,
+         read: Mapping[int, int] | None = None) -> None:
     """Per-partition watermarks (hollow where the partition was idle) and the combined
     watermark over epochs, next to Spark's watermark where the sink recorded that: a lagging or
-    idle partition shows at a glance. Below, when any batch was planned behind Kafka, how many
-    records the partition furthest behind still had to read."""
+    idle partition shows at a glance; partitions whose lines coincide are drawn once, labelled
+    together ("t/0 = t/1"). Below, when any batch was planned behind Kafka, how many records
+    the partition furthest behind still had to read. With nothing to draw, the PNG says why
+    (:func:`nothing_to_draw`; ``read``: :func:`reading_batches`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -352,6 +467,15 @@ def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = 
     done = [r for r in rows if r.state == "completed"]
     if not done:
         raise ValueError("no completed epochs to plot yet")
+    empty = nothing_to_draw(done, read or {})
+    if empty is not None:  # words, not empty axes
+        fig = plt.figure(figsize=(10, 3))
+        fig.text(0.03, 0.9, "flinkish: per-partition and combined watermarks", fontsize=12,
+                 va="top")
+        fig.text(0.03, 0.7, textwrap.fill(empty, 100), fontsize=10, va="top")
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        return
 
     def when(value: int) -> float:
         """Matplotlib's date number for a watermark."""
@@ -376,9 +500,13 @@ def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = 
     def draw(points: list[tuple[int, int]], **style: Any) -> Any:
         return ax.plot([e for e, _ in points], [when(w) for _, w in points], **style)[0]
 
-    for name, points in series.partitions.items():
-        line = draw(points, marker="o", markersize=4, linewidth=1.2, label=name)
-        idle = series.idle.get(name, [])
+    lines = _coinciding(series)
+    for i, (names, points) in enumerate(lines.items()):
+        # each line a little wider than the next: where lines meet, those below still show
+        under = min(len(lines) - 1 - i, 4)
+        line = draw(points, marker="o", markersize=4 + 2 * under, linewidth=1.2 + 1.5 * under,
+                    label=" = ".join(names))
+        idle = series.idle.get(names[0], [])
         if idle:
             ax.scatter([e for e, _ in idle], [when(w) for _, w in idle], s=70,
                        facecolors="white", edgecolors=line.get_color(), zorder=3)

@@ -6,8 +6,8 @@ compaction's swap of small files for a large one at once; this list does (see
 
 from __future__ import annotations
 
+from flinkish_core.locations import filesystem_of
 from flinkish_sink.parquet_compaction import readable_files
-from flinkish_sink.parquet_target import filesystem_of
 
 
 def parquet_files(path: str) -> list[str]:
@@ -16,7 +16,7 @@ def parquet_files(path: str) -> list[str]:
     outputs, never both. URIs come back as URIs of the same scheme, so
     ``spark.read.parquet(*parquet_files(path))`` and ``pyarrow.dataset.dataset(...)`` take
     them; an empty list means no committed rows yet."""
-    filesystem, base = filesystem_of(path, "a Parquet target path")
+    filesystem, base = filesystem_of(path, "the Parquet target's path")
     files = readable_files(filesystem, base)
     if "://" not in path:
         return files

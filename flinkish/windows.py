@@ -54,7 +54,7 @@ from pyspark.sql.streaming import StatefulProcessor
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.watermark import SPARK_DELAY_KEY
-from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, RESULT
+from flinkish_core.window_output import KIND, LATE, LATE_COLUMN, PANE_COLUMNS, RESULT
 from flinkish_core.windowing import (
     COLUMNAR_FORMAT,
     AggregateFunction,
@@ -289,8 +289,15 @@ def window(
                                      outputMode="Append", timeMode="EventTime"))
     rows = fired.select(F.inline(F.arrays_zip(*(F.col(name) for name, _ in output))))
     times = {"window_start", "window_end", event_time}
-    return rows.select(*(F.timestamp_millis(F.col(c)).alias(c) if c in times else F.col(c)
-                         for c in rows.columns))
+    late_only = {event_time, *([value] if value is not None else [])}
+
+    def column(name: str) -> Any:
+        out = F.timestamp_millis(F.col(name)) if name in times else F.col(name)
+        # null in every result row: a sink splitting results from late rows leaves it out
+        return out.alias(name, metadata={LATE_COLUMN: True}) if name in late_only else (
+            out.alias(name))
+
+    return rows.select(*(column(c) for c in rows.columns))
 
 
 def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> tuple[Any, Any]:

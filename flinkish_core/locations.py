@@ -1,4 +1,7 @@
-"""Locations the driver and the executors share. On a cluster they run on different hosts, so
+"""Locations: a location (a path or a URI) to a ``pyarrow.fs`` filesystem and path, by one rule
+(:func:`filesystem_of`), the file operations that make writes durable, and the cluster rule.
+
+Locations the driver and the executors share: on a cluster they run on different hosts, so
 a local path written on one is not there on another; only Spark's ``local``/``local[...]``
 masters run everything in one process on one machine (``local-cluster`` simulates a cluster
 and counts as one).
@@ -9,7 +12,15 @@ source's environment as ``MASTER_ENV``, which the option checks read.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
+from typing import TYPE_CHECKING
+
+from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
+
+if TYPE_CHECKING:  # pyarrow is for the processes that touch files, not for the option checks
+    import pyarrow.fs as pafs
 
 MASTER_ENV = "FLINKISH_SPARK_MASTER"
 
@@ -30,3 +41,71 @@ def local_location_problem(option: str, location: str, master: str | None,
         "every host reaches, e.g. s3://bucket/path, hdfs://namenode/path or gs://bucket/path "
         "(local paths work only with master local or local[...])."
     )
+
+
+def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
+    """The ``pyarrow.fs`` filesystem of ``location`` and its path there: every place flinkish
+    reads or writes (checkpoint stores, targets, ``inspect``) is opened here, by one rule.
+
+    Args:
+        location: a local path (``~`` expanded, a ``file:`` prefix as Spark writes it
+            dropped, made absolute) or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
+            (``file://``, ``s3://``, ``gs://``, ``hdfs://`` …).
+        what: what the location is, for the errors (``checkpoint location``).
+
+    Returns:
+        The filesystem and the path in it, without a trailing ``/``.
+
+    Raises:
+        ValueError: the location is empty or cannot be opened; any credentials in it are
+            masked and the cause is not chained (pyarrow's message may quote them).
+    """
+    import pyarrow.fs as pafs
+
+    if not location.strip():
+        raise ValueError(f"{what} is empty")
+    if "://" not in location:
+        local = location[len("file:"):] if location.startswith("file:") else location
+        return pafs.LocalFileSystem(), os.path.abspath(os.path.expanduser(local))
+    try:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+    except (ValueError, OSError) as exc:  # ArrowInvalid is a ValueError
+        reason = scrub(str(exc), dsn_secrets(location))
+        raise ValueError(f"cannot open {what} {mask_uri(location)!r}: {reason}") from None
+    return filesystem, str(path).rstrip("/") or "/"
+
+
+def sync_local(path: str) -> None:
+    """fsync the local file or directory ``path``: for a directory, makes a rename, creation
+    or removal inside it durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_path(filesystem: pafs.FileSystem, path: str) -> None:
+    """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a pre-commit or
+    commit survives a machine crash; remote stores make a closed file or a rename durable by
+    themselves."""
+    local = _local_os_path(filesystem, path)
+    if local is not None and os.name == "posix":
+        sync_local(local)
+
+
+def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
+    """Delete ``path``; a file already gone is fine (a retried clean-up)."""
+    with contextlib.suppress(FileNotFoundError):
+        filesystem.delete_file(path)
+
+
+def _local_os_path(filesystem: pafs.FileSystem, path: str) -> str | None:
+    """The OS path behind ``path`` if ``filesystem`` is local disk (possibly a subtree of it)."""
+    import pyarrow.fs as pafs
+
+    if isinstance(filesystem, pafs.LocalFileSystem):
+        return path
+    if isinstance(filesystem, pafs.SubTreeFileSystem):
+        return _local_os_path(filesystem.base_fs, filesystem.base_path.rstrip("/") + "/" + path)
+    return None

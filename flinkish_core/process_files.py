@@ -1,4 +1,4 @@
-"""Local files of one process (converted key stores, a task's spilled rows): in a directory of
+"""Local files of one process (a task's spilled rows): in a directory of
 its own, removed at exit, and removed by the next process that looks when its owner was
 SIGKILLed (no exit handler ran)."""
 

@@ -10,10 +10,11 @@ and has no AWS MSK IAM mechanism. :func:`translate` runs once, when the options 
   module, ``sasl.oauthbearer.*`` from an OAUTHBEARER one, ``sasl.mechanisms`` from
   ``sasl.mechanism``, ``ssl.endpoint.identification.algorithm`` with Java's ``""`` as
   ``none``;
-* a :class:`ClientSecurity`: key stores to convert into the PEM files librdkafka reads, and the
-  AWS MSK IAM token callback. Neither is a string a client setting can carry: files are local to
-  each machine and a callback is a Python object, so :func:`client_config` adds them where a
-  client is built, on the driver and in every read task (converted once per process).
+* a :class:`ClientSecurity`: key stores to convert into the PEM text librdkafka takes in
+  memory, and the AWS MSK IAM token callback. Neither is in the options as a client takes it: a
+  store's file is read on each machine and a callback is a Python object, so
+  :func:`client_config` adds them where a client is built, on the driver and in every read
+  task (converted once per process, never written to a file).
 
 librdkafka's own names keep working. A Java name given together with its librdkafka twin, or a
 Java setting librdkafka has no equivalent for, fails with an :class:`OptionError` naming the
@@ -151,20 +152,22 @@ NO_SECURITY = ClientSecurity()
 
 def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
                   ) -> dict[str, Any]:
-    """The librdkafka settings of a client: the translated options, plus the PEM files of the
-    key stores (converted on first use in this process) and the MSK IAM token callback."""
+    """The librdkafka settings of a client: the translated options, plus the key stores as
+    librdkafka's in-memory PEM settings (``ssl.ca.pem``, ``ssl.certificate.pem``,
+    ``ssl.key.pem``; converted on first use in this process) and the MSK IAM token
+    callback."""
     config: dict[str, Any] = dict(kafka_config)
     if not security.active:
         return config
     if security.truststore is not None or security.keystore is not None:
-        from flinkish_kafka.key_stores import store_files
+        from flinkish_kafka.key_stores import store_pem
 
         if security.truststore is not None:
-            config["ssl.ca.location"] = store_files(security.truststore).ca
+            config["ssl.ca.pem"] = store_pem(security.truststore).ca
         if security.keystore is not None:
-            files = store_files(security.keystore)
-            config["ssl.certificate.location"] = files.certificate
-            config["ssl.key.location"] = files.key
+            pem = store_pem(security.keystore)
+            config["ssl.certificate.pem"] = pem.certificate
+            config["ssl.key.pem"] = pem.key
     if security.msk_iam is not None:
         from flinkish_kafka.msk_iam import token_callback
 
@@ -173,9 +176,9 @@ def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
 
 
 def check_client_security(security: ClientSecurity) -> None:
-    """Read the stores and load the MSK signer now, at ``load()``, so that a wrong password or
-    a missing library fails there; no file is written (the process that plans may not be the
-    one that builds clients)."""
+    """Read the stores, load the MSK signer and find its AWS credentials now, at ``load()``,
+    so that a wrong password, a damaged store, a missing library or missing credentials fail
+    there, naming the option."""
     if security.truststore is not None or security.keystore is not None:
         from flinkish_kafka.key_stores import read_store
 
@@ -183,9 +186,10 @@ def check_client_security(security: ClientSecurity) -> None:
             if store is not None:
                 read_store(store)
     if security.msk_iam is not None:
-        from flinkish_kafka.msk_iam import token_callback
+        from flinkish_kafka.msk_iam import check_credentials, token_callback
 
         token_callback(security.msk_iam)
+        check_credentials(security.msk_iam)
 
 
 def _class(name: str) -> str:
@@ -271,6 +275,33 @@ def _msk_iam(entry: JaasEntry, module: str, servers: str) -> MskIam:
     )
 
 
+def _check_client_handler(module: str, mechanism: str | None, login_handler: str | None,
+                          client_handler: str | None) -> None:
+    """The SASL client callback handlers AWS documents for MSK IAM, and no other: its own with
+    ``AWS_MSK_IAM``, or ``IAMOAuthBearerLoginCallbackHandler`` (also the login handler, when
+    given) with OAUTHBEARER."""
+    if client_handler is None:
+        return
+    if client_handler == _IAM_CLIENT_HANDLER and module == _IAM_MODULE:
+        if mechanism == "AWS_MSK_IAM":
+            return
+        raise OptionError(
+            f"option kafka.sasl.client.callback.handler.class: {_IAM_CLIENT_HANDLER} serves "
+            f"kafka.sasl.mechanism=AWS_MSK_IAM (given: {mechanism or 'none'}); with "
+            f"OAUTHBEARER AWS's handler is {_IAM_OAUTH_HANDLER}")
+    if client_handler == _IAM_OAUTH_HANDLER and module in (_OAUTH, _IAM_MODULE):
+        if login_handler not in (None, _IAM_OAUTH_HANDLER):
+            raise OptionError(
+                f"options kafka.sasl.login.callback.handler.class ({login_handler}) and "
+                f"kafka.sasl.client.callback.handler.class ({client_handler}) conflict: AWS "
+                f"MSK IAM sets both to {_IAM_OAUTH_HANDLER}")
+        return
+    raise OptionError(
+        f"option kafka.sasl.client.callback.handler.class: {client_handler} cannot run here "
+        f"(a Java class); translated are AWS MSK IAM's {_IAM_CLIENT_HANDLER} (with "
+        f"IAMLoginModule and AWS_MSK_IAM) and {_IAM_OAUTH_HANDLER} (with OAUTHBEARER)")
+
+
 def _sasl(kafka: dict[str, str], out: dict[str, str], jaas: str, mechanism: str | None,
           login_handler: str | None, client_handler: str | None) -> MskIam | None:
     """The login module's settings in librdkafka's terms (into ``out``); the MSK IAM spec when
@@ -281,12 +312,12 @@ def _sasl(kafka: dict[str, str], out: dict[str, str], jaas: str, mechanism: str 
         raise OptionError(f"option kafka.sasl.jaas.config: {exc}") from None
     module = _class(entry.login_module)
     short = module.rsplit(".", 1)[-1]
-    if client_handler is not None and not (module == _IAM_MODULE
-                                           and client_handler == _IAM_CLIENT_HANDLER):
-        raise OptionError(
-            f"option kafka.sasl.client.callback.handler.class: {client_handler} cannot run "
-            "here (a Java class); only the MSK IAM handler with IAMLoginModule is translated")
-    if login_handler is not None and module != _OAUTH:
+    _check_client_handler(module, mechanism, login_handler, client_handler)
+    if client_handler == _IAM_OAUTH_HANDLER:
+        # the handler that signs MSK's OAUTHBEARER tokens, in the SASL client's place
+        login_handler = _IAM_OAUTH_HANDLER
+    if login_handler is not None and module != _OAUTH and not (
+            module == _IAM_MODULE and login_handler == _IAM_OAUTH_HANDLER):
         raise OptionError(
             f"option kafka.sasl.login.callback.handler.class applies to "
             f"OAuthBearerLoginModule, not {short}")
@@ -306,10 +337,12 @@ def _sasl(kafka: dict[str, str], out: dict[str, str], jaas: str, mechanism: str 
         out["sasl.password"] = entry.options["password"]
         return None
     if module == _IAM_MODULE:
-        if mechanism != "AWS_MSK_IAM":
+        if mechanism != "AWS_MSK_IAM" and not (mechanism == "OAUTHBEARER"
+                                               and login_handler == _IAM_OAUTH_HANDLER):
             raise OptionError(
-                f"option kafka.sasl.mechanism: IAMLoginModule needs AWS_MSK_IAM (given: "
-                f"{mechanism or 'none'})")
+                f"option kafka.sasl.mechanism: IAMLoginModule needs AWS_MSK_IAM, or "
+                f"OAUTHBEARER with kafka.sasl.login.callback.handler.class="
+                f"{_IAM_OAUTH_HANDLER} (given: {mechanism or 'none'})")
         out["sasl.mechanisms"] = "OAUTHBEARER"
         return _msk_iam(entry, short, kafka.get("bootstrap.servers", ""))
     if module == _OAUTH:

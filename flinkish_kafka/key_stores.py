@@ -1,11 +1,11 @@
-"""Java key stores and trust stores (JKS, PKCS12, PEM) converted into the PEM files librdkafka
-reads (``ssl.ca.location``, ``ssl.certificate.location``, ``ssl.key.location``).
+"""Java key stores and trust stores (JKS, PKCS12, PEM) converted into the PEM text librdkafka
+takes in memory (``ssl.ca.pem``, ``ssl.certificate.pem``, ``ssl.key.pem``).
 
-The files are written once per process and store (:func:`store_files`), where the client is
-built: the store's path names a file on that machine, executors included. They sit in a
-directory only this process's user can enter (0700), each readable by it alone (0600), and go
-when the process ends; a process that could not clean up (killed) leaves its directory to the
-next process that converts a store, which removes the directories of processes that are gone.
+A store is converted once per process (:func:`store_pem`), where the client is built: the
+store's path names a file on that machine, executors included. Nothing is written: a file
+holding the unencrypted key would outlive a process that cannot clean up (PySpark's
+daemon-forked workers leave with ``os._exit``, a SIGKILL leaves at once), and its path would
+show in librdkafka's errors.
 
 JKS is read here (its format is small and fixed: Sun's ``JavaKeyStore``, keys protected by
 ``KeyProtector``); PKCS12 and PEM by ``cryptography``. Errors name the option and the problem,
@@ -15,26 +15,22 @@ never a password.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import hashlib
 import os
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flinkish_core.errors import OptionError
-from flinkish_core.process_files import process_directory
-from flinkish_core.secrets import fingerprint
 from flinkish_kafka.java_security import StoreSpec
 
-__all__ = ["StoreContent", "StoreFiles", "read_store", "store_files"]
+__all__ = ["StoreContent", "StorePem", "read_store", "store_pem"]
 
 _JKS_MAGIC = 0xFEEDFEED
 _JCEKS_MAGIC = 0xCECECECE
 #: Sun's key protection algorithm (``KeyProtector``), the only one JKS private keys use
 _SUN_KEY_PROTECTOR = bytes.fromhex("060a2b060104012a02110101")  # DER OID 1.3.6.1.4.1.42.2.17.1.1
-_DIR_PREFIX = "flinkish-tls-"
 
 
 @dataclass(frozen=True)
@@ -46,13 +42,14 @@ class StoreContent:
 
 
 @dataclass(frozen=True)
-class StoreFiles:
-    """The PEM files of one store: ``ca`` for a trust store, ``certificate`` and ``key`` for a
+class StorePem:
+    """One store as librdkafka takes it in memory: ``ca`` (``ssl.ca.pem``) for a trust store,
+    ``certificate`` (``ssl.certificate.pem``, the chain) and ``key`` (``ssl.key.pem``) for a
     key store."""
 
     ca: str | None = None
     certificate: str | None = None
-    key: str | None = None
+    key: str | None = field(default=None, repr=False)
 
 
 def _option(spec: StoreSpec, what: str) -> str:
@@ -212,7 +209,22 @@ def _read_pem(spec: StoreSpec, data: bytes | None) -> StoreContent:
 def read_store(spec: StoreSpec) -> StoreContent:
     """The certificates (and key) of a store, of the type it is given as, or when no type is
     given, the type its content shows (JKS, PKCS12 or PEM, as Java's keystore.type.compat
-    reads a PKCS12 file given as JKS)."""
+    reads a PKCS12 file given as JKS). Whatever a client could not use fails here, at
+    ``load()``: an unreadable or damaged file, a wrong password, no certificate, a key that is
+    not the certificate's."""
+    content = _read(spec)
+    if not content.certificates:
+        raise _bad(spec, "holds no certificate; put the "
+                   + ("brokers' CA certificate in it" if spec.kind == "truststore"
+                      else "client's certificate chain in it with its key"))
+    if content.key is not None and (content.key.public_key()
+                                    != content.certificates[0].public_key()):
+        raise _bad(spec, "the private key is not the one of the first certificate of the "
+                         "chain; give the client certificate first, then its issuers")
+    return content
+
+
+def _read(spec: StoreSpec) -> StoreContent:
     data: bytes | None = None
     if spec.location is not None:
         try:
@@ -225,54 +237,50 @@ def read_store(spec: StoreSpec) -> StoreContent:
             spec.store_type is None and b"-----BEGIN " in data[:8192]):
         return _read_pem(spec, data)
     if len(data) >= 4 and struct.unpack_from(">I", data)[0] in (_JKS_MAGIC, _JCEKS_MAGIC):
-        return _read_jks(spec, data)
+        try:
+            return _read_jks(spec, data)
+        except OptionError:
+            raise
+        except (struct.error, ValueError, IndexError):
+            # no password: nothing checked the file before its entries were read
+            check = ("" if spec.password else f"; give {_option(spec, 'password')} to have "
+                     "its integrity checked")
+            raise _bad(spec, "the JKS store is damaged (truncated or altered) and cannot be "
+                             f"read{check}; export it again with keytool") from None
     if spec.store_type == "JKS" and not data.startswith(b"\x30"):
         raise _bad(spec, "not a JKS or PKCS12 store")
     return _read_pkcs12(spec, data)
 
 
 _lock = threading.Lock()
-_files: dict[tuple[int, str], StoreFiles] = {}
-def _write(directory: str, name: str, data: bytes) -> str:
-    path = os.path.join(directory, name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    return path
+#: per store: the store file's modification time when converted, and the PEM text
+_converted: dict[StoreSpec, tuple[int | None, StorePem]] = {}
 
 
-def store_files(spec: StoreSpec) -> StoreFiles:
-    """The PEM files of ``spec`` in this process, converted on first use (and again when the
-    store's file changed)."""
+def store_pem(spec: StoreSpec) -> StorePem:
+    """The PEM text of ``spec`` in this process, converted on first use (and again when the
+    store's file changed: a store renewed in place, a rotated certificate, reaches the clients
+    built after it)."""
     from cryptography.hazmat.primitives.serialization import (
         Encoding,
         NoEncryption,
         PrivateFormat,
     )
 
-    # every field, passwords included (the repr masks them), and the file's modification
-    # time: a store renewed in place (a rotated certificate) is converted again for the
-    # clients built after it
     modified = None
     if spec.location is not None:
         with contextlib.suppress(OSError):
             modified = os.stat(spec.location).st_mtime_ns
-    key = (os.getpid(), fingerprint(*dataclasses.astuple(spec), modified))
     with _lock:
-        if key in _files:
-            return _files[key]
+        known = _converted.get(spec)
+        if known is not None and known[0] == modified:
+            return known[1]
         content = read_store(spec)
-        if not content.certificates:
-            raise _bad(spec, "holds no certificate")
-        pem = b"".join(c.public_bytes(Encoding.PEM) for c in content.certificates)
-        directory = process_directory(_DIR_PREFIX)
-        name = key[1][:16]
+        chain = b"".join(c.public_bytes(Encoding.PEM) for c in content.certificates).decode()
         if spec.kind == "truststore":
-            files = StoreFiles(ca=_write(directory, f"{name}-ca.pem", pem))
+            pem = StorePem(ca=chain)
         else:
-            key_pem = content.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8,
-                                                NoEncryption())
-            files = StoreFiles(certificate=_write(directory, f"{name}-cert.pem", pem),
-                               key=_write(directory, f"{name}-key.pem", key_pem))
-        _files[key] = files
-        return files
+            key = content.key.private_bytes(Encoding.PEM, PrivateFormat.PKCS8, NoEncryption())
+            pem = StorePem(certificate=chain, key=key.decode())
+        _converted[spec] = (modified, pem)
+        return pem

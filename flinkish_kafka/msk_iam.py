@@ -7,6 +7,10 @@ The token is a SigV4-presigned ``kafka-cluster:Connect`` request, signed locally
 is made unless credentials must first be fetched (an assumed role, a profile's SSO, instance
 metadata). The signer reports the expiry in milliseconds; confluent-kafka's ``oauth_cb`` wants
 seconds.
+
+:func:`check_credentials` resolves, at ``load()`` on the driver, the credentials the signer will
+use (botocore's chain, or the named profile), so that a machine without any fails there rather
+than in the first read task; nothing of them is shown.
 """
 
 from __future__ import annotations
@@ -14,10 +18,10 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 
-from flinkish_core.errors import WorkerEnvironmentError
+from flinkish_core.errors import OptionError, WorkerEnvironmentError
 from flinkish_kafka.java_security import MskIam
 
-__all__ = ["token_callback"]
+__all__ = ["check_credentials", "token_callback"]
 
 _EXTRA = "pip install 'flinkish[msk]'"
 
@@ -46,3 +50,39 @@ def token_callback(spec: MskIam) -> Callable[[str], tuple[str, float]]:
         return token, expiry_ms / 1000
 
     return oauth_cb
+
+
+#: where botocore's default chain looks, and what to give
+_CHAIN = ("botocore's chain looks in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY, AWS_PROFILE, the "
+          "shared credentials and config files, SSO, and the container's or the instance's "
+          "role; give the driver and every executor one of them")
+
+
+def check_credentials(spec: MskIam) -> None:
+    """Fail with an :class:`OptionError` unless the credentials the signer starts from are
+    found here: the profile's (``awsProfileName``), else the default chain's (with
+    ``awsRoleArn`` they assume the role). Only whether they exist is looked at; an assumed role
+    or a profile's SSO login is not fetched."""
+    import botocore.session
+    from botocore.exceptions import BotoCoreError, PartialCredentialsError, ProfileNotFound
+
+    option = "option kafka.sasl.jaas.config (AWS MSK IAM)"
+    try:
+        credentials = botocore.session.Session(profile=spec.profile).get_credentials()
+    except ProfileNotFound:
+        raise OptionError(
+            f"{option}: awsProfileName {spec.profile!r} is not a profile of the AWS config "
+            "files on the driver; create it there and on every executor (aws configure "
+            f"--profile {spec.profile}), or name an existing one") from None
+    except PartialCredentialsError as exc:
+        raise OptionError(f"{option}: {exc}; give both the key id and the secret key, or "
+                          "neither") from None
+    except BotoCoreError as exc:
+        raise OptionError(f"{option}: the AWS credentials cannot be loaded on the driver "
+                          f"({type(exc).__name__}); {_CHAIN}") from None
+    if credentials is None:
+        whose = (f"the profile {spec.profile!r}" if spec.profile
+                 else "the default chain" + (f", which assumes {spec.role_arn}"
+                                             if spec.role_arn else ""))
+        raise OptionError(f"{option}: no AWS credentials found on the driver for {whose}; "
+                          + _CHAIN)

@@ -21,11 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
 
-from flinkish_sink.parquet_target import delete_file_if_present, sync_path
-from flinkish_sink.target import TaskTransaction, TransactionId
-
-STAGING_DIR = "_flinkish_staging"
-_GID_SEPARATOR = "~"
+from flinkish_core.locations import delete_file_if_present, sync_path
+from flinkish_sink.target import STAGING_DIR, TaskTransaction, TransactionId
 
 
 def data_file_name(txn: TransactionId | None, token: str, n: int) -> str:
@@ -62,7 +59,7 @@ class Manifests:
         self._base = base.rstrip("/")
 
     def path(self, txn: TransactionId) -> str:
-        return f"{self._base}/{STAGING_DIR}/{txn.gid.replace(':', _GID_SEPARATOR)}.json"
+        return f"{self._base}/{STAGING_DIR}/{txn.staged_name}.json"
 
     def write(self, txn: TransactionId, files: list[str]) -> None:
         """List ``files`` (names under ``base``) as ``txn``'s, atomically and durably: call
@@ -119,7 +116,7 @@ class Manifests:
         for info in self._fs.get_file_info(selector):
             if not (info.is_file and info.base_name.endswith(".json")):
                 continue
-            txn = TransactionId.parse(info.base_name[:-5].replace(_GID_SEPARATOR, ":"))
+            txn = TransactionId.from_staged_name(info.base_name[:-5])
             if txn is not None and txn.prefix == prefix and txn.query == query:
                 age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
                 found.append((-1.0 if age is None else -age, txn, age))

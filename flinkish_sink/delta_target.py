@@ -62,6 +62,9 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from flinkish_core.config import Option, duration_ms, whole_number
+from flinkish_core.errors import OptionError
+from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.data_files import (
     Manifests,
@@ -70,12 +73,16 @@ from flinkish_sink.data_files import (
     split_by_partition,
 )
 from flinkish_sink.delta_stats import FileStats
-from flinkish_sink.parquet_target import (
-    delete_file_if_present,
-    filesystem_of,
-    sync_path,
-    type_differences,
+from flinkish_sink.options import (
+    LATE_PATH,
+    PARTITION_BY,
+    PATH,
+    UPSERT_KEY,
+    TargetOptions,
+    app_id,
+    distinct,
 )
+from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.table_constraints import (
     Check,
     TableRules,
@@ -83,9 +90,40 @@ from flinkish_sink.table_constraints import (
     compile_check,
 )
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
+from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
 
 logger = logging.getLogger(__name__)
+
+_HOUR_MS = 3_600_000
+
+
+def _retention_hours(key: str, value: str) -> int:
+    retention_ms = duration_ms(key, value)
+    if retention_ms < _HOUR_MS:
+        raise OptionError(
+            f"option {key}: {value!r} is under an hour; it must be longer than the query can "
+            "ever be down (files of an epoch not yet committed would be deleted), e.g. "
+            "'7 days'")
+    return -(-retention_ms // _HOUR_MS)
+
+
+APP_ID: Option[str | None] = Option(
+    "delta.appId", app_id, None, shown_default="the query's id",
+    doc="The app id of the table's `txn` actions; the query's id is kept in "
+        "`checkpointLocation`, stable across restarts and different per query.")
+#: Commits that add data (about epochs) between compactions of a Delta table: with a few
+#: write tasks an epoch adds a few small files, so a partition holds at most a few hundred
+#: before they are rewritten.
+COMPACT_EVERY = Option(
+    "delta.compactEvery", whole_number(0, "a whole number of epochs (0: never compact)"), 50,
+    doc="Compact the table's small files once that many commits added data since its last "
+        "compaction, about every that many epochs (`0`: never).")
+VACUUM_RETENTION: Option[int | None] = Option(
+    "delta.vacuumRetention", _retention_hours, None, shown_default="never",
+    doc="After compacting, delete the files no version references (those never referenced "
+        "too, e.g. of a killed compaction) older than this duration (at least an hour, e.g. "
+        "`7 days`).")
 
 #: The key of the epoch's record in a commit's ``userMetadata`` JSON.
 RECORD_KEY = "flinkish"
@@ -279,7 +317,7 @@ class DeltaTarget(StagedFilesTarget):
                 "target delta needs the deltalake package (delta-rs) wherever the query runs, "
                 "executors included: pip install 'flinkish[delta]'"
             ) from None
-        self._fs, self._base = filesystem_of(path, "a Delta table path")
+        self._fs, self._base = filesystem_of(path, "the Delta table's path")
         self._base = self._base.rstrip("/")
         self._uri, self._storage = delta_location(path)
         self._where = mask_uri(path) or path
@@ -741,3 +779,25 @@ class DeltaTransaction:
         finally:
             if self._txn is not None:
                 self._target.rollback(self._txn)
+
+
+def _create(options: TargetOptions, late: bool) -> DeltaTarget:
+    path = options[LATE_PATH] if late else options[PATH]
+    assert path is not None
+    return DeltaTarget(path, partition_by=options[PARTITION_BY], app_id=options[APP_ID],
+                       upsert_key=() if late else options[UPSERT_KEY],  # late rows append
+                       compact_every=options[COMPACT_EVERY],
+                       vacuum_retention_hours=options[VACUUM_RETENTION])
+
+
+FACTORY = TargetFactory(
+    name="delta",
+    doc="A Delta Lake table ([the Delta Lake target](../delta.md)), written by delta-rs.",
+    options=(PATH, UPSERT_KEY, PARTITION_BY, APP_ID, COMPACT_EVERY, VACUUM_RETENTION, LATE_PATH),
+    required={PATH: "a directory or URI"},
+    side_output=LATE_PATH,
+    check=lambda options: distinct(options, PATH, "place"),
+    create=_create,
+    cli_option="path",
+    title="Delta",
+)

@@ -43,19 +43,64 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from flinkish_core.secrets import fingerprint, redact_config
+from flinkish_core.config import Option, collected
+from flinkish_core.errors import OptionError
+from flinkish_core.locations import filesystem_of, sync_path
+from flinkish_core.secrets import (
+    dsn_secrets,
+    fingerprint,
+    mask_uri,
+    redact_config,
+    secret_values,
+)
 from flinkish_sink.data_files import (
     Manifests,
     StagedFilesTarget,
     data_file_name,
     split_by_partition,
 )
-from flinkish_sink.parquet_target import filesystem_of, sync_path, type_differences
+from flinkish_sink.options import (
+    LATE_TABLE,
+    PARTITION_BY,
+    TABLE,
+    TargetOptions,
+    app_id,
+    distinct,
+)
+from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.table_constraints import refuse_nulls
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
+from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
 
 logger = logging.getLogger(__name__)
+
+
+def _shown_catalog(catalog: dict[str, str]) -> dict[str, object]:
+    return {k: mask_uri(v) if k == "uri" else v for k, v in redact_config(catalog).items()}
+
+
+def _catalog_secrets(catalog: dict[str, str]) -> list[str]:
+    return dsn_secrets(catalog.get("uri")) + secret_values(catalog)
+
+
+#: The Iceberg catalog's properties: the ``catalog.*`` options without the prefix.
+CATALOG: Option[dict[str, str]] = Option(
+    "catalog.*", collected, {}, shown_default="—", mask=_shown_catalog, secrets=_catalog_secrets,
+    doc="The catalog, each `catalog.<property>` passed to pyiceberg's `load_catalog` as "
+        "`<property>`. `catalog.uri` (required): a SQLAlchemy URI for its SQL catalog "
+        "(`sqlite:////path/catalog.db`, `postgresql+psycopg://user:password@host/db`), which "
+        "needs no server of its own, or a REST catalog's `https://…`. `catalog.warehouse`: "
+        "where the catalog puts new tables (`file:///path`, `s3://bucket/path`). "
+        "`catalog.name` (default `flinkish`): the catalog's name; the SQL catalog keeps tables "
+        "per name, so readers must use the same one. Any other (`catalog.type`, "
+        "`catalog.credential`, `catalog.s3.endpoint` …) too; secret-looking values are masked "
+        "in logs.")
+APP_ID: Option[str | None] = Option(
+    "iceberg.appId", app_id, None, shown_default="the query's id",
+    doc="The app id in the snapshot summaries (`flinkish.app-id`, next to "
+        "`flinkish.max-committed-epoch`); the query's id is kept in `checkpointLocation`, "
+        "stable across restarts and different per query.")
 
 #: Snapshot summary keys (Flink's sink: ``flink.job-id``, ``flink.max-committed-checkpoint-id``).
 APP_ID_KEY = "flinkish.app-id"
@@ -171,7 +216,7 @@ class IcebergTarget(StagedFilesTarget):
             location = self._layout().data_location
             if location.startswith("file:") or "://" not in location:
                 # local disk needs no configuration (nor pyiceberg's file IO, slow to import)
-                self._fs_handle = filesystem_of(location, "an Iceberg table's data location")
+                self._fs_handle = filesystem_of(location, "the Iceberg table's data location")
             else:
                 from pyiceberg.io.pyarrow import PyArrowFileIO
 
@@ -498,3 +543,33 @@ class IcebergTransaction:
         finally:
             if self._txn is not None:
                 self._target.rollback(self._txn)
+
+
+def _check(options: TargetOptions) -> None:
+    if not options[CATALOG].get("uri"):
+        raise OptionError(
+            "option catalog.uri is required with target iceberg: the catalog's database "
+            "(sqlite:///path/catalog.db, postgresql+psycopg://user@host/db) or a REST "
+            "catalog's http(s):// URI")
+    distinct(options, TABLE, "table")
+
+
+def _create(options: TargetOptions, late: bool) -> IcebergTarget:
+    table = options[LATE_TABLE] if late else options[TABLE]
+    assert table is not None
+    return IcebergTarget(options[CATALOG], table, partition_by=options[PARTITION_BY],
+                         app_id=options[APP_ID])
+
+
+FACTORY = TargetFactory(
+    name="iceberg",
+    doc="An Apache Iceberg table ([the Apache Iceberg target](../iceberg.md)) in a catalog, "
+        "written by pyiceberg.",
+    options=(TABLE, CATALOG, PARTITION_BY, APP_ID, LATE_TABLE),
+    required={TABLE: "namespace.table, e.g. 'events.clicks'"},
+    side_output=LATE_TABLE,
+    check=_check,
+    create=_create,
+    cli_option="catalog.uri",
+    title="Iceberg",
+)

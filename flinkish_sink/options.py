@@ -1,25 +1,41 @@
-"""The sink's options, validated when the query starts (in ``streamWriter``)."""
+"""The sink's options, validated when the query starts (in ``streamWriter``).
+
+Each option is declared once (:class:`flinkish_core.config.Option`): the sink's own options
+here, each target's in its module (found by name through :mod:`flinkish_sink.targets`); the
+options several targets take (``path``, ``table``, ``upsertKey`` …) are declared here and
+listed by the targets that take them. The docs' sink option reference is generated from these
+declarations (``dev/mkdocs_hooks.py``).
+"""
 
 from __future__ import annotations
 
-import difflib
 import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum
+from typing import Any, TypeVar
 
-from flinkish_core.durations import parse_duration_ms
+from flinkish_core.config import (
+    Given,
+    Option,
+    checked,
+    choice,
+    did_you_mean,
+    duration_ms,
+    match,
+    names,
+    optional_text,
+    reference_table,
+    text,
+    whole_number,
+)
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
-from flinkish_core.secrets import (
-    dsn_secrets,
-    fingerprint,
-    mask_dsn,
-    mask_uri,
-    redact_config,
-    secret_values,
-)
+from flinkish_core.secrets import fingerprint, mask_uri
+from flinkish_sink import targets
+
+T = TypeVar("T")
 
 
 class DeliveryGuarantee(Enum):
@@ -34,58 +50,220 @@ class LateData(Enum):
     SIDE = "side"
 
 
-#: The options as the documentation spells them. Spark lower-cases option keys before the sink
-#: sees them, so lookups go through the lower-case form and messages use this spelling.
-_NAMES = (
-    "target", "dsn", "table", "path", "checkpointing.location", "checkpointing.retain",
-    "checkpointLocation", "deliveryGuarantee", "lateData", "lateData.table", "lateData.path",
-    "eventTimeColumn", "transactionalIdPrefix", "epochsTable", "transactionTimeout",
-    "outageTimeout",
-    "upsertKey", "partitionBy", "delta.appId", "delta.compactEvery", "delta.vacuumRetention",
-    "parquet.compactEvery", "parquet.targetFileSize",
-    "iceberg.appId", "catalog.uri", "catalog.warehouse", "catalog.name",
-    "queryName",  # Spark passes writeStream.queryName(...) to the sink's options
-)
-_KNOWN = {name.lower(): name for name in _NAMES}
-#: Options passed on to the Iceberg catalog (``catalog.uri`` -> its property ``uri``).
-CATALOG_PREFIX = "catalog."
-_PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
+SINK = "sink"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
 #: How long the sink rides out an unreachable target (see :mod:`flinkish_sink.outages`): a
 #: database's restart or an object store's failover, not a lasting loss.
 DEFAULT_OUTAGE_TIMEOUT_MS = 30_000
-#: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
-#: small files, so a partition holds at most a few hundred before they are rewritten.
-DEFAULT_COMPACT_EVERY = 50
-#: Epochs between compactions of a Parquet target's files; off unless asked for: a reader that
-#: lists the directory sees a compaction's rows twice for a moment (docs/guides/exactly-once.md)
-DEFAULT_PARQUET_COMPACT_EVERY = 0
-#: The size Parquet compaction merges files up to (Spark's Delta ``OPTIMIZE`` aims at 1 GB,
-#: Iceberg at 512 MB; a stream's files are read as they come, so smaller).
-DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
-_HOUR_MS = 3_600_000
-_SIZE = re.compile(r"^(\d+)\s*([kmgt]?)i?b?$")
+_PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
+
+
+def _prefix_chars(key: str, value: str, prefix: str) -> None:
+    if not _PREFIX.match(prefix):
+        raise OptionError(
+            f"option {key}: {prefix!r} may only hold letters, digits, '_' and '.'")
+
+
+def _positive(key: str, value: str, ms: int) -> None:
+    if ms <= 0:
+        raise OptionError(
+            f"option {key}: {value!r} must be a positive duration (how old a lingering "
+            "pre-commit may get before the sink warns), e.g. '15 min'")
+
+
+def _shared_location(key: str, value: str, location: str | None) -> None:
+    """Files a target stages in the write tasks and commits on the driver must be where
+    both reach (the checkpoint store, by contrast, is the driver's alone)."""
+    problem = location and local_location_problem(
+        key, location, os.environ.get(MASTER_ENV),
+        "write tasks on the executors write files there and the driver commits them")
+    if problem:
+        raise OptionError(problem)
+
+
+def _upsert_key(key: str, value: str, columns: tuple[str, ...]) -> None:
+    if not columns:
+        raise _upsert_key_error()
+
+
+def _upsert_key_error() -> OptionError:
+    """Empty, or given to a target that only appends: what the option takes and where."""
+    return OptionError(
+        "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
+        f"target {targets.listed(targets.taking(UPSERT_KEY), 'or')}")
+
+
+def app_id(key: str, value: str) -> str:
+    """A Delta or Iceberg target's app id: left out, the query's id."""
+    if not value.strip():
+        raise OptionError(
+            f"option {key} is empty: leave it out to use the query's id, or name the app id "
+            "the table's commits record")
+    return value.strip()
+
+
+# The sink's own options.
+TARGET: Option[str] = Option(
+    "target", text, "", owner=SINK, shown_default="required",
+    doc="Where the sink writes: one of the targets below ([Delta Lake](../delta.md), "
+        "[Apache Iceberg](../iceberg.md)).")
+DELIVERY_GUARANTEE = Option(
+    "deliveryGuarantee", choice(DeliveryGuarantee), DeliveryGuarantee.EXACTLY_ONCE, owner=SINK,
+    doc="`exactly-once`: prepare in tasks, commit on the driver. `at-least-once`: tasks write "
+        "directly; epochs, the valve and late rows are still recorded (delta: every batch of "
+        "rows a task writes becomes a table version of its own, without `txn`, so a replay "
+        "writes them again; many small versions). `none`: tasks write directly; nothing is "
+        "recorded, so there is no combined watermark and no late detection.")
+LATE_DATA = Option(
+    "lateData", choice(LateData), LateData.KEEP, owner=SINK,
+    doc="`keep`, `drop` or `side`: what happens to record rows whose `eventTimeColumn` ≤ the "
+        "combined watermark after the previous epoch, and to `flinkish.windows`' `late` rows "
+        "(judged by the operator). They are counted in every mode. With `upsertKey`, the "
+        "operator's late rows (no window) need `side` or `drop`. With `side` or `drop`, the "
+        "operator's results go to a table without the late rows' own columns (event time, "
+        "value), and with `side` its late rows to one without the window and pane columns.")
+EVENT_TIME_COLUMN = Option(
+    "eventTimeColumn", text, "eventTime", owner=SINK,
+    doc="Timestamp column used to classify late rows (another type fails at start). If the "
+        "stream has no such column, no row is late.")
+TRANSACTIONAL_ID_PREFIX = Option(
+    "transactionalIdPrefix", checked(lambda k, v: v.strip(), _prefix_chars), "flinkish",
+    owner=SINK,
+    doc="Letters, digits, `_`, `.`. Transaction ids are `<prefix>:<query id>:<epoch>:<task>:"
+        "<attempt>:<run token>`. The side output uses `<prefix>-late`.")
+CHECKPOINT_LOCATION = Option(
+    "checkpointLocation", optional_text, None, owner=SINK, shown_default="Spark's",
+    mask=mask_uri,
+    doc="The query's checkpoint. The sink reads the query id from its `metadata` file. "
+        "Required unless `deliveryGuarantee=none`.")
+STATE_LOCATION = Option(
+    "checkpointing.location", optional_text, None, owner=SINK,
+    shown_default="`<checkpointLocation>/flinkish`", mask=mask_uri,
+    doc="The sink's checkpoint store (decision records, combined watermarks).")
+RETAIN = Option(
+    "checkpointing.retain", whole_number(1, "a whole number >= 1"), 100, owner=SINK,
+    doc="Completed epochs kept in the store (≥ 1).")
+TRANSACTION_TIMEOUT = Option(
+    "transactionTimeout", checked(duration_ms, _positive), DEFAULT_TRANSACTION_TIMEOUT_MS,
+    owner=SINK, shown_default="`15 min`",
+    doc="Duration. The sink logs a warning when it finds one of its own pre-commits older "
+        "than this (Flink's `transactionTimeout` warning): a prepared PostgreSQL transaction "
+        "holds locks and blocks `VACUUM` until it is resolved. `flinkish transactions` shows "
+        "each one's age.")
+OUTAGE_TIMEOUT = Option(
+    "outageTimeout", duration_ms, DEFAULT_OUTAGE_TIMEOUT_MS, owner=SINK, shown_default="`30 s`",
+    doc="Duration. How long the sink retries a step that failed because its target could not "
+        "be reached (a database restarting, an object store away), with backoff, in the write "
+        "tasks and on the driver, before the query fails with an error naming the target; "
+        "`0`: fail at the first error. Never duplicates a row: see [when the target is away]"
+        "(../guides/recover-after-crash.md#when-the-target-is-away-for-a-while).")
+QUERY_NAME = Option(
+    "queryName", optional_text, None, owner=SINK, shown_default="Spark's",
+    doc="Set by `writeStream.queryName(...)`, which Spark passes to the sink as an option; "
+        "accepted and not used.")
+SINK_OPTIONS: tuple[Option[Any], ...] = (
+    TARGET, DELIVERY_GUARANTEE, LATE_DATA, EVENT_TIME_COLUMN, TRANSACTIONAL_ID_PREFIX,
+    CHECKPOINT_LOCATION, STATE_LOCATION, RETAIN, TRANSACTION_TIMEOUT, OUTAGE_TIMEOUT, QUERY_NAME,
+)
+
+# Options several targets take (each target lists those it takes).
+PATH = Option(
+    "path", checked(optional_text, _shared_location), None, mask=mask_uri,
+    doc="Directory or `pyarrow.fs` URI (`.start(path)` also sets it); for delta the table: a "
+        "local directory (single machine only) or a URI (`s3://…`).")
+TABLE = Option(
+    "table", optional_text, None,
+    doc="Iceberg: `namespace.table` in the catalog, created (with its namespace) from the "
+        "stream's schema if missing, windows split as below; otherwise its columns and "
+        "identity partitioning are checked. PostgreSQL: `table` or `schema.table`. Created "
+        "from the stream's schema if missing; otherwise its columns are checked. A Spark time "
+        "window (`window`, `session_window`: `struct<start, end>` of timestamps) becomes two "
+        "`timestamptz` columns `<name>_start` and `<name>_end`; a table an older flinkish "
+        "created with a jsonb `<name>` column keeps receiving jsonb. Other structs, arrays "
+        "and maps are stored as `jsonb`.")
+UPSERT_KEY: Option[tuple[str, ...]] = Option(
+    "upsertKey", checked(names, _upsert_key), (),
+    doc="Comma-separated table columns (a window `w` is `w_start`, `w_end`). A row replaces "
+        "the table's row with the same key, inside the same prepared transaction; a new table "
+        "gets it as primary key, an existing one needs a unique index on exactly these "
+        "columns. Late-data side tables still append.")
+PARTITION_BY: Option[tuple[str, ...]] = Option(
+    "partitionBy", names, (), shown_default="the table's",
+    doc="Comma-separated partition columns (identity partitions) of a table the sink creates "
+        "(strings, integers, booleans, dates, timestamps; a window `w` is `w_start`, `w_end`); "
+        "an existing table's must match.")
+LATE_TABLE = Option(
+    "lateData.table", optional_text, None,
+    doc="With `lateData=side`: the side-output table (iceberg: `namespace.table` in the same "
+        "catalog).")
+LATE_PATH = Option(
+    "lateData.path", checked(optional_text, _shared_location), None, mask=mask_uri,
+    doc="With `lateData=side`: the side-output directory or table.")
+
+
+def distinct(options: TargetOptions, main: Option[Any], what: str) -> None:
+    """The side output (``lateData.table`` / ``lateData.path``) is not ``main`` itself.
+
+    Raises:
+        OptionError: it is, naming ``what`` the side output must be another of.
+    """
+    side = LATE_TABLE if main is TABLE else LATE_PATH
+    if options[side] is not None and options[side] == options[main]:
+        raise OptionError(f"option {side.key} must name another {what} than {main.key}")
+
+
+@dataclass(frozen=True, repr=False)
+class TargetOptions:
+    """A target's options: its name, the sink options it reads, and the values of the options
+    it declares (given or default). ``options[OPTION]`` reads one.
+
+    Args:
+        name: the target's name (option ``target``).
+        values: each declared option's value, by key.
+        guarantee: option ``deliveryGuarantee``.
+        late_data: option ``lateData``.
+    """
+
+    name: str
+    values: tuple[tuple[str, Any], ...] = ()
+    guarantee: DeliveryGuarantee = DeliveryGuarantee.EXACTLY_ONCE
+    late_data: LateData = LateData.KEEP
+
+    def __getitem__(self, option: Option[T]) -> T:
+        return dict(self.values).get(option.key, option.default)
+
+    def __repr__(self) -> str:
+        declared = {o.key: o for o in targets.factory(self.name).options}
+        shown = ", ".join(
+            f"{key}={_masked(declared.get(key), value)!r}" for key, value in self.values)
+        return f"TargetOptions({self.name}, {shown})"
+
+    @property
+    def secrets(self) -> list[str]:
+        """The secret values among the options (a DSN's password), to scrub from messages."""
+        found: list[str] = []
+        for option in targets.factory(self.name).options:
+            if option.secrets is not None:
+                found += option.secrets(self[option])
+        return found
+
+
+def _masked(option: Option[Any] | None, value: Any) -> Any:
+    return option.mask(value) if option is not None and option.mask and value else value
 
 
 @dataclass(frozen=True, repr=False)
 class SinkOptions:
-    """The parsed options. ``dsn`` may hold a password: the repr masks it, and
-    :attr:`fingerprint` (not the repr) is what identifies a configuration in caches."""
+    """The parsed options. A target's options may hold a password: the repr masks it, and
+    :attr:`fingerprint` (not the repr) is what identifies a configuration in caches;
+    ``options[OPTION]`` reads one of the target's options."""
 
-    target: str
-    dsn: str | None
-    table: str | None
-    path: str | None
+    target_options: TargetOptions
     checkpoint_location: str | None
     state_location: str | None
     retain: int
-    guarantee: DeliveryGuarantee
-    late_data: LateData
-    late_table: str | None
-    late_path: str | None
     event_time_column: str
     prefix: str
-    epochs_table: str | None
     #: how old one of the sink's own pre-commits may get before the sink warns about it
     #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
     #: PostgreSQL's VACUUM from cleaning up
@@ -93,250 +271,155 @@ class SinkOptions:
     #: how long a step that fails because the target is unreachable is retried before the
     #: query fails (0: not retried)
     outage_timeout_ms: int = DEFAULT_OUTAGE_TIMEOUT_MS
-    #: the table's columns on which a row replaces the row of the same key (PostgreSQL, Delta)
-    upsert_key: tuple[str, ...] = ()
-    #: the partition columns of a Delta or Iceberg table the sink creates (empty: the table's
-    #: own)
-    partition_by: tuple[str, ...] = ()
-    #: the app id of a Delta table's ``txn`` actions or an Iceberg table's snapshot summaries
-    #: (None: the query's id)
-    app_id: str | None = None
-    #: the Iceberg catalog's properties (the ``catalog.*`` options without the prefix)
-    catalog: tuple[tuple[str, str], ...] = ()
-    #: compact a Delta table's small files after every that many epochs (0: never)
-    compact_every: int = DEFAULT_COMPACT_EVERY
-    #: after compacting, vacuum files a Delta table stopped referencing this long ago (hours;
-    #: None: never)
-    vacuum_retention_hours: int | None = None
-    #: merge a Parquet target's small committed files after every that many epochs (0: never)
-    parquet_compact_every: int = DEFAULT_PARQUET_COMPACT_EVERY
-    #: the size (bytes) a Parquet compaction merges files up to
-    target_file_size: int = DEFAULT_TARGET_FILE_SIZE
+
+    @property
+    def target(self) -> str:
+        return self.target_options.name
+
+    @property
+    def guarantee(self) -> DeliveryGuarantee:
+        return self.target_options.guarantee
+
+    @property
+    def late_data(self) -> LateData:
+        return self.target_options.late_data
+
+    def __getitem__(self, option: Option[T]) -> T:
+        return self.target_options[option]
 
     def __repr__(self) -> str:
-        masked = {
-            "dsn": mask_dsn(self.dsn), "path": mask_uri(self.path),
-            "checkpoint_location": mask_uri(self.checkpoint_location),
-            "state_location": mask_uri(self.state_location), "late_path": mask_uri(self.late_path),
-            "catalog": tuple((k, mask_uri(v) if k == "uri" else v)
-                             for k, v in redact_config(dict(self.catalog)).items()),
-        }
+        masked = {"checkpoint_location": mask_uri(self.checkpoint_location),
+                  "state_location": mask_uri(self.state_location)}
         shown = ", ".join(
-            f"{f.name}={masked.get(f.name, getattr(self, f.name))!r}" for f in fields(self)
-        )
+            f"{f.name}={masked.get(f.name, getattr(self, f.name))!r}" for f in fields(self))
         return f"SinkOptions({shown})"
 
     @property
     def fingerprint(self) -> str:
         """A hash of every option, secrets included: equal options, equal fingerprints."""
-        return fingerprint(*(getattr(self, f.name) for f in fields(self)))
+        target = self.target_options
+        return fingerprint(target.name, target.values, target.guarantee, target.late_data,
+                           *(getattr(self, f.name) for f in fields(self)[1:]))
 
     @property
     def secrets(self) -> list[str]:
         """The secret values in the options (the DSN's password), to scrub from messages."""
-        catalog = dict(self.catalog)
-        return (dsn_secrets(self.dsn) + dsn_secrets(catalog.get("uri"))
-                + secret_values(catalog))
+        return self.target_options.secrets
 
 
-def _choice(options: Mapping[str, str], key: str, name: str, enum: type[Enum], default: Enum
-            ) -> Enum:
-    raw = options.get(key)
-    if raw is None:
-        return default
-    for member in enum:
-        if member.value == raw.strip().lower():
-            return member
-    accepted = ", ".join(str(m.value) for m in enum)
-    raise OptionError(f"option {name}: {raw!r} is not one of {accepted}")
+def _unknown(key: str, declared: Mapping[str, Option[Any]], target: str) -> OptionError:
+    """The error for option ``key``, which ``target`` does not declare: the targets it
+    applies to, or the declared option it is closest to."""
+    everything = dict(declared)
+    for other in targets.installed():
+        for option in other.options:
+            everything.update({s: option for s in option.spellings()})
+            if option.prefix is not None and key.startswith(option.prefix.lower()) or (
+                    key in option.spellings()):
+                return _misplaced(option, target)
+    return OptionError(f"unknown option {key!r} for the flinkish sink"
+                       f"{did_you_mean(key, everything)}")
 
 
-def parse_sink_options(raw: Mapping[str, str]) -> SinkOptions:
-    options = {str(k).lower(): str(v) for k, v in raw.items()}
-    unknown = sorted(k for k in options if k not in _KNOWN and not k.startswith(CATALOG_PREFIX))
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], list(_KNOWN), n=1)
-        hint = f"; did you mean {_KNOWN[close[0]]}?" if close else ""
-        raise OptionError(f"unknown option {unknown[0]!r} for the flinkish sink{hint}")
-    target = options.get("target", "").strip().lower()
-    if target not in ("postgres", "parquet", "delta", "iceberg"):
+def _misplaced(option: Option[Any], target: str) -> OptionError:
+    takers = targets.taking(option)
+    if option is UPSERT_KEY:
+        return _upsert_key_error()
+    many = option.prefix is not None
+    return OptionError(
+        f"option{'s' if many else ''} {option.key} appl{'y' if many else 'ies'} to "
+        f"target{'s' if len(takers) > 1 else ''} {targets.listed(takers, 'and')} only "
+        f"(not {target})")
+
+
+def parse_target_options(raw: Mapping[str, Any]) -> TargetOptions:
+    """The options of the target ``raw`` names, checked against its declarations; the sink's
+    own options are read where a target's rules need them (``deliveryGuarantee``,
+    ``lateData``) and otherwise ignored.
+
+    Raises:
+        OptionError: an unknown, misplaced, missing or wrong option.
+    """
+    given_target = next((str(v) for k, v in raw.items() if str(k).lower() == "target"), None)
+    name = (given_target or "").strip().lower()
+    if name not in targets.names():
         raise OptionError(
-            f"option target: {options.get('target')!r} is not postgres, parquet, delta or "
-            "iceberg (where the sink writes)"
-        )
-    catalog = tuple(sorted((k[len(CATALOG_PREFIX):], v) for k, v in options.items()
-                           if k.startswith(CATALOG_PREFIX)))
-    if catalog and target != "iceberg":
-        raise OptionError(f"options catalog.* apply to target iceberg only (not {target})")
-    if target == "iceberg":
-        if not options.get("table"):
-            raise OptionError(
-                "option table is required with target iceberg (namespace.table, e.g. "
-                "'events.clicks')")
-        if not dict(catalog).get("uri"):
-            raise OptionError(
-                "option catalog.uri is required with target iceberg: the catalog's database "
-                "(sqlite:///path/catalog.db, postgresql+psycopg://user@host/db) or a REST "
-                "catalog's http(s):// URI")
-        if "path" in options or "dsn" in options:
-            raise OptionError(
-                "options path/dsn do not apply to target iceberg: it takes table and "
-                "catalog.* (the table's files go where the catalog puts the table)")
-    elif target == "postgres":
-        for key in ("dsn", "table"):
-            if not options.get(key):
-                raise OptionError(f"option {key} is required with target postgres")
-        if "path" in options:
-            raise OptionError(
-                "option path applies to targets parquet and delta; postgres takes dsn/table")
-    elif not options.get("path"):
-        raise OptionError(
-            f"option path is required with target {target} (a directory or URI)")
-    elif "table" in options or "dsn" in options:
-        raise OptionError(f"options dsn/table apply to target postgres; {target} takes path")
-    if "partitionby" in options and target not in ("delta", "iceberg"):
-        raise OptionError("option partitionBy applies to targets delta and iceberg only")
-    for key, name, only in (("delta.appid", "delta.appId", "delta"),
-                            ("delta.compactevery", "delta.compactEvery", "delta"),
-                            ("delta.vacuumretention", "delta.vacuumRetention", "delta"),
-                            ("iceberg.appid", "iceberg.appId", "iceberg"),
-                            ("parquet.compactevery", "parquet.compactEvery", "parquet"),
-                            ("parquet.targetfilesize", "parquet.targetFileSize", "parquet")):
-        if key in options and target != only:
-            raise OptionError(f"option {name} applies to target {only} only")
-    compact_every = _epochs(options, "delta.compactEvery", DEFAULT_COMPACT_EVERY)
-    parquet_compact_every = _epochs(options, "parquet.compactEvery",
-                                    DEFAULT_PARQUET_COMPACT_EVERY)
-    target_file_size = DEFAULT_TARGET_FILE_SIZE
-    if "parquet.targetfilesize" in options:
-        target_file_size = parse_size("parquet.targetFileSize", options["parquet.targetfilesize"])
-    vacuum_hours = None
-    if "delta.vacuumretention" in options:
-        retention_ms = parse_duration_ms("delta.vacuumRetention", options["delta.vacuumretention"])
-        if retention_ms < _HOUR_MS:
-            raise OptionError(
-                f"option delta.vacuumRetention: {options['delta.vacuumretention']!r} is under "
-                "an hour; it must be longer than the query can ever be down (files of an epoch "
-                "not yet committed would be deleted), e.g. '7 days'")
-        vacuum_hours = -(-retention_ms // _HOUR_MS)
-    partition_by = tuple(
-        c.strip() for c in options.get("partitionby", "").split(",") if c.strip())
-    app_key = "iceberg.appid" if target == "iceberg" else "delta.appid"
-    app_id = options.get(app_key, "").strip() or None
-    if app_key in options and app_id is None:
-        raise OptionError(
-            f"option {_KNOWN[app_key]} is empty: leave it out to use the query's id, or name "
-            "the app id the table's commits record")
-
-    guarantee = _choice(options, "deliveryguarantee", "deliveryGuarantee", DeliveryGuarantee,
-                        DeliveryGuarantee.EXACTLY_ONCE)
-    late = _choice(options, "latedata", "lateData", LateData, LateData.KEEP)
-    late_table = options.get("latedata.table") or None
-    late_path = options.get("latedata.path") or None
-    if late is LateData.SIDE:
-        if target in ("postgres", "iceberg") and not late_table:
-            raise OptionError(
-                f"lateData=side with target {target} needs option lateData.table")
-        if target == "iceberg" and late_table == options.get("table"):
-            raise OptionError("option lateData.table must name another table than table")
-        if target in ("parquet", "delta") and not late_path:
-            raise OptionError(f"lateData=side with target {target} needs option lateData.path")
-        if target in ("parquet", "delta") and late_path == options.get("path"):
-            raise OptionError("option lateData.path must name another place than path")
-    elif late_table or late_path:
+            f"option target: {given_target!r} is not {targets.listed(targets.names(), 'or')} "
+            "(where the sink writes)")
+    factory = targets.factory(name)
+    given = match(raw, (*SINK_OPTIONS, *factory.options),
+                  lambda key, declared: _unknown(key, declared, name))
+    for option, what in factory.required.items():
+        if not given.value(option):
+            raise OptionError(f"option {option.key} is required with target {name}"
+                              + (f" ({what})" if what else ""))
+    options = TargetOptions(
+        name, tuple((o.key, given.value(o)) for o in factory.options),
+        given.value(DELIVERY_GUARANTEE), given.value(LATE_DATA))
+    side = factory.side_output
+    if options.late_data is LateData.SIDE:
+        if side is None:
+            raise OptionError(f"lateData=side: target {name} has no side output; use "
+                              "lateData=keep or drop")
+        if not options[side]:
+            raise OptionError(f"lateData=side with target {name} needs option {side.key}")
+    elif side is not None and side in given:
         raise OptionError("options lateData.table / lateData.path apply only with lateData=side")
+    factory.check(options)
+    return options
 
-    if guarantee is DeliveryGuarantee.NONE and late is not LateData.KEEP:
+
+def parse_sink_options(raw: Mapping[str, Any]) -> SinkOptions:
+    """The sink's options from the ones a query gave (Spark hands them over lower-cased).
+
+    Raises:
+        OptionError: an unknown, misplaced, missing or wrong option, with the fix.
+    """
+    target = parse_target_options(raw)
+    given = _sink_given(raw)
+    if target.guarantee is DeliveryGuarantee.NONE and target.late_data is not LateData.KEEP:
         raise OptionError(
             "option lateData: judging late rows needs the epoch bookkeeping that "
-            "deliveryGuarantee=none turns off; use at-least-once or exactly-once"
-        )
-    retain_text = options.get("checkpointing.retain", "100").strip()
-    if not retain_text.isdigit() or int(retain_text) < 1:
-        raise OptionError(
-            f"option checkpointing.retain: {retain_text!r} is not a whole number >= 1"
-        )
-    prefix = options.get("transactionalidprefix", "flinkish").strip()
-    if not _PREFIX.match(prefix):
-        raise OptionError(
-            f"option transactionalIdPrefix: {prefix!r} may only hold letters, digits, '_' and '.'"
-        )
-    timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
-    if "transactiontimeout" in options:
-        timeout_ms = parse_duration_ms("transactionTimeout", options["transactiontimeout"])
-        if timeout_ms <= 0:
-            raise OptionError(
-                f"option transactionTimeout: {options['transactiontimeout']!r} must be a "
-                "positive duration (how old a lingering pre-commit may get before the sink "
-                "warns), e.g. '15 min'"
-            )
-    outage_ms = DEFAULT_OUTAGE_TIMEOUT_MS
-    if "outagetimeout" in options:
-        outage_ms = parse_duration_ms("outageTimeout", options["outagetimeout"])
-    upsert_key = tuple(c.strip() for c in options.get("upsertkey", "").split(",") if c.strip())
-    if "upsertkey" in options and (target in ("parquet", "iceberg") or not upsert_key):
-        raise OptionError(
-            "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
-            "target postgres or delta (Parquet files only append: a window's rows carry its "
-            "pane, whose highest index is the latest)"
-        )
-    # Parquet files are staged by the write tasks and moved into place by the driver, Delta
-    # data files written by the tasks and committed by the driver (the store, by contrast, is
-    # the driver's alone)
-    for key, given in (("path", options.get("path")), ("lateData.path", late_path)):
-        problem = given and local_location_problem(
-            key, given, os.environ.get(MASTER_ENV),
-            "write tasks on the executors write files there and the driver commits them")
-        if problem:
-            raise OptionError(problem)
-    checkpoint = options.get("checkpointlocation") or None
-    state = options.get("checkpointing.location") or None
-    if guarantee is not DeliveryGuarantee.NONE and not (checkpoint or state):
+            "deliveryGuarantee=none turns off; use at-least-once or exactly-once")
+    checkpoint = given.value(CHECKPOINT_LOCATION)
+    state = given.value(STATE_LOCATION)
+    if target.guarantee is not DeliveryGuarantee.NONE and not (checkpoint or state):
         raise OptionError(
             "the flinkish sink needs the query's checkpointLocation (or option "
-            "checkpointing.location) to keep its per-epoch commit records"
-        )
+            "checkpointing.location) to keep its per-epoch commit records")
     return SinkOptions(
-        target=target,
-        dsn=options.get("dsn"),
-        table=options.get("table"),
-        path=options.get("path"),
+        target_options=target,
         checkpoint_location=checkpoint,
         state_location=state,
-        retain=int(retain_text),
-        guarantee=guarantee,  # type: ignore[arg-type]
-        late_data=late,  # type: ignore[arg-type]
-        late_table=late_table,
-        late_path=late_path,
-        event_time_column=options.get("eventtimecolumn", "eventTime"),
-        prefix=prefix,
-        epochs_table=options.get("epochstable") or None,
-        transaction_timeout_ms=timeout_ms,
-        outage_timeout_ms=outage_ms,
-        upsert_key=upsert_key,
-        partition_by=partition_by,
-        app_id=app_id,
-        catalog=catalog,
-        compact_every=compact_every,
-        vacuum_retention_hours=vacuum_hours,
-        parquet_compact_every=parquet_compact_every,
-        target_file_size=target_file_size,
+        retain=given.value(RETAIN),
+        event_time_column=given.value(EVENT_TIME_COLUMN),
+        prefix=given.value(TRANSACTIONAL_ID_PREFIX),
+        transaction_timeout_ms=given.value(TRANSACTION_TIMEOUT),
+        outage_timeout_ms=given.value(OUTAGE_TIMEOUT),
     )
 
 
-def _epochs(options: Mapping[str, str], name: str, default: int) -> int:
-    text = options.get(name.lower(), str(default)).strip()
-    if not text.isdigit():
-        raise OptionError(
-            f"option {name}: {text!r} is not a whole number of epochs (0: never compact)")
-    return int(text)
+def _sink_given(raw: Mapping[str, Any]) -> Given:
+    """The sink's own options among ``raw`` (the target's were checked already)."""
+    own = {s for o in SINK_OPTIONS for s in o.spellings()}
+    return match({k: v for k, v in raw.items() if str(k).lower() in own}, SINK_OPTIONS,
+                 lambda key, declared: OptionError(f"unknown option {key!r}"))
 
 
-def parse_size(name: str, text: str) -> int:
-    """Bytes from ``text``: a whole number with an optional unit (``128 MB``, ``64MiB``,
-    ``1 GB``: powers of 1024), for option ``name``."""
-    match = _SIZE.match(text.strip().lower())
-    if not match or int(match[1]) < 1:
-        raise OptionError(
-            f"option {name}: {text!r} is not a positive size, e.g. '128 MB' or '1 GB'")
-    return int(match[1]) * 1024 ** " kmgt".index(match[2] or " ")
+def reference() -> str:
+    """The docs' sink option reference (Markdown), generated from the declarations: the
+    sink's own options, then each target and the options it takes."""
+    factories = targets.installed()
+    target_options = list({o: None for f in factories for o in f.options})
+    listing = "\n".join(f"- `{f.name}`: {f.doc}" for f in factories)
+
+    def where(option: Option[Any]) -> str:
+        return ", ".join(f"`{f.name}`" for f in factories if option in f.options)
+
+    def required(option: Option[Any]) -> str:
+        names = [f.name for f in factories if option in f.required]
+        return f"for {targets.listed(names, 'and')}" if names else ""
+
+    return (f"{reference_table(SINK_OPTIONS)}\n## Targets\n\n{listing}\n\n"
+            "Each target takes these options:\n\n"
+            f"{reference_table(target_options, where, required)}")

@@ -47,11 +47,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from checkpointing.failpoints import failpoint
-from flinkish_sink.parquet_target import (
-    EPOCHS_DIR,
-    delete_file_if_present,
-    sync_path,
-)
+from flinkish_core.locations import delete_file_if_present, sync_path
+from flinkish_sink.target import EPOCHS_DIR
 
 logger = logging.getLogger(__name__)
 

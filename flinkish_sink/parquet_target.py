@@ -65,16 +65,30 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
-from flinkish_sink.options import DEFAULT_TARGET_FILE_SIZE
-from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_core.config import Option, size_bytes, whole_number
+from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
+from flinkish_core.secrets import mask_uri
+from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
+from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
+from flinkish_sink.targets import TargetFactory
 
 logger = logging.getLogger(__name__)
 
-STAGING_DIR = "_flinkish_staging"
-EPOCHS_DIR = "_flinkish_epochs"
+#: The size Parquet compaction merges files up to (Spark's Delta ``OPTIMIZE`` aims at 1 GB,
+#: Iceberg at 512 MB; a stream's files are read as they come, so smaller).
+DEFAULT_TARGET_FILE_SIZE = 128 * 1024 * 1024
+COMPACT_EVERY = Option(
+    "parquet.compactEvery", whole_number(0, "a whole number of epochs (0: never compact)"), 0,
+    doc="After every that many epochs, merge the query's small committed files into files of "
+        "up to `parquet.targetFileSize` (`0`: never, the default: a reader listing the "
+        "directory sees a compaction's rows twice for a moment); see [compaction]"
+        "(../guides/exactly-once.md#fewer-larger-parquet-files).")
+TARGET_FILE_SIZE = Option(
+    "parquet.targetFileSize", size_bytes, DEFAULT_TARGET_FILE_SIZE, shown_default="`128 MB`",
+    doc="The size compaction merges files up to: bytes, or a number with `KB`, `MB`, `GB` "
+        "(powers of 1024).")
+
 _DIRECT_DIR = "_direct"
-_GID_SEPARATOR = "~"
 _QUERY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _EPOCH_RECORD = re.compile(r"^(\d+)\.json$")
 
@@ -97,7 +111,7 @@ class ParquetTarget:
         ``target_file_size`` bytes after every that many epochs (0: never; see
         :mod:`flinkish_sink.parquet_compaction`)."""
         text = os.fspath(path)
-        filesystem, base = filesystem_of(text, "a Parquet target path")
+        filesystem, base = filesystem_of(text, "the Parquet target's path")
         self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
         self._compaction(compact_every, target_file_size)
 
@@ -150,7 +164,7 @@ class ParquetTarget:
 
     def staged_dir(self, txn: TransactionId) -> str:
         """Where the files of ``txn`` wait for the commit."""
-        return self._path(STAGING_DIR, txn.gid.replace(":", _GID_SEPARATOR))
+        return self._path(STAGING_DIR, txn.staged_name)
 
     def _epochs_dir(self, query: str) -> str:
         if not _QUERY_NAME.match(query) or query in (".", ".."):
@@ -266,7 +280,7 @@ class ParquetTarget:
         for info in self._fs.get_file_info(selector):
             if info.type != pafs.FileType.Directory:
                 continue
-            txn = TransactionId.parse(info.base_name.replace(_GID_SEPARATOR, ":"))
+            txn = TransactionId.from_staged_name(info.base_name)
             if txn is not None and txn.prefix == prefix and txn.query == query:
                 mtime_ns = info.mtime_ns
                 age = None if mtime_ns is None else max(0.0, now - mtime_ns / 1e9)
@@ -497,46 +511,21 @@ def _files_of(pre_commit: PreCommit) -> list[str]:
     return [str(name) for name in files]
 
 
-def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
-    """The ``pyarrow.fs`` filesystem and path of ``location`` (a local path, or a URI
-    ``pyarrow.fs.FileSystem.from_uri`` knows: ``file://``, ``s3://``, ``gs://``, ``hdfs://``);
-    ValueError naming ``what`` it was to be, with any credentials in it masked."""
-    if not location:
-        raise ValueError(f"{what} is empty")
-    try:
-        if "://" in location:
-            filesystem, base = pafs.FileSystem.from_uri(location)
-            return filesystem, str(base)
-        return pafs.LocalFileSystem(), os.path.abspath(location)
-    except (ValueError, OSError) as exc:
-        # no chaining: the URI (and pyarrow's message quoting it) may hold credentials
-        reason = scrub(str(exc), dsn_secrets(location))
-        raise ValueError(f"cannot use {mask_uri(location)!r} as {what}: {reason}") from None
+def _create(options: TargetOptions, late: bool) -> ParquetTarget:
+    path = options[LATE_PATH] if late else options[PATH]
+    assert path is not None
+    return ParquetTarget(path, compact_every=options[COMPACT_EVERY],
+                         target_file_size=options[TARGET_FILE_SIZE])
 
 
-def sync_path(filesystem: pafs.FileSystem, path: str) -> None:
-    """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a pre-commit or
-    commit survives a machine crash; remote stores make a closed file or a rename durable by
-    themselves."""
-    local = _local_os_path(filesystem, path)
-    if local is None or os.name != "posix":
-        return
-    fd = os.open(local, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        filesystem.delete_file(path)
-
-
-def _local_os_path(filesystem: pafs.FileSystem, path: str) -> str | None:
-    """The OS path behind ``path`` if ``filesystem`` is local disk (possibly a subtree of it)."""
-    if isinstance(filesystem, pafs.LocalFileSystem):
-        return path
-    if isinstance(filesystem, pafs.SubTreeFileSystem):
-        return _local_os_path(filesystem.base_fs, filesystem.base_path.rstrip("/") + "/" + path)
-    return None
+FACTORY = TargetFactory(
+    name="parquet",
+    title="Parquet",
+    doc="Parquet files in a directory, committed by renaming them into place.",
+    options=(PATH, COMPACT_EVERY, TARGET_FILE_SIZE, LATE_PATH),
+    required={PATH: "a directory or URI"},
+    side_output=LATE_PATH,
+    check=lambda options: distinct(options, PATH, "place"),
+    create=_create,
+    cli_option="path",
+)

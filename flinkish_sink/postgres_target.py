@@ -39,9 +39,12 @@ from psycopg import sql
 from psycopg.adapt import PyFormat
 from psycopg.rows import TupleRow
 
+from flinkish_core.config import Option, optional_text
 from flinkish_core.secrets import dsn_secrets, mask_dsn, scrub
+from flinkish_sink.options import LATE_TABLE, TABLE, UPSERT_KEY, DeliveryGuarantee, TargetOptions
 from flinkish_sink.outages import postgres_transient
 from flinkish_sink.target import FIX_WRITE_TASKS, PreCommit, TransactionId
+from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import is_window, table_batch, table_schema
 
 Connection = psycopg.Connection[TupleRow]
@@ -705,3 +708,33 @@ class PostgresTarget:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+DSN: Option[str | None] = Option(
+    "dsn", optional_text, None, mask=mask_dsn, secrets=dsn_secrets,
+    doc="libpq connection string.")
+EPOCHS_TABLE: Option[str | None] = Option(
+    "epochsTable", optional_text, None, shown_default="`<table>_flinkish_epochs`",
+    doc="The table of committed epochs.")
+
+
+def _create(options: TargetOptions, late: bool) -> PostgresTarget:
+    dsn, table = options[DSN], options[LATE_TABLE] if late else options[TABLE]
+    assert dsn is not None and table is not None
+    return PostgresTarget(
+        dsn, table, epochs_table=options[EPOCHS_TABLE],
+        two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
+        upsert_key=() if late else options[UPSERT_KEY],  # late rows append
+    )
+
+
+FACTORY = TargetFactory(
+    name="postgres",
+    doc="A PostgreSQL table, written by binary COPY in prepared transactions.",
+    options=(DSN, TABLE, UPSERT_KEY, EPOCHS_TABLE, LATE_TABLE),
+    required={DSN: "", TABLE: ""},
+    side_output=LATE_TABLE,
+    create=_create,
+    cli_option="dsn",
+    title="PostgreSQL",
+)

@@ -46,8 +46,15 @@ from flinkish_core.markers import (
     Marker,
 )
 from flinkish_core.watermark import SPARK_DELAY_KEY
-from flinkish_core.window_output import KIND, LATE, is_window_output
-from flinkish_sink.options import DeliveryGuarantee, LateData, SinkOptions, parse_sink_options
+from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, is_window_output, late_columns
+from flinkish_sink import targets
+from flinkish_sink.options import (
+    UPSERT_KEY,
+    DeliveryGuarantee,
+    LateData,
+    SinkOptions,
+    parse_sink_options,
+)
 from flinkish_sink.outages import RetriedTransaction, RetryPolicy
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
@@ -147,37 +154,7 @@ class SinkCommitMessage(WriterCommitMessage):
 
 def make_target(options: SinkOptions, late: bool = False) -> AnyTarget:
     """The configured target (or, with ``late``, the late-data side output)."""
-    if options.target == "postgres":
-        from flinkish_sink.postgres_target import PostgresTarget
-
-        assert options.dsn is not None and options.table is not None
-        table = options.late_table if late else options.table
-        assert table is not None
-        return PostgresTarget(
-            options.dsn, table, epochs_table=options.epochs_table,
-            two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
-            upsert_key=() if late else options.upsert_key,  # late rows append
-        )
-    if options.target == "iceberg":
-        from flinkish_sink.iceberg_target import IcebergTarget
-
-        table = options.late_table if late else options.table
-        assert table is not None
-        return IcebergTarget(dict(options.catalog), table, partition_by=options.partition_by,
-                             app_id=options.app_id)
-    path = options.late_path if late else options.path
-    assert path is not None
-    if options.target == "delta":
-        from flinkish_sink.delta_target import DeltaTarget
-
-        return DeltaTarget(path, partition_by=options.partition_by, app_id=options.app_id,
-                           upsert_key=() if late else options.upsert_key,
-                           compact_every=options.compact_every,
-                           vacuum_retention_hours=options.vacuum_retention_hours)
-    from flinkish_sink.parquet_target import ParquetTarget
-
-    return ParquetTarget(path, compact_every=options.parquet_compact_every,
-                         target_file_size=options.target_file_size)
+    return targets.factory(options.target).create(options.target_options, late)
 
 
 def store_location(options: SinkOptions) -> str:
@@ -223,11 +200,11 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     f"option eventTimeColumn: column {self._event_time!r} is {kind}, not a "
                     "timestamp; late data is judged on the source's eventTime column"
                 )
-        if (self._window_output and self._options.upsert_key
-                and self._options.late_data is LateData.KEEP):
+        upsert_key = self._options[UPSERT_KEY]
+        if self._window_output and upsert_key and self._options.late_data is LateData.KEEP:
             raise OptionError(
                 f"option upsertKey: flinkish.windows' late rows have no window, so they "
-                f"cannot be upserted on {','.join(self._options.upsert_key)}; set "
+                f"cannot be upserted on {','.join(upsert_key)}; set "
                 "lateData=side (with lateData.table) to append them to a table of their own, "
                 "or lateData=drop to count and drop them, or write windows.split()'s results "
                 "alone"
@@ -236,6 +213,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         self._policy = RetryPolicy(self._options.outage_timeout_ms / 1000)
         self._side = make_target(self._options, late=True) if (
             self._options.late_data is LateData.SIDE) else None
+        self._schemas = self._table_schemas(schema)
         # a hash, not the options: the DSN may hold a password
         checked = (self._options.fingerprint, self._data_schema.to_string())
         if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
@@ -248,10 +226,10 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 )
             # retried: a fresh Python worker of a running query checks again, maybe while
             # the target is away
-            for target in (self._target, self._side):
+            for target, kind in ((self._target, "data"), (self._side, "late")):
                 if target is not None:
                     self._policy.call(target, "check", functools.partial(
-                        target.check, self._data_schema))
+                        target.check, self._schemas[kind]))
             _CHECKED.add(checked)
         self._query = ""
         self._run = uuid.uuid4().hex[:8]  # see TransactionId.run
@@ -295,13 +273,14 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 assert target is not None
                 open_txns[kind] = RetriedTransaction(
                     target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
-                    self._data_schema, self._policy,
+                    self._schemas[kind], self._policy,
                 )
             return open_txns[kind]
 
         def emit(kind: str, rows: pa.RecordBatch) -> None:
             if rows.num_rows == 0:
                 return
+            rows = rows.select(self._schemas[kind].names)
             if exactly_once:
                 txn(kind).write(rows)
             else:
@@ -348,6 +327,19 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     logger.exception("abort after a failed write")
             raise
         return message
+
+    def _table_schemas(self, schema: StructType) -> dict[str, pa.Schema]:
+        """The columns of the table for records ("data") and of the late side table ("late").
+        Where flinkish.windows' results and late rows go to tables of their own (``lateData``
+        side or drop), each leaves out the other's columns, null in all its rows: the late
+        rows' event time and value, the results' window and pane."""
+        split = self._window_output and self._options.late_data is not LateData.KEEP
+        late_only = late_columns((f.name, f.metadata) for f in schema.fields) if split else set()
+        return {
+            "data": pa.schema([f for f in self._data_schema if f.name not in late_only]),
+            "late": pa.schema([f for f in self._data_schema
+                               if not (late_only and f.name in PANE_COLUMNS)]),
+        }
 
     def _resolve_leftovers(self, run: str | None) -> None:
         """Before this task writes: resolve the transactions other writers of the query left

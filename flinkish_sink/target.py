@@ -40,6 +40,13 @@ FIX_WRITE_TASKS = (
 )
 
 
+#: The directory under a file target's location where transactions stage their files (Parquet)
+#: or list them (Delta, Iceberg) until the driver decides them.
+STAGING_DIR = "_flinkish_staging"
+#: The directory under a Parquet target's location of its committed epochs' records.
+EPOCHS_DIR = "_flinkish_epochs"
+_STAGED_SEPARATOR = "~"
+
 @dataclass(frozen=True, order=True)
 class TransactionId:
     """Id of one write attempt's transaction: prefix, query, epoch, task, attempt and run.
@@ -73,6 +80,17 @@ class TransactionId:
         id)."""
         base = f"{self.prefix}:{self.query}:{self.epoch}:{self.task}:{self.attempt}"
         return f"{base}:{self.run}" if self.run else base
+
+    @property
+    def staged_name(self) -> str:
+        """The name of its staged files' directory or manifest under :data:`STAGING_DIR`:
+        the gid with ``:`` (not allowed on every filesystem) as ``~``."""
+        return self.gid.replace(":", _STAGED_SEPARATOR)
+
+    @classmethod
+    def from_staged_name(cls, name: str) -> TransactionId | None:
+        """The id behind a :attr:`staged_name`, or None when ``name`` is not one of ours."""
+        return cls.parse(name.replace(_STAGED_SEPARATOR, ":"))
 
     @classmethod
     def parse(cls, gid: str) -> TransactionId | None:

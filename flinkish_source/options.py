@@ -17,6 +17,20 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from flinkish_core.config import (
+    Given,
+    Option,
+    boolean,
+    collected,
+    did_you_mean,
+    duration_ms,
+    match,
+    optional_text,
+    positive_duration_ms,
+    reference_table,
+    text,
+    whole_number,
+)
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import MASTER_ENV, local_location_problem
@@ -66,50 +80,317 @@ _FORBIDDEN_KAFKA = {
     "enable.partition.eof": "the source sets it itself",
 }
 
-_KNOWN = {
-    "kafka.bootstrap.servers", "subscribe", "subscribepattern", "assign", "startingoffsets",
-    "endingoffsets", "maxoffsetspertrigger", "failondataloss", "includeheaders",
-    "includemarkers", "eventtime.field", "eventtime.header", "eventtime.unit",
-    "eventtime.onerror", "watermark.strategy", "watermark.maxoutoforderness",
-    "watermark.punctuation.field", "watermark.punctuation.header", "idletimeout",
-    "checkpointing.location", "kafkaconsumer.polltimeoutms", "watermark.horizon",
-    "watermark.alignment.maxdrift",
-    "maxreadtasks", "minpartitions", "kafkaconsumer.fetch",
-    "minoffsetspertrigger", "maxtriggerdelay", "groupidprefix", "commitoffsetsoncheckpoint",
-    "startingtimestamp", "startingoffsetsbytimestamp", "startingoffsetsbytimestampstrategy",
-    "endingtimestamp", "endingoffsetsbytimestamp",
-}
-_DISPLAY = {
-    "subscribepattern": "subscribePattern", "startingoffsets": "startingOffsets",
-    "endingoffsets": "endingOffsets", "maxoffsetspertrigger": "maxOffsetsPerTrigger",
-    "failondataloss": "failOnDataLoss", "includeheaders": "includeHeaders",
-    "includemarkers": "includeMarkers", "eventtime.field": "eventTime.field",
-    "eventtime.header": "eventTime.header", "eventtime.unit": "eventTime.unit",
-    "eventtime.onerror": "eventTime.onError", "watermark.strategy": "watermark.strategy",
-    "watermark.maxoutoforderness": "watermark.maxOutOfOrderness",
-    "watermark.punctuation.field": "watermark.punctuation.field",
-    "watermark.punctuation.header": "watermark.punctuation.header",
-    "idletimeout": "idleTimeout", "checkpointing.location": "checkpointing.location",
-    "kafkaconsumer.polltimeoutms": "kafkaConsumer.pollTimeoutMs",
-    "watermark.horizon": "watermark.horizon",
-    "watermark.alignment.maxdrift": "watermark.alignment.maxDrift",
-    "maxreadtasks": "maxReadTasks", "minpartitions": "minPartitions",
-    "kafkaconsumer.fetch": "kafkaConsumer.fetch",
-    "minoffsetspertrigger": "minOffsetsPerTrigger", "maxtriggerdelay": "maxTriggerDelay",
-    "groupidprefix": "groupIdPrefix", "commitoffsetsoncheckpoint": "commitOffsetsOnCheckpoint",
-    "startingtimestamp": "startingTimestamp",
-    "startingoffsetsbytimestamp": "startingOffsetsByTimestamp",
-    "startingoffsetsbytimestampstrategy": "startingOffsetsByTimestampStrategy",
-    "endingtimestamp": "endingTimestamp", "endingoffsetsbytimestamp": "endingOffsetsByTimestamp",
-}
-
 #: Spark's Kafka source waits at most this long for minOffsetsPerTrigger (maxTriggerDelay).
 DEFAULT_MAX_TRIGGER_DELAY_MS = 15 * 60 * 1000
+
+# The owners of the options: the groups of what reads them.
+CLIENT = "kafka client"
+TOPICS = "topics and offsets"
+ADMISSION = "admission"
+EVENT_TIME = "event time and watermarks"
+STATE = "state"
+
+_positive = whole_number(1, "a positive whole number")
+
+
+def _timestamp_strategy(key: str, value: str) -> bool:
+    """Whether a partition without a record at or after its starting time starts at its end
+    (``latest``) rather than failing the query (``error``)."""
+    word = value.strip().lower()
+    if word not in ("error", "latest"):
+        raise OptionError(
+            f"option {key}: {word!r} is not error (fail when a partition has no record at or "
+            "after the time) or latest (start at its end)")
+    return word == "latest"
+
+
+def _event_time_unit(key: str, value: str) -> float:
+    unit = value.strip().lower()
+    if unit not in _EVENT_TIME_UNITS:
+        raise OptionError(f"option {key}: {unit!r} is not one of " + ", ".join(_EVENT_TIME_UNITS))
+    return _EVENT_TIME_UNITS[unit]
+
+
+def _on_error(key: str, value: str) -> OnError:
+    word = value.strip().lower()
+    try:
+        return OnError(word)
+    except ValueError:
+        raise OptionError(f"option {key}: {word!r} is not fail or skip") from None
+
+
+def _watermark_strategy(key: str, value: str) -> WatermarkKind:
+    by_lower = {k.value.lower(): k for k in WatermarkKind}
+    if value.strip().lower() not in by_lower:
+        raise OptionError(f"option {key}: {value.strip()!r} is not one of "
+                          + ", ".join(k.value for k in WatermarkKind))
+    return by_lower[value.strip().lower()]
+
+
+def _fetch_client(key: str, value: str) -> FetchClient:
+    word = value.strip().lower()
+    if word not in {c.value for c in FetchClient}:
+        raise OptionError(
+            f"option {key}: {word!r} is not one of librdkafka (the default: every record "
+            "through confluent-kafka's consumer) or native (experimental: Fetch requests "
+            "decoded into Arrow, librdkafka where that cannot read)")
+    return FetchClient(word)
+
+
+BOOTSTRAP_SERVERS = Option(
+    "kafka.bootstrap.servers", optional_text, None, owner=CLIENT, shown_default="required",
+    doc="Brokers, `host1:9092,host2:9092`.")
+KAFKA: Option[dict[str, str]] = Option(
+    "kafka.*", collected, {}, owner=CLIENT, shown_default="—",
+    doc="Passed to the consumer (confluent-kafka/**librdkafka** names; the Java client's "
+        "security settings are translated, see [Read a secured "
+        "cluster](../secured-clusters.md)) with the prefix stripped, e.g. "
+        "`kafka.security.protocol`, `kafka.sasl.mechanism`. Error messages show the settings "
+        "with SASL/SSL/password values masked. `kafka.group.id` names the group completed "
+        "epochs' offsets are committed to (`kafka.group.id` below), not the read consumers'. "
+        "Rejected: `kafka.enable.auto.commit`, `kafka.auto.offset.reset` (use "
+        "`startingOffsets`), `kafka.enable.partition.eof`.")
+SUBSCRIBE = Option(
+    "subscribe", text, "", owner=TOPICS, shown_default="one of the three",
+    doc="Comma-separated topics. A subscribed topic that does not exist is logged as a "
+        "warning at every batch until it appears (then read from its start); "
+        "`Trigger.AvailableNow` with nothing to read says so in the log. New partitions are "
+        "read from their earliest offset.")
+SUBSCRIBE_PATTERN = Option(
+    "subscribePattern", text, "", owner=TOPICS, shown_default="or `subscribe`, or `assign`",
+    doc="A regex that must match the whole topic name. New partitions are read from their "
+        "earliest offset.")
+ASSIGN = Option(
+    "assign", text, "", owner=TOPICS, shown_default="or `subscribe`, or `subscribePattern`",
+    doc="JSON `{\"topicA\":[0,1]}`. Partitions that appear later are not picked up.")
+STARTING_OFFSETS = Option(
+    "startingOffsets", text, "latest", owner=TOPICS,
+    doc="`earliest`, `latest`, or JSON `{\"topic\":{\"0\":23,\"1\":-2}}` (-2 = earliest, -1 = "
+        "latest). The JSON must name **every** partition of the query exactly. It cannot be "
+        "combined with `subscribePattern`. Applies only at the query's first start.")
+ENDING_OFFSETS = Option(
+    "endingOffsets", optional_text, None, owner=TOPICS, shown_default="unbounded",
+    doc="`latest` (as of the query's first start) or JSON (-1 = latest; earliest not "
+        "allowed). A partition that reaches its end emits `MAX_WATERMARK` once. The query "
+        "keeps running (use `Trigger.AvailableNow` to stop).")
+MAX_OFFSETS_PER_TRIGGER = Option(
+    "maxOffsetsPerTrigger", _positive, None, owner=ADMISSION, shown_default="no limit",
+    doc="Positive integer. Records per micro-batch, shared between partitions in proportion "
+        "to their backlog.")
+STARTING_TIMESTAMP = Option(
+    "startingTimestamp", text, "", owner=TOPICS, shown_default="not set",
+    doc="Epoch milliseconds, Spark Kafka's option: every partition starts at its first record "
+        "whose timestamp is at or after it (Kafka's ListOffsets by timestamp; each answer is "
+        "checked against the records around it, and a broker that answers wrongly, as the "
+        "embedded ones do, is worked around by a scan, with a warning). Partitions discovered "
+        "later start at their earliest offset, as in Spark. Not with `startingOffsets` or "
+        "`startingOffsetsByTimestamp`.")
+STARTING_OFFSETS_BY_TIMESTAMP = Option(
+    "startingOffsetsByTimestamp", text, "", owner=TOPICS, shown_default="not set",
+    doc="JSON, per partition: `{\"topic\":{\"0\":1700000000000}}`, naming every partition (not "
+        "with `subscribePattern`).")
+STARTING_TIMESTAMP_STRATEGY = Option(
+    "startingOffsetsByTimestampStrategy", _timestamp_strategy, False, owner=TOPICS,
+    shown_default="`error`",
+    doc="When a partition has no record at or after its starting time: `error` fails the "
+        "query at start; `latest` starts it at its end.")
+ENDING_TIMESTAMP = Option(
+    "endingTimestamp", text, "", owner=TOPICS, shown_default="not set",
+    doc="Epoch milliseconds: a bounded read that stops, per partition, before its first "
+        "record at or after the time (at its end where there is none). Not with "
+        "`endingOffsets` or `endingOffsetsByTimestamp`.")
+ENDING_OFFSETS_BY_TIMESTAMP = Option(
+    "endingOffsetsByTimestamp", text, "", owner=TOPICS, shown_default="not set",
+    doc="JSON, per partition, like `startingOffsetsByTimestamp`: a bounded read that stops, "
+        "per partition, before its first record at or after the time (at its end where there "
+        "is none). Not with `endingOffsets` or `endingTimestamp`.")
+MIN_OFFSETS_PER_TRIGGER = Option(
+    "minOffsetsPerTrigger", _positive, None, owner=ADMISSION, shown_default="not set",
+    doc="Positive integer, Spark Kafka's option: no micro-batch until at least this many new "
+        "records are admitted (status and carrier-only batches wait too), unless "
+        "`maxTriggerDelay` has passed since the last batch. Not applied under "
+        "`Trigger.AvailableNow`, which reads to its target. At most `maxOffsetsPerTrigger`.")
+MAX_TRIGGER_DELAY = Option(
+    "maxTriggerDelay", positive_duration_ms, DEFAULT_MAX_TRIGGER_DELAY_MS, owner=ADMISSION,
+    shown_default="`15m`",
+    doc="Duration, with `minOffsetsPerTrigger`: the longest a batch waits for the minimum.")
+GROUP_ID = Option(
+    "kafka.group.id", optional_text, None, owner=CLIENT, shown_default="not set",
+    doc="A consumer group that receives each completed epoch's end offsets (Flink's "
+        "`commit.offsets.on.checkpoint`), so Kafka's own lag tools see the query; monitoring "
+        "only, never read back. The read consumers do not join it. See [Monitor "
+        "lag](../guides/monitor-lag.md).")
+GROUP_ID_PREFIX = Option(
+    "groupIdPrefix", text, "", owner=CLIENT, shown_default="not set",
+    doc="Instead of `kafka.group.id`: the group is this prefix plus a digest of "
+        "`checkpointing.location`, one group per query, the same across restarts.")
+COMMIT_OFFSETS_ON_CHECKPOINT = Option(
+    "commitOffsetsOnCheckpoint", boolean, True, owner=CLIENT, shown_default="`true` with a group",
+    doc="`false`: commit nothing to the group.")
+FAIL_ON_DATA_LOSS = Option(
+    "failOnDataLoss", boolean, True, owner=TOPICS,
+    doc="`false`: offsets deleted by retention (or vanished partitions) are skipped with a "
+        "warning instead of failing the query.")
+INCLUDE_HEADERS = Option(
+    "includeHeaders", boolean, False, owner=TOPICS,
+    doc="Adds the `headers` column.")
+INCLUDE_MARKERS = Option(
+    "includeMarkers", boolean, True, owner=EVENT_TIME,
+    doc="`false`: no marker rows and no watermarks. The sink's valve then sees nothing, so "
+        "nothing is ever late.")
+EVENT_TIME_FIELD = Option(
+    "eventTime.field", optional_text, None, owner=EVENT_TIME, shown_default="— (Kafka timestamp)",
+    doc="Dotted path into the JSON value. The value may be a number in `eventTime.unit` or an "
+        "ISO-8601 string with a zone.")
+EVENT_TIME_HEADER = Option(
+    "eventTime.header", optional_text, None, owner=EVENT_TIME, shown_default="—",
+    doc="Header to read the event time from (same parsing). Cannot be combined with "
+        "`eventTime.field`.")
+EVENT_TIME_UNIT: Option[float] = Option(
+    "eventTime.unit", _event_time_unit, 1, owner=EVENT_TIME, shown_default="`milliseconds`",
+    doc="`milliseconds`, `seconds`, `microseconds`. Only with "
+        "`eventTime.field`/`eventTime.header`.")
+EVENT_TIME_ON_ERROR = Option(
+    "eventTime.onError", _on_error, OnError.FAIL, owner=EVENT_TIME,
+    doc="`fail`: stop, naming partition and offset. `skip`: emit the record with a null "
+        "`eventTime`. The record does not move the watermark and is never late.")
+WATERMARK_STRATEGY = Option(
+    "watermark.strategy", _watermark_strategy, WatermarkKind.BOUNDED_OUT_OF_ORDERNESS,
+    owner=EVENT_TIME,
+    shown_default="`boundedOutOfOrderness`",
+    doc="`boundedOutOfOrderness`, `monotonous`, `punctuated`, `none` (no watermark markers, "
+        "status markers only).")
+MAX_OUT_OF_ORDERNESS = Option(
+    "watermark.maxOutOfOrderness", duration_ms, 0, owner=EVENT_TIME,
+    doc="Duration. Only with `boundedOutOfOrderness`. Watermark = max event time − bound − 1 "
+        "ms.")
+PUNCTUATION_FIELD = Option(
+    "watermark.punctuation.field", optional_text, None, owner=EVENT_TIME,
+    doc="With `punctuated` (exactly one of field/header): JSON path of a flag. A record whose "
+        "flag is truthy emits its own event time as a watermark.")
+PUNCTUATION_HEADER = Option(
+    "watermark.punctuation.header", optional_text, None, owner=EVENT_TIME,
+    doc="With `punctuated`: a header whose value is not `\"\"`, `0`, `false` or `no` marks the "
+        "record.")
+IDLE_TIMEOUT = Option(
+    "idleTimeout", positive_duration_ms, None, owner=EVENT_TIME, shown_default="none (never idle)",
+    doc="Positive duration. A partition whose offsets have not grown for this long "
+        "(processing time, measured when micro-batches are planned) and has nothing left to "
+        "read is marked IDLE.")
+STATE_LOCATION = Option(
+    "checkpointing.location", optional_text, None, owner=STATE, shown_default="required (*)",
+    doc="Directory for the per-partition watermark-generator state, as a local path or a "
+        "`pyarrow.fs` URI (`s3://…`, `hdfs://…`). The driver and the executors must both "
+        "reach it. Use one directory per query, and not the sink's store directory. A local "
+        "path fails at query start when the Spark master is not `local`/`local[...]` (see "
+        "[Run on a cluster](../guides/cluster-and-s3.md#what-each-process-must-reach)). (*) "
+        "Not needed with `includeMarkers=false` or `watermark.strategy=none`.")
+HORIZON = Option(
+    "watermark.horizon", positive_duration_ms, DEFAULT_HORIZON_MS, owner=EVENT_TIME,
+    shown_default="`1 day`",
+    doc="Positive duration. How far ahead of the combined watermark each batch's carrier row "
+        "runs (see [output columns](#output-columns)); must equal `with_watermark`'s "
+        "`horizon`. A record whose event time is further ahead than this of the combined "
+        "watermark is logged as a warning: it would push Spark's watermark past the combined "
+        "one.")
+ALIGNMENT_MAX_DRIFT = Option(
+    "watermark.alignment.maxDrift", duration_ms, None, owner=EVENT_TIME, shown_default="off",
+    doc="Duration. Watermark alignment (Flink's FLIP-182/217): a partition whose watermark is "
+        "more than this ahead of the partitions still catching up (active, with records left "
+        "to read) gets no records in the next batch, so the batch's budget goes to the "
+        "partitions that hold the combined watermark back. A partition with nothing left to "
+        "read, an idle one or a finished one holds nothing back; a held partition is never "
+        "marked idle. The partitions not held are read up to a common event-time level, "
+        "judged by the event time each one's last slice covered per offset: with "
+        "`maxOffsetsPerTrigger`, the highest level the budget reaches (so the budget goes to "
+        "the partitions holding the watermark back; one above that level reads nothing in the "
+        "batch), otherwise the drift past where the first runs out of records (`\"capped\": "
+        "true` when a partition reads less than its share). The decisions are journaled per "
+        "partition (`\"held\": true`, `\"capped\": true` in Spark's `offsets/N`) and listed by "
+        "`flinkish inspect`.")
+POLL_TIMEOUT = Option(
+    "kafkaConsumer.pollTimeoutMs", whole_number(1, "a positive number of ms"), 120_000,
+    owner=CLIENT,
+    doc="Positive ms. Upper bound on each metadata, offset or fetch wait, and on a read task "
+        "making no progress. While the brokers do not answer, the source logs a warning every "
+        "sixth of this bound (what it waits for, which servers, the client's reason, time "
+        "waited and left), then fails naming the servers and this option. A connection "
+        "refused by every bootstrap server (nothing listens there: a wrong host or port) "
+        "fails after 4 s instead, unless a broker answered before (a cluster that restarts "
+        "gets the whole wait). The clients' own log lines go to the Python logger "
+        "`flinkish_source.kafka.client` at DEBUG, not to stderr. The consumer's "
+        "`socket.timeout.ms` is this value clamped to 1–60 s.")
+FETCH = Option(
+    "kafkaConsumer.fetch", _fetch_client, FetchClient.LIBRDKAFKA, owner=CLIENT,
+    doc="How read tasks fetch records. `librdkafka` (the default): every record through "
+        "confluent-kafka's consumer, on any Kafka cluster, TLS and SASL included. `native` "
+        "(**experimental**, opt-in): Kafka Fetch requests (version 4) to each partition's "
+        "leader over a plain socket, the record batches decoded in C straight into Arrow "
+        "columns; far less CPU per record. Partition leaders and earliest offsets still come "
+        "from librdkafka. It decompresses every codec Kafka defines (gzip with zlib; snappy, "
+        "raw or in the Java producer's xerial framing, lz4 and zstd with cramjam) and honours "
+        "`kafka.isolation.level` as Kafka's consumer does (read_committed: up to the last "
+        "stable offset, aborted transactions dropped). Whatever it does not handle is read on "
+        "with librdkafka from that offset, for that range: an old message format (magic 0/1), "
+        "a batch its codec cannot decompress, an error code it does not know, a broker that "
+        "refuses the Fetch version. Each hand-over is a WARNING naming the partition, offset "
+        "and reason (once per query and partition in each worker process); no record is "
+        "skipped. It asks each broker's ApiVersions first and sends the query's "
+        "`kafka.client.id`, `kafka.fetch.max.bytes`, `kafka.max.partition.fetch.bytes`, "
+        "`kafka.fetch.wait.max.ms` and `kafka.fetch.min.bytes`; a response or decompressed "
+        "batch larger than `kafka.receive.message.max.bytes` is handed over too. librdkafka "
+        "reads everything when the query sets `kafka.security.protocol` other than plaintext, "
+        "any `kafka.sasl.*`/`kafka.ssl.*` setting, `kafka.check.crcs=true` (the decoder does "
+        "not verify CRCs) or `kafka.client.rack` (follower fetching needs a newer Fetch), or "
+        "when the decoder could not be compiled at install time (a WARNING says so). Both "
+        "emit the same rows.")
+MAX_READ_TASKS = Option(
+    "maxReadTasks", _positive, None, owner=ADMISSION, shown_default="the driver's cores",
+    doc="Positive integer. At most this many Spark read tasks per micro-batch; each reads the "
+        "slices of several partitions, one after the other, with one consumer that fetches "
+        "ahead (Flink's model: a few readers, each owning many splits). The default is the "
+        "number of cores of the machine the driver-side reader runs on: PySpark runs that "
+        "reader in a Python process without a SparkContext, so Spark's default parallelism "
+        "cannot be asked for; the two agree under `local[*]`. On a cluster, set it to the "
+        "executors' total cores (`spark.sparkContext.defaultParallelism`).")
+MIN_PARTITIONS = Option(
+    "minPartitions", _positive, None, owner=ADMISSION, shown_default="not set",
+    doc="Positive integer, Spark Kafka's option of that name: when fewer partitions than this "
+        "have records in a batch, large slices are split (as Spark's "
+        "`KafkaOffsetRangeCalculator` splits them) so that about this many tasks read the "
+        "batch; it also raises `maxReadTasks` to at least this value (both set: "
+        "`minPartitions` must not exceed `maxReadTasks`). A split slice emits exactly the "
+        "records and markers it emits whole: its last piece re-reads the earlier pieces' "
+        "event times to place the slice's watermark, so splitting pays off for large slices "
+        "only. Slices are never split with `watermark.strategy=punctuated`.")
+
+SOURCE_OPTIONS: tuple[Option[Any], ...] = (
+    BOOTSTRAP_SERVERS, KAFKA, SUBSCRIBE, SUBSCRIBE_PATTERN, ASSIGN, STARTING_OFFSETS,
+    ENDING_OFFSETS, MAX_OFFSETS_PER_TRIGGER, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
+    STARTING_TIMESTAMP_STRATEGY, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP,
+    MIN_OFFSETS_PER_TRIGGER, MAX_TRIGGER_DELAY, GROUP_ID, GROUP_ID_PREFIX,
+    COMMIT_OFFSETS_ON_CHECKPOINT, FAIL_ON_DATA_LOSS, INCLUDE_HEADERS, INCLUDE_MARKERS,
+    EVENT_TIME_FIELD, EVENT_TIME_HEADER, EVENT_TIME_UNIT, EVENT_TIME_ON_ERROR,
+    WATERMARK_STRATEGY, MAX_OUT_OF_ORDERNESS, PUNCTUATION_FIELD, PUNCTUATION_HEADER,
+    IDLE_TIMEOUT, STATE_LOCATION, HORIZON, ALIGNMENT_MAX_DRIFT, POLL_TIMEOUT, FETCH,
+    MAX_READ_TASKS, MIN_PARTITIONS,
+)
+_SPELLED = {s: o.key for o in SOURCE_OPTIONS for s in o.spellings()}
 
 
 def display(key: str) -> str:
     """The option's name as the documentation spells it."""
-    return _DISPLAY.get(key, key)
+    return _SPELLED.get(key.lower(), key)
+
+
+def reference() -> str:
+    """The docs' source option reference (Markdown), generated from the declarations: a
+    table for each group of options, named by their owner."""
+    groups = dict.fromkeys(o.owner for o in SOURCE_OPTIONS)
+    return "\n".join(
+        f"## {group[0].upper()}{group[1:]}\n\n"
+        + reference_table(o for o in SOURCE_OPTIONS if o.owner == group)
+        for group in groups)
 
 
 #: librdkafka settings every client of a query starts from (its ``kafka.*`` options win). When
@@ -222,16 +503,6 @@ class SourceOptions:
         return {**CLIENT_DEFAULTS, **client_config(self.kafka_config, self.client_security)}
 
 
-def _bool(options: Mapping[str, str], key: str, default: bool) -> bool:
-    raw = options.get(key)
-    if raw is None:
-        return default
-    value = str(raw).strip().lower()
-    if value not in ("true", "false"):
-        raise OptionError(f"option {display(key)}: {raw!r} is not a boolean; use true or false")
-    return value == "true"
-
-
 def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[int, int]]:
     what = "earliest, latest" if allow_earliest else "latest"
     try:
@@ -267,26 +538,26 @@ def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[in
     return out
 
 
-def _times(options: Mapping[str, str], one: str, each: str,
-           offsets: str) -> int | dict[str, dict[int, int]] | None:
+def _times(given: Given, one: Option[str], each: Option[str],
+           offsets: Option[Any]) -> int | dict[str, dict[int, int]] | None:
     """``startingTimestamp`` (one time for every partition) or ``startingOffsetsByTimestamp``
     (per partition), or the ending pair; at most one of them and of the offsets option."""
-    given = [k for k in (one, each, offsets) if k in options]
-    if len(given) > 1:
+    named = [o.key for o in (one, each, offsets) if o in given]
+    if len(named) > 1:
         raise OptionError(
-            f"options {' and '.join(display(k) for k in given)} conflict: give one (Spark's "
-            f"Kafka source would silently prefer {display(given[0])})"
+            f"options {' and '.join(named)} conflict: give one (Spark's Kafka source would "
+            f"silently prefer {named[0]})"
         )
-    if one in options:
-        text = options[one].strip()
+    if one in given:
+        text = given.value(one).strip()
         if not text.isdigit():
             raise OptionError(
-                f"option {display(one)}: {text!r} is not a timestamp in epoch milliseconds "
+                f"option {one.key}: {text!r} is not a timestamp in epoch milliseconds "
                 "(e.g. 1700000000000)"
             )
         return int(text)
-    if each in options:
-        raw = options[each]
+    if each in given:
+        raw = given.value(each)
         try:
             data = json.loads(raw)
         except json.JSONDecodeError:
@@ -298,38 +569,28 @@ def _times(options: Mapping[str, str], one: str, each: str,
             for parts in data.values())
         if not ok:
             raise OptionError(
-                f"option {display(each)}: {raw!r} is not a JSON object of epoch-millisecond "
+                f"option {each.key}: {raw!r} is not a JSON object of epoch-millisecond "
                 'timestamps >= 0 per partition, like {"topic":{"0":1700000000000}}'
             )
         return {t: {int(p): v for p, v in parts.items()} for t, parts in data.items()}
     return None
 
 
-def _positive(options: Mapping[str, str], key: str) -> int | None:
-    """A positive whole number option, or None when it is not given."""
-    if key not in options:
-        return None
-    given = options[key].strip()
-    if not given.isdigit() or int(given) <= 0:
-        raise OptionError(f"option {display(key)}: {given!r} is not a positive whole number")
-    return int(given)
-
-
-def _commit_group(options: Mapping[str, str], kafka: dict[str, str]) -> str | None:
+def _commit_group(given: Given, kafka: dict[str, str]) -> str | None:
     """The consumer group completed epochs' offsets are committed to: ``kafka.group.id``, or
     ``groupIdPrefix`` plus a digest of ``checkpointing.location`` (one group per query, the same
     across restarts, as Spark's Kafka source names its groups from the query's checkpoint);
     None when the query names no group or sets ``commitOffsetsOnCheckpoint=false``. Takes
     ``group.id`` out of ``kafka``: the read consumers must not carry it."""
     group = kafka.pop("group.id", None)
-    prefix = options.get("groupidprefix")
+    prefix = given.value(GROUP_ID_PREFIX) if GROUP_ID_PREFIX in given else None
     if group is not None and prefix is not None:
         raise OptionError(
             "options kafka.group.id and groupIdPrefix conflict: name the group, or let the "
             "source derive one from the prefix"
         )
     if prefix is not None:
-        location = options.get("checkpointing.location")
+        location = given.value(STATE_LOCATION)
         if not location:
             raise OptionError(
                 "option groupIdPrefix needs checkpointing.location (the group is named after "
@@ -338,9 +599,9 @@ def _commit_group(options: Mapping[str, str], kafka: dict[str, str]) -> str | No
             )
         digest = hashlib.sha256(location.encode()).hexdigest()[:12]
         group = f"{prefix.strip()}-{digest}"
-    if not _bool(options, "commitoffsetsoncheckpoint", True):
+    if not given.value(COMMIT_OFFSETS_ON_CHECKPOINT):
         return None
-    if "commitoffsetsoncheckpoint" in options and group is None:
+    if COMMIT_OFFSETS_ON_CHECKPOINT in given and group is None:
         raise OptionError(
             "option commitOffsetsOnCheckpoint needs a consumer group: give kafka.group.id or "
             "groupIdPrefix"
@@ -348,22 +609,21 @@ def _commit_group(options: Mapping[str, str], kafka: dict[str, str]) -> str | No
     return group
 
 
-def _topics(options: Mapping[str, str]) -> TopicSelection:
-    given = [k for k in ("subscribe", "subscribepattern", "assign") if options.get(k)]
-    if len(given) != 1:
-        named = ", ".join(display(k) for k in given) or "none"
+def _topics(given: Given) -> TopicSelection:
+    named = [o for o in (SUBSCRIBE, SUBSCRIBE_PATTERN, ASSIGN) if given.value(o)]
+    if len(named) != 1:
         raise OptionError(
             "exactly one of the options subscribe, subscribePattern, assign must be set "
-            f"(given: {named})"
+            f"(given: {', '.join(o.key for o in named) or 'none'})"
         )
-    key = given[0]
-    raw = options[key]
-    if key == "subscribe":
+    key = named[0]
+    raw = given.value(key)
+    if key is SUBSCRIBE:
         topics = tuple(t.strip() for t in raw.split(",") if t.strip())
         if not topics:
             raise OptionError("option subscribe: give a comma-separated list of topic names")
         return TopicSelection(subscribe=topics)
-    if key == "subscribepattern":
+    if key is SUBSCRIBE_PATTERN:
         try:
             re.compile(raw)
         except re.error as exc:
@@ -385,17 +645,14 @@ def _topics(options: Mapping[str, str]) -> TopicSelection:
 
 def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     """Validate everything the source will ever read from its options."""
-    options = {str(k).lower(): str(v) for k, v in raw.items()}
-    unknown = [k for k in options if k not in _KNOWN and not k.startswith("kafka.")]
-    if unknown:
-        import difflib  # here: ~5 ms to import, for every query's reader process otherwise
+    given = match(raw, SOURCE_OPTIONS, lambda key, declared: OptionError(
+        f"unknown option {key!r} for format flinkish{did_you_mean(key, declared)}"))
 
-        key = unknown[0]
-        close = difflib.get_close_matches(key, list(_KNOWN), n=1)
-        hint = f"; did you mean {display(close[0])}?" if close else ""
-        raise OptionError(f"unknown option {key!r} for format flinkish{hint}")
-
-    kafka = {k[len("kafka."):]: v for k, v in options.items() if k.startswith("kafka.")}
+    collected_kafka = given.value(KAFKA)
+    kafka = dict(collected_kafka)
+    for option in (BOOTSTRAP_SERVERS, GROUP_ID):  # declared apart for the docs and the errors
+        if option in given:
+            kafka[option.key[len("kafka."):]] = given.texts[option.key]
     if not kafka.get("bootstrap.servers"):
         raise OptionError(
             "option kafka.bootstrap.servers is required, e.g. 'host1:9092,host2:9092'"
@@ -405,108 +662,78 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             raise OptionError(f"option kafka.{key} is not supported: {why}")
     kafka, security = translate(kafka)
 
-    topics = _topics(options)
+    topics = _topics(given)
 
     # the keywords, like every other keyword value, in any case (Earliest, LATEST)
-    starting_text = options.get("startingoffsets", "latest").strip()
+    starting_text = given.value(STARTING_OFFSETS).strip()
     starting: str | dict[str, dict[int, int]] = starting_text.lower()
     if starting not in ("earliest", "latest"):
         starting = _offsets_json("startingoffsets", starting_text, allow_earliest=True)
     ending: str | dict[str, dict[int, int]] | None = None
-    ending_text = options.get("endingoffsets")
-    if ending_text is not None:
-        ending_text = ending_text.strip()
+    if ENDING_OFFSETS in given:
+        ending_text = given.texts[ENDING_OFFSETS.key].strip()
         if ending_text.lower() == "earliest":
             raise OptionError("option endingOffsets: earliest is not allowed; use latest or JSON")
         ending = "latest" if ending_text.lower() == "latest" else _offsets_json(
             "endingoffsets", ending_text, allow_earliest=False
         )
-    starting_times = _times(options, "startingtimestamp", "startingoffsetsbytimestamp",
-                            "startingoffsets")
-    ending_times = _times(options, "endingtimestamp", "endingoffsetsbytimestamp",
-                          "endingoffsets")
-    strategy_text = options.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
-    if strategy_text not in ("error", "latest"):
-        raise OptionError(
-            f"option startingOffsetsByTimestampStrategy: {strategy_text!r} is not error (fail "
-            "when a partition has no record at or after the time) or latest (start at its end)"
-        )
+    starting_times = _times(given, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
+                            STARTING_OFFSETS)
+    ending_times = _times(given, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP, ENDING_OFFSETS)
+    starting_times_latest = given.value(STARTING_TIMESTAMP_STRATEGY)
     if topics.pattern is not None:
-        for key, value in (("startingoffsets", starting), ("endingoffsets", ending),
-                           ("startingoffsetsbytimestamp", starting_times),
-                           ("endingoffsetsbytimestamp", ending_times)):
+        checked: tuple[tuple[Option[Any], object], ...] = (
+            (STARTING_OFFSETS, starting), (ENDING_OFFSETS, ending),
+            (STARTING_OFFSETS_BY_TIMESTAMP, starting_times),
+            (ENDING_OFFSETS_BY_TIMESTAMP, ending_times))
+        for option, value in checked:
             if isinstance(value, dict):
                 raise OptionError(
-                    f"option {display(key)}: per-partition offsets cannot be combined with "
+                    f"option {option.key}: per-partition offsets cannot be combined with "
                     "subscribePattern (the partitions are not known in advance); use "
                     "subscribe or assign"
                 )
 
-    max_per_trigger, min_per_trigger = (
-        _positive(options, key) for key in ("maxoffsetspertrigger", "minoffsetspertrigger"))
+    max_per_trigger = given.value(MAX_OFFSETS_PER_TRIGGER)
+    min_per_trigger = given.value(MIN_OFFSETS_PER_TRIGGER)
     if max_per_trigger is not None and min_per_trigger is not None and (
             min_per_trigger > max_per_trigger):
         raise OptionError(
             f"options minOffsetsPerTrigger ({min_per_trigger}) and maxOffsetsPerTrigger "
             f"({max_per_trigger}) conflict: a batch cannot hold more than the maximum"
         )
-    max_delay = DEFAULT_MAX_TRIGGER_DELAY_MS
-    if "maxtriggerdelay" in options:
-        if min_per_trigger is None:
-            raise OptionError(
-                "option maxTriggerDelay only applies with minOffsetsPerTrigger (how long a "
-                "batch may wait for that many records)"
-            )
-        max_delay = parse_duration_ms("maxTriggerDelay", options["maxtriggerdelay"])
-        if max_delay <= 0:
-            raise OptionError("option maxTriggerDelay must be a positive duration")
+    if MAX_TRIGGER_DELAY in given and min_per_trigger is None:
+        raise OptionError(
+            "option maxTriggerDelay only applies with minOffsetsPerTrigger (how long a "
+            "batch may wait for that many records)"
+        )
+    max_delay = given.value(MAX_TRIGGER_DELAY)
 
-    commit_group = _commit_group(options, kafka)
+    commit_group = _commit_group(given, kafka)
 
-    et_field = options.get("eventtime.field") or None
-    et_header = options.get("eventtime.header") or None
+    et_field = given.value(EVENT_TIME_FIELD)
+    et_header = given.value(EVENT_TIME_HEADER)
     if et_field and et_header:
         raise OptionError(
             "options eventTime.field and eventTime.header conflict: name one place to take "
             "event time from (neither = the Kafka record timestamp)"
         )
-    unit_name = options.get("eventtime.unit", "milliseconds").strip().lower()
-    if unit_name not in _EVENT_TIME_UNITS:
-        raise OptionError(
-            f"option eventTime.unit: {unit_name!r} is not one of "
-            + ", ".join(_EVENT_TIME_UNITS)
-        )
-    if "eventtime.unit" in options and not (et_field or et_header):
+    unit_ms = given.value(EVENT_TIME_UNIT)
+    if EVENT_TIME_UNIT in given and not (et_field or et_header):
         raise OptionError(
             "option eventTime.unit only applies with eventTime.field or eventTime.header"
         )
-    on_error_raw = options.get("eventtime.onerror", "fail").strip().lower()
-    try:
-        on_error = OnError(on_error_raw)
-    except ValueError:
-        raise OptionError(
-            f"option eventTime.onError: {on_error_raw!r} is not fail or skip"
-        ) from None
+    on_error = given.value(EVENT_TIME_ON_ERROR)
 
-    strategy_raw = options.get("watermark.strategy", "boundedOutOfOrderness").strip()
-    by_lower = {k.value.lower(): k for k in WatermarkKind}
-    if strategy_raw.lower() not in by_lower:
+    strategy = given.value(WATERMARK_STRATEGY)
+    if MAX_OUT_OF_ORDERNESS in given and strategy is not WatermarkKind.BOUNDED_OUT_OF_ORDERNESS:
         raise OptionError(
-            f"option watermark.strategy: {strategy_raw!r} is not one of "
-            + ", ".join(k.value for k in WatermarkKind)
+            "option watermark.maxOutOfOrderness only applies to watermark.strategy "
+            f"boundedOutOfOrderness (the strategy is {strategy.value})"
         )
-    strategy = by_lower[strategy_raw.lower()]
-    bound = 0
-    if "watermark.maxoutoforderness" in options:
-        if strategy is not WatermarkKind.BOUNDED_OUT_OF_ORDERNESS:
-            raise OptionError(
-                "option watermark.maxOutOfOrderness only applies to watermark.strategy "
-                f"boundedOutOfOrderness (the strategy is {strategy.value})"
-            )
-        bound = parse_duration_ms("watermark.maxOutOfOrderness",
-                                  options["watermark.maxoutoforderness"])
-    p_field = options.get("watermark.punctuation.field") or None
-    p_header = options.get("watermark.punctuation.header") or None
+    bound = given.value(MAX_OUT_OF_ORDERNESS)
+    p_field = given.value(PUNCTUATION_FIELD)
+    p_header = given.value(PUNCTUATION_HEADER)
     if strategy is WatermarkKind.PUNCTUATED:
         if bool(p_field) == bool(p_header):
             raise OptionError(
@@ -519,48 +746,20 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "options watermark.punctuation.* only apply to watermark.strategy punctuated"
         )
 
-    horizon = DEFAULT_HORIZON_MS
-    if "watermark.horizon" in options:
-        horizon = parse_duration_ms("watermark.horizon", options["watermark.horizon"])
-        if horizon <= 0:
-            raise OptionError("option watermark.horizon must be a positive duration")
-
-    drift = None
-    if "watermark.alignment.maxdrift" in options:
-        drift = parse_duration_ms("watermark.alignment.maxDrift",
-                                  options["watermark.alignment.maxdrift"])
-        if drift < 0:
-            raise OptionError("option watermark.alignment.maxDrift must not be negative")
-        if strategy is WatermarkKind.NONE or not _bool(options, "includemarkers", True):
-            raise OptionError(
-                "option watermark.alignment.maxDrift needs per-partition watermarks: it does "
-                "not apply with watermark.strategy=none or includeMarkers=false"
-            )
-
-    idle = None
-    if "idletimeout" in options:
-        idle = parse_duration_ms("idleTimeout", options["idletimeout"])
-        if idle <= 0:
-            raise OptionError("option idleTimeout must be a positive duration")
-
-    poll_text = options.get("kafkaconsumer.polltimeoutms", "120000").strip()
-    if not poll_text.isdigit() or int(poll_text) <= 0:
+    horizon = given.value(HORIZON)
+    drift = given.value(ALIGNMENT_MAX_DRIFT)
+    if drift is not None and (
+            strategy is WatermarkKind.NONE or not given.value(INCLUDE_MARKERS)):
         raise OptionError(
-            f"option kafkaConsumer.pollTimeoutMs: {poll_text!r} is not a positive number of ms"
+            "option watermark.alignment.maxDrift needs per-partition watermarks: it does "
+            "not apply with watermark.strategy=none or includeMarkers=false"
         )
+    idle = given.value(IDLE_TIMEOUT)
+    poll_timeout_ms = given.value(POLL_TIMEOUT)
+    fetch = given.value(FETCH)
 
-    fetch_text = options.get("kafkaconsumer.fetch", FetchClient.LIBRDKAFKA.value)
-    fetch_text = fetch_text.strip().lower()
-    if fetch_text not in {c.value for c in FetchClient}:
-        raise OptionError(
-            f"option kafkaConsumer.fetch: {fetch_text!r} is not one of librdkafka (the "
-            "default: every record through confluent-kafka's consumer) or native "
-            "(experimental: Fetch requests decoded into Arrow, librdkafka where that cannot "
-            "read)"
-        )
-
-    max_tasks, min_partitions = (
-        _positive(options, key) for key in ("maxreadtasks", "minpartitions"))
+    max_tasks = given.value(MAX_READ_TASKS)
+    min_partitions = given.value(MIN_PARTITIONS)
     if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
         raise OptionError(
             f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
@@ -573,30 +772,30 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         starting=starting,
         ending=ending,
         max_offsets_per_trigger=max_per_trigger,
-        fail_on_data_loss=_bool(options, "failondataloss", True),
-        include_headers=_bool(options, "includeheaders", False),
-        include_markers=_bool(options, "includemarkers", True),
+        fail_on_data_loss=given.value(FAIL_ON_DATA_LOSS),
+        include_headers=given.value(INCLUDE_HEADERS),
+        include_markers=given.value(INCLUDE_MARKERS),
         event_time_field=et_field,
         event_time_header=et_header,
-        event_time_unit_ms=_EVENT_TIME_UNITS[unit_name],
+        event_time_unit_ms=unit_ms,
         event_time_on_error=on_error,
         watermark=strategy,
         max_out_of_orderness_ms=bound,
         punctuation_field=p_field,
         punctuation_header=p_header,
         idle_timeout_ms=idle,
-        state_location=options.get("checkpointing.location") or None,
-        poll_timeout_ms=int(poll_text),
+        state_location=given.value(STATE_LOCATION),
+        poll_timeout_ms=poll_timeout_ms,
         horizon_ms=horizon,
         alignment_max_drift_ms=drift,
         max_read_tasks=max_tasks,
         min_partitions=min_partitions,
-        fetch_client=FetchClient(fetch_text),
+        fetch_client=fetch,
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=max_delay,
         commit_group=commit_group,
         starting_times=starting_times,
-        starting_times_latest=strategy_text == "latest",
+        starting_times_latest=starting_times_latest,
         ending_times=ending_times,
         client_security=security,
     )

@@ -66,7 +66,10 @@ class Collector:
         self.lock = threading.Lock()
 
     def __call__(self, batch: Any, batch_id: int) -> None:
-        got = batch.collect()
+        from flinkish.batch_errors import spark_safe_errors
+
+        with spark_safe_errors():  # a test's stop() during the collect ends the query cleanly
+            got = batch.collect()
         with self.lock:
             self.rows.extend((batch_id, row) for row in got)
 

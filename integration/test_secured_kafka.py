@@ -335,11 +335,13 @@ def java_option_sets(pki: Certificates, token_url: str) -> OptionSets:
                 f" clientSecret='{CLIENT_SECRET}' scope='kafka'"
                 " extension_logicalCluster='lkc-flinkish';",
             **pem_trust}),
-        # AWS MSK with IAM through OAUTHBEARER (the signer's token)
+        # AWS MSK with IAM through OAUTHBEARER (the signer's token), as AWS documents it
         "msk-iam": (SASL_SSL, {
             "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "OAUTHBEARER",
             "kafka.sasl.jaas.config": f"{OAUTH_MODULE} required;",
             "kafka.sasl.login.callback.handler.class":
+                "software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler",
+            "kafka.sasl.client.callback.handler.class":
                 "software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler",
             **pki.jks_trust}),
         # the same with MSK's own mechanism name, which librdkafka lacks
@@ -361,6 +363,40 @@ JAVA_LOGINS = {
     "msk-iam-aws-msk-iam": ("OAUTHBEARER", FAKE_AWS_ENV["AWS_ACCESS_KEY_ID"]),
 }
 MSK_SETS = ("msk-iam", "msk-iam-aws-msk-iam")
+
+
+@pytest.mark.parametrize("name", ["mutual-tls-jks", "scram-sha-512", "event-hubs",
+                                  "two-cas"])
+def test_java_stores_reach_librdkafka_in_memory(
+    secured: SecuredKafka, pki: Certificates, token_endpoint: TokenEndpoint, topic: Any,
+    tmp_path: Path, name: str
+) -> None:
+    """JKS and PKCS#12 stores, translated, as librdkafka's ``ssl.*.pem`` settings: the broker's
+    CA is trusted (also when it is the second certificate of a trust store, as while a CA is
+    rotated) and the client's certificate chain and key are presented (mutual TLS logs in as
+    the certificate's subject)."""
+    sets = java_option_sets(pki, token_endpoint.url)
+    # another CA's name: librdkafka (OpenSSL's lookup by subject) tries only the first
+    # certificate of a name, from a file as from memory
+    other = Pki(tmp_path, ca_name="flinkish other CA")
+    two_cas = tmp_path / "two-cas.pem"
+    two_cas.write_bytes(Path(other.ca_pem).read_bytes() + Path(pki.ca_pem).read_bytes())
+    sets["two-cas"] = (SASL_SSL, {**sets["confluent-cloud"][1],
+                                  "kafka.ssl.truststore.location": str(two_cas)})
+    security, options = sets[name]
+    kafka = {k[len("kafka."):]: v for k, v in options.items()}
+    kafka["bootstrap.servers"] = secured.bootstrap(security)
+    config = client_config(*translate(kafka))
+    assert not any(k.endswith(".location") for k in config)
+    listed = topic(1)
+    before = len(secured.logins)
+    consumer = Consumer({**config, "group.id": "in-memory"})
+    try:
+        assert list(consumer.list_topics(listed, timeout=30).topics[listed].partitions) == [0]
+    finally:
+        consumer.close()
+    login = JAVA_LOGINS["confluent-cloud" if name == "two-cas" else name]
+    assert {(x.mechanism, x.principal) for x in secured.logins[before:]} == {login}
 
 
 @pytest.mark.parametrize("name", MSK_SETS)

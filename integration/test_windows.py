@@ -221,14 +221,19 @@ def test_the_sinks_upsert_mode_keeps_each_windows_latest_pane_exactly_once(
         rows = conn.execute(
             "SELECT kind, key, (extract(epoch FROM window_start) * 1000)::bigint, result, "
             f"pane_index, pane_timing FROM {table} ORDER BY 3").fetchall()
-        late = conn.execute(f'SELECT kind, key, "eventTime", window_start FROM {table}_late'
-                            ).fetchall()
+        late = conn.execute(f'SELECT kind, key, "eventTime" FROM {table}_late').fetchall()
+        columns = {name: [c for (c,) in conn.execute(
+            "SELECT column_name FROM information_schema.columns WHERE table_name = %s "
+            "ORDER BY ordinal_position", [name])] for name in (table, f"{table}_late")}
         epochs = conn.execute(
             f"SELECT sum(rows), sum(late_rows) FROM {table}_flinkish_epochs").fetchone()
     # [BASE, END)'s ON_TIME and LATE panes came in one batch: the LATE one is the row
     assert rows == [("result", "k", BASE, 3, 1, "LATE"), ("result", "k", END, 4, 0, "ON_TIME")]
-    assert [(kind, key, ms(t), start) for kind, key, t, start in late] == [
-        ("late", "k", BASE + 3_000, None)]
+    assert [(kind, key, ms(t)) for kind, key, t in late] == [("late", "k", BASE + 3_000)]
+    # no column null in every row: the results' table has no event time, the late one no pane
+    assert columns == {table: ["key", "kind", "window_start", "window_end", "result",
+                               "pane_index", "pane_timing", "pane_is_last"],
+                       f"{table}_late": ["key", "kind", "eventTime"]}
     assert epochs == (4, 1)  # three panes and one late row written, each once
 
 

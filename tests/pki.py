@@ -45,16 +45,16 @@ class Pki:
     """A CA, a server certificate for 127.0.0.1 and a client certificate, with their keys,
     in every store format."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, ca_name: str = "flinkish test CA") -> None:
         self.root = root
         self.ca_key = ec.generate_private_key(ec.SECP256R1())
-        self.ca = _cert("flinkish test CA", self.ca_key, "flinkish test CA", self.ca_key,
+        self.ca = _cert(ca_name, self.ca_key, ca_name, self.ca_key,
                         ca=True)
         self.server_key = ec.generate_private_key(ec.SECP256R1())
-        self.server = _cert("localhost", self.server_key, "flinkish test CA", self.ca_key,
+        self.server = _cert("localhost", self.server_key, ca_name, self.ca_key,
                             hosts=("127.0.0.1",))
         self.client_key = ec.generate_private_key(ec.SECP256R1())
-        self.client = _cert("flinkish-client", self.client_key, "flinkish test CA",
+        self.client = _cert("flinkish-client", self.client_key, ca_name,
                             self.ca_key)
         self.ca_pem = self._write("ca.pem", self.ca.public_bytes(serialization.Encoding.PEM))
         self.server_pem = self._write("server.pem", self.server.public_bytes(

@@ -155,3 +155,46 @@ def test_after_the_crash_the_phase_shows_the_recovery_as_it_goes(
     assert "recovered in 21.5 s; streaming" in run.phase
     run.step(8.0)
     assert "recovered in 21.5 s; streaming" in run.phase
+
+
+def test_a_plain_log_prints_a_recovery_once_per_state_then_its_figure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a terminal: each step of the recovery is one line (not one every 5 s while Spark
+    starts), then the recovered figure; streaming goes on printing its counts every 5 s."""
+    run, stream, query = _run(tmp_path)
+    (tmp_path / "offsets").mkdir()
+    for batch in range(3):
+        (tmp_path / "offsets" / str(batch)).write_text('v1\n{}\n{"topics": {"t": {}}}')
+    now = [100.0]
+    monkeypatch.setattr(demo.time, "monotonic", lambda: now[0])
+    printed: list[str] = []
+    last_stage, last_log = "", -1e9
+
+    def tick(elapsed: float) -> None:
+        nonlocal last_stage, last_log
+        run.step(elapsed)
+        if demo._log_due(run, last_stage, now[0] - last_log):
+            printed.append(run.phase)
+            last_stage, last_log = demo._stage(run.phase), now[0]
+        now[0] += 6.0  # more than a plain log's 5 s between ticks
+
+    _epochs(monkeypatch, 0)
+    tick(1.0)
+    run.resume_epoch = 0
+    _epochs(monkeypatch, 0, 1)
+    query.ready = False  # type: ignore[misc]
+    tick(4.6)  # the crash
+    for _ in range(5):  # 30 s of starting Spark
+        tick(5.0)
+    query.ready = True  # type: ignore[misc]
+    for _ in range(3):  # 18 s of replaying
+        tick(6.0)
+    _epochs(monkeypatch, 0, 1, 2)
+    tick(7.0)
+    tick(7.5)
+    recovering = [p for p in printed if "RECOVERING" in p]
+    assert len(recovering) == 2, printed  # the crash, then Spark up
+    assert "starting Spark again" in recovering[0] and "Spark up after" in recovering[1]
+    after = printed[printed.index(recovering[1]) + 1]
+    assert "recovered in 54.0 s; streaming" in after  # 6 s ticks: the crash at 106, up at 142
+    assert printed[-1] == printed[-2]  # streaming again: its line every 5 s

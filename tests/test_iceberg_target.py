@@ -17,8 +17,8 @@ from staged_tables import PREFIX, QUERY, SCHEMA, batch, coordinator, marker, pre
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish_core.markers import KIND_STATUS, Marker
 from flinkish_sink.data_files import STAGING_DIR
-from flinkish_sink.iceberg_target import APP_ID_KEY, EPOCH_KEY, IcebergTarget
-from flinkish_sink.options import parse_sink_options
+from flinkish_sink.iceberg_target import APP_ID, APP_ID_KEY, CATALOG, EPOCH_KEY, IcebergTarget
+from flinkish_sink.options import PARTITION_BY, parse_sink_options
 from flinkish_sink.two_phase_commit import LATE_SUFFIX, TwoPhaseCommitCoordinator
 
 UTC = timezone.utc
@@ -351,14 +351,15 @@ def test_the_options_name_the_catalog_and_mask_its_secrets(tmp_path: Path) -> No
         "catalog.uri": "postgresql+psycopg://app:s3cret@db/lake", "catalog.warehouse": "s3://w",
         "catalog.s3.secret-access-key": "hidden-key", "iceberg.appId": "job-1",
         "partitionBy": "name", "lateData": "side", "lateData.table": "events.late"})
-    assert dict(options.catalog) == {"uri": "postgresql+psycopg://app:s3cret@db/lake",
+    assert options[CATALOG] == {"uri": "postgresql+psycopg://app:s3cret@db/lake",
                                      "warehouse": "s3://w", "s3.secret-access-key": "hidden-key"}
-    assert options.app_id == "job-1" and options.partition_by == ("name",)
+    assert options[APP_ID] == "job-1" and options[PARTITION_BY] == ("name",)
     assert "s3cret" not in repr(options) and "hidden-key" not in repr(options)
     assert {"s3cret", "hidden-key"} <= set(options.secrets)
     for bad, problem in [({"catalog.uri": "sqlite:///c.db"}, "option table is required"),
                          ({"table": "events.t"}, "option catalog.uri is required"),
-                         ({"table": "a.b", "catalog.uri": "x", "path": "/p"}, "path/dsn"),
+                         ({"table": "a.b", "catalog.uri": "x", "path": "/p"},
+                          "option path applies to targets parquet and delta only"),
                          ({"table": "a.b", "catalog.uri": "x", "delta.appId": "a"},
                           "delta.appId applies to target delta only"),
                          ({"table": "a.b", "catalog.uri": "x", "upsertKey": "k"}, "upsertKey"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from checkpointing import CheckpointStorage, CheckpointStore
@@ -48,13 +49,16 @@ def test_epochs_table_from_the_query_checkpoint(tmp_path: Path) -> None:
     console.print(table(rows))
     text = console.export_text()
     assert "flinkish epochs of topic t" in text
-    assert "MAX (ended)" in text and "22:13:20.005" in text
+    assert "end of time" in text and "22:13:20.005" in text
     assert "    1 completed " in text and "    3 pending   " in text
 
 
 def test_format_watermark_extremes() -> None:
     assert format_watermark(None) == format_watermark(MIN_WATERMARK) == "-"
-    assert format_watermark(MAX_WATERMARK) == "MAX (ended)"
+    # Long.MAX, Spark's watermark at the end (the carrier's clamped time minus the horizon) and
+    # the end as an epochs table stores it: one way
+    for end in (MAX_WATERMARK, 253_402_214_399_998, 253_402_214_399_999):
+        assert format_watermark(end) == format_watermark(end, with_date=False) == "end of time"
     assert format_watermark(T) == "2023-11-14 22:13:20.000"
     assert format_watermark(T, with_date=False) == "22:13:20.000"
 
@@ -164,7 +168,7 @@ def test_the_epochs_table_stays_whole_at_80_columns() -> None:
     console.print(table(rows))
     text = console.export_text()
     assert "…" not in text, text
-    assert "committed" in text and "partitions" in text and "23:59:59.99" in text
+    assert "committed" in text and "partitions" in text and "end of time *" in text
 
 
 def test_a_windowed_querys_epochs_show_what_the_source_journaled(tmp_path: Path) -> None:
@@ -204,6 +208,12 @@ def test_a_windowed_querys_epochs_show_what_the_source_journaled(tmp_path: Path)
     assert [(r.epoch, r.journaled_watermark, r.idle_partitions) for r in rows] == [
         (0, None, ()), (1, None, ()), (2, T, ()), (3, T + 5_000, ("t/1",)),
         (4, T + 5_000, ("t/1",))]
+    # Spark's watermark up to the first epoch with a combined one (epoch 1's a record's time
+    # minus the horizon) is none yet
+    assert [r.watermark for r in rows] == [None, None, None, T + 1_000, 253_402_214_399_999]
+    console = Console(record=True, width=100)
+    console.print(table(rows))
+    assert "2023-11-13" not in console.export_text()
     assert rows[3].partitions["t/1"] == {"watermark": T, "status": "IDLE", "aligned": False}
     series = plot_series(rows)
     assert series.partitions == {"t/0": [(2, T), (3, T + 5_000), (4, T + 5_000)],
@@ -215,3 +225,88 @@ def test_a_windowed_querys_epochs_show_what_the_source_journaled(tmp_path: Path)
     assert series.spark == [(3, T + 1_000)]
     plot(rows, str(tmp_path / "journal.png"))
     assert (tmp_path / "journal.png").stat().st_size > 10_000
+
+
+def _one_batch_read_it_all(tmp_path: Path) -> Path:
+    """The getting-started query's checkpoint: batch 0 reads the whole bounded topic and
+    closes no window yet; epoch 1 reads nothing and writes every window, its (Spark's)
+    watermark at the end of time."""
+    location = tmp_path / "ck" / "flinkish"
+    store = CheckpointStore(CheckpointStorage.open(str(location)), owner="q")
+    for epoch, (spark, rows) in enumerate([(None, 0), (253_402_214_399_999, 40)]):
+        store.complete(epoch, {"watermark": advance(initial(), epoch, []).to_json(),
+                               "rows": rows, "late_rows": 0, "spark_watermark": spark})
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q"}\n')
+    offsets = tmp_path / "ck" / "offsets"
+    offsets.mkdir()
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": T, "conf": {}})
+    end = {"offset": 1200, "first": 0, "progressAt": T, "seen": 1200, "stop": 1200}
+    for batch in (0, 1):
+        (offsets / str(batch)).write_text("v1\n" + meta + "\n" + json.dumps(
+            {"version": 1, "topics": {"t": {str(p): end for p in range(4)}}}))
+    return tmp_path / "ck"
+
+
+def test_a_plot_with_nothing_to_draw_says_why_in_words(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from flinkish.cli import main
+    from flinkish.inspect import nothing_to_draw, reading_batches
+
+    location = str(_one_batch_read_it_all(tmp_path))
+    assert reading_batches(location) == {0: 4800}
+    why = nothing_to_draw(load_epochs(location), reading_batches(location))
+    assert why is not None
+    assert "one batch (0) read the whole input, 4800 records" in why
+    assert "straight to the end of time in epoch 1" in why
+    out = tmp_path / "wm.png"
+    assert main(["inspect", location, "--plot", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "one batch (0) read the whole input" in printed and "end of time *" in printed
+    assert "counts the row that carries the combined watermark into Spark" in printed
+    # a plot with points says nothing of the kind
+    assert nothing_to_draw(load_epochs(str(_store(tmp_path / "other"))), {}) is None
+
+
+def test_partitions_whose_lines_coincide_are_drawn_once_labelled_together() -> None:
+    from flinkish.inspect import EpochRow, _coinciding, plot_series
+
+    def row(epoch: int, marks: dict[str, int], idle: str = "") -> EpochRow:
+        return EpochRow(epoch, "completed", T, min(marks.values()), None, (), 1, 0,
+                        {n: {"watermark": w, "status": "IDLE" if n == idle else "ACTIVE"}
+                         for n, w in marks.items()}, watermark_source="valve")
+
+    rows = [row(0, {"t/0": T, "t/1": T, "t/2": T - 9}),
+            row(1, {"t/0": T + 5, "t/1": T + 5, "t/2": T + 5, "t/3": T}, idle="t/2")]
+    lines = _coinciding(plot_series(rows))
+    assert sorted(lines) == [("t/0", "t/1"), ("t/2",), ("t/3",)]
+
+
+def test_idleness_agrees_in_the_epochs_table_the_lag_table_and_the_plot(tmp_path: Path) -> None:
+    """Every partition goes idle after the last batch that read anything: the journaled valve
+    predates it, the journaled positions say it; all three views show it."""
+    from flinkish.inspect import lags, plot_series, with_source_journal
+    from flinkish_source.combined_watermark import PlanningValve
+
+    location = tmp_path / "ck" / "flinkish"
+    store = CheckpointStore(CheckpointStorage.open(str(location)), owner="q")
+    for epoch in range(3):
+        store.complete(epoch, {"watermark": advance(initial(), epoch, []).to_json(), "rows": 2,
+                               "late_rows": 0, "spark_watermark": T})
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q"}\n')
+    offsets = tmp_path / "ck" / "offsets"
+    offsets.mkdir()
+    valve = advance(initial(), 0, [
+        Marker("t", 0, 0, "status", status="ACTIVE"), Marker("t", 1, 0, "status", status="ACTIVE"),
+        Marker("t", 0, 5, "watermark", watermark=T), Marker("t", 1, 5, "watermark", watermark=T)])
+    meta = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": T + 33_000, "conf": {}})
+    for batch, status in enumerate(["ACTIVE", "IDLE", "IDLE"]):
+        pos = {"offset": 5, "first": 0, "progressAt": T, "seen": 5, "status": status}
+        (offsets / str(batch)).write_text("v1\n" + meta + "\n" + json.dumps(
+            {"version": 1, "topics": {"t": {"0": pos, "1": pos}},
+             "valve": PlanningValve(valve).to_json()}))
+    rows = with_source_journal(load_epochs(str(tmp_path / "ck")), str(tmp_path / "ck"))
+    assert [r.idle_partitions for r in rows] == [(), ("t/0", "t/1"), ("t/0", "t/1")]
+    assert [sorted(lag.idle_ms) for lag in lags(str(tmp_path / "ck")).values()] == [
+        [], ["t/0", "t/1"], ["t/0", "t/1"]]
+    assert plot_series(rows).idle == {"t/0": [(1, T), (2, T)], "t/1": [(1, T), (2, T)]}

@@ -1,14 +1,15 @@
-"""The Java client's security options translated into librdkafka's (flinkish_source.
+"""The Java client's security options translated into librdkafka's (flinkish_kafka.
 java_security): each login module, each store type (made at test time: ``cryptography`` for
-certificates and PKCS12, ``keytool`` for JKS), conflicts and untranslatable settings, masking,
-the MSK IAM token callback against the signer library, and Event Hubs' connection string."""
+certificates and PKCS12, ``keytool`` for JKS) as librdkafka's in-memory PEM, no file left by a
+process that cannot clean up, damaged stores, conflicts and untranslatable settings, masking,
+AWS's MSK IAM option sets verbatim, their credentials looked up at load and the token callback
+against the signer library, and Event Hubs' connection string."""
 
 from __future__ import annotations
 
 import base64
 import os
 import socket
-import stat
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlparse
 
 import pytest
+from confluent_kafka import Consumer
 from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from pki import KEY_PW, KEYTOOL, STORE_PW, Pki
@@ -235,30 +237,43 @@ STORE_KINDS = ["PEM", "PEM-inline", "PKCS12",
                pytest.param("JKS", marks=needs_keytool)]
 
 
-def _certs(path: str) -> list[x509.Certificate]:
-    return x509.load_pem_x509_certificates(Path(path).read_bytes())
+def _certs(pem: str) -> list[x509.Certificate]:
+    return x509.load_pem_x509_certificates(pem.encode())
 
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
-def test_truststores_become_a_ca_file(pki: Pki, kind: str) -> None:
+def test_truststores_become_librdkafkas_in_memory_ca(pki: Pki, kind: str) -> None:
     o = parse(**{"security.protocol": "SSL", **pki.truststore(kind)})
     config = o.client_config()
-    assert _certs(config["ssl.ca.location"]) == [pki.ca]
-    assert not any(k.startswith("ssl.truststore") for k in config)
+    assert _certs(config["ssl.ca.pem"]) == [pki.ca]
+    assert not any(k.startswith("ssl.truststore") or k.endswith(".location") for k in config)
 
 
 @pytest.mark.parametrize("kind", STORE_KINDS)
-def test_keystores_become_certificate_and_key_files(pki: Pki, kind: str) -> None:
+def test_keystores_become_librdkafkas_in_memory_certificate_and_key(pki: Pki,
+                                                                    kind: str) -> None:
     o = parse(**{"security.protocol": "SSL", **pki.keystore(kind)})
     config = o.client_config()
-    assert _certs(config["ssl.certificate.location"])[0] == pki.client
-    key = serialization.load_pem_private_key(Path(config["ssl.key.location"]).read_bytes(),
-                                             None)
+    assert _certs(config["ssl.certificate.pem"]) == [pki.client, pki.ca]  # the whole chain
+    key = serialization.load_pem_private_key(config["ssl.key.pem"].encode(), None)
     assert key.public_key() == pki.client_key.public_key()
-    assert not any(k.startswith(("ssl.keystore", "ssl.key.password")) for k in config)
-    for path in (config["ssl.certificate.location"], config["ssl.key.location"]):
-        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
-        assert stat.S_IMODE(os.stat(os.path.dirname(path)).st_mode) == 0o700
+    assert not any(k.startswith(("ssl.keystore", "ssl.key.password")) or k.endswith(
+        ".location") for k in config)
+    # librdkafka takes them: a client is built on them
+    Consumer({**config, "group.id": "g", "bootstrap.servers": "127.0.0.1:1"}).close()
+
+
+def test_a_trust_store_of_several_certificates_is_taken_whole(pki: Pki, tmp_path: Path
+                                                              ) -> None:
+    """librdkafka reads every certificate of ``ssl.ca.pem`` (since 2.0), as a trust store of
+    a rotating CA (old and new) needs."""
+    (tmp_path / "other").mkdir()
+    other = Pki(tmp_path / "other", ca_name="flinkish other CA")
+    path = tmp_path / "two-cas.pem"
+    path.write_bytes(Path(other.ca_pem).read_bytes() + Path(pki.ca_pem).read_bytes())
+    config = parse(**{"ssl.truststore.type": "PEM",
+                      "ssl.truststore.location": str(path)}).client_config()
+    assert _certs(config["ssl.ca.pem"]) == [other.ca, pki.ca]
 
 
 @pytest.mark.parametrize("kind", ["PEM", "PKCS12", pytest.param("JKS", marks=needs_keytool)])
@@ -271,21 +286,21 @@ def test_a_store_type_not_given_is_told_from_the_content(pki: Pki, tmp_path: Pat
         path.write_text("Bag Attributes\n    friendlyName: ca\n"
                         + Path(given["ssl.truststore.location"]).read_text())
         given["ssl.truststore.location"] = str(path)
-    assert _certs(parse(**given).client_config()["ssl.ca.location"]) == [pki.ca]
+    assert _certs(parse(**given).client_config()["ssl.ca.pem"]) == [pki.ca]
 
 
 def test_a_librdkafka_style_pkcs12_keystore_is_converted_too(pki: Pki) -> None:
     given = pki.keystore("PKCS12")
     given.pop("ssl.keystore.type")
     config = parse(**given).client_config()
-    assert _certs(config["ssl.certificate.location"])[0] == pki.client
+    assert _certs(config["ssl.certificate.pem"])[0] == pki.client
 
 
 @needs_keytool
 def test_a_pkcs12_file_given_as_jks_is_read_as_java_does(pki: Pki) -> None:
     given = pki.keystore("PKCS12")
     given["ssl.keystore.type"] = "JKS"
-    assert _certs(parse(**given).client_config()["ssl.certificate.location"])[0] == pki.client
+    assert _certs(parse(**given).client_config()["ssl.certificate.pem"])[0] == pki.client
 
 
 @pytest.mark.parametrize(("kind", "option"), [
@@ -323,59 +338,139 @@ def test_store_passwords_and_keys_are_masked(pki: Pki) -> None:
         assert KEY_PW not in shown and STORE_PW not in shown and "PRIVATE KEY" not in shown
 
 
-def test_files_are_written_for_clients_once_per_process_and_removed_at_exit(pki: Pki) -> None:
-    given = pki.truststore("PEM")
-    first = parse(**given).client_config()["ssl.ca.location"]
-    assert parse(**given).client_config()["ssl.ca.location"] == first
-    script = (
-        "import glob, os, tempfile\n"
-        "from flinkish_source.options import parse_options\n"
-        f"o = parse_options({{'kafka.bootstrap.servers': 'b:1', 'subscribe': 't', "
-        f"'includeMarkers': 'false', 'kafka.ssl.truststore.type': 'PEM', "
-        f"'kafka.ssl.truststore.location': {given['ssl.truststore.location']!r}}})\n"
-        "mine = os.path.join(tempfile.gettempdir(), f'flinkish-tls-{os.getpid()}-*')\n"
-        "print(len(glob.glob(mine)))\n"  # load() reads the store, writes nothing
-        "print(o.client_config()['ssl.ca.location'])\n")
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                          check=True, timeout=60)
-    written_at_load, path = done.stdout.split()
-    assert written_at_load == "0"
-    assert path and not os.path.exists(path) and not os.path.exists(os.path.dirname(path))
+#: a process that converts every kind of store and builds a librdkafka client on them, then
+#: leaves as PySpark's daemon-forked workers do (os._exit: no atexit hook runs) or is killed
+_CLIENT_PROCESS = """
+import os, signal, sys
+from confluent_kafka import Consumer
+from flinkish_source.options import parse_options
+options = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "includeMarkers": "false"}
+options.update({"kafka." + k: v for k, v in %r.items()})
+config = parse_options(options).client_config()
+Consumer({**config, "group.id": "g", "security.protocol": "SSL"}).close()
+Consumer({**config, "group.id": "g", "security.protocol": "SSL"})
+if sys.argv[1] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+pid = os.fork()  # a daemon-forked worker
+if pid == 0:
+    Consumer({**config, "group.id": "g2", "security.protocol": "SSL"})
+    os._exit(0)
+os.waitpid(pid, 0)
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("leaving", ["os._exit", "kill"])
+@pytest.mark.parametrize("kind", ["PKCS12", pytest.param("JKS", marks=needs_keytool)])
+def test_no_key_material_is_written_by_a_process_that_cannot_clean_up(
+        pki: Pki, tmp_path: Path, kind: str, leaving: str) -> None:
+    """Converted stores stay in the process's memory: a client process that leaves without
+    cleaning up leaves no file behind, in its temp directory or its working directory."""
+    given = {**pki.truststore(kind), **pki.keystore(kind)}
+    temp, cwd = tmp_path / "temp", tmp_path / "cwd"
+    temp.mkdir()
+    cwd.mkdir()
+    done = subprocess.run([sys.executable, "-c", _CLIENT_PROCESS % given, leaving],
+                          capture_output=True, text=True, timeout=120, cwd=cwd,
+                          env={**os.environ, "TMPDIR": str(temp)})
+    assert done.returncode == (-9 if leaving == "kill" else 0), done.stderr
+    assert [*temp.rglob("*"), *cwd.rglob("*")] == []
+
+
+def test_a_store_is_converted_once_per_process(pki: Pki) -> None:
+    given = pki.keystore("PKCS12")
+    first = parse(**given).client_config()
+    again = parse(**given).client_config()
+    assert again["ssl.key.pem"] is first["ssl.key.pem"]
 
 
 def test_a_store_renewed_in_place_is_converted_again(pki: Pki, tmp_path: Path) -> None:
     path = tmp_path / "rotating-ca.pem"
     path.write_bytes(Path(pki.ca_pem).read_bytes())
     given = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(path)}
-    before = parse(**given).client_config()["ssl.ca.location"]
+    before = parse(**given).client_config()["ssl.ca.pem"]
     (tmp_path / "renewed").mkdir()
     renewed = Pki(tmp_path / "renewed")
     path.write_bytes(Path(renewed.ca_pem).read_bytes())
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
-    after = parse(**given).client_config()["ssl.ca.location"]
-    assert after != before and _certs(after) == [renewed.ca] and _certs(before) == [pki.ca]
+    after = parse(**given).client_config()["ssl.ca.pem"]
+    assert _certs(after) == [renewed.ca] and _certs(before) == [pki.ca]
+
+
+DAMAGED = [
+    pytest.param("truststore", "JKS", False, marks=needs_keytool, id="jks-trust-no-password"),
+    pytest.param("truststore", "JKS", True, marks=needs_keytool, id="jks-trust"),
+    pytest.param("keystore", "JKS", False, marks=needs_keytool, id="jks-keys-no-store-password"),
+    pytest.param("truststore", "PKCS12", True, id="pkcs12-trust"),
+    pytest.param("keystore", "PKCS12", True, id="pkcs12-keys"),
+]
+
+
+@pytest.mark.parametrize(("kind", "store_type", "password"), DAMAGED)
+@pytest.mark.parametrize("kept", [1 / 3, 1 / 2, 2 / 3])
+def test_a_damaged_store_fails_at_load_naming_the_option(
+        pki: Pki, tmp_path: Path, kind: str, store_type: str, password: bool,
+        kept: float) -> None:
+    """A store cut short (a partial copy): an OptionError naming the option and the way out,
+    whatever part of the file is missing, never a parser's bare error."""
+    given = pki.truststore(store_type) if kind == "truststore" else pki.keystore(store_type)
+    if not password:
+        del given[f"ssl.{kind}.password"]
+    data = Path(given[f"ssl.{kind}.location"]).read_bytes()
+    damaged = tmp_path / f"damaged.{store_type.lower()}"
+    damaged.write_bytes(data[:int(len(data) * kept)])
+    given[f"ssl.{kind}.location"] = str(damaged)
+    with pytest.raises(OptionError, match=f"option kafka.ssl.{kind}.location .{damaged}.: "
+                                          ) as failure:
+        parse(**given)
+    message = str(failure.value)
+    assert STORE_PW not in message and KEY_PW not in message
+    if store_type == "JKS" and not password:
+        assert "damaged" in message and f"give kafka.ssl.{kind}.password" in message
+
+
+def test_an_unreadable_store_fails_at_load(tmp_path: Path) -> None:
+    with pytest.raises(OptionError, match=r"kafka.ssl.keystore.location .*: cannot be read "
+                                          r"\(Is a directory\); the file must exist"):
+        parse(**{"ssl.keystore.location": str(tmp_path), "ssl.keystore.password": "p"})
+
+
+def test_a_key_store_whose_key_is_not_its_certificates_fails_at_load(pki: Pki) -> None:
+    given = pki.keystore("PEM-inline")
+    first, second = x509.load_pem_x509_certificates(
+        given["ssl.keystore.certificate.chain"].encode())
+    given["ssl.keystore.certificate.chain"] = "".join(
+        c.public_bytes(serialization.Encoding.PEM).decode() for c in (second, first))
+    with pytest.raises(OptionError, match="the inline PEM keystore: the private key is not "
+                                          "the one of the first certificate"):
+        parse(**given)
 
 
 @needs_keytool
 def test_a_jks_truststore_without_a_password_is_read_as_java_reads_it(pki: Pki) -> None:
     given = pki.truststore("JKS")
     del given["ssl.truststore.password"]  # Java then skips the integrity check
-    assert _certs(parse(**given).client_config()["ssl.ca.location"]) == [pki.ca]
+    assert _certs(parse(**given).client_config()["ssl.ca.pem"]) == [pki.ca]
 
 
 # --- AWS MSK IAM ----------------------------------------------------------------------------
 
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Static credentials from the environment: the signer reads them without any call."""
+def no_aws_credentials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No AWS setting, file or instance metadata where botocore looks."""
     for name in list(os.environ):
         if name.startswith("AWS_"):
             monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFLINKISHTEST0001")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flinkish/test/secret/key/0000000000000000")
     monkeypatch.setenv("AWS_CONFIG_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Static credentials from the environment: the signer reads them without any call."""
+    no_aws_credentials(monkeypatch)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAFLINKISHTEST0001")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "flinkish/test/secret/key/0000000000000000")
 
 
 def test_aws_msk_iam_mechanism_becomes_oauthbearer_with_the_region_of_the_host() -> None:
@@ -388,6 +483,87 @@ def test_aws_msk_iam_mechanism_becomes_oauthbearer_with_the_region_of_the_host()
     assert config["sasl.mechanisms"] == "OAUTHBEARER"
     assert "sasl.jaas.config" not in config and "sasl.mechanism" not in config
     assert security.msk_iam == MskIam(region="eu-west-1", profile="analytics")
+
+
+#: AWS's option set for OAUTHBEARER, verbatim (aws-msk-iam-auth's README, "client.properties
+#: for OAUTHBEARER"); kafkashaded.: the same on Databricks
+def aws_oauthbearer(shaded: str, module: str = OAUTH) -> dict[str, str]:
+    handler = f"{shaded}software.amazon.msk.auth.iam.IAMOAuthBearerLoginCallbackHandler"
+    return {"bootstrap.servers": MSK_SERVERS,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "OAUTHBEARER",
+            "sasl.jaas.config": f"{shaded}{module} required;",
+            "sasl.login.callback.handler.class": handler,
+            "sasl.client.callback.handler.class": handler}
+
+
+@pytest.mark.parametrize("module", [OAUTH, IAM_MODULE], ids=["OAuthBearerLoginModule",
+                                                              "IAMLoginModule"])
+@pytest.mark.parametrize("shaded", ["", "kafkashaded."])
+def test_awss_documented_oauthbearer_option_set_is_taken_verbatim(
+        aws_env: None, shaded: str, module: str) -> None:
+    o = parse(**aws_oauthbearer(shaded, module))
+    assert o.kafka_config["sasl.mechanisms"] == "OAUTHBEARER"
+    assert not any("callback" in k or "jaas" in k for k in o.kafka_config)
+    assert o.client_security.msk_iam == MskIam(region="eu-west-1")
+    assert callable(o.client_config()["oauth_cb"])
+
+
+@pytest.mark.parametrize(("change", "says"), [
+    ({"sasl.client.callback.handler.class": "com.acme.Handler"},
+     "com.acme.Handler cannot run here .*IAMOAuthBearerLoginCallbackHandler .with "
+     "OAUTHBEARER"),
+    ({"sasl.login.callback.handler.class": OIDC_HANDLER},
+     "kafka.sasl.login.callback.handler.class .* and kafka.sasl.client.callback.handler.class "
+     ".* conflict"),
+    ({"sasl.client.callback.handler.class":
+      "software.amazon.msk.auth.iam.IAMClientCallbackHandler"},
+     "IAMClientCallbackHandler serves kafka.sasl.mechanism=AWS_MSK_IAM .given: OAUTHBEARER"),
+])
+def test_msk_iam_handlers_that_do_not_go_together_fail_at_load(
+        aws_env: None, change: dict[str, str], says: str) -> None:
+    given = {**aws_oauthbearer(""), **change}
+    if "IAMClientCallbackHandler" in str(change):
+        given["sasl.jaas.config"] = f"{IAM_MODULE} required;"
+    with pytest.raises(OptionError, match=says):
+        parse(**given)
+
+
+@pytest.mark.parametrize(("jaas_options", "env", "says"), [
+    ("", {}, "no AWS credentials found on the driver for the default chain; botocore's chain "
+             "looks in AWS_ACCESS_KEY_ID"),
+    ('awsRoleArn="arn:aws:iam::1:role/r"', {},
+     "for the default chain, which assumes arn:aws:iam::1:role/r"),
+    ('awsProfileName="analytics"', {}, "awsProfileName 'analytics' is not a profile"),
+    ("", {"AWS_ACCESS_KEY_ID": "AKIAFLINKISHTEST0002"},
+     "missing: AWS_SECRET_ACCESS_KEY; give both"),
+])
+def test_missing_aws_credentials_fail_at_load(monkeypatch: pytest.MonkeyPatch,
+                                              jaas_options: str, env: dict[str, str],
+                                              says: str) -> None:
+    no_aws_credentials(monkeypatch)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(OptionError, match=f"option kafka.sasl.jaas.config .AWS MSK IAM.: "
+                                          f".*{says}") as failure:
+        parse(**{"bootstrap.servers": MSK_SERVERS, "sasl.mechanism": "AWS_MSK_IAM",
+                 "sasl.jaas.config": f"{IAM_MODULE} required {jaas_options};"})
+    assert "AKIAFLINKISHTEST0002" not in str(failure.value)
+
+
+def test_a_profiles_credentials_are_found_without_showing_them(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    no_aws_credentials(monkeypatch)
+    credentials = tmp_path / "credentials"
+    credentials.write_text("[analytics]\naws_access_key_id = AKIAFLINKISHTEST0003\n"
+                           "aws_secret_access_key = flinkish/profile/secret/0000000000\n")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
+    o = parse(**{"bootstrap.servers": MSK_SERVERS, "sasl.mechanism": "AWS_MSK_IAM",
+                 "sasl.jaas.config": f'{IAM_MODULE} required awsProfileName="analytics";'})
+    assert o.client_security.msk_iam == MskIam(region="eu-west-1", profile="analytics")
+    shown = capsys.readouterr()
+    assert "AKIAFLINKISHTEST0003" not in shown.out + shown.err
 
 
 def test_msk_iam_oauthbearer_handler_serverless_host_and_role() -> None:

@@ -1,15 +1,18 @@
 """The cluster rule for locations that executors and the driver share: a local path is an
 error unless the Spark master runs everything in one process (local, local[...]). The source's
 checkpointing.location is covered in test_source_options; here the rule and the sink's Parquet
-paths."""
+paths. And the one rule by which every part opens a location."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pyarrow.fs as pafs
 import pytest
 
 from flinkish_core.errors import OptionError
-from flinkish_core.locations import MASTER_ENV, local_location_problem
-from flinkish_sink.options import parse_sink_options
+from flinkish_core.locations import MASTER_ENV, filesystem_of, local_location_problem
+from flinkish_sink.options import PATH, parse_sink_options
 
 CLUSTER = "local-cluster[2,1,1024]"
 
@@ -44,7 +47,7 @@ def test_sink_refuses_a_local_parquet_path_on_a_cluster(
     monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(MASTER_ENV, CLUSTER)
-    assert parse_sink_options(_parquet()).path == "s3://bucket/out"
+    assert parse_sink_options(_parquet())[PATH] == "s3://bucket/out"
     with pytest.raises(OptionError, match="option path: '/out' is on the local filesystem"):
         parse_sink_options(_parquet(path="/out"))
     with pytest.raises(OptionError, match="option lateData.path: '/late' is on the local"):
@@ -55,4 +58,38 @@ def test_sink_refuses_a_local_parquet_path_on_a_cluster(
 
 def test_sink_takes_local_paths_on_a_local_master(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(MASTER_ENV, "local[2]")
-    assert parse_sink_options(_parquet(path="/out")).path == "/out"
+    assert parse_sink_options(_parquet(path="/out"))[PATH] == "/out"
+
+
+# ---------------------------------------------------------------- one rule to open a location
+
+
+def test_every_reader_and_writer_opens_a_location_by_one_rule(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``~`` is the home directory and ``file:`` (as Spark writes a local checkpoint location)
+    is local disk, for the checkpoint store, the query's checkpoint and every target alike."""
+    from checkpointing import CheckpointStorage
+    from checkpointing.query import query_id
+    from flinkish_sink.parquet_target import ParquetTarget
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for given, expected in (("~/a", tmp_path / "a"), (f"file:{tmp_path}/b", tmp_path / "b"),
+                            (f"file://{tmp_path}/c/", tmp_path / "c"), (f"{tmp_path}/d/",
+                                                                         tmp_path / "d")):
+        filesystem, path = filesystem_of(given, "the location")
+        assert isinstance(filesystem, pafs.LocalFileSystem) and path == str(expected), given
+    assert CheckpointStorage.open(f"file:{tmp_path}/store").location == f"{tmp_path}/store"
+    assert ParquetTarget("~/out")._base == f"{tmp_path}/out"
+    (tmp_path / "ck").mkdir()
+    (tmp_path / "ck" / "metadata").write_text('{"id":"q-1"}\n')
+    assert query_id("~/ck") == query_id(f"file:{tmp_path}/ck") == "q-1"
+
+
+def test_a_location_that_cannot_be_opened_is_named_without_its_credentials() -> None:
+    with pytest.raises(ValueError) as failure:
+        filesystem_of("nosuch://app:s3cret@host/x", "the Parquet target's path")
+    assert str(failure.value).startswith("cannot open the Parquet target's path 'nosuch://app:")
+    assert "s3cret" not in str(failure.value) and failure.value.__cause__ is None
+    with pytest.raises(ValueError, match="^checkpoint location is empty$"):
+        filesystem_of(" ", "checkpoint location")

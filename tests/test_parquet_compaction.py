@@ -16,14 +16,19 @@ import pytest
 import flinkish_sink.parquet_compaction as compaction_module
 from checkpointing import CheckpointStorage, CheckpointStore, FencedError
 from flinkish_core.errors import OptionError
-from flinkish_sink.options import DEFAULT_TARGET_FILE_SIZE, parse_sink_options
+from flinkish_sink.options import parse_sink_options
 from flinkish_sink.parquet_compaction import (
     COMPACTIONS_DIR,
     Compactor,
     plan_groups,
     readable_files,
 )
-from flinkish_sink.parquet_target import ParquetTarget
+from flinkish_sink.parquet_target import (
+    COMPACT_EVERY,
+    DEFAULT_TARGET_FILE_SIZE,
+    TARGET_FILE_SIZE,
+    ParquetTarget,
+)
 from flinkish_sink.target import PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
@@ -244,11 +249,11 @@ def test_replaying_a_completed_epoch_after_its_compaction_commits_nothing(out: P
 def test_options() -> None:
     base = {"target": "parquet", "path": "/tmp/x", "checkpointLocation": "/tmp/c"}
     parsed = parse_sink_options(base)
-    assert (parsed.parquet_compact_every, parsed.target_file_size) == (0, 128 * 1024 ** 2)
+    assert (parsed[COMPACT_EVERY], parsed[TARGET_FILE_SIZE]) == (0, 128 * 1024 ** 2)
     parsed = parse_sink_options(
         {**base, "parquet.compactEvery": "10", "parquet.targetFileSize": "64 MB"})
-    assert (parsed.parquet_compact_every, parsed.target_file_size) == (10, 64 * 1024 ** 2)
-    assert parse_sink_options({**base, "parquet.targetFileSize": "1048576"}).target_file_size \
+    assert (parsed[COMPACT_EVERY], parsed[TARGET_FILE_SIZE]) == (10, 64 * 1024 ** 2)
+    assert parse_sink_options({**base, "parquet.targetFileSize": "1048576"})[TARGET_FILE_SIZE] \
         == 1024 ** 2
     with pytest.raises(OptionError, match="parquet.targetFileSize.*'128 MB'"):
         parse_sink_options({**base, "parquet.targetFileSize": "big"})

@@ -18,6 +18,7 @@ from flinkish_core.secrets import (
     scrub,
 )
 from flinkish_sink.options import parse_sink_options
+from flinkish_sink.postgres_target import DSN
 from flinkish_source.options import parse_options
 
 SECRET = "Pa55-w0rd-n3ver-shown"
@@ -98,13 +99,13 @@ def test_sink_options_repr_masks_the_dsn_and_the_cache_key_is_a_hash() -> None:
     for shown in (repr(options), str(options), repr(uri), f"{options}", repr([options, uri])):
         assert SECRET not in shown
     assert f"password={MASK}" in repr(options) and f"app:{MASK}@db" in repr(uri)
-    assert options.dsn is not None and SECRET in options.dsn  # the target still gets it
+    assert options[DSN] is not None and SECRET in options[DSN]  # the target still gets it
     assert SECRET not in options.fingerprint
     assert options.fingerprint == parse_sink_options(_sink()).fingerprint
     other = parse_sink_options(_sink(dsn=f"host=db password={SECRET}x dbname=d"))
     assert other.fingerprint != options.fingerprint  # a changed password is another config
     assert options.secrets == [SECRET]
-    assert SECRET in pickle.loads(pickle.dumps(options)).dsn
+    assert SECRET in pickle.loads(pickle.dumps(options))[DSN]
 
 
 @pytest.mark.parametrize(

@@ -265,6 +265,20 @@ def _stage(phase: str) -> str:
     return re.sub(r"\d+(\.\d+)? s\b", "", phase)
 
 
+#: How often a plain log (not a terminal) prints the demo's state while nothing changes
+PLAIN_EVERY_S = 5.0
+
+
+def _log_due(run: _Run, last_stage: str, quiet_for: float) -> bool:
+    """Whether a plain log prints the demo's state now: at each change of stage, and every
+    :data:`PLAIN_EVERY_S` while streaming, with the counts; a recovery prints its changes only
+    (crash, Spark up, recovered in N s), its running seconds being no news."""
+    if _stage(run.phase) != last_stage:
+        return True
+    recovering = run.recovery is not None and run.recovery.seconds is None
+    return quiet_for > PLAIN_EVERY_S and not recovering
+
+
 @contextlib.contextmanager
 def _broker(bootstrap: str | None) -> Iterator[str]:
     if bootstrap:
@@ -585,8 +599,7 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
                             production_started = time.monotonic()
                         if display is not None:
                             display.update(refresh())
-                        elif (_stage(run.phase) != last_phase
-                              or time.monotonic() - last_log > 5):
+                        elif _log_due(run, last_phase, time.monotonic() - last_log):
                             last_log, last_phase = time.monotonic(), _stage(run.phase)
                             epochs, results, n = measured()
                             console.print(f"[{time.monotonic() - started:5.1f}s] {run.phase}",

@@ -158,36 +158,112 @@ FIRST_ATTEMPT_S = 1.0
 
 def retry_step(bound_s: float) -> float:
     """How long one attempt may wait before the source says, in the log, that it is waiting:
-    a sixth of the bound, between 0.5 and 10 s (about a dozen warnings before it gives up)."""
-    return min(10.0, max(0.5, bound_s / 6))
+    a sixth of the bound, at least 0.5 s (five warnings, then the error)."""
+    return max(0.5, bound_s / 6)
+
+
+#: How long every bootstrap server must have refused the connection, in a row, before a wait
+#: for a cluster the client never reached ends (see :class:`RefusalWatch`).
+REFUSED_FOR_S = 4.0
+#: librdkafka's report of a refused connection: ``<broker name>: Connect to <address> failed:
+#: Connection refused``, where a bootstrap server's name is ``host:port/bootstrap``
+_CONNECTION_REFUSED = re.compile(r"^(?P<name>\S+)/bootstrap: Connect to \S+ failed: "
+                                 r"Connection refused")
+
+
+def bootstrap_names(bootstrap_servers: str) -> frozenset[str]:
+    """librdkafka's names of the bootstrap servers (``host:port``, port 9092 when left out)."""
+    names = set()
+    for entry in bootstrap_servers.split(","):
+        entry = entry.strip().rpartition("://")[2]
+        if entry:
+            names.add(entry if re.search(r":\d+$", entry) else f"{entry}:9092")
+    return frozenset(names)
+
+
+class RefusalWatch:
+    """Whether nothing listens at the bootstrap servers: each of them refused the connection
+    (ECONNREFUSED) and no other report came in between, for :data:`REFUSED_FOR_S` in a row,
+    before any broker ever answered. A wrong host or port then fails in seconds instead of at
+    ``kafkaConsumer.pollTimeoutMs``; a timeout, a DNS failure, or a cluster that answered once
+    (a broker restarting) still gets the whole wait. Fed by the clients' ``error_cb``, served
+    by their polls, so a refusal counts from the poll that saw it."""
+
+    def __init__(self, bootstrap_servers: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._names = bootstrap_names(bootstrap_servers)
+        self._clock = clock
+        self._refused: set[str] = set()
+        self._since: float | None = None
+        self._reached = False
+
+    def note(self, error: KafkaError) -> None:
+        """One report of the clients' ``error_cb``."""
+        found = _CONNECTION_REFUSED.match(error.str() or "")
+        if found is not None and found.group("name") in self._names:
+            self._refused.add(found.group("name"))
+            if self._since is None:
+                self._since = self._clock()
+        elif error.code() != KafkaError._ALL_BROKERS_DOWN:  # which follows every refusal
+            self._refused, self._since = set(), None
+
+    def answered(self) -> None:
+        """A broker answered: the cluster exists, any later refusal is its being away."""
+        self._reached = True
+
+    @property
+    def reached(self) -> bool:
+        """Whether a broker ever answered."""
+        return self._reached
+
+    def refusing(self) -> bool:
+        """Whether every report so far, if any, was a refused connection."""
+        return not self._reached and self._since is not None
+
+    def refused_for(self) -> float:
+        """For how long every bootstrap server has refused connections (0: not so)."""
+        if self._reached or self._since is None or self._refused != self._names:
+            return 0.0
+        return self._clock() - self._since
+
+    def error(self, what: str, servers: str) -> KafkaUnavailableError:
+        return KafkaUnavailableError(
+            f"{what}: connection refused by every bootstrap server for "
+            f"{self.refused_for():.0f} s: nothing listens at {servers!r}; check "
+            "kafka.bootstrap.servers (the brokers' host:port)")
 
 
 class BrokerWait:
-    """One bounded wait for the brokers (``kafkaConsumer.pollTimeoutMs``), split into slices.
+    """One bounded wait for the brokers (``kafkaConsumer.pollTimeoutMs``), in attempts.
 
-    Each unanswered slice logs a warning saying what the source waits for, from which servers
-    (client settings masked), how long it has waited and how long it will still wait; at the
-    bound it raises :class:`KafkaUnavailableError` naming the servers and the option. Errors
-    that are not "no answer yet" (e.g. failed authentication) raise at once. ``complaints``
-    returns the client's latest own report (its ``error_cb``, e.g. ``Connect to
+    Every sixth of the bound without an answer logs a warning saying what the source waits for,
+    from which servers (client settings masked), how long it has waited and how long it will
+    still wait; at the bound it raises :class:`KafkaUnavailableError` naming the servers and the
+    option. Errors that are not "no answer yet" (e.g. failed authentication) raise at once.
+    ``complaints`` returns the client's latest own report (its ``error_cb``, e.g. ``Connect to
     ipv4#127.0.0.1:1 failed: Connection refused``), more telling than the call's error; when
     it says the brokers refused the client (:func:`security_failure`), the wait ends at once
-    with :class:`KafkaSecurityError`. librdkafka reports such a refusal only there, while the
-    call itself waits out its timeout, so the first attempt of a client with TLS or SASL is
-    short (:data:`FIRST_ATTEMPT_S`): a wrong password or an untrusted certificate fails within
-    seconds.
+    with :class:`KafkaSecurityError`, and when ``refusals`` (fed by the same reports) finds that
+    nothing listens at the bootstrap servers, after :data:`REFUSED_FOR_S`. librdkafka reports
+    either only there, while the call itself waits out its timeout, so attempts are short
+    (:data:`FIRST_ATTEMPT_S`) until a broker answers or something other than a refused
+    connection is reported: a wrong password, an untrusted certificate or a wrong port fails
+    within seconds.
     """
 
     def __init__(
         self, options: SourceOptions, what: str,
         complaints: Callable[[], KafkaError | None] | None = None,
+        refusals: RefusalWatch | None = None,
     ) -> None:
         self._options = options
         self.what = what
         self.bound = options.poll_timeout_ms / 1000
         self.step = retry_step(self.bound)
         self.started = time.monotonic()
+        self._next_warning = self.started + self.step
         self._complaints = complaints
+        self._refusals = refusals
         self._latest: KafkaError | None = None
 
     def elapsed(self) -> float:
@@ -196,16 +272,24 @@ class BrokerWait:
     def remaining(self) -> float:
         return max(0.0, self.bound - self.elapsed())
 
-    def call(self, attempt: Callable[[float], _T]) -> _T:
-        """``attempt(timeout_s)`` until it answers, retrying unanswered slices to the bound."""
-        # a plaintext client is never refused, so its first attempt gets a whole slice too
+    def _short(self, first: bool) -> bool:
+        """Whether the next attempt is short: the first one of a client that may be refused
+        (TLS or SASL: a plaintext client is never refused) or that no broker answered yet (a
+        wrong port), and any while every report so far is a refused connection."""
+        if self._refusals is not None and self._refusals.refusing():
+            return True
         protocol = str(self._options.kafka_config.get("security.protocol", "plaintext"))
-        first = protocol.strip().lower() != "plaintext"
+        unreached = self._refusals is not None and not self._refusals.reached
+        return first and (protocol.strip().lower() != "plaintext" or unreached)
+
+    def call(self, attempt: Callable[[float], _T]) -> _T:
+        """``attempt(timeout_s)`` until it answers, retrying unanswered attempts to the bound."""
+        first = True
         while True:
             begun = time.monotonic()
-            limit = FIRST_ATTEMPT_S if first else self.step
+            limit = FIRST_ATTEMPT_S if self._short(first) else self.step
             try:
-                return attempt(max(0.001, min(limit, self.remaining())))
+                answer = attempt(max(0.001, min(limit, self.remaining())))
             except KafkaException as exc:
                 error = exc.args[0] if exc.args else None
                 code = error.code() if isinstance(error, KafkaError) else None
@@ -222,12 +306,13 @@ class BrokerWait:
                         f"{self.what}: the brokers answered with an error: {reason}; "
                         + error_hint(self._options)
                     ) from exc
-            if first:  # only a refusal ends the wait this early; otherwise a full slice next
-                first = False
-                self._refusal()
-                continue
+            else:
+                if self._refusals is not None:
+                    self._refusals.answered()
+                return answer
+            first = False
             # a call that failed fast must not spin: one attempt per slice
-            time.sleep(max(0.0, min(self.step - (time.monotonic() - begun), self.remaining())))
+            time.sleep(max(0.0, min(limit - (time.monotonic() - begun), self.remaining())))
             self.unanswered(reason)
 
     def _complaint(self) -> KafkaError | None:
@@ -238,19 +323,21 @@ class BrokerWait:
         return self._latest
 
     def _refusal(self, complaint: KafkaError | None = None) -> None:
-        """Raise :class:`KafkaSecurityError` if the client's report says it was refused."""
+        """Raise :class:`KafkaSecurityError` if the client's report says it was refused, or
+        :class:`KafkaUnavailableError` if nothing listens at the bootstrap servers."""
         complaint = complaint if complaint is not None else self._complaint()
         refused = (security_error(self._options, self.what, complaint)
                    if complaint is not None else None)
         if refused is not None:
             raise refused
+        if self._refusals is not None and self._refusals.refused_for() >= REFUSED_FOR_S:
+            raise self._refusals.error(self.what, servers(self._options))
 
     def unanswered(self, reason: str | None = None) -> None:
-        """One slice went unanswered: log a warning, or raise at the bound (at once when the
-        client's report says it was refused)."""
+        """An attempt went unanswered: raise at the bound (at once when the client's report
+        says it was refused), log a warning every sixth of the bound."""
         complaint = self._complaint()
-        if complaint is not None:
-            self._refusal(complaint)
+        self._refusal(complaint)
         detail = "; ".join(dict.fromkeys(
             scrub(r, self._options.kafka_secrets)
             for r in (complaint.str() if complaint is not None else None, reason) if r
@@ -262,12 +349,34 @@ class BrokerWait:
                 f"{self._options.poll_timeout_ms} bounds this wait; last error: {detail}); "
                 + error_hint(self._options)
             )
+        if time.monotonic() < self._next_warning - 0.05:  # an attempt ends a little early
+            return
+        self._next_warning = time.monotonic() + self.step
         logger.warning(
             "%s: still waiting for bootstrap servers %r after %.1f s, giving up in %.1f s "
             "(option %s=%d bounds the wait); last error: %s; client settings: %s",
             self.what, servers(self._options), self.elapsed(), self.remaining(), WAIT_OPTION,
             self._options.poll_timeout_ms, detail, self._options.safe_kafka_config,
         )
+
+
+class ClientLog:
+    """Where the Kafka clients' own log lines go (their ``logger`` setting): to the Python
+    logger ``flinkish_source.kafka.client`` at DEBUG, never raw to stderr. Their errors (``%3|…|
+    FAIL|…``, one per connection attempt) reach the source through ``error_cb`` too, and the
+    waits for the brokers report them once, with what they wait for."""
+
+    _logger = logging.getLogger("flinkish_source.kafka.client")
+
+    def log(self, level: int, message: str, *args: Any) -> None:
+        self._logger.debug(message, *args)
+
+    def __repr__(self) -> str:  # the consumer pool keys consumers by their settings' reprs
+        return "ClientLog()"
+
+
+#: Every client's ``logger`` setting
+CLIENT_LOG = ClientLog()
 
 
 def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
@@ -282,6 +391,7 @@ def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
             "auto.offset.reset": "error",
             "socket.timeout.ms": min(60_000, max(1_000, options.poll_timeout_ms)),
             "log_level": 3,
+            "logger": CLIENT_LOG,
         }
     )
     config.update(overrides)

@@ -25,8 +25,10 @@ from confluent_kafka import Consumer, IsolationLevel, KafkaError, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from flinkish_source.kafka.base import (
+    CLIENT_LOG,
     OUT_OF_RANGE,
     BrokerWait,
+    RefusalWatch,
     TopicPartitionKey,
     consumer_config,
     security_failure,
@@ -51,6 +53,7 @@ class KafkaMetadata:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._complaint: KafkaError | None = None
+        self._refusals = RefusalWatch(str(options.kafka_config.get("bootstrap.servers", "")))
         # per partition: the latest offset ListOffsets reported, and the high watermark the
         # fetch probe found for it (see offset_ranges)
         self._probed: dict[TopicPartitionKey, tuple[int, int]] = {}
@@ -78,6 +81,7 @@ class KafkaMetadata:
             config.update({
                 "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
+                "logger": CLIENT_LOG,
                 "error_cb": self._noticed,
                 "enable.sparse.connections": self._sparse(),
             })
@@ -97,6 +101,7 @@ class KafkaMetadata:
     def _noticed(self, error: KafkaError) -> None:
         """A client's ``error_cb``. A refusal (failed authentication, TLS verification) is
         kept over the reports that follow it ("1/1 brokers are down"): it is the cause."""
+        self._refusals.note(error)
         if security_failure(self._complaint) is None:
             self._complaint = error
 
@@ -112,7 +117,7 @@ class KafkaMetadata:
         return complaint
 
     def _wait(self, what: str) -> BrokerWait:
-        return BrokerWait(self._options, what, self._complaints)
+        return BrokerWait(self._options, what, self._complaints, self._refusals)
 
     def close(self) -> None:
         if self._consumer is not None:
