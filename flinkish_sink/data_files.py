@@ -10,6 +10,7 @@ listing the manifests finds every transaction not yet decided without listing th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -88,6 +89,18 @@ class Manifests:
         for name in files:
             delete_file_if_present(self._fs, f"{self._base}/{name}")
         delete_file_if_present(self._fs, manifest)
+
+    def named(self) -> set[str]:
+        """The files every manifest (of any query) lists: files no table references yet that
+        a transaction may still commit or roll back."""
+        selector = pafs.FileSelector(f"{self._base}/{STAGING_DIR}", allow_not_found=True)
+        names: set[str] = set()
+        for info in self._fs.get_file_info(selector):
+            if info.is_file and info.base_name.endswith(".json"):
+                with contextlib.suppress(FileNotFoundError, ValueError, KeyError), \
+                        self._fs.open_input_stream(info.path) as stream:
+                    names.update(json.loads(stream.read())["files"])
+        return names
 
     def drop(self, txn: TransactionId) -> None:
         """Forget ``txn`` (its files are the table's now)."""

@@ -33,6 +33,10 @@ With an upsert key (``upsertKey``) an epoch's rows replace the table's rows of t
 them into the table (delta-rs ``MERGE``, NULL keys matching) as the epoch's one version, with
 the same ``txn`` and record; the tasks' files, never referenced, are then deleted.
 
+The commit of add actions checks no rows, so a write task checks its own against the table's
+``NOT NULL`` columns and ``CHECK`` constraints before it pre-commits
+(:mod:`flinkish_sink.table_constraints`): a decision never names a row the table refuses.
+
 Two runs of one query (a zombie driver) cannot both commit an epoch: the checkpoint store
 fences the older one, and delta-rs refuses a commit whose app id another commit set since
 it read the table (``CommitFailedError``), after which the table's ``txn`` says whether the
@@ -49,7 +53,7 @@ import threading
 import time
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -79,6 +83,12 @@ from flinkish_sink.options import (
     distinct,
 )
 from flinkish_sink.parquet_target import type_differences
+from flinkish_sink.table_constraints import (
+    Check,
+    TableRules,
+    UnsupportedCheck,
+    compile_check,
+)
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
@@ -102,15 +112,18 @@ APP_ID: Option[str | None] = Option(
     "delta.appId", app_id, None, shown_default="the query's id",
     doc="The app id of the table's `txn` actions; the query's id is kept in "
         "`checkpointLocation`, stable across restarts and different per query.")
-#: Epochs between compactions of a Delta table: with a few write tasks an epoch adds a few
-#: small files, so a partition holds at most a few hundred before they are rewritten.
+#: Commits that add data (about epochs) between compactions of a Delta table: with a few
+#: write tasks an epoch adds a few small files, so a partition holds at most a few hundred
+#: before they are rewritten.
 COMPACT_EVERY = Option(
     "delta.compactEvery", whole_number(0, "a whole number of epochs (0: never compact)"), 50,
-    doc="Compact the table's small files after every that many epochs (`0`: never).")
+    doc="Compact the table's small files once that many commits added data since its last "
+        "compaction, about every that many epochs (`0`: never).")
 VACUUM_RETENTION: Option[int | None] = Option(
     "delta.vacuumRetention", _retention_hours, None, shown_default="never",
-    doc="After compacting, vacuum files unreferenced for longer than this duration (at least "
-        "an hour, e.g. `7 days`).")
+    doc="After compacting, delete the files no version references (those never referenced "
+        "too, e.g. of a killed compaction) older than this duration (at least an hour, e.g. "
+        "`7 days`).")
 
 #: The key of the epoch's record in a commit's ``userMetadata`` JSON.
 RECORD_KEY = "flinkish"
@@ -120,6 +133,14 @@ RECORD_KEY = "flinkish"
 #: each write task a read of the table's log.
 _PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
 
+#: The NOT NULL columns and CHECK constraints of the tables this process has checked, by URI
+#: (as :data:`_PARTITIONS_SEEN`): the write tasks refuse the rows the table would.
+_RULES_SEEN: dict[str, TableRules] = {}
+#: What a NOT NULL column's error says to lift the rule.
+_DROP_NOT_NULL = "ALTER TABLE … ALTER COLUMN … DROP NOT NULL"
+_CONSTRAINT_KEY = "delta.constraints."
+_INVARIANTS_KEY = "delta.invariants"
+
 #: The tables this process has open, by URI and storage options. Spark builds the writer (and
 #: its target) anew every micro-batch, in one long-lived process on the driver: a handle kept
 #: across micro-batches catches up by reading only the log's commits since
@@ -128,6 +149,9 @@ _PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
 #: used under :data:`_TABLES_LOCK`, from the read it is brought up to date by to the commit
 #: made against that read.
 _TABLES: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
+#: Per table (as :data:`_TABLES`): the version up to which this process counted the commits
+#: since the table's last compaction, and their number.
+_SINCE_COMPACTION: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, int]] = {}
 _TABLES_LOCK = threading.RLock()
 
 #: The Arrow types a partition column may have.
@@ -179,9 +203,17 @@ def partition_value(value: Any) -> str | None:
     return str(value)  # integers, dates (YYYY-MM-DD)
 
 
-def _delta_types(schema: pa.Schema) -> dict[str, Any]:
-    """Column name -> Delta type (nullability left out: Spark writes every column nullable)."""
+def _delta_fields(schema: pa.Schema) -> list[dict[str, Any]]:
+    """The Delta schema's fields (JSON) of the Arrow ``schema``."""
     from deltalake import Schema
+
+    fields: list[dict[str, Any]] = json.loads(Schema.from_arrow(schema).to_json())["fields"]
+    return fields
+
+
+def _delta_types(schema: pa.Schema) -> dict[str, Any]:
+    """Column name -> Delta type (nullability left out: Spark writes every column nullable;
+    :func:`_rules_of` takes the table's NOT NULL columns)."""
 
     def strip(node: Any) -> Any:
         if isinstance(node, dict):
@@ -191,8 +223,66 @@ def _delta_types(schema: pa.Schema) -> dict[str, Any]:
             return [strip(v) for v in node]
         return node
 
-    fields = json.loads(Schema.from_arrow(schema).to_json())["fields"]
-    return {f["name"]: strip(f["type"]) for f in fields}
+    return {f["name"]: strip(f["type"]) for f in _delta_fields(schema)}
+
+
+def _nested_not_null(table: Any, stream: Any, path: str) -> list[str]:
+    """The fields, elements and values inside ``table``'s Delta type (JSON) that are NOT NULL
+    where ``stream``'s (the same type) may be null: a task checks top-level columns only."""
+    if not (isinstance(table, dict) and isinstance(stream, dict)):
+        return []
+    found = []
+    if table.get("type") == "struct":
+        streamed = {f["name"]: f for f in stream.get("fields", [])}
+        for inner in table.get("fields", []):
+            other = streamed.get(inner["name"], {})
+            where = f"{path}.{inner['name']}"
+            if not inner.get("nullable", True) and other.get("nullable", True):
+                found.append(where)
+            found += _nested_not_null(inner["type"], other.get("type"), where)
+    for key, flag, part in (("elementType", "containsNull", "[]"),
+                            ("keyType", None, "{key}"), ("valueType", "valueContainsNull", "{}")):
+        if key in table:
+            if flag and not table.get(flag, True) and stream.get(flag, True):
+                found.append(f"{path}{part}")
+            found += _nested_not_null(table[key], stream.get(key), f"{path}{part}")
+    return found
+
+
+def _rules_of(table: Any, columns: pa.Schema, where: str) -> TableRules:
+    """``table``'s NOT NULL columns and CHECK constraints, as the stream's rows (``columns``)
+    are checked against them; ValueError for what a task cannot check: a NOT NULL inside a
+    column, a constraint outside the SQL :mod:`flinkish_sink.table_constraints` evaluates."""
+    fields = json.loads(table.schema().to_json())["fields"]
+    streamed = {f["name"]: f for f in _delta_fields(columns)}
+    nested = [p for f in fields if f["name"] in streamed
+              for p in _nested_not_null(f["type"], streamed[f["name"]]["type"], f["name"])]
+    if nested:
+        raise ValueError(
+            f"Delta table {where!r} has NOT NULL fields inside its columns ({nested}) where "
+            "the stream's rows may hold NULL; flinkish checks NOT NULL on whole columns only. "
+            "Make the stream's fields non-nullable, or write a table without them")
+    constraints = [(key[len(_CONSTRAINT_KEY):], sql) for key, sql
+                   in sorted(table.metadata().configuration.items())
+                   if key.startswith(_CONSTRAINT_KEY) and sql]
+    for f in fields:  # column invariants, the older form of a CHECK constraint
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            invariant = json.loads(f["metadata"][_INVARIANTS_KEY])["expression"]["expression"]
+            constraints.append((f"invariant of {f['name']}", str(invariant)))
+    checks = []
+    for name, sql in constraints:
+        try:
+            checks.append(Check(name, sql, compile_check(sql, columns)))
+        except UnsupportedCheck as exc:
+            raise ValueError(
+                f"Delta table {where!r} has CHECK constraint {name!r} ({sql}), which "
+                f"flinkish cannot evaluate on the stream's rows ({exc}): it checks "
+                "comparisons, AND/OR/NOT, IS [NOT] NULL, IS [NOT] DISTINCT FROM, [NOT] IN, "
+                "BETWEEN and arithmetic over columns and literals. Rewrite the constraint in "
+                "those terms, or drop it (ALTER TABLE … DROP CONSTRAINT)") from None
+    not_null = tuple(f["name"] for f in fields if not f.get("nullable", True)
+                     and f["name"] in streamed)
+    return TableRules(f"Delta table {where!r}", not_null, tuple(checks))
 
 
 def _shown(dtype: Any) -> str:
@@ -217,8 +307,9 @@ class DeltaTarget(StagedFilesTarget):
         keeps in the checkpoint location across restarts); ``upsert_key``: the columns (of
         the table: a window ``w`` is ``w_start``, ``w_end``) on which an epoch's row replaces
         the table's row instead of adding one; ``compact_every``: compact the table's small
-        files after every that many epochs (0: never); ``vacuum_retention_hours``: after
-        compacting, delete files the table stopped referencing that long ago (None: never)."""
+        files once that many commits added data since its last compaction (0: never);
+        ``vacuum_retention_hours``: after compacting, delete the files no version references
+        that are older than that (None: never; see :meth:`maintain`)."""
         try:
             import deltalake  # noqa: F401
         except ImportError:
@@ -238,6 +329,7 @@ class DeltaTarget(StagedFilesTarget):
         self._compact_every = compact_every
         self._vacuum_hours = vacuum_retention_hours
         self._manifests = Manifests(self._fs, self._base)
+        self._rules: TableRules | None = _RULES_SEEN.get(self._uri)
 
     def __repr__(self) -> str:
         return f"DeltaTarget({self._where!r})"
@@ -276,6 +368,14 @@ class DeltaTarget(StagedFilesTarget):
                 self._partitions = tuple(table.metadata().partition_columns)
         return self._partitions
 
+    def rules(self, columns: pa.Schema) -> TableRules:
+        """The table's NOT NULL columns and CHECK constraints, for rows of ``columns`` (as
+        :meth:`check` found them, or asked of the table)."""
+        if self._rules is None:
+            with self._latest() as table:
+                self._rules = _rules_of(table, columns, self._where)
+        return self._rules
+
     @property
     def manifests(self) -> Manifests:
         return self._manifests
@@ -304,6 +404,7 @@ class DeltaTarget(StagedFilesTarget):
         with self._latest() as table:
             existing = tuple(table.metadata().partition_columns)
             current = pa.schema(table.schema().to_arrow())
+            rules = _rules_of(table, columns, self._where)
         if self._wanted_partitions and existing != self._wanted_partitions:
             raise ValueError(
                 f"option partitionBy: Delta table {self._where!r} is partitioned by "
@@ -327,6 +428,7 @@ class DeltaTarget(StagedFilesTarget):
                 + " (a window column w is stored as w_start and w_end). Write to a new "
                 "table, or change the query to produce the table's columns"
             )
+        self._rules = _RULES_SEEN[self._uri] = rules
 
     def _check_partition_columns(self, columns: pa.Schema) -> None:
         for name in self._partitions or ():
@@ -394,34 +496,78 @@ class DeltaTarget(StagedFilesTarget):
                     # this epoch (an earlier run of the query), the epoch is in
                     if not _holds(self._table(), app, record.epoch):
                         raise
-                if self._compact_every and (record.epoch + 1) % self._compact_every == 0:
-                    self._compact()
         for decided in pre_commits:
             if self.upsert_key:  # the merge wrote the rows into files of its own
                 for add in _adds_of(decided):
                     delete_file_if_present(self._fs, self._path(add["path"]))
             self.manifests.drop(decided.txn)
 
-    def _compact(self) -> None:
-        """Rewrite the table's small files into fewer large ones (``OPTIMIZE``), then vacuum
-        if configured. Runs on the driver right after an epoch's commit, so never beside one
-        of this query's; it is one commit of its own that removes and adds the same rows
-        (``dataChange`` false), so no row is lost or doubled, and it does not touch ``txn``.
-        A failure is logged, not raised: the epoch is committed, and the next compaction
+    def maintain(self, prefix: str, query: str, epoch: int,
+                 fence: Callable[[], None] = lambda: None) -> None:
+        """After an epoch completed: compact the table once ``compact_every`` commits have
+        added data since its last compaction (``OPTIMIZE``: small files of a partition
+        rewritten into large ones, as one commit that removes and adds the same rows,
+        ``dataChange`` false, not touching ``txn``), then vacuum if configured.
+
+        Whether a compaction is due is read from the table's log, not from the epoch's
+        number, so a crash between an epoch's commit and its compaction defers the
+        compaction to the restarted query's next epoch (or its replay) rather than skipping
+        it. A failure is logged, not raised: the epoch is committed, and the next epoch
         tries again."""
+        if not self._compact_every:
+            return
         try:
-            table = self._table()
-            metrics = table.optimize.compact()
-            logger.info("Delta table %s compacted: %s files into %s", self._where,
-                        metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
-            if self._vacuum_hours is not None:
-                deleted = table.vacuum(self._vacuum_hours, dry_run=False,
-                                       enforce_retention_duration=False)
-                logger.info("Delta table %s vacuumed: %s files deleted", self._where,
-                            len(deleted))
+            with self._latest() as table:
+                if self._commits_since_compaction(table) < self._compact_every:
+                    return
+                fence()
+                metrics = table.optimize.compact()
+                _SINCE_COMPACTION[self._table_key()] = (table.version(), 0)
+                logger.info("Delta table %s compacted: %s files into %s", self._where,
+                            metrics.get("numFilesRemoved"), metrics.get("numFilesAdded"))
+                if self._vacuum_hours is not None:
+                    self._vacuum(table, self._vacuum_hours)
         except Exception as exc:  # compaction is an optimisation: the epoch is in
-            logger.warning("compacting Delta table %s failed (the next compaction tries "
+            logger.warning("compacting Delta table %s failed (the next epoch tries "
                            "again): %s", self._where, exc)
+
+    def _table_key(self) -> tuple[str, tuple[tuple[str, str], ...]]:
+        return self._uri, tuple(sorted(self._storage.items()))
+
+    def _commits_since_compaction(self, table: Any) -> int:
+        """How many commits added or changed data since ``table``'s newest compaction (or
+        its creation), from its log: the commits since the version this process last
+        counted up to, or, the first time, read back until that compaction (or enough)."""
+        version = table.version()
+        counted = _SINCE_COMPACTION.get(self._table_key())
+        if counted is not None and counted[0] <= version:
+            since, count = counted
+            if version > since:
+                newer, compacted = _data_commits(table.history(version - since))
+                count = newer if compacted else count + newer
+        else:
+            limit = self._compact_every + 4
+            while True:
+                commits = table.history(limit)
+                count, compacted = _data_commits(commits)
+                if compacted or count >= self._compact_every or len(commits) < limit:
+                    break
+                limit *= 4
+        _SINCE_COMPACTION[self._table_key()] = (version, count)
+        return count
+
+    def _vacuum(self, table: Any, hours: int) -> None:
+        """Delete the files no version references that are older than ``hours``: files the
+        table stopped referencing, and files it never did (a compaction or another writer
+        killed before its commit), except those a flinkish transaction's manifest lists
+        (an epoch decided but not yet committed, of any query on the table)."""
+        unreferenced = table.vacuum(hours, dry_run=True, enforce_retention_duration=False,
+                                    full=True)
+        kept = self.manifests.named()
+        deleted = [name for name in unreferenced if name not in kept]
+        for name in deleted:
+            delete_file_if_present(self._fs, self._path(name))
+        logger.info("Delta table %s vacuumed: %d files deleted", self._where, len(deleted))
 
     def _check_present(self, adds: list[dict[str, Any]], epoch: int) -> None:
         paths = [self._path(a["path"]) for a in adds]
@@ -493,6 +639,19 @@ def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str,
     return records
 
 
+def _data_commits(commits: list[dict[str, Any]]) -> tuple[int, bool]:
+    """Of ``commits`` (history entries, newest first): how many added or changed data before
+    the newest compaction or creation among them, and whether there was one."""
+    count = 0
+    for commit in commits:
+        operation = str(commit.get("operation", ""))
+        if operation == "OPTIMIZE" or operation.startswith("CREATE"):
+            return count, True
+        if not operation.startswith("VACUUM"):
+            count += 1
+    return count, False
+
+
 def _holds(table: Any, app: str, epoch: int) -> bool:
     """Whether ``table`` (as read) holds ``epoch`` of ``app``: its txn is there or later."""
     done = table.transaction_version(app)
@@ -546,7 +705,9 @@ class DeltaTransaction:
         # a referenced file holds no partition column (its add action has the values); the
         # files an upsert merges from are only read by the driver, which needs them whole
         dropped = () if target.upsert_key else self._partitions
-        self._schema = pa.schema([f for f in table_schema(schema) if f.name not in dropped])
+        columns = table_schema(schema)
+        self._schema = pa.schema([f for f in columns if f.name not in dropped])
+        self._rules = target.rules(columns)
         self._open: dict[tuple[str | None, ...], _DataFile] = {}
         self._files: list[str] = []
         self._rows = 0
@@ -560,6 +721,7 @@ class DeltaTransaction:
         if self._finished:
             raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
         batch = table_batch(batch)
+        self._rules.refuse(batch, _DROP_NOT_NULL)
         for key, rows in split_by_partition(batch, self._partitions):
             values = tuple(partition_value(key[n]) for n in self._partitions)
             data = pa.RecordBatch.from_arrays(

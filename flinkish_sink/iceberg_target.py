@@ -68,6 +68,7 @@ from flinkish_sink.options import (
     distinct,
 )
 from flinkish_sink.parquet_target import type_differences
+from flinkish_sink.table_constraints import refuse_nulls
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_batch, table_schema
@@ -131,6 +132,8 @@ _LAYOUTS: dict[tuple[str, str], _Layout] = {}
 class _Layout:
     data_location: str
     partitions: tuple[str, ...]
+    #: the table's required (NOT NULL) columns: written as required, a null refused
+    required: tuple[str, ...] = ()
 
 
 class IcebergTarget(StagedFilesTarget):
@@ -386,7 +389,8 @@ def _layout_of(table: Any) -> _Layout:
                 "(e.g. a day) to the stream and partition by it, or write another table")
         partitions.append(schema.find_column_name(field.source_id))
     location = table.properties.get("write.data.path") or f"{table.location().rstrip('/')}/data"
-    return _Layout(location, tuple(partitions))
+    required = tuple(f.name for f in schema.fields if f.required)
+    return _Layout(location, tuple(partitions), required)
 
 
 def _without_own_retries(table: Any) -> None:
@@ -458,7 +462,11 @@ class IcebergTransaction:
         self._target = target
         self._txn = txn
         self._partitions = target.partition_columns()
-        self._schema = pa.schema([f.with_nullable(True) for f in table_schema(schema)])
+        # a file's columns are required where the table's are: pyiceberg adds no file whose
+        # schema differs from the table's
+        self._required = target._layout().required
+        self._schema = pa.schema([f.with_nullable(f.name not in self._required)
+                                  for f in table_schema(schema)])
         self._open: dict[tuple[Any, ...], tuple[str, dict[str, Any], pq.ParquetWriter]] = {}
         self._files: list[str] = []
         self._rows: dict[str, int] = {}
@@ -476,6 +484,8 @@ class IcebergTransaction:
         if self._finished:
             raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
         batch = table_batch(batch)
+        refuse_nulls(batch, self._required, f"Iceberg table {self._target._table_name!r}",
+                     "ALTER TABLE … ALTER COLUMN … DROP NOT NULL")
         for key, rows in split_by_partition(batch, self._partitions):
             name, _, writer = self._file(key)
             writer.write_batch(pa.RecordBatch.from_arrays(

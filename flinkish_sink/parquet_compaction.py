@@ -28,7 +28,9 @@ step 3 and 4 both the inputs and the outputs are there. :func:`readable_files` g
 consistent view: for every record, the outputs if all of them are in place (then the inputs
 are hidden), else the inputs (then the outputs are hidden) -- inputs go only after every
 output is in place -- together with the epoch-record rule of the target (a file of an epoch
-whose record is not yet written is not read).
+whose record is not yet written is not read). It lists the epoch records, the files, the
+compaction records and the files again, in that order, so the view holds whatever the query
+does meanwhile.
 """
 
 from __future__ import annotations
@@ -55,6 +57,8 @@ _STAGING = f"{COMPACTIONS_DIR}/_staging"
 _SEP = "~"
 #: a task attempt's part file (the epoch in the group)
 _TASK_FILE = r"-(\d{9})-\d{5}-\d+-\d{3}\.parquet$"
+#: a compaction's output (after its epoch)
+_OUTPUT = re.compile(r"-c[0-9a-f]{8}-\d{3}\.parquet$")
 #: the transactional part file of one task attempt, or a compaction's output
 _PART = r"-(\d{9})-(?:\d{5}-\d+-\d{3}|c[0-9a-f]{8}-\d{3})\.parquet$"
 
@@ -219,37 +223,86 @@ class Compactor:
         return [i for i in self._fs.get_file_info(pafs.FileSelector(self._base)) if i.is_file]
 
 
+#: How often :func:`readable_files` lists the directory again while compactions change it.
+VIEW_ATTEMPTS = 10
+
+
 def readable_files(fs: pafs.FileSystem, base: str) -> list[str]:
     """The data files (paths) a reader should read for a consistent view of the directory
     ``base``: whole epochs (a task attempt's file only once its query's epoch record is
     written), and for each compaction either its inputs or its outputs, never both or neither.
 
-    Records are listed before the files, and a record outlives its compaction until the next
-    one starts, so a listing shorter than the time between two compactions is consistent."""
-    selector = pafs.FileSelector(base.rstrip("/") + "/" + COMPACTIONS_DIR, allow_not_found=True)
-    compactions = []
-    for info in fs.get_file_info(selector):
-        if info.is_file and info.base_name.endswith(".json"):
-            with contextlib.suppress(FileNotFoundError), fs.open_input_stream(info.path) as s:
-                compactions.append(Compaction.from_json(s.read()))
+    The listings are ordered so that any interleaving with the query's commits and
+    compactions gives such a view:
+
+    1. the epoch records, before the files: an epoch recorded then has all its files in
+       place (they are moved before the record), and a compaction's output of epoch ``k``
+       found in step 2 stands for every epoch up to ``k`` (a compaction runs only after its
+       epoch completed) even if their records came after step 1;
+    2. the files;
+    3. the compaction records, after the files: a compaction whose outputs are among them
+       recorded itself before moving them;
+    4. the files again: if none of step 2's files is gone and no compaction output came, no
+       compaction moved or deleted a file between 2 and 4, so the records of 3 hold every
+       compaction step 2 saw half done (a record goes only after its compaction deleted its
+       inputs). Otherwise the directory is listed anew.
+    """
+    base = base.rstrip("/")
+    for _ in range(VIEW_ATTEMPTS):
+        epochs = _epoch_records(fs, base)
+        files = _data_files(fs, base)
+        compactions = _compaction_records(fs, base)
+        again = _data_files(fs, base)
+        if files.keys() <= again.keys() and not any(
+                _OUTPUT.search(name) for name in again.keys() - files.keys()):
+            return _view(files, epochs, compactions)
+    raise RuntimeError(
+        f"cannot list a consistent view of {base!r}: its files were compacted while it was "
+        f"listed, {VIEW_ATTEMPTS} times in a row (a listing slower than the compactions: "
+        "raise parquet.compactEvery)")
+
+
+def _epoch_records(fs: pafs.FileSystem, base: str) -> dict[str, set[int]]:
+    """The epochs each query recorded (query -> epochs)."""
     epochs: dict[str, set[int]] = {}
-    query_dirs = pafs.FileSelector(base.rstrip("/") + "/" + EPOCHS_DIR, allow_not_found=True)
+    query_dirs = pafs.FileSelector(f"{base}/{EPOCHS_DIR}", allow_not_found=True)
     for info in fs.get_file_info(query_dirs):
         if info.type == pafs.FileType.Directory:
             records = fs.get_file_info(pafs.FileSelector(info.path))
             epochs[info.base_name] = {
                 int(r.base_name[:-5]) for r in records
                 if r.base_name.endswith(".json") and r.base_name[:-5].isdigit()}
-    files = {i.base_name: i.path for i in fs.get_file_info(pafs.FileSelector(base))
-             if i.is_file and i.base_name.endswith(".parquet")
-             and not i.base_name.startswith(("_", "."))}
+    return epochs
+
+
+def _data_files(fs: pafs.FileSystem, base: str) -> dict[str, str]:
+    """The visible Parquet files (name -> path)."""
+    return {i.base_name: i.path for i in fs.get_file_info(pafs.FileSelector(base))
+            if i.is_file and i.base_name.endswith(".parquet")
+            and not i.base_name.startswith(("_", "."))}
+
+
+def _compaction_records(fs: pafs.FileSystem, base: str) -> list[Compaction]:
+    """Every query's compaction records (one deleted meanwhile is left out)."""
+    selector = pafs.FileSelector(f"{base}/{COMPACTIONS_DIR}", allow_not_found=True)
+    compactions = []
+    for info in fs.get_file_info(selector):
+        if info.is_file and info.base_name.endswith(".json"):
+            with contextlib.suppress(FileNotFoundError), fs.open_input_stream(info.path) as s:
+                compactions.append(Compaction.from_json(s.read()))
+    return compactions
+
+
+def _view(files: dict[str, str], epochs: dict[str, set[int]],
+          compactions: list[Compaction]) -> list[str]:
     hidden: set[str] = set()
     for compaction in compactions:
         done = all(name in files for name in compaction.outputs)
         hidden.update(compaction.inputs if done else compaction.outputs)
     for query, committed in epochs.items():
-        pattern = re.compile(f"^part-.+-{re.escape(query)}{_TASK_FILE}")
-        hidden.update(name for name in files
-                      if (m := pattern.match(name)) and int(m[1]) not in committed)
+        task_file = re.compile(f"^part-.+-{re.escape(query)}{_TASK_FILE}")
+        output = re.compile(f"^part-.+-{re.escape(query)}-(\\d{{9}}){_OUTPUT.pattern}")
+        completed = max((int(m[1]) for name in files if (m := output.match(name))), default=-1)
+        hidden.update(name for name in files if (m := task_file.match(name))
+                      and int(m[1]) not in committed and int(m[1]) > completed)
     return sorted(path for name, path in files.items() if name not in hidden)
-

@@ -27,6 +27,9 @@ printing one JSON line per query (``{"name": …, "ok": …, "error": …, "last
 with ``--report-early`` each line as soon as that query is done (in job order), and a query
 that stopped at its failpoint is reported then (``"stopped_at": NAME``) and left there, for a
 caller that SIGKILLs the driver once every query is reported.
+A job's ``keep`` (jobs only) is a Spark SQL condition on the source's columns: only the
+records it holds for are written (the source's marker rows all are), e.g.
+``"(offset DIV 25) % 2 = 0"`` for epochs, or write tasks, without rows.
 A job's ``sink_options`` (jobs only) is an object of further options for the sink, e.g.
 ``{"lateData": "side", "lateData.path": DIR}``. With ``--retry-transient N`` a query that
 failed only because a new Python worker did not connect back within the 10 s Spark allows
@@ -103,7 +106,7 @@ _JOB_KEYS = {
     "path", "prefix", "trigger", "until_offsets", "max_offsets", "fail_first_attempt",
     "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows", "sink_options",
     "windowed", "ending_offsets", "idle_timeout", "progress", "flink_windows",
-    "allowed_lateness",
+    "allowed_lateness", "keep",
 }
 DEFAULT_WINDOW = "10 seconds"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -393,6 +396,8 @@ def _start(spark: Any, job: dict[str, Any]) -> Any:
         if job.get(key):
             reader = reader.option(option, job[key])
     df = reader.load()
+    if job.get("keep"):  # the records to write; the source's markers all go on to the sink
+        df = df.filter(f"kind <> 'record' OR ({job['keep']})")
     if job.get("fail_first_attempt"):
         df = _fail_first_attempt(df, job)
     if job.get("windowed"):

@@ -25,6 +25,10 @@ driver is SIGKILLed once the other cases have finished. A third run (the retry s
 below, which this module starts anyway) finishes them: every row once, in the main target or
 (late) in the side output, nothing of theirs left prepared or staged in either.
 
+Epochs without rows: a few more cases write only some of the records (``keep``), so that
+batch 1 has no rows at all, or follows a batch without rows and has rows in one write task
+only; they crash and restart in the same runs as the others.
+
 Findings about the sink fail as AssertionError; a harness that did not get where it meant to
 (a crash that landed elsewhere, no result) raises HarnessError, so an xfail for a known sink
 bug cannot hide it.
@@ -107,6 +111,27 @@ SECOND_CRASHES = (
     # pointer, so the third run replays a batch completed as far as the records go (beside
     # run 1's staged files)
     ("task_write", "checkpoint_write", "parquet"),
+)
+#: Epochs and write tasks without rows (cf. RisingWave #26492, an empty pre-commit acknowledged
+#: but not saved, after which the sink deadlocked): the records a case writes (a Spark SQL
+#: condition, and the same in Python; a partition gives offsets 25·b to 25·b+24 to batch b).
+#: "alternate": batches 0 and 2 have rows, 1 and 3 none, so the crash lands on an empty
+#: epoch; "some-tasks": batch 0 has none, batch 1 only partition 0's (its other write tasks
+#: none), 2 none, 3 all, so it lands right after one, beside empty write tasks.
+EMPTY_KEEP: dict[str, tuple[str, Callable[[int, int], bool]]] = {
+    "alternate": ("(offset DIV 25) % 2 = 0", lambda p, o: o // 25 % 2 == 0),
+    "some-tasks": ("(offset DIV 25) = 3 OR ((offset DIV 25) = 1 AND partition = 0)",
+                   lambda p, o: o // 25 == 3 or (o // 25 == 1 and p == 0)),
+}
+#: Where those cases are killed in batch CRASH_EPOCH: every target, on and after an empty
+#: epoch, in the same crash and restart runs as the others.
+EMPTY_CRASHES = (
+    ("before_decision", "postgres", "alternate"),
+    ("after_decision", "parquet", "alternate"),
+    ("before_checkpoint", "iceberg", "alternate"),
+    ("after_checkpoint", "delta", "alternate"),
+    ("mid_commit", "postgres", "some-tasks"),
+    ("before_checkpoint", "parquet", "some-tasks"),
 )
 #: Offsets, in every partition of the late-data topic, produced LATE_BEHIND_MS behind the
 #: others: late in batches 1, 1, 2 and 3 (each partition gives 25 records to a batch).
@@ -439,6 +464,8 @@ class Case:
     work: Path
     topic: str
     second: str | None = None
+    #: with rows in some epochs or write tasks only: a key of EMPTY_KEEP
+    empty: str | None = None
     crash: dict[str, Any] = field(default_factory=dict)
     crash_error: str | None = None
     restart: dict[str, Any] | None = None  # the restart run's result (the third's: `final`)
@@ -453,6 +480,8 @@ class Case:
 
     @property
     def name(self) -> str:
+        if self.empty is not None:
+            return f"{self.point}-{self.target.kind}-{self.empty}"
         if self.second is None:
             return f"{self.point}-{self.target.kind}"
         return f"{self.point}-then-{self.second}-{self.target.kind}"
@@ -483,6 +512,8 @@ class Case:
                                    "checkpointing.location": self.store}
         if self.source_state:
             job["source_state"] = self.source_state
+        if self.empty is not None:
+            job["keep"] = EMPTY_KEEP[self.empty][0]
         return job
 
     def record_after(self) -> None:
@@ -690,6 +721,12 @@ def suite(
         view = TargetView("iceberg", postgres_dsn, f"crash.{point}", work / "out")
         case = Case(point, view, work, topic)
         cases[case.name] = case
+    for point, kind, empty in EMPTY_CRASHES:
+        work = root / f"{point}-{kind}-{empty}"
+        table = f"crash.empty_{point}" if kind == "iceberg" else f"empty_{point}_{token}"
+        case = Case(point, TargetView(kind, postgres_dsn, table, work / "out"), work, topic,
+                    empty=empty)
+        cases[case.name] = case
     for first, second, kind in SECOND_CRASHES:
         work = root / f"{first}-then-{second}-{kind}"
         view = TargetView(kind, postgres_dsn, f"crash2_{first}_{second}_{token}",
@@ -732,15 +769,8 @@ CASES = [pytest.param(point, kind, id=f"{point}-{kind}") for point, kind in CRAS
 
 def _check_crash_landed(case: Case) -> None:
     """The kill hit the point it was meant to, mid-stream (HarnessError otherwise)."""
-    if case.crash_error is not None:
-        raise HarnessError(f"crash run of {case.name} failed:\n{case.crash_error}")
     c = case.crash
-    problems = []
-    if c["failpoint"] != case.point:
-        problems.append(f"failpoint file names {c['failpoint']}")
-    if c["spark_commits"] != list(range(CRASH_EPOCH)) or CRASH_EPOCH not in c["spark_offsets"]:
-        problems.append(f"Spark's logs: offsets {c['spark_offsets']}, commits "
-                        f"{c['spark_commits']} (expected a crash in batch {CRASH_EPOCH})")
+    problems = _stopped_in_crash_epoch(case)
     sink, lingering = c["sink"], [g for g in c["lingering"] if epoch_of(g) == CRASH_EPOCH]
     point = case.point
     if point in ("task_write", "before_decision") and (
@@ -781,21 +811,38 @@ def _check_crash_landed(case: Case) -> None:
                            + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
 
 
-def _check_table_crash_landed(case: Case) -> None:
-    """The kill hit the point it was meant to in batch CRASH_EPOCH of a Delta or Iceberg
-    case, before the epoch completed: its version (snapshot) exists at mid_commit, its
-    decided transactions' manifests linger before that (HarnessError otherwise)."""
+def _check_restarted(suite: CrashSuite, case: Case) -> None:
+    """The restart run ran ``case`` to its end (AssertionError if its query failed,
+    HarnessError if the run gave no result for it)."""
+    if case.restart is None:
+        raise HarnessError(f"no result for {case.name} from the restart run "
+                           f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
+    assert case.restart["ok"], f"the restarted query failed:\n{case.restart['error']}"
+
+
+def _stopped_in_crash_epoch(case: Case) -> list[str]:
+    """How the first run's kill of ``case`` missed its failpoint in batch CRASH_EPOCH, its
+    first batch uncommitted (nothing: it hit it); HarnessError if the crash run failed."""
     if case.crash_error is not None:
         raise HarnessError(f"crash run of {case.name} failed:\n{case.crash_error}")
-    c, point = case.crash, case.point
-    sink = c["sink"]
-    lingering = sorted(g for g in c["lingering"] if epoch_of(g) == CRASH_EPOCH)
+    c = case.crash
     problems = []
-    if c["failpoint"] != point:
+    if c["failpoint"] != case.point:
         problems.append(f"failpoint file names {c['failpoint']}")
     if c["spark_commits"] != list(range(CRASH_EPOCH)) or CRASH_EPOCH not in c["spark_offsets"]:
         problems.append(f"Spark's logs: offsets {c['spark_offsets']}, commits "
                         f"{c['spark_commits']} (expected a crash in batch {CRASH_EPOCH})")
+    return problems
+
+
+def _check_table_crash_landed(case: Case) -> None:
+    """The kill hit the point it was meant to in batch CRASH_EPOCH of a Delta or Iceberg
+    case, before the epoch completed: its version (snapshot) exists at mid_commit, its
+    decided transactions' manifests linger before that (HarnessError otherwise)."""
+    c, point = case.crash, case.point
+    sink = c["sink"]
+    lingering = sorted(g for g in c["lingering"] if epoch_of(g) == CRASH_EPOCH)
+    problems = _stopped_in_crash_epoch(case)
     if (sink["decided"] is None) != (point == "task_write"):
         problems.append(f"decision at the crash: {sink}")
     if point == "task_write" and not c["staged_files"]:
@@ -823,14 +870,60 @@ def test_table_restart_after_crash_is_exactly_once_in_one_commit_per_epoch(
     no data file left that the table does not reference."""
     case = suite.cases[name]
     _check_table_crash_landed(case)
-    if case.restart is None:
-        raise HarnessError(f"no result for {case.name} from the restart run "
-                           f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
-    assert case.restart["ok"], f"the restarted query failed:\n{case.restart['error']}"
+    _check_restarted(suite, case)
     _check_exactly_once(case, suite.produced, set())
     versions = case.after["versions"]
     assert versions == sorted(set(versions)), f"an epoch in two commits: {versions}"
     assert case.after["unreferenced"] == [], "data files left that the table does not reference"
+
+
+def _check_empty_crash_landed(case: Case) -> None:
+    """An empty-epoch case was killed at its point in batch CRASH_EPOCH, with the decision
+    (none, or of the one write task with rows) and the published epochs that point has
+    (HarnessError otherwise)."""
+    c, point = case.crash, case.point
+    sink = c["sink"]
+    problems = _stopped_in_crash_epoch(case)
+    tasks_with_rows = 0 if case.empty == "alternate" else 1
+    if point == "before_decision":
+        if sink["decided"] is not None:
+            problems.append(f"a decision is recorded: {sink}")
+    elif sink["decided"] is None or len(sink["decided"]) != tasks_with_rows:
+        problems.append(f"expected a decision on {tasks_with_rows} pre-commit(s): {sink}")
+    if sink["completed_record"] != (point == "after_checkpoint"):
+        problems.append(f"checkpoint of the crash epoch: {sink}")
+    published = ("before_checkpoint", "after_checkpoint") + (
+        ("mid_commit",) if case.target.kind in TABLE_TARGETS else ())
+    if (CRASH_EPOCH in c["published"]) != (point in published):
+        problems.append(f"published epochs at the crash: {c['published']}")
+    if problems:
+        raise HarnessError(f"{case.name}: the crash did not land as intended: "
+                           + "; ".join(problems) + f"\n{json.dumps(c, indent=1, default=str)}")
+
+
+@pytest.mark.parametrize("name", [f"{point}-{kind}-{empty}"
+                                  for point, kind, empty in EMPTY_CRASHES])
+def test_restart_after_crash_on_or_after_an_empty_epoch_is_exactly_once(
+    suite: CrashSuite, name: str
+) -> None:
+    """Killed on an epoch without rows, or right after one beside write tasks without rows:
+    the restart keeps the recorded decision, every written row is there once, and every
+    epoch is decided and completed, none left hanging."""
+    case = suite.cases[name]
+    _check_empty_crash_landed(case)
+    _check_restarted(suite, case)
+    recorded = case.crash["sink"]["decided"]
+    if recorded is not None:
+        assert case.after["sink"]["decided"] == recorded, "the epoch's decision changed"
+    assert case.empty is not None
+    kept = {(p, o) for p, o in suite.produced if EMPTY_KEEP[case.empty][1](p, o)}
+    check_delivered_once(case.after, kept, set(), [case.crash["published"]])
+    store = CheckpointStore.reader(CheckpointStorage.open(str(case.checkpoint / "flinkish")))
+    undecided = [e for e in range(LAST_EPOCH + 1) if store.completed(e) is None]
+    assert not undecided, f"epochs left without a completed checkpoint: {undecided}"
+    if case.target.kind in TABLE_TARGETS:
+        versions = case.after["versions"]
+        assert versions == sorted(set(versions)), f"an epoch in two commits: {versions}"
 
 
 def _gid(name: str) -> str:
@@ -942,11 +1035,7 @@ def check_delivered_once(after: dict[str, Any], produced: set[tuple[int, int]],
 def test_restart_after_crash_is_exactly_once(suite: CrashSuite, point: str, kind: str) -> None:
     case = suite.cases[f"{point}-{kind}"]
     _check_crash_landed(case)
-    restart = case.restart
-    if restart is None:
-        raise HarnessError(f"no result for {case.name} from the restart run "
-                           f"(exit {suite.restart_code}):\n{tail(suite.restart_log)}")
-    assert restart["ok"], f"the restarted query failed:\n{restart['error']}"
+    _check_restarted(suite, case)
     _check_exactly_once(case, suite.produced, set())
     if kind == "parquet":  # one file per task and batch, compacted into one after batch 3
         assert case.after["files"] <= 2, f"{case.after['files']} files after compaction"

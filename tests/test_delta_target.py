@@ -314,6 +314,62 @@ def test_an_existing_table_of_another_schema_is_refused(tmp_path: Path) -> None:
         DeltaTarget(str(tmp_path / "u"), partition_by=("nope",)).check(SCHEMA)
 
 
+def constrained_table(path: Path, **constraints: str) -> None:
+    """A table whose ``id`` is NOT NULL, with ``constraints`` (name -> SQL)."""
+    fields = [f.with_nullable(f.name != "id") for f in SCHEMA]
+    deltalake.DeltaTable.create(str(path), pa.schema(fields))
+    if constraints:
+        table(path).alter.add_constraint(constraints)
+
+
+def test_rows_the_tables_constraints_refuse_fail_the_task_before_any_decision(
+    tmp_path: Path
+) -> None:
+    constrained_table(tmp_path / "table", positive="id > 0", named="name IN ('n0', 'n1')")
+    env = Env(tmp_path)  # the stream's id is nullable: fine while no row has it NULL
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2])], [], 2, 0)
+    assert read_ids(env.path) == [1, 2]
+
+    shipped = pickle.loads(pickle.dumps(env.target))  # as Spark ships it to a task
+    transaction = shipped.begin_transaction(txn(1, 0), SCHEMA)
+    with pytest.raises(ValueError, match=r"column 'id' is NOT NULL there, but 1 row"):
+        transaction.write(batch([3]).set_column(
+            0, "id", pa.array([None], pa.int64())))
+    transaction = shipped.begin_transaction(txn(1, 0, 1), SCHEMA)
+    with pytest.raises(ValueError, match=r"1 row\(s\) of the stream break its CHECK "
+                                         r"constraint 'positive' \(id > 0\)"):
+        transaction.write(batch([3, -4]))
+    transaction = shipped.begin_transaction(txn(1, 0, 2), SCHEMA)
+    with pytest.raises(ValueError, match="constraint 'named'"):
+        transaction.write(batch([3], name="x"))
+    transaction.abort()
+    assert read_ids(env.path) == [1, 2]
+
+
+def test_a_columns_invariant_is_checked_like_a_constraint(tmp_path: Path) -> None:
+    invariant = json.dumps({"expression": {"expression": "id < 100"}})
+    fields = [f.with_metadata({"delta.invariants": invariant}) if f.name == "id" else f
+              for f in SCHEMA]
+    deltalake.DeltaTable.create(str(tmp_path / "table"), pa.schema(fields))
+    env = Env(tmp_path)
+    transaction = env.target.begin_transaction(txn(0, 0), SCHEMA)
+    with pytest.raises(ValueError, match=r"constraint 'invariant of id' \(id < 100\)"):
+        transaction.write(batch([5, 100]))
+
+
+def test_a_constraint_a_task_cannot_evaluate_is_refused_at_start(tmp_path: Path) -> None:
+    constrained_table(tmp_path / "t", short="upper(name) = name")
+    with pytest.raises(ValueError, match=r"CHECK constraint 'short' \(.*\), which flinkish "
+                                         r"cannot evaluate.*function upper\(\)"):
+        DeltaTarget(str(tmp_path / "t")).check(SCHEMA)
+    nested = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.field("tag", pa.string(),
+                                                                        nullable=False)))])
+    deltalake.DeltaTable.create(str(tmp_path / "n"), nested)
+    streamed = pa.schema([("id", pa.int64()), ("tags", pa.list_(pa.string()))])
+    with pytest.raises(ValueError, match=r"NOT NULL fields inside its columns \(\['tags\[\]'\]\)"):
+        DeltaTarget(str(tmp_path / "n")).check(streamed)
+
+
 def test_an_existing_partitioned_table_is_written_by_its_partitions(tmp_path: Path) -> None:
     DeltaTarget(str(tmp_path / "t"), partition_by=("name",)).check(SCHEMA)
     target = DeltaTarget(str(tmp_path / "t"))  # no partitionBy: the table's
@@ -464,6 +520,58 @@ def test_compaction_every_n_epochs_keeps_every_row_once(tmp_path: Path) -> None:
     assert len(referenced(env.path)) == 1  # twelve small files, compacted into one
     assert env.target.committed_watermark(QUERY) == 3_000
     assert table(env.path).transaction_version(QUERY) == 3
+
+
+class Crash(BaseException):
+    """The driver's process dying (not an error the target could catch)."""
+
+
+def test_a_crash_before_a_compaction_defers_it_rather_than_skipping_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = Env(tmp_path, compact_every=2)
+    compact = deltalake.table.TableOptimizer.compact
+
+    def killed(*_: Any, **__: Any) -> None:
+        monkeypatch.setattr(deltalake.table.TableOptimizer, "compact", compact)
+        raise Crash("the driver died right after the epoch's commit")
+
+    monkeypatch.setattr(deltalake.table.TableOptimizer, "compact", killed)
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1])], [], 1, 0)
+    with pytest.raises(Crash):
+        env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [2])], [], 1, 0)
+    assert table(env.path).transaction_version(QUERY) == 1  # epoch 1 is in, not compacted
+    # the restarted query replays epoch 1: it commits nothing and compacts
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [2], run="r2")], [], 1, 0)
+    operations = [h["operation"] for h in reversed(table(env.path).history())]
+    assert operations == ["CREATE TABLE", "WRITE", "WRITE", "OPTIMIZE"]
+    assert len(referenced(env.path)) == 1
+    assert read_ids(env.path) == [1, 2]
+
+
+def test_vacuum_deletes_what_a_killed_compaction_left_and_keeps_decided_files(
+    tmp_path: Path
+) -> None:
+    import os
+
+    import pyarrow.parquet as pq
+
+    env = Env(tmp_path, compact_every=2, vacuum_retention_hours=1)
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1])], [], 1, 0)
+    # an OPTIMIZE killed before its commit left its file; another query's epoch is decided,
+    # its files waiting for that query's restart; both older than the retention
+    orphan = env.path / "part-00001-0b7c3a5e-c000.zstd.parquet"
+    pq.write_table(pa.table({"id": [1]}), orphan)
+    other = pre_commit(env.target, 0, 0, [7], prefix="other")
+    waiting = env.path / other.detail["adds"][0]["path"]  # type: ignore[index]
+    hours_ago = datetime.now().timestamp() - 3 * 3600
+    for path in (orphan, waiting):
+        os.utime(path, (hours_ago, hours_ago))
+
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [2])], [], 1, 0)
+    assert not orphan.exists()
+    assert waiting.exists()
+    assert read_ids(env.path) == [1, 2]
 
 
 def test_readers_skipping_files_by_statistics_find_every_row(tmp_path: Path) -> None:

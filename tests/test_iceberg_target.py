@@ -304,6 +304,32 @@ def test_an_existing_table_of_another_schema_is_refused(tmp_path: Path) -> None:
         IcebergTarget(catalog_of(tmp_path), "events.by_day").check(SCHEMA)
 
 
+def test_a_tables_required_columns_are_written_and_nulls_refused_before_any_decision(
+    tmp_path: Path
+) -> None:
+    from pyiceberg.schema import Schema
+    from pyiceberg.types import LongType, NestedField, StringType, TimestamptzType
+
+    catalog = load_catalog("flinkish", **catalog_of(tmp_path))
+    catalog.create_namespace("events")
+    catalog.create_table(TABLE, Schema(
+        NestedField(1, "id", LongType(), required=True),
+        NestedField(2, "name", StringType(), required=False),
+        NestedField(3, "eventTime", TimestamptzType(), required=False)))
+    env = Env(tmp_path)  # the stream's id is nullable: fine while no row has it NULL
+    env.coordinator().commit_epoch(0, [pre_commit(env.target, 0, 0, [1, 2, 3])],
+                                   marker(0, 4_000), rows=3, late_rows=0)
+    assert env.read_ids() == [1, 2, 3]
+
+    transaction = env.target.begin_transaction(txn(1, 0), SCHEMA)
+    with pytest.raises(ValueError, match=r"Iceberg table 'events.t': column 'id' is NOT "
+                                         r"NULL there, but 1 row"):
+        transaction.write(batch([4]).set_column(0, "id", pa.array([None], pa.int64())))
+    transaction.abort()
+    env.coordinator().commit_epoch(1, [pre_commit(env.target, 1, 0, [4])], [], 1, 0)
+    assert env.read_ids() == [1, 2, 3, 4]
+
+
 def test_an_existing_partitioned_table_is_written_by_its_partitions(tmp_path: Path) -> None:
     IcebergTarget(catalog_of(tmp_path), TABLE, partition_by=("name",)).check(SCHEMA)
     target = IcebergTarget(catalog_of(tmp_path), TABLE)  # no partitionBy: the table's

@@ -3,18 +3,26 @@ or leaves no trace, and a reader of :meth:`ParquetTarget.readable_files` sees ev
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.fs as pafs
 import pytest
 
 import flinkish_sink.parquet_compaction as compaction_module
 from checkpointing import CheckpointStorage, CheckpointStore, FencedError
 from flinkish_core.errors import OptionError
 from flinkish_sink.options import parse_sink_options
-from flinkish_sink.parquet_compaction import COMPACTIONS_DIR, Compactor, plan_groups
+from flinkish_sink.parquet_compaction import (
+    COMPACTIONS_DIR,
+    Compactor,
+    plan_groups,
+    readable_files,
+)
 from flinkish_sink.parquet_target import (
     COMPACT_EVERY,
     DEFAULT_TARGET_FILE_SIZE,
@@ -291,3 +299,113 @@ def test_a_fenced_run_decides_no_compaction(out: Path) -> None:
     assert len(data_files(out)) == 1
     assert not list((out / COMPACTIONS_DIR / "_staging").glob("*"))
     assert listed_ids(out) == expected(2)
+
+
+class Interleaved(pafs.FileSystemHandler):
+    """The local disk, on which ``step`` runs (a writer's steps, all at once) right before the
+    reader's ``at``-th call: every point of a reader's listing a writer can slip in at."""
+
+    def __init__(self, at: int, step: Callable[[], None]) -> None:
+        self._fs = pafs.LocalFileSystem()
+        self._at = at
+        self._step = step
+        self.calls = 0
+
+    def _tick(self) -> None:
+        if self.calls == self._at:
+            self._step()
+        self.calls += 1
+
+    def get_type_name(self) -> str:
+        return "interleaved"
+
+    def equals(self, other: Any) -> bool:
+        return self is other
+
+    def normalize_path(self, path: str) -> str:
+        return path
+
+    def get_file_info(self, paths: list[str]) -> list[pafs.FileInfo]:
+        self._tick()
+        return self._fs.get_file_info(paths)
+
+    def get_file_info_selector(self, selector: pafs.FileSelector) -> list[pafs.FileInfo]:
+        self._tick()
+        return self._fs.get_file_info(selector)
+
+    def open_input_stream(self, path: str) -> Any:
+        self._tick()
+        return self._fs.open_input_stream(path)
+
+    def open_input_file(self, path: str) -> Any:
+        return self._fs.open_input_file(path)
+
+    def _read_only(self, *_: Any, **__: Any) -> None:
+        raise NotImplementedError("a reader only lists and reads")
+
+    create_dir = delete_dir = delete_dir_contents = delete_root_dir_contents = _read_only
+    delete_file = move = copy_file = open_output_stream = open_append_stream = _read_only
+
+
+def compactor(target: ParquetTarget) -> Compactor:
+    return Compactor(target._fs, target._base, PREFIX, QUERY, target._target_file_size)
+
+
+def interleavings() -> Iterator[tuple[str, Callable[[ParquetTarget], None]]]:
+    """What a query's driver may do while a reader lists (epochs 0-2 committed, 0-1
+    compacted): a compaction stopped at each of its steps, one done whole, one done and the
+    next one started (the first's record deleted), and epoch 3 committed and compacted."""
+    def compact_to(step: str | None) -> Callable[[ParquetTarget], None]:
+        def run(target: ParquetTarget) -> None:
+            def stop(name: str, **_: Any) -> None:
+                if name == step:
+                    raise Crash(name)
+
+            original = compaction_module.failpoint
+            compaction_module.failpoint = stop
+            try:
+                with contextlib.suppress(Crash):
+                    compactor(target).compact(2)
+            finally:
+                compaction_module.failpoint = original
+        return run
+
+    def twice(target: ParquetTarget) -> None:
+        compactor(target).compact(2)
+        compactor(target).compact(2)  # nothing left to merge: deletes the first's record
+
+    def next_epoch(target: ParquetTarget) -> None:
+        commit_epoch(target, 3)
+        compactor(target).compact(3)
+
+    for step in STEPS:
+        yield f"compaction stopped at {step}", compact_to(step)
+    yield "compaction", compact_to(None)
+    yield "compaction, then the next", twice
+    yield "epoch committed and compacted", next_epoch
+
+
+def test_the_consistent_view_holds_under_any_interleaving(out: Path) -> None:
+    """A reader listing while the query compacts sees each row once, in whole epochs,
+    wherever in its listing the query's steps fall."""
+    one = file_size(out.parent)
+    scenarios = 0
+    for name, action in interleavings():
+        at = 0
+        while True:
+            base = out / f"{scenarios}"
+            target = make_target(base, every=1, size=int(2.5 * one))  # merges pairs
+            for epoch in range(2):
+                commit_epoch(target, epoch)
+            target.maintain(PREFIX, QUERY, 1)  # a compaction whose record is there
+            commit_epoch(target, 2)
+            reader = Interleaved(at, lambda target=target, action=action: action(target))
+            files = readable_files(pafs.PyFileSystem(reader), str(base))
+            ids = sorted(ds.dataset(files, format="parquet").to_table()
+                         .column("id").to_pylist())
+            assert ids in (expected(3), expected(4)), (name, at, len(ids))
+            scenarios += 1
+            if at >= reader.calls:  # the driver's steps came after the reader's last call
+                break
+            at += 1
+    assert scenarios > 20
