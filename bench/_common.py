@@ -10,6 +10,7 @@ psutil is not installed on these machines, so processes are found and measured b
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -35,6 +36,27 @@ PYSPARK_MARKERS = ("pyspark.daemon", "pyspark.worker")
 #: plus the jitter below (cycled), so timestamps are slightly out of order (by up to 1 s).
 BASE_MS = 1_700_000_000_000
 JITTER_MS = (0, -800, 300, -1_000, 600, -200, 900, -500, 1_000, -100, 400)
+
+
+def guarantee_bench_args(argv: Sequence[str] | None, description: str, rows: int,
+                         partitions: int) -> argparse.Namespace:
+    """The arguments of a bench that runs one pipeline exactly-once against at-least-once:
+    ``--rows``, ``--partitions``, ``--epochs``, ``--repeat``, ``--value-bytes``,
+    ``--warmup-rows``, ``--cores``, ``--timeout``."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rows", type=int, default=rows)
+    parser.add_argument("--partitions", type=int, default=partitions)
+    parser.add_argument("--epochs", type=int, default=5,
+                        help="maxOffsetsPerTrigger = ceil(rows / epochs)")
+    parser.add_argument("--repeat", type=int, default=3, help="median of N runs per mode")
+    parser.add_argument("--value-bytes", type=int, default=100)
+    parser.add_argument("--warmup-rows", type=int, default=8_000)
+    parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per query")
+    args = parser.parse_args(argv)
+    if min(args.rows, args.partitions, args.epochs, args.repeat, args.warmup_rows) < 1:
+        parser.error("--rows, --partitions, --epochs, --repeat, --warmup-rows must be positive")
+    return args
 
 
 def log(message: str) -> None:

@@ -48,7 +48,6 @@ JVM are stopped on every exit path, including errors and SIGTERM.
 
 from __future__ import annotations
 
-import argparse
 import math
 import shutil
 import sys
@@ -63,7 +62,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-from _common import bench_environment, log, median, print_result, run_to_end  # noqa: E402
+from _common import (  # noqa: E402
+    bench_environment,
+    guarantee_bench_args,
+    log,
+    median,
+    print_result,
+    run_to_end,
+)
 
 from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
 
@@ -172,25 +178,9 @@ def describe(result: RunResult) -> None:
         log(f"    batch {b['batch']}: {b['rows']:,} source rows (incl. markers); ms: {others}")
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--partitions", type=int, default=8)
-    parser.add_argument("--epochs", type=int, default=5,
-                        help="maxOffsetsPerTrigger = ceil(rows / epochs)")
-    parser.add_argument("--repeat", type=int, default=3, help="median of N runs per mode")
-    parser.add_argument("--value-bytes", type=int, default=100)
-    parser.add_argument("--warmup-rows", type=int, default=8_000)
-    parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per query")
-    args = parser.parse_args(argv)
-    if min(args.rows, args.partitions, args.epochs, args.repeat, args.warmup_rows) < 1:
-        parser.error("--rows, --partitions, --epochs, --repeat, --warmup-rows must be positive")
-    return args
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = guarantee_bench_args(
+        argv, (__doc__ or "").split("\n\n")[0], rows=1_000_000, partitions=8)
     max_offsets = math.ceil(args.rows / args.epochs)
     runs: dict[str, list[RunResult]] = {EXACTLY_ONCE: [], AT_LEAST_ONCE: []}
     with bench_environment("flinkish-sink-", postgres=True) as env:

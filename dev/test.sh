@@ -29,6 +29,7 @@ own_drivers=(
   integration/test_valve_epochs.py integration/test_worker_python.py
   integration/test_concurrent_queries.py integration/test_packaging.py
   integration/test_spark_connect.py integration/test_docs_examples.py
+  integration/test_kafka_sink_crash.py
 )
 lanes=$(mktemp -d)
 (

@@ -106,7 +106,7 @@ def app_id(key: str, value: str) -> str:
 TARGET: Option[str] = Option(
     "target", text, "", owner=SINK, shown_default="required",
     doc="Where the sink writes: one of the targets below ([Delta Lake](../delta.md), "
-        "[Apache Iceberg](../iceberg.md)).")
+        "[Apache Iceberg](../iceberg.md), [Kafka](../guides/exactly-once-kafka.md)).")
 DELIVERY_GUARANTEE = Option(
     "deliveryGuarantee", choice(DeliveryGuarantee), DeliveryGuarantee.EXACTLY_ONCE, owner=SINK,
     doc="`exactly-once`: prepare in tasks, commit on the driver. `at-least-once`: tasks write "
@@ -130,7 +130,8 @@ TRANSACTIONAL_ID_PREFIX = Option(
     "transactionalIdPrefix", checked(lambda k, v: v.strip(), _prefix_chars), "flinkish",
     owner=SINK,
     doc="Letters, digits, `_`, `.`. Transaction ids are `<prefix>:<query id>:<epoch>:<task>:"
-        "<attempt>:<run token>`. The side output uses `<prefix>-late`.")
+        "<attempt>:<run token>` (Kafka's transactional ids: without the run token). The side "
+        "output uses `<prefix>-late`.")
 CHECKPOINT_LOCATION = Option(
     "checkpointLocation", optional_text, None, owner=SINK, shown_default="Spark's",
     mask=mask_uri,
@@ -149,7 +150,9 @@ TRANSACTION_TIMEOUT = Option(
     doc="Duration. The sink logs a warning when it finds one of its own pre-commits older "
         "than this (Flink's `transactionTimeout` warning): a prepared PostgreSQL transaction "
         "holds locks and blocks `VACUUM` until it is resolved. `flinkish transactions` shows "
-        "each one's age.")
+        "each one's age. Kafka: the broker itself aborts a transaction open longer than "
+        "`kafka.transaction.timeout.ms` (see [the transaction timeout]"
+        "(../guides/exactly-once-kafka.md#the-transaction-timeout)).")
 OUTAGE_TIMEOUT = Option(
     "outageTimeout", duration_ms, DEFAULT_OUTAGE_TIMEOUT_MS, owner=SINK, shown_default="`30 s`",
     doc="Duration. How long the sink retries a step that failed because its target could not "

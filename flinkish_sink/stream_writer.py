@@ -60,6 +60,7 @@ from flinkish_sink.target import (
     FIX_WRITE_TASKS,
     AnyTarget,
     PreCommit,
+    ReusedIdsTarget,
     TaskTransaction,
     TransactionId,
 )
@@ -236,6 +237,9 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         # the latest completed epoch's watermarks (valve state left out: tasks get a pickled
         # copy): enough for a task of epoch N to know its late threshold without the store
         self._latest: EpochWatermark | None = None
+        # epochs decided before this batch was planned: (the latest completed, the pending
+        # ones), for a target whose replays must not write a decided epoch again
+        self._decided: tuple[int, frozenset[int]] = (-1, frozenset())
         if self._options.guarantee is not DeliveryGuarantee.NONE:
             if not self._options.checkpoint_location:
                 raise OptionError(
@@ -247,6 +251,10 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             latest = latest_watermark(view)
             if latest is not None:
                 self._latest = replace(latest, channels=(), valve=None, partitions={})
+            if isinstance(self._target, ReusedIdsTarget):
+                completed = view.latest_completed()
+                self._decided = (-1 if completed is None else completed.checkpoint_id,
+                                 frozenset(view.pending_ids()))
 
     # -- task side -------------------------------------------------------------------------
 
@@ -262,6 +270,14 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         late_mode = self._options.late_data
         message = SinkCommitMessage(task)
         open_txns: dict[str, TaskTransaction] = {}
+        if exactly_once and (epoch <= self._decided[0] or epoch in self._decided[1]):
+            # a replay of a decided epoch into a target that reuses its ids: the decided
+            # transactions hold its rows and the epoch's commit commits them
+            logger.info("flinkish sink, query %s: epoch %s was decided before; task %s "
+                        "writes nothing", self._query, epoch, task)
+            for _ in iterator:
+                pass
+            return message
         if exactly_once:
             self._policy.call(self._target, "recovery before writing",
                               lambda: self._resolve_leftovers(message.run))

@@ -263,5 +263,16 @@ class MaintainedTarget(Protocol):
         Idempotent; failures are the target's to log."""
 
 
+@runtime_checkable
+class ReusedIdsTarget(Protocol):
+    """A target whose transaction ids are the same on every replay of an epoch (Kafka's
+    transactional ids: the replay's producer fences the crashed run's and aborts its open
+    transaction). Opening a decided transaction's id again would abort it, so the write tasks
+    of an epoch that has a recorded decision write nothing: its rows are in the decided
+    transactions, which the epoch's commit commits."""
+
+    reuses_transaction_ids: bool
+
+
 #: Either kind of target.
 AnyTarget = Target | EpochTarget

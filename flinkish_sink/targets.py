@@ -30,6 +30,7 @@ TARGETS: dict[str, str] = {
     "parquet": "flinkish_sink.parquet_target",
     "delta": "flinkish_sink.delta_target",
     "iceberg": "flinkish_sink.iceberg_target",
+    "kafka": "flinkish_sink.kafka_target",
 }
 
 

@@ -41,6 +41,19 @@ def source(spark: Any, bootstrap: str, topic: str, state: str, **options: str | 
 _ORDER = {("status", "ACTIVE"): 0, ("record", None): 1, ("watermark", None): 2}
 
 
+def run_sink(df: Any, checkpoint: Any, **options: str) -> None:
+    """Run ``df`` into the flinkish sink with ``options`` (``Trigger.AvailableNow``) to its end;
+    raise the query's failure."""
+    writer = df.writeStream.format("flinkish").option("checkpointLocation", str(checkpoint))
+    for key, value in options.items():
+        writer = writer.option(key, value)
+    query = writer.trigger(availableNow=True).start()
+    query.awaitTermination(300)
+    assert not query.isActive
+    if query.exception() is not None:
+        raise query.exception()
+
+
 def ordered(batches: list[tuple[int, Any]]) -> list[Any]:
     """Rows of (batch id, row) pairs in partition order, each marker where its partition emitted
     it: within a batch, a marker's offset and kind place it (see partition_reader). Carrier

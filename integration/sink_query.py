@@ -4,6 +4,7 @@ One query::
 
     python integration/sink_query.py --bootstrap HOST:PORT --topic T --checkpoint DIR \\
         --target postgres --dsn DSN --table NAME   # or: --target parquet|delta --path DIR
+                                                   # or: --target kafka --out-topic TOPIC
         [--trigger available-now | --trigger processing --until-offsets '{"T": {"0": 25}}']
         [--max-offsets N] [--master 'local[2,2]' | 'local-cluster[2,1,1024]']
         [--conf KEY=VALUE ...] [--query-name NAME]
@@ -106,7 +107,7 @@ _JOB_KEYS = {
     "path", "prefix", "trigger", "until_offsets", "max_offsets", "fail_first_attempt",
     "evidence", "out_of_orderness", "query_name", "failpoint", "udf_batch_rows", "sink_options",
     "windowed", "ending_offsets", "idle_timeout", "progress", "flink_windows",
-    "allowed_lateness", "keep",
+    "allowed_lateness", "keep", "out_topic",
 }
 DEFAULT_WINDOW = "10 seconds"
 ROCKSDB = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
@@ -124,7 +125,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--checkpoint", help="the query's checkpointLocation")
     p.add_argument("--source-state", dest="source_state",
                    help="the source's checkpointing.location (default: <checkpoint>-source)")
-    p.add_argument("--target", choices=("postgres", "parquet", "delta", "iceberg"))
+    p.add_argument("--target", choices=("postgres", "parquet", "delta", "iceberg", "kafka"))
+    p.add_argument("--out-topic", dest="out_topic",
+                   help="target kafka: the topic written to, on the --bootstrap broker (the "
+                        "source's rows, their markers and position columns included)")
     p.add_argument("--dsn")
     p.add_argument("--table")
     p.add_argument("--path")
@@ -207,6 +211,8 @@ def _jobs(args: argparse.Namespace) -> list[dict[str, Any]]:
             raise SystemExit(f"job {i}: target postgres needs dsn and table")
         if job["target"] in ("parquet", "delta") and not job.get("path"):
             raise SystemExit(f"job {i}: target {job['target']} needs path")
+        if job["target"] == "kafka" and not job.get("out_topic"):
+            raise SystemExit(f"job {i}: target kafka needs out_topic")
         if job["target"] == "iceberg" and not job.get("table"):
             raise SystemExit(f"job {i}: target iceberg needs table (and catalog.* in "
                              "sink_options)")
@@ -413,8 +419,10 @@ def _start(spark: Any, job: dict[str, Any]) -> Any:
         writer = writer.outputMode("append")
     if job.get("flink_windows"):
         writer = writer.option("upsertKey", ",".join(FLINK_WINDOWS_KEY))
+    if job["target"] == "kafka":
+        writer = writer.option("kafka.bootstrap.servers", job["bootstrap"])
     for key, option in (("dsn", "dsn"), ("table", "table"), ("path", "path"),
-                        ("prefix", "transactionalIdPrefix")):
+                        ("prefix", "transactionalIdPrefix"), ("out_topic", "topic")):
         if job.get(key):
             writer = writer.option(option, job[key])
     for option, value in (job.get("sink_options") or {}).items():

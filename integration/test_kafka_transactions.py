@@ -30,7 +30,8 @@ from flinkish_kafka.transactions import (
     TransactionTimeoutError,
 )
 from integration.connect_session import FAKE_AWS_ENV
-from integration.kafka_transactions import committed_values, open_transaction, partition_view
+from integration.kafka_committed import committed_values, partition_view
+from integration.kafka_transactions import open_transaction
 from integration.mock_cluster import mock_topic
 from integration.sasl_server import Login, msk_iam_principal, token_check
 from integration.secured_listener import (

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
@@ -554,3 +555,37 @@ def test_source_reads_exactly_through_secured_listeners_on_connect(
     logins = {(x.mechanism, x.principal) for x in secured.logins[before:]}
     assert {("SCRAM-SHA-512", USER), JAVA_LOGINS["confluent-cloud"],
             JAVA_LOGINS["msk-iam"]} <= logins
+
+
+def test_kafka_sink_commits_through_secured_listeners(
+    kafka_bootstrap: str, secured: SecuredKafka, pki: Certificates
+) -> None:
+    """No Spark: target kafka's connections (the task's transactional producer, the driver's
+    EndTxn client) with the Java client's option sets, as a user writes them for the sink:
+    each commits its records, logged in as the set says."""
+    from flinkish.demo.embedded_kafka import create_topic
+    from flinkish_sink.kafka_target import KafkaTarget, kafka_options
+    from flinkish_sink.options import parse_sink_options
+    from flinkish_sink.target import TransactionId
+    from integration.kafka_committed import settled_values
+
+    sets = {name: found for name, found in java_option_sets(pki, "http://unused").items()
+            if name in ("scram-sha-512", "mutual-tls-jks", "event-hubs")}
+    before = len(secured.logins)
+    for name, (security, options) in sets.items():
+        out = f"secured-sink-{name}-{time.monotonic_ns()}"
+        create_topic(kafka_bootstrap, out, 1)
+        parsed = parse_sink_options({
+            **options, "target": "kafka", "topic": out, "checkpointLocation": "/unused",
+            "kafka.bootstrap.servers": secured.bootstrap(security)})
+        target = KafkaTarget(kafka_options(parsed.target_options))
+        batch = pa.RecordBatch.from_pydict({"value": [f"{name}-{i}" for i in range(3)]})
+        transaction = target.begin_transaction(
+            TransactionId("flinkish", f"secured{name.replace('-', '')}", 0, 0, 0), batch.schema)
+        transaction.write(batch)
+        target.commit(transaction.pre_commit())
+        target.close()
+        assert settled_values(kafka_bootstrap, out, 1) == [
+            f"{name}-{i}".encode() for i in range(3)], name
+    logins = {(x.mechanism, x.principal) for x in secured.logins[before:]}
+    assert {JAVA_LOGINS[name] for name in sets} <= logins

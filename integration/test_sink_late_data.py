@@ -11,20 +11,9 @@ import psycopg
 import pyarrow.dataset as ds
 import pytest
 
-from integration.kafka_helpers import produce, source
+from integration.kafka_helpers import produce, run_sink, source
 
 B = 1_700_000_000_000
-
-
-def _run(df: Any, checkpoint: Path, **options: str) -> None:
-    writer = df.writeStream.format("flinkish").option("checkpointLocation", str(checkpoint))
-    for key, value in options.items():
-        writer = writer.option(key, value)
-    query = writer.trigger(availableNow=True).start()
-    query.awaitTermination(300)
-    assert not query.isActive
-    if query.exception() is not None:
-        raise query.exception()
 
 
 def _late_stream(spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path) -> Any:
@@ -44,7 +33,7 @@ def test_parquet_side_output_gets_exactly_the_late_rows(
 ) -> None:
     df = _late_stream(spark, kafka_bootstrap, topic, tmp_path)
     out, late = tmp_path / "out", tmp_path / "late"
-    _run(df, tmp_path / "ck", target="parquet", path=str(out), lateData="side",
+    run_sink(df, tmp_path / "ck", target="parquet", path=str(out), lateData="side",
          **{"lateData.path": str(late)})
     main = sorted(ds.dataset(str(out), format="parquet").to_table().column("k").to_pylist())
     assert main == sorted(f"k{i}" for i in range(12) if i != 7)
@@ -63,7 +52,7 @@ def test_postgres_drops_late_rows_but_counts_them(
 ) -> None:
     df = _late_stream(spark, kafka_bootstrap, topic, tmp_path)
     table = f"late_{guarantee.replace('-', '_')}"
-    _run(df, tmp_path / "ck", target="postgres", dsn=postgres_dsn, table=table,
+    run_sink(df, tmp_path / "ck", target="postgres", dsn=postgres_dsn, table=table,
          lateData="drop", deliveryGuarantee=guarantee)
     with psycopg.connect(postgres_dsn) as conn:
         keys = sorted(k for (k,) in conn.execute(f"SELECT k FROM {table}").fetchall())

@@ -1,0 +1,560 @@
+"""Kafka as a two-phase-commit target: Flink's ``KafkaSink`` with
+``DeliveryGuarantee.EXACTLY_ONCE`` on Spark's epochs.
+
+Task side (librdkafka does what it can): each write task attempt produces its rows in a Kafka
+transaction of its own, whose ``transactional.id`` is the attempt's :class:`TransactionId`
+without a run token (``prefix:query:epoch:task:attempt``), flushes, and returns as its
+pre-commit the :class:`KafkaCommittable`: the transactional id with the producer id and epoch
+the coordinator gave it (librdkafka's statistics, ``eos.producer_id`` / ``producer_epoch``).
+The transaction stays open: librdkafka does not end it when the producer is destroyed.
+
+Driver side: the coordinator records the epoch's decision, then each decided committable is
+committed with EndTxn (:class:`TransactionClient`), which Kafka's ``TransactionCoordinator``
+accepts from any connection that names the transaction's current producer id and epoch, and
+answers with success when repeated after the commit completed (so recovery commits a decided
+epoch's transactions again).
+
+The ids are deterministic, so a replay of an epoch after a crash opens its transactions under
+the ids of the crashed run's: ``init_transactions()`` on an id bumps its producer epoch,
+fencing the older producer and aborting its open transaction (the coordinator's
+``handleInitProducerId``: an ongoing transaction is aborted before the new epoch is handed
+out). That is how leftovers are aborted here — Kafka cannot list a query's open transactions
+(ListTransactions is Kafka 3.0+ and filters by state, not by prefix), so :meth:`pending` finds
+none and each task attempt aborts its siblings instead, as Flink's ``TransactionAborter``
+does: before it writes, attempt ``k`` of task ``t`` of epoch ``e`` initialises the ids of
+attempts ``0..k-1`` (failed attempts, or their zombies), and, when its own id was used before
+(a replay), those of attempts ``k+1, k+2, …`` until one answers producer epoch 0 (never used:
+nothing after it was either). Two rules keep this from touching a decided transaction: a
+task of an epoch that already has a recorded decision writes nothing (its rows are in the
+decided transactions; see :attr:`KafkaTarget.reuses_transaction_ids`), and a decided attempt
+is the last one of its task Spark ran (Spark's speculation, which runs two attempts at once,
+must stay off).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+
+from flinkish_core.config import Option, optional_text
+from flinkish_core.durations import format_duration
+from flinkish_core.errors import OptionError
+from flinkish_core.secrets import fingerprint, redact_config, secret_values
+from flinkish_kafka.java_security import ClientSecurity, client_config, translate
+from flinkish_kafka.transactions import (
+    KafkaCommittable,
+    TransactionClient,
+    TransactionFencedError,
+)
+from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, TargetOptions
+from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.targets import TargetFactory
+
+logger = logging.getLogger(__name__)
+
+#: The columns a Kafka record is made of, as Spark's Kafka sink names them.
+VALUE, KEY, TOPIC, PARTITION, HEADERS = "value", "key", "topic", "partition", "headers"
+#: The flinkish source's position of an input record: rows with all three carry where they
+#: were read from (marker rows need them), never where to write.
+SOURCE_POSITION = frozenset({"topic", "partition", "offset"})
+#: How often librdkafka reports its statistics, where the producer id and epoch are read.
+STATS_INTERVAL_MS = 10
+#: How long a task waits for its producer (init, flush, statistics) before failing.
+PRODUCER_TIMEOUT_S = 60.0
+#: How long the driver's transaction client may take for one EndTxn, retries included.
+COMMIT_TIMEOUT_S = 60.0
+
+
+def _kafka(key: str, value: str) -> dict[str, str]:
+    raise AssertionError("a prefix option is collected, not read")  # pragma: no cover
+
+
+def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
+    """The secrets among the ``kafka.*`` options: secret-looking values, and what the
+    translation takes out of them (a JAAS string's password)."""
+    found = secret_values(kafka)
+    try:
+        config, security = translate(kafka)
+    except OptionError:  # refused at parsing; its values are masked as given
+        return found
+    return found + secret_values(config) + security.secrets()
+
+
+#: The producers' settings: the ``kafka.*`` options without the prefix.
+KAFKA: Option[dict[str, str]] = Option(
+    "kafka.*", _kafka, {}, shown_default="—", mask=redact_config, secrets=_kafka_secrets,
+    doc="`kafka.bootstrap.servers` (required) and producer settings, as for the source: "
+        "librdkafka's names, or the Java client's security settings (`kafka.sasl.jaas.config`, "
+        "JKS / PKCS12 / PEM stores, AWS MSK IAM), translated the same way ([secured clusters]"
+        "(../secured-clusters.md)); they also configure the client that commits the "
+        "transactions. `kafka.transaction.timeout.ms` (default 15 min, the brokers' default "
+        "`transaction.max.timeout.ms`): how long the broker keeps an epoch's transactions open "
+        "before it aborts them ([the transaction timeout]"
+        "(../guides/exactly-once-kafka.md#the-transaction-timeout)). "
+        "`kafka.transactional.id`, `kafka.enable.idempotence` and the serializers are the "
+        "sink's own.")
+TOPIC_OPTION: Option[str | None] = Option(
+    "topic", optional_text, None,
+    doc="The topic every record goes to; overrides a `topic` column, as in Spark's Kafka sink. "
+        "Required when the rows have no `topic` column, or carry the flinkish source's "
+        "`topic`, `partition` and `offset` (where a record was read, never where it is "
+        "written).")
+
+#: Producer settings the sink sets itself.
+_FORBIDDEN = {
+    "transactional.id": "the sink derives each write task's transactional id from the option "
+                        "transactionalIdPrefix, the query, the epoch and the task",
+    "enable.idempotence": "the option deliveryGuarantee sets it (exactly-once and "
+                          "at-least-once: on)",
+    "key.serializer": "keys are written as the key column's bytes (string: UTF-8)",
+    "value.serializer": "values are written as the value column's bytes (string: UTF-8)",
+}
+
+
+@dataclass(frozen=True, repr=False)
+class KafkaSinkOptions:
+    """What a Kafka target connects with: the translated ``kafka.*`` settings (secrets
+    masked in the repr) and the ``topic`` option (None: each row's ``topic`` column)."""
+
+    config: tuple[tuple[str, str], ...]
+    security: ClientSecurity
+    topic: str | None
+    #: the producers' ``transaction.timeout.ms``
+    transaction_timeout_ms: int
+
+    def __repr__(self) -> str:
+        return (f"KafkaSinkOptions(config={redact_config(dict(self.config))!r}, "
+                f"security={self.security!r}, topic={self.topic!r}, "
+                f"transaction_timeout_ms={self.transaction_timeout_ms!r}, "
+                f"fingerprint={self.fingerprint[:12]!r})")
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the settings, secrets included (the repr masks them)."""
+        return fingerprint(self.config, self.security, self.security.secrets(), self.topic,
+                           self.transaction_timeout_ms)
+
+    def client_config(self) -> dict[str, Any]:
+        """librdkafka's settings of one of the sink's clients (producers and the transaction
+        client), with the key stores' files and the MSK IAM callback."""
+        return client_config(dict(self.config), self.security)
+
+    def secrets(self) -> list[str]:
+        return secret_values(dict(self.config)) + self.security.secrets()
+
+
+def kafka_options(options: TargetOptions) -> KafkaSinkOptions:
+    """Target kafka's connection settings from its options, checked and translated.
+
+    Raises:
+        OptionError: a missing bootstrap, a setting the sink sets itself, a bad timeout, or a
+            Java security setting that cannot be translated.
+    """
+    given: dict[str, str] = options[KAFKA]
+    kafka = dict(given)
+    if not kafka.get("bootstrap.servers", "").strip():
+        raise OptionError(
+            "option kafka.bootstrap.servers is required with target kafka, e.g. "
+            "'host1:9092,host2:9092'")
+    for key, why in _FORBIDDEN.items():
+        if key in kafka:
+            raise OptionError(f"option kafka.{key} is not supported: {why}")
+    timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
+    if "transaction.timeout.ms" in kafka:
+        text = kafka.pop("transaction.timeout.ms").strip()
+        if not text.isdigit() or int(text) < 1:
+            raise OptionError(
+                f"option kafka.transaction.timeout.ms: {text!r} is not a whole number of "
+                "milliseconds >= 1")
+        timeout_ms = int(text)
+    config, security = translate(kafka)
+    topic = options[TOPIC_OPTION]
+    if topic is not None and not topic.strip():
+        raise OptionError("option topic is empty: name the topic to write to, or leave it "
+                          "out to write each row to its topic column")
+    return KafkaSinkOptions(tuple(sorted(config.items())), security,
+                            topic.strip() if topic else None, timeout_ms)
+
+
+#: Per process, by the options' fingerprint: the driver's transaction client (the coordinator
+#: builds a target for every epoch's commit) and the tasks' at-least-once producer (a Python
+#: worker runs many tasks), as Spark's Kafka sink caches its producers.
+_CLIENTS: dict[str, TransactionClient] = {}
+_DIRECT: dict[str, _Producer] = {}
+
+
+class KafkaTransactionLostError(RuntimeError):
+    """A decided epoch's transaction was aborted before its commit: its records are lost."""
+
+    transient = False  # retrying cannot bring them back
+
+
+def transactional_id(txn: TransactionId) -> str:
+    """The ``transactional.id`` of a task attempt: the same on every replay of the epoch."""
+    return replace(txn, run="").gid
+
+
+def _is_text_or_binary(dtype: pa.DataType) -> bool:
+    return (pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
+            or pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype))
+
+
+def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str]:
+    """Which of ``schema``'s columns make the records (``value``, and ``key``, ``topic``,
+    ``partition``, ``headers`` where they are written), checked as Spark's Kafka sink checks
+    them; raises :class:`OptionError` naming the problem and the fix. Other columns are not
+    written (as in Spark's Kafka sink)."""
+    names = set(schema.names)
+    if VALUE not in names:
+        raise OptionError(
+            f"target kafka needs a value column (string or binary); the rows have "
+            f"{', '.join(schema.names) or 'no columns'}: select or compute one, e.g. "
+            "to_json(struct(*)) AS value")
+    used = {VALUE: VALUE}
+    from_source = names >= SOURCE_POSITION
+    if from_source and topic_option is None:
+        raise OptionError(
+            "the rows carry the flinkish source's topic, partition and offset (where each "
+            "input record was read): target kafka never writes to the input's topic or "
+            "partition from them. Set option topic (the output topic; records are "
+            "partitioned by key), or select the columns to write without offset (key, "
+            "value, and a topic column of your own)")
+    for name in (KEY, TOPIC, PARTITION, HEADERS):
+        if name not in names or (from_source and name in (TOPIC, PARTITION)):
+            continue
+        if name == TOPIC and topic_option is not None:
+            continue  # the option overrides the column, as in Spark
+        used[name] = name
+    for name in (VALUE, KEY, TOPIC):
+        if name in used and not _is_text_or_binary(schema.field(name).type):
+            raise OptionError(f"target kafka: column {name} is {schema.field(name).type}; "
+                              "it must be a string or binary (cast it)")
+    if PARTITION in used and not pa.types.is_integer(schema.field(PARTITION).type):
+        raise OptionError(f"target kafka: column partition is {schema.field(PARTITION).type}; "
+                          "it must be an int")
+    if HEADERS in used and not _headers_type(schema.field(HEADERS).type):
+        raise OptionError(
+            f"target kafka: column headers is {schema.field(HEADERS).type}; it must be "
+            "array<struct<key: string, value: binary>>")
+    if TOPIC not in used and topic_option is None:
+        raise OptionError(
+            "target kafka needs the topic to write to: set option topic, or give the rows a "
+            "topic column (string)")
+    return used
+
+
+def _headers_type(dtype: pa.DataType) -> bool:
+    if not (pa.types.is_list(dtype) or pa.types.is_large_list(dtype)):
+        return False
+    item = dtype.value_type
+    return (pa.types.is_struct(item) and item.num_fields == 2
+            and item.field(0).name == "key" and _is_text_or_binary(item.field(0).type)
+            and item.field(1).name == "value" and _is_text_or_binary(item.field(1).type))
+
+
+class _Reports:
+    """What a producer reports through its callbacks: delivery failures and its latest
+    statistics (kept raw; parsed only when read). Apart from :class:`_Producer` so that the
+    producer's callbacks do not hold it in a reference cycle (the producer, its threads and
+    connections then go when the last reference does)."""
+
+    def __init__(self) -> None:
+        self.failed: list[str] = []
+        self.stats_seen = 0
+        self.stats = ""
+
+    def on_stats(self, raw: str) -> None:
+        self.stats = raw
+        self.stats_seen += 1
+
+    def on_delivery(self, error: Any, message: Any) -> None:
+        if error is not None and len(self.failed) < 5:
+            self.failed.append(f"{message.topic()}[{message.partition()}]: {error}")
+
+
+class _Producer:
+    """A librdkafka producer with its :class:`_Reports`."""
+
+    def __init__(self, config: dict[str, Any]) -> None:
+        from confluent_kafka import Producer
+
+        self.reports = _Reports()
+        self.producer = Producer({
+            **config,
+            "statistics.interval.ms": STATS_INTERVAL_MS,
+            "stats_cb": self.reports.on_stats,
+            "on_delivery": self.reports.on_delivery,
+        })
+
+    @property
+    def failed(self) -> list[str]:
+        return self.reports.failed
+
+    def fresh_eos(self, timeout_s: float) -> dict[str, Any]:
+        """The ``eos`` part of the first statistics report made after this call began that
+        shows the producer id assigned (a report made during ``init_transactions`` may come
+        after it returned and still show none)."""
+        reports = self.reports
+        seen = reports.stats_seen
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if reports.stats_seen > seen:
+                eos: dict[str, Any] = json.loads(reports.stats).get("eos", {})
+                if eos.get("idemp_state") == "Assigned":
+                    return eos
+                seen = reports.stats_seen
+            if time.monotonic() > deadline:
+                raise TimeoutError("librdkafka reported no producer id within "
+                                   f"{format_duration(timeout_s)}")
+            self.producer.poll(STATS_INTERVAL_MS / 1000)
+
+
+def _init_transactions(producer: Any, transactional: str, timeout_ms: int) -> None:
+    from confluent_kafka import KafkaError, KafkaException
+
+    try:
+        producer.init_transactions(PRODUCER_TIMEOUT_S)
+    except KafkaException as exc:
+        error = exc.args[0] if exc.args else None
+        if getattr(error, "code", lambda: None)() == KafkaError.INVALID_TRANSACTION_TIMEOUT:
+            raise OptionError(
+                f"the Kafka broker refused transaction.timeout.ms={timeout_ms} for "
+                f"{transactional}: it is above the broker's transaction.max.timeout.ms. Lower "
+                "the sink's option kafka.transaction.timeout.ms, or raise the brokers' "
+                "transaction.max.timeout.ms") from exc
+        raise
+
+
+class KafkaTransaction:
+    """One write task attempt's open Kafka transaction (Flink: the writer's producer of a
+    checkpoint)."""
+
+    def __init__(self, target: KafkaTarget, txn: TransactionId, schema: pa.Schema) -> None:
+        self._target = target
+        self._txn = replace(txn, run="")
+        self._id = transactional_id(txn)
+        self._columns = record_columns(schema, target.options.topic)
+        self._rows = 0
+        target.abort_siblings(self._txn, before=True)
+        self._client = _Producer(target.producer_config(self._id))
+        producer = self._client.producer
+        _init_transactions(producer, self._id, target.options.transaction_timeout_ms)
+        if self._client.fresh_eos(PRODUCER_TIMEOUT_S).get("producer_epoch", 0) > 0:
+            # the id was used before: a replay, whose crashed run may have run later
+            # attempts of this task
+            target.abort_siblings(self._txn, before=False)
+        producer.begin_transaction()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._rows += produce_rows(self._client.producer, batch, self._columns,
+                                   self._target.options.topic)
+
+    def pre_commit(self) -> PreCommit:
+        producer = self._client.producer
+        left = producer.flush(PRODUCER_TIMEOUT_S)
+        if left or self._client.failed:
+            raise RuntimeError(
+                f"Kafka transaction {self._id}: {left} record(s) not delivered within "
+                f"{format_duration(PRODUCER_TIMEOUT_S)}"
+                + (f"; failures: {'; '.join(self._client.failed)}" if self._client.failed
+                   else ""))
+        eos = self._client.fresh_eos(PRODUCER_TIMEOUT_S)
+        if eos.get("txn_state") != "InTransaction":
+            raise RuntimeError(f"Kafka transaction {self._id} is {eos.get('txn_state')} after "
+                               "its flush, not InTransaction: it cannot be committed")
+        committable = KafkaCommittable(self._id, int(eos["producer_id"]),
+                                       int(eos["producer_epoch"]))
+        return PreCommit(self._txn, self._rows, detail=committable.to_json())
+
+    def abort(self) -> None:
+        self._client.producer.abort_transaction(PRODUCER_TIMEOUT_S)
+
+
+def produce_rows(producer: Any, batch: pa.RecordBatch, columns: dict[str, str],
+                 topic: str | None) -> int:
+    """Produce ``batch``'s rows as records; the number produced."""
+    values = batch.column(columns[VALUE]).to_pylist()
+    n = len(values)
+    keys = batch.column(columns[KEY]).to_pylist() if KEY in columns else [None] * n
+    topics = batch.column(columns[TOPIC]).to_pylist() if TOPIC in columns else [topic] * n
+    partitions = (batch.column(columns[PARTITION]).to_pylist() if PARTITION in columns
+                  else [None] * n)
+    headers = batch.column(columns[HEADERS]).to_pylist() if HEADERS in columns else None
+    produce = producer.produce
+    for i in range(n):
+        to = topics[i]
+        if to is None:
+            raise ValueError("target kafka: a row has a null topic column and no option "
+                             "topic is set")
+        record_headers = None
+        if headers is not None and headers[i]:
+            record_headers = [(h["key"], h["value"]) for h in headers[i]]
+        part = partitions[i]
+        while True:
+            try:
+                produce(to, values[i], keys[i], -1 if part is None else part,
+                        headers=record_headers)
+                break
+            except BufferError:  # the local queue is full: let deliveries drain it
+                producer.poll(0.05)
+        if i % 1000 == 999:
+            producer.poll(0)
+    return n
+
+
+class KafkaTarget:
+    """Records into Kafka topics (see the module docstring)."""
+
+    #: an open transaction holds no lock another writer waits on
+    leftovers_block_writes = False
+    #: a replay of an epoch opens its transactions under the ids the crashed run used
+    #: (that is how it fences them), so an epoch with a recorded decision must not be
+    #: written again: initialising a decided transaction's id would abort it
+    reuses_transaction_ids = True
+
+    def __init__(self, options: KafkaSinkOptions) -> None:
+        self.options = options
+
+    def __repr__(self) -> str:
+        servers = dict(self.options.config).get("bootstrap.servers", "?")
+        return f"KafkaTarget({servers}, topic={self.options.topic!r})"
+
+    def producer_config(self, transactional: str | None = None) -> dict[str, Any]:
+        config = self.options.client_config()
+        config["enable.idempotence"] = True
+        if transactional is not None:
+            config["transactional.id"] = transactional
+            config["transaction.timeout.ms"] = self.options.transaction_timeout_ms
+        return config
+
+    def check(self, schema: pa.Schema) -> None:
+        record_columns(schema, self.options.topic)
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> KafkaTransaction:
+        return KafkaTransaction(self, txn, schema)
+
+    def write_direct(self, batch: pa.RecordBatch) -> None:
+        """At-least-once / none: an idempotent producer; the rows are flushed before this
+        returns (so before the task does)."""
+        key = self.options.fingerprint
+        if key not in _DIRECT:
+            _DIRECT[key] = _Producer(self.producer_config())
+        direct = _DIRECT[key]
+        producer = direct.producer
+        produce_rows(producer, batch, record_columns(batch.schema, self.options.topic),
+                     self.options.topic)
+        left = producer.flush(PRODUCER_TIMEOUT_S)
+        if left or direct.failed:
+            failed, direct.reports.failed = direct.failed, []
+            raise RuntimeError(f"{self!r}: {left} record(s) not delivered within "
+                               f"{format_duration(PRODUCER_TIMEOUT_S)}"
+                               + (f"; failures: {'; '.join(failed)}" if failed else ""))
+
+    def fence(self, transactional: str) -> int:
+        """Initialise a producer on ``transactional``: fences its older producers and aborts
+        their open transaction. Returns the producer epoch the id got (0: never used)."""
+        client = _Producer(self.producer_config(transactional))
+        try:
+            _init_transactions(client.producer, transactional,
+                               self.options.transaction_timeout_ms)
+            return int(client.fresh_eos(PRODUCER_TIMEOUT_S).get("producer_epoch", 0))
+        finally:
+            client.producer.flush(0)
+
+    def abort_siblings(self, txn: TransactionId, *, before: bool) -> list[str]:
+        """Abort the other attempts' transactions of ``txn``'s epoch and task: those before
+        it (``before``), or those after it up to the first id never used. Returns the ids
+        that held a transaction's producer."""
+        aborted = []
+        attempts = range(txn.attempt) if before else itertools.count(txn.attempt + 1)
+        for attempt in attempts:
+            sibling = transactional_id(replace(txn, attempt=attempt))
+            epoch = self.fence(sibling)
+            if epoch == 0 and not before:
+                break
+            aborted.append(sibling)
+        if aborted:
+            logger.info("before writing %s: fenced and aborted %s", transactional_id(txn),
+                        ", ".join(aborted))
+        return aborted
+
+    def _transactions(self) -> TransactionClient:
+        key = self.options.fingerprint
+        if key not in _CLIENTS:
+            _CLIENTS[key] = TransactionClient(self.options.client_config(), COMMIT_TIMEOUT_S)
+        return _CLIENTS[key]
+
+    def commit(self, pre_commit: PreCommit) -> None:
+        committable = KafkaCommittable.from_json(pre_commit.detail or {})
+        try:
+            self._transactions().commit(committable)
+        except TransactionFencedError as exc:
+            raise KafkaTransactionLostError(
+                f"epoch {pre_commit.txn.epoch} was decided, but its Kafka transaction "
+                f"{committable.transactional_id} (producer id {committable.producer_id}, "
+                f"epoch {committable.producer_epoch}) holding {pre_commit.rows} record(s) "
+                "can no longer be committed: the broker aborted it, most likely because the "
+                "query was down longer than the producers' transaction.timeout.ms "
+                f"({format_duration(self.options.transaction_timeout_ms / 1000)}) after "
+                "deciding the epoch. Those records are lost from the output topic; the query "
+                "stops rather than go on with the gap. Replay the epoch's input from its "
+                "source into the topic if it must be complete, and raise the option "
+                "kafka.transaction.timeout.ms (up to the brokers' transaction.max.timeout.ms) "
+                "to ride out longer outages"
+            ) from exc
+
+    def rollback(self, txn: TransactionId) -> None:
+        self.fence(transactional_id(txn))
+
+    def pending(self, prefix: str, query: str) -> list[TransactionId]:
+        return []
+
+    def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
+        """None found: Kafka cannot list a query's open transactions; the write tasks abort
+        their siblings' instead (see the module docstring)."""
+        return {}
+
+    def publish_epoch(self, query: str, epoch: int, watermark: int | None, rows: int,
+                      late_rows: int, source: str | None = None) -> None:
+        """Nothing is written beside the records: the checkpoint store holds the epochs."""
+
+    def committed_watermark(self, query: str) -> int | None:
+        return None
+
+    def max_pending(self) -> int | None:
+        return None
+
+    def close(self) -> None:
+        client = _CLIENTS.pop(self.options.fingerprint, None)
+        if client is not None:
+            client.close()
+        direct = _DIRECT.pop(self.options.fingerprint, None)
+        if direct is not None:
+            direct.producer.flush(PRODUCER_TIMEOUT_S)
+
+
+def _check(options: TargetOptions) -> None:
+    kafka_options(options)
+
+
+def _create(options: TargetOptions, late: bool) -> KafkaTarget:
+    assert not late, "target kafka has no side output"
+    return KafkaTarget(kafka_options(options))
+
+
+FACTORY = TargetFactory(
+    name="kafka",
+    doc="Kafka topics ([exactly once into Kafka](../guides/exactly-once-kafka.md)), as "
+        "Flink's `KafkaSink` writes them: a transaction per write task, committed by the driver.",
+    options=(KAFKA, TOPIC_OPTION),
+    check=_check,
+    create=_create,
+    cli_option="kafka.bootstrap.servers",
+    title="Kafka",
+)
