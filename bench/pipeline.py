@@ -33,6 +33,10 @@ What is measured, and how:
   PostgreSQL transaction left. ``postgres_median_epoch_commit_ms`` is read from the sink's
   checkpoint records (``completed_ms - created_ms`` of each completed epoch: the decision
   record, COMMIT PREPARED of every task, the recovery scan, the valve, the epoch's row).
+* ``cpu_s_per_million_rows``: per sink, the median CPU seconds of each kind of process during
+  a run (``_common.CpuMeter``: Spark's JVM, its Python workers, the driver, PostgreSQL's server
+  and backends as ``postgres``; ``other_processes`` is the rest of the machine, on a shared
+  machine mostly others' work), per million rows: where a target's extra cost goes.
 * ``load_1m`` is the machine's 1-minute load average at the start and the end: the figures of
   a shared machine are only comparable within one run.
 
@@ -58,7 +62,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import psycopg  # noqa: E402
-from _common import bench_environment, log, median, print_result, run_to_end  # noqa: E402
+from _common import (  # noqa: E402
+    CpuMeter,
+    bench_environment,
+    log,
+    median,
+    print_result,
+    run_to_end,
+)
 
 from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
 
@@ -74,10 +85,23 @@ class Run:
     rows: int
     epochs: int
     commit_ms: list[int]
+    cpu: dict[str, float]
 
     @property
     def rps(self) -> float:
         return self.rows / self.seconds
+
+
+def postmaster(dsn: str) -> int | None:
+    """The pid of the PostgreSQL server at ``dsn`` (its backends' parent); None without one."""
+    if not dsn:
+        return None
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    with open(f"/proc/{row[0]}/stat", "rb") as f:
+        stat = f.read()
+    return int(stat[stat.rfind(b")") + 2:].split()[1])
 
 
 def commit_spans(checkpoint: Path) -> list[int]:
@@ -144,8 +168,10 @@ class Sinks:
 
 
 def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max_offsets: int,
-             workdir: Path, timeout: float, name: str, expected: int | None) -> Run:
-    """One AvailableNow query from the topic into ``kind``; timed from start() to the end."""
+             workdir: Path, timeout: float, name: str, expected: int | None,
+             server: int | None) -> Run:
+    """One AvailableNow query from the topic into ``kind``; timed from start() to the end.
+    ``server``: PostgreSQL's pid, whose CPU (and its backends') is counted as ``postgres``."""
     run = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=workdir))
     df = (
         spark.readStream.format("flinkish")
@@ -158,8 +184,13 @@ def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max
         .load()
     )
     sinks = Sinks(dsn, run, name)
-    result = run_to_end(sinks.writer(df, kind).trigger(availableNow=True), f"{kind} query",
-                        timeout)
+    with CpuMeter() as cpu, CpuMeter(server or os.getpid()) as pg:
+        result = run_to_end(sinks.writer(df, kind).trigger(availableNow=True),
+                            f"{kind} query", timeout)
+    seconds = dict(cpu.seconds)
+    if server is not None:
+        seconds["postgres"] = round(sum(v for k, v in pg.seconds.items()
+                                        if k != "other_processes"), 2)
     if kind == "noop":
         rows, spans = expected or 0, []
         epochs = len(result.progress)
@@ -169,7 +200,7 @@ def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max
         if expected is not None and rows != expected:
             raise RuntimeError(f"{kind} wrote {rows:,} rows, expected {expected:,}")
     shutil.rmtree(run, ignore_errors=True)
-    return Run(kind, result.seconds, rows, epochs, spans)
+    return Run(kind, result.seconds, rows, epochs, spans, seconds)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -209,14 +240,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                            (warmup_topic, args.warmup_rows), "not timed")
         spark, startup = env.start_spark("flinkish-pipeline-bench", args.cores, args.session)
         log(f"SparkSession up in {startup:.1f} s")
+        server = postmaster(env.dsn)
 
         def query(kind: str, source: str, limit: int, name: str, expected: int | None) -> Run:
             result = run_once(spark, kind, bootstrap=env.bootstrap, topic=source, dsn=env.dsn,
                               max_offsets=limit, workdir=env.workdir, timeout=args.timeout,
-                              name=name, expected=expected)
+                              name=name, expected=expected, server=server)
             log(f"  {kind}: {result.rows:,} rows in {result.seconds:.2f} s = "
                 f"{result.rps:,.0f} rows/s; {result.epochs} epochs; decision->completion ms "
-                f"{result.commit_ms}")
+                f"{result.commit_ms}; CPU s {result.cpu}")
             return result
 
         for kind in sinks:
@@ -256,6 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         result[f"{kind}_median_epoch_commit_ms"] = median(
             [ms for r in runs[kind] for ms in r.commit_ms])
     result["seconds"] = {kind: [round(r.seconds, 3) for r in runs[kind]] for kind in sinks}
+    result["cpu_s_per_million_rows"] = {
+        kind: {what: round(median([r.cpu.get(what, 0.0) for r in runs[kind]]) * 1e6 / args.rows,
+                           2)
+               for what in sorted({w for r in runs[kind] for w in r.cpu})}
+        for kind in sinks}
     result["target_ratio"] = TARGET_RATIO
     result["excluded_from_rps"] = (
         "SparkSession start-up; JVM and Python worker warm-up (a query of "
