@@ -26,9 +26,13 @@ What is measured, and how:
   SparkSession start-up is not; a small warm-up query per sink runs first (JVM code loading,
   Python worker start-up), then the whole topic once into the first target, untimed (the first
   full-size run was consistently the slowest, whichever sink ran it).
+* Also into ``python_floor``: a Python data source of this script whose write tasks only count
+  the Arrow batches Spark gives them, the floor of any Python sink (Spark's JVM turning every
+  row into Arrow for a Python worker, the worker, the epoch's driver-side Python calls).
 * ``<target>_ratio`` = the target's median rps / ``noop``'s median rps (target >= 0.8), the
   runs alternating the order of the sinks; ``<target>_ratio_runs`` pairs each run with the
-  ``noop`` run of the same round.
+  ``noop`` run of the same round; ``<target>_ratio_vs_python_floor`` the same against
+  ``python_floor``: what flinkish's own work costs.
 * Each target's output is counted after each run: exactly ``--rows`` rows, and no prepared
   PostgreSQL transaction left. ``postgres_median_epoch_commit_ms`` is read from the sink's
   checkpoint records (``completed_ms - created_ms`` of each completed epoch: the decision
@@ -70,10 +74,17 @@ from _common import (  # noqa: E402
     print_result,
     run_to_end,
 )
+from pyspark.sql.datasource import (  # noqa: E402
+    DataSource,
+    DataSourceStreamArrowWriter,
+    WriterCommitMessage,
+)
 
 from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
 
 TARGETS = ("postgres", "parquet", "delta", "iceberg")
+#: the floor of any Python sink: a Python data source whose write tasks only count the rows
+FLOOR = "python_floor"
 MAX_OUT_OF_ORDERNESS = "2 seconds"
 TARGET_RATIO = 0.8
 
@@ -90,6 +101,39 @@ class Run:
     @property
     def rps(self) -> float:
         return self.rows / self.seconds
+
+
+class CountingWriter(DataSourceStreamArrowWriter):
+    """Receives each task's Arrow batches from Spark and counts them: what any Python sink
+    pays before it writes anything."""
+
+    def write(self, iterator: Any) -> WriterCommitMessage:
+        rows = 0
+        for batch in iterator:
+            rows += batch.num_rows
+        return CountedRows(rows)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass
+
+
+@dataclass
+class CountedRows(WriterCommitMessage):
+    rows: int
+
+
+class FloorSink(DataSource):
+    """``format("python_floor")``: :class:`CountingWriter`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FLOOR
+
+    def streamWriter(self, schema: Any, overwrite: bool) -> DataSourceStreamArrowWriter:
+        return CountingWriter()
 
 
 def postmaster(dsn: str) -> int | None:
@@ -123,8 +167,8 @@ class Sinks:
 
     def writer(self, df: Any, kind: str) -> Any:
         writer = df.writeStream.option("checkpointLocation", str(self.run / "checkpoint"))
-        if kind == "noop":
-            return writer.format("noop")
+        if kind in ("noop", FLOOR):
+            return writer.format(kind)
         writer = writer.format("flinkish").option("target", kind).option(
             "checkpointing.retain", "1000000")  # keep every epoch's record for the report
         if kind == "postgres":
@@ -191,7 +235,7 @@ def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max
     if server is not None:
         seconds["postgres"] = round(sum(v for k, v in pg.seconds.items()
                                         if k != "other_processes"), 2)
-    if kind == "noop":
+    if kind in ("noop", FLOOR):
         rows, spans = expected or 0, []
         epochs = len(result.progress)
     else:
@@ -231,7 +275,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     max_offsets = math.ceil(args.rows / args.epochs)
-    sinks = ["noop", *args.targets]
+    sinks = ["noop", FLOOR, *args.targets]
     runs: dict[str, list[Run]] = {kind: [] for kind in sinks}
     load_start = os.getloadavg()[0]
     with bench_environment("flinkish-pipeline-", postgres="postgres" in args.targets) as env:
@@ -240,6 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            (warmup_topic, args.warmup_rows), "not timed")
         spark, startup = env.start_spark("flinkish-pipeline-bench", args.cores, args.session)
         log(f"SparkSession up in {startup:.1f} s")
+        spark.dataSource.register(FloorSink)
         server = postmaster(env.dsn)
 
         def query(kind: str, source: str, limit: int, name: str, expected: int | None) -> Run:
@@ -254,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind in sinks:
             log(f"warm-up: {args.warmup_rows:,} rows into {kind} (not timed)")
             query(kind, warmup_topic, math.ceil(args.warmup_rows / 2), f"warmup_{kind}",
-                  args.warmup_rows if kind != "noop" else None)
+                  args.warmup_rows if kind in args.targets else None)
         log(f"priming: the whole topic into {args.targets[0]} (not timed)")
         query(args.targets[0], topic, max_offsets, "prime", args.rows)
 
@@ -280,13 +325,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "load_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
         "noop_rps": round(rps["noop"]),
     }
-    for kind in args.targets:
+    for kind in (FLOOR, *args.targets):
         result[f"{kind}_rps"] = round(rps[kind])
         result[f"{kind}_ratio"] = round(rps[kind] / rps["noop"], 3)
+        if kind != FLOOR:
+            result[f"{kind}_ratio_vs_python_floor"] = round(rps[kind] / rps[FLOOR], 3)
         result[f"{kind}_ratio_runs"] = [
             round(r.rps / n.rps, 3) for r, n in zip(runs[kind], runs["noop"], strict=True)]
-        result[f"{kind}_median_epoch_commit_ms"] = median(
-            [ms for r in runs[kind] for ms in r.commit_ms])
+        if kind != FLOOR:
+            result[f"{kind}_median_epoch_commit_ms"] = median(
+                [ms for r in runs[kind] for ms in r.commit_ms])
     result["seconds"] = {kind: [round(r.seconds, 3) for r in runs[kind]] for kind in sinks}
     result["cpu_s_per_million_rows"] = {
         kind: {what: round(median([r.cpu.get(what, 0.0) for r in runs[kind]]) * 1e6 / args.rows,
