@@ -72,10 +72,14 @@ class SteadyProducer(threading.Thread):
             due = int((time.monotonic() - started) * self._rate)
             while n < due:
                 handed = time.monotonic()
-                self._producer.produce(
-                    self._topic, value=b"%020d" % n, key=b"k%09d" % n,
-                    partition=n % self._partitions,
-                    on_delivery=lambda err, msg, t=handed: self._delivered(err, msg, t))
+                try:
+                    self._producer.produce(
+                        self._topic, value=b"%020d" % n, key=b"k%09d" % n,
+                        partition=n % self._partitions,
+                        on_delivery=lambda err, msg, t=handed: self._delivered(err, msg, t))
+                except BufferError:  # librdkafka's queue is full: let deliveries drain it
+                    self._producer.poll(0.01)
+                    continue
                 n += 1
             self._producer.poll(0)
             time.sleep(0.001)
