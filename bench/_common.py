@@ -142,14 +142,27 @@ class BenchEnvironment:
         log(f"produced at {rate:,.0f} msg/s ({rate_note})")
         produce(self.bootstrap, warmup_name, warmup_records, partitions, value_bytes)
 
-    def start_spark(self, app: str, cores: int) -> tuple[Any, float]:
+    def start_spark(self, app: str, cores: int, session: str = "demo") -> tuple[Any, float]:
         """A ``local[cores]`` SparkSession, stopped (``stop_spark``) first when the environment
-        closes, and the seconds its start-up took."""
-        from flinkish.demo.spark_session import local_session
-
-        log(f"starting Spark local[{cores}] (not timed)")
+        closes, and the seconds its start-up took. ``session``: ``demo`` is the demo's and the
+        tests' (``flinkish.demo.spark_session.local_session``: its worker interpreter, daemon
+        and settings); ``plain`` is the README's, ``SparkSession.builder...getOrCreate()`` and
+        ``flinkish.register(spark)``, nothing else."""
+        log(f"starting Spark local[{cores}], the {session} session (not timed)")
         started = time.monotonic()
-        spark = local_session(app, cores=str(cores))
+        if session == "plain":
+            from pyspark.sql import SparkSession
+
+            import flinkish
+
+            # what an activated virtualenv gives Spark's workers (python3 on the PATH)
+            os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+            spark = SparkSession.builder.master(f"local[{cores}]").appName(app).getOrCreate()
+            flinkish.register(spark)
+        else:
+            from flinkish.demo.spark_session import local_session
+
+            spark = local_session(app, cores=str(cores))
         self.stack.callback(log, "Spark stopped")
         self.stack.callback(stop_spark, spark)
         return spark, time.monotonic() - started

@@ -29,7 +29,7 @@ from datetime import date, datetime, time
 from decimal import Decimal
 from functools import cache, partial
 from time import monotonic, sleep
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import psycopg
@@ -54,16 +54,13 @@ COPY_TRAILER = b"\xff\xff"
 
 
 @cache
-def _null_field() -> pa.Scalar:
-    """A NULL field (length -1). Built at first use, as is :func:`_no_separator`: a pyarrow
-    scalar from a Python value imports pandas, ~0.4 s of CPU that the driver's commit runner,
-    which only commits, would pay at every query start."""
-    return pa.scalar(b"\xff\xff\xff\xff", pa.large_binary())
-
-
-@cache
 def _no_separator() -> pa.Scalar:
+    """The empty separator of the row join. Built at first use: a pyarrow scalar from a Python
+    value imports pandas, ~0.4 s of CPU that the driver's commit runner, which only commits,
+    would pay at every query start."""
     return pa.scalar(b"", pa.large_binary())
+
+
 _PG_EPOCH_US = 946_684_800_000_000  # 2000-01-01, PostgreSQL's timestamp epoch, in Unix us
 _PG_EPOCH_DAYS = 10_957
 _US_PER_UNIT = {"s": 1_000_000, "ms": 1_000, "us": 1}
@@ -77,41 +74,52 @@ _FIX_2PC = (
 )
 
 
+Values: TypeAlias = np.ndarray | pa.Array
+"""A column's values in binary form: a big-endian numpy array of a fixed-width type (a NULL
+row's value is arbitrary), or a large_binary array, NULL where the column is."""
+
+
 @dataclass(frozen=True)
 class ColumnType:
     """How one Arrow type lands in PostgreSQL.
 
     ``ddl`` is the type a created table gets; ``accepts`` the ``pg_type.typname``\\ s of an
     existing column that binary COPY of ``encode``'s output can fill (binary input is strict:
-    8 bytes of int64 cannot go into an int4 column); ``encode`` turns an Arrow array into one
-    large_binary value per row holding that row's complete field (length + data, or -1).
+    8 bytes of int64 cannot go into an int4 column); ``encode`` turns an Arrow array into its
+    :data:`Values`; ``fixed``: they are a numpy array (of one width).
     """
 
     ddl: str
     accepts: frozenset[str]
-    encode: Callable[[pa.Array], pa.Array]
+    encode: Callable[[pa.Array], Values]
+    fixed: bool = False
 
 
 def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     """The PostgreSQL type for an Arrow type; ValueError naming ``column`` if there is none."""
     if pa.types.is_int8(dtype) or pa.types.is_int16(dtype):
-        return ColumnType("smallint", frozenset({"int2"}), partial(_encode_fixed, dtype=">i2"))
+        return ColumnType("smallint", frozenset({"int2"}), partial(_encode_fixed, dtype=">i2"),
+                          True)
     if pa.types.is_int32(dtype):
-        return ColumnType("integer", frozenset({"int4"}), partial(_encode_fixed, dtype=">i4"))
+        return ColumnType("integer", frozenset({"int4"}), partial(_encode_fixed, dtype=">i4"),
+                          True)
     if pa.types.is_int64(dtype):
-        return ColumnType("bigint", frozenset({"int8"}), partial(_encode_fixed, dtype=">i8"))
+        return ColumnType("bigint", frozenset({"int8"}), partial(_encode_fixed, dtype=">i8"),
+                          True)
     if pa.types.is_float32(dtype):
-        return ColumnType("real", frozenset({"float4"}), partial(_encode_fixed, dtype=">f4"))
+        return ColumnType("real", frozenset({"float4"}), partial(_encode_fixed, dtype=">f4"),
+                          True)
     if pa.types.is_float64(dtype):
         return ColumnType(
-            "double precision", frozenset({"float8"}), partial(_encode_fixed, dtype=">f8")
+            "double precision", frozenset({"float8"}), partial(_encode_fixed, dtype=">f8"), True
         )
     if pa.types.is_boolean(dtype):
-        return ColumnType("boolean", frozenset({"bool"}), partial(_encode_fixed, dtype="u1"))
+        return ColumnType("boolean", frozenset({"bool"}), partial(_encode_fixed, dtype="u1"),
+                          True)
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
-        return ColumnType("text", frozenset({"text", "varchar", "bpchar"}), _encode_bytes)
+        return ColumnType("text", frozenset({"text", "varchar", "bpchar"}), _encode_binary)
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
-        return ColumnType("bytea", frozenset({"bytea"}), _encode_bytes)
+        return ColumnType("bytea", frozenset({"bytea"}), _encode_binary)
     if pa.types.is_timestamp(dtype) and dtype.unit in (*_US_PER_UNIT, "ns"):
         # Arrow timestamps count from the Unix epoch in UTC (also when they carry no zone, which
         # therefore land as UTC); an existing `timestamp` column takes the same binary value.
@@ -119,9 +127,10 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
             "timestamptz",
             frozenset({"timestamptz", "timestamp"}),
             partial(_encode_timestamp, unit=dtype.unit),
+            True,
         )
     if pa.types.is_date32(dtype):
-        return ColumnType("date", frozenset({"date"}), _encode_date)
+        return ColumnType("date", frozenset({"date"}), _encode_date, True)
     if pa.types.is_decimal(dtype):
         return ColumnType(
             f"numeric({dtype.precision}, {dtype.scale})", frozenset({"numeric"}), _encode_decimal
@@ -155,56 +164,39 @@ def _binary_values(data: np.ndarray, width: int) -> pa.Array:
     )
 
 
-def _with_nulls(fields: pa.Array, column: pa.Array) -> pa.Array:
-    """Replace the fields of ``column``'s NULL rows by the NULL marker (length -1, no data)."""
-    if column.null_count == 0:
-        return fields
-    return pc.if_else(column.is_valid(), fields, _null_field())
-
-
-def _fixed_fields(values: np.ndarray, column: pa.Array) -> pa.Array:
-    """Fields for a fixed-width big-endian value array: one (length, value) record per row."""
-    records = np.empty(len(values), dtype=[("length", ">i4"), ("value", values.dtype)])
-    records["length"] = values.dtype.itemsize
-    records["value"] = values
-    return _with_nulls(_binary_values(records, records.dtype.itemsize), column)
-
-
 def _numbers(column: pa.Array) -> np.ndarray:
     # fill_null first: to_numpy would otherwise turn ints with nulls into float64 (lossy).
-    filled = pc.fill_null(column, False if pa.types.is_boolean(column.type) else 0)
+    filled = column if column.null_count == 0 else pc.fill_null(
+        column, False if pa.types.is_boolean(column.type) else 0)
     result: np.ndarray = filled.to_numpy(zero_copy_only=False)
     return result
 
 
-def _encode_fixed(column: pa.Array, dtype: str) -> pa.Array:
-    return _fixed_fields(_numbers(column).astype(dtype), column)
+def _encode_fixed(column: pa.Array, dtype: str) -> np.ndarray:
+    return _numbers(column).astype(dtype)
 
 
-def _encode_timestamp(column: pa.Array, unit: str) -> pa.Array:
+def _encode_timestamp(column: pa.Array, unit: str) -> np.ndarray:
     raw = _numbers(column.cast(pa.int64()))
     # PostgreSQL keeps microseconds: nanoseconds are floored (towards the earlier instant).
     micros = raw // 1_000 if unit == "ns" else raw * _US_PER_UNIT[unit]
-    return _fixed_fields((micros - _PG_EPOCH_US).astype(">i8"), column)
+    return (micros - _PG_EPOCH_US).astype(">i8")
 
 
-def _encode_date(column: pa.Array) -> pa.Array:
+def _encode_date(column: pa.Array) -> np.ndarray:
     days = _numbers(column.cast(pa.int32()))
-    return _fixed_fields((days - _PG_EPOCH_DAYS).astype(">i4"), column)
+    return (days - _PG_EPOCH_DAYS).astype(">i4")
 
 
-def _encode_bytes(column: pa.Array) -> pa.Array:
+def _encode_binary(column: pa.Array) -> pa.Array:
     """text and bytea: the binary representation is the bytes themselves (text as UTF-8)."""
-    values = column.cast(pa.large_binary())
-    lengths = _numbers(pc.binary_length(values)).astype(">i4")
-    prefixed = pc.binary_join_element_wise(_binary_values(lengths, 4), values, _no_separator())
-    return pc.fill_null(prefixed, _null_field())
+    return column.cast(pa.large_binary())
 
 
 def _encode_per_value(column: pa.Array, dump: Callable[[Any], bytes]) -> pa.Array:
     """For types Arrow kernels cannot encode (decimal, jsonb): one Python call per value."""
-    dumped = [None if value is None else dump(value) for value in column.to_pylist()]
-    return _encode_bytes(pa.array(dumped, pa.large_binary()))
+    return pa.array([None if value is None else dump(value) for value in column.to_pylist()],
+                    pa.large_binary())
 
 
 def _encode_decimal(column: pa.Array) -> pa.Array:
@@ -238,15 +230,65 @@ def _encode_jsonb(column: pa.Array) -> pa.Array:
     return _encode_per_value(column, _dump_jsonb)
 
 
+def _records(fields: list[np.ndarray]) -> pa.Array:
+    """One large_binary value per row: the rows' values of ``fields`` packed side by side."""
+    packed = np.empty(len(fields[0]), dtype=[(f"f{i}", f.dtype) for i, f in enumerate(fields)])
+    for i, values in enumerate(fields):
+        packed[f"f{i}"] = values
+    return _binary_values(packed, packed.dtype.itemsize)
+
+
+def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Array]:
+    """(lengths, data) of fixed-width ``values`` with NULLs: -1 and no bytes where not
+    ``valid``."""
+    width = values.dtype.itemsize
+    lengths = np.where(valid, width, -1).astype(">i4")
+    offsets = np.zeros(len(values) + 1, dtype=np.int64)
+    np.cumsum(valid * width, out=offsets[1:])
+    data = np.ascontiguousarray(values[valid])
+    return lengths, pa.Array.from_buffers(
+        pa.large_binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
 def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
     """The rows of a ``COPY … FROM STDIN (FORMAT BINARY)`` payload for ``batch`` (everything
-    between :data:`COPY_HEADER` and :data:`COPY_TRAILER`)."""
-    count = pa.scalar(len(types).to_bytes(2, "big"), pa.large_binary())
-    fields = [kind.encode(column) for kind, column in zip(types, batch.columns, strict=True)]
-    rows = pc.binary_join_element_wise(count, *fields, _no_separator())
+    between :data:`COPY_HEADER` and :data:`COPY_TRAILER`).
+
+    A row is its field count, then per field a length (-1: NULL) and the value's bytes. Built
+    with one Arrow join over whole columns: the fixed-width pieces between two variable-length
+    values (the count, fixed-width fields without NULLs, the next value's length) are packed
+    into one record per row by numpy, the variable-length values (NULLs as nothing) go in
+    between. So fixed-width columns without NULLs side by side cost one piece together (see
+    :func:`copy_order`)."""
+    parts: list[pa.Array] = []
+    run: list[np.ndarray] = [np.full(batch.num_rows, len(types), dtype=">i2")]
+    for kind, column in zip(types, batch.columns, strict=True):
+        values = kind.encode(column)
+        if isinstance(values, np.ndarray) and column.null_count == 0:
+            run += [np.full(len(values), values.dtype.itemsize, dtype=">i4"), values]
+            continue
+        if isinstance(values, np.ndarray):
+            lengths, data = _nullable(values, column.is_valid().to_numpy(zero_copy_only=False))
+        else:
+            lengths = np.asarray(pc.fill_null(pc.binary_length(values), -1)).astype(">i4")
+            data = values
+        parts += [_records([*run, lengths]), data]
+        run = []
+    if run:
+        parts.append(_records(run))
+    rows = pc.binary_join_element_wise(*parts, _no_separator(), null_handling="replace")
     offsets = np.frombuffer(rows.buffers()[1], dtype=np.int64)
     start, end = int(offsets[rows.offset]), int(offsets[rows.offset + len(rows)])
     return memoryview(rows.buffers()[2])[start:end]
+
+
+def copy_order(batch: pa.RecordBatch, types: list[ColumnType]) -> list[int]:
+    """The columns' order in the COPY of ``batch``: those of fixed width without NULLs first
+    (:func:`encode_rows` packs them into one piece per row), the others after, each group in
+    the table's order."""
+    packed = [kind.fixed and column.null_count == 0
+              for kind, column in zip(types, batch.columns, strict=True)]
+    return sorted(range(len(types)), key=lambda i: not packed[i])
 
 
 def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
@@ -255,6 +297,8 @@ def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -
     types = postgres_types(batch.schema)
     if batch.num_rows == 0:
         return
+    order = copy_order(batch, types)
+    batch, types = batch.select(order), [types[i] for i in order]
     columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, columns)
     with conn.cursor() as cursor, cursor.copy(statement) as copy:

@@ -309,10 +309,12 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             for batch in iterator:
                 if self._has_markers:  # records are data, markers feed the valve, carriers go
                     kind = batch.column("kind")
-                    markers = batch.filter(pc.is_in(kind, _marker_kinds()))
-                    if markers.num_rows:
-                        message.markers.extend(_markers(markers))
-                    batch = batch.filter(pc.fill_null(pc.equal(kind, KIND_RECORD), True))
+                    records = pc.fill_null(pc.equal(kind, KIND_RECORD), True)
+                    if not pc.all(records).as_py():  # else nothing to take out: no copy
+                        markers = batch.filter(pc.is_in(kind, _marker_kinds()))
+                        if markers.num_rows:
+                            message.markers.extend(_markers(markers))
+                        batch = batch.filter(records)
                 data = pa.RecordBatch.from_arrays(
                     [batch.column(f.name) for f in self._data_schema], schema=self._data_schema
                 )
