@@ -108,6 +108,7 @@ def _start(spark: Any, job: dict[str, Any], available_now: bool) -> Any:
         for key in ("dsn", "table", "path"):
             if job.get(key):
                 writer = writer.option(key, job[key])
+        writer = writer.options(**job.get("sink_options", {}))
     writer = writer.option("checkpointLocation", job["checkpoint"]).queryName(job["name"])
     if available_now:
         return writer.trigger(availableNow=True).start()

@@ -1,5 +1,5 @@
 """Every public flinkish API on a Spark Connect session: ``register``, ``with_watermark``, the
-sink (PostgreSQL and Parquet), ``ValveForEachBatch``, queries started together, a stop and
+sink (PostgreSQL, Parquet and Kafka), ``ValveForEachBatch``, queries started together, a stop and
 restart. The server and its clients are processes of their own
 (``integration/connect_session.py`` says why).
 """
@@ -15,8 +15,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
+from flinkish.demo.embedded_kafka import create_topic
 from flinkish.session import RUNNER_ENV_KEYS
 from integration.connect_session import Child, run_client
+from integration.kafka_committed import settled_values
 from integration.kafka_helpers import wait_for
 from integration.test_kafka_features import GroupReader
 from integration.test_sink_crash import BASE_TS, PARTITIONS, PER_PARTITION, TargetView, _input_topic
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 WINDOW_MS = 10_000
 MAX_OFFSETS = 100  # records per batch over all partitions: four data batches
+OUT_PARTITIONS = 2  # of the Kafka target's output topic
 
 
 def _job(root: Path, name: str, kind: str, target: str, topic: str, bootstrap: str, dsn: str,
@@ -39,6 +42,10 @@ def _job(root: Path, name: str, kind: str, target: str, topic: str, bootstrap: s
         job["path"] = str(root / name / "epochs.jsonl")
     elif target == "postgres":
         job.update(dsn=dsn, table=view.table)
+    elif target == "kafka":
+        out = f"connect-out-{root.name}-{name}"
+        create_topic(bootstrap, out, OUT_PARTITIONS)
+        job["sink_options"] = {"topic": out, "kafka.bootstrap.servers": bootstrap}
     else:
         job["path"] = str(view.path)
     return job, view
@@ -69,13 +76,13 @@ def test_every_api_on_connect_with_queries_started_together(
     connect_server: tuple[Child, int], kafka_bootstrap: str, postgres_dsn: str, tmp_path: Path
 ) -> None:
     """``register`` seeds the session's map through its warm-up query (the keys are there
-    before any user query, and five queries started at once only overwrite them); windowed
-    counts on ``with_watermark`` into both targets, the records into both, and
-    ``ValveForEachBatch`` are each exactly right."""
+    before any user query, and six queries started at once only overwrite them); windowed
+    counts on ``with_watermark`` into both file and table targets, the records into those and
+    exactly once into a Kafka topic, and ``ValveForEachBatch`` are each exactly right."""
     topic = _input_topic(kafka_bootstrap, "connect")
     specs = [("windowed-pg", "windowed", "postgres"), ("windowed-pq", "windowed", "parquet"),
              ("records-pg", "records", "postgres"), ("records-pq", "records", "parquet"),
-             ("valve", "valve", "parquet")]
+             ("records-kafka", "records", "kafka"), ("valve", "valve", "parquet")]
     made = [_job(tmp_path, name, kind, target, topic, kafka_bootstrap, postgres_dsn)
             for name, kind, target in specs]
     hello, keys, _ = run_client(connect_server, tmp_path, [job for job, _ in made])
@@ -89,6 +96,12 @@ def test_every_api_on_connect_with_queries_started_together(
         assert len(got) == len(expected), f"{name}: a window was written twice"
     for name in ("records-pg", "records-pq"):
         assert sorted(views[name].rows()) == _expected_rows(), name
+    # the Kafka target: each record once in the output topic's committed view, no transaction
+    # left open
+    out = next(job for job, _ in made if job["name"] == "records-kafka")["sink_options"]["topic"]
+    written = settled_values(kafka_bootstrap, out, OUT_PARTITIONS)
+    assert sorted(written) == sorted(f"v{p}-{i}".encode() for p in range(PARTITIONS)
+                                     for i in range(PER_PARTITION))
     epochs = [json.loads(line) for line in
               Path(made[-1][0]["path"]).read_text().splitlines()]
     assert len({e["epoch"] for e in epochs}) == len(epochs), "an epoch was delivered twice"
