@@ -39,6 +39,8 @@ from pathlib import Path
 #: PySpark's daemon module (Spark's default ``spark.python.daemon.module``) and its replacement.
 PYSPARK_DAEMON, FLINKISH_DAEMON = "pyspark.daemon", "flinkish.worker_daemon"
 
+LAUNCHER_PREFIX = "flinkish-python-"
+
 _SCRIPT = """\
 #!/bin/sh
 # flinkish's launcher of Spark's Python processes for {python}; see flinkish.worker_launcher.
@@ -93,11 +95,14 @@ def package_links() -> Path:
 
 def worker_launcher(python: str) -> str:
     """The launcher script for the interpreter command ``python`` (written once; its name is
-    the digest of its text)."""
+    the digest of its text); ``python`` itself when it is one already (the demo session's
+    workers use a launcher as their interpreter)."""
+    if Path(python).name.startswith(LAUNCHER_PREFIX):
+        return python
     text = _SCRIPT.format(python=shlex.quote(python), links=shlex.quote(str(package_links())),
                           pyspark_daemon=PYSPARK_DAEMON, flinkish_daemon=FLINKISH_DAEMON)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"flinkish-python-{digest}"
+    path = Path(tempfile.gettempdir()) / f"{LAUNCHER_PREFIX}{digest}"
     if not path.exists():
         staged = path.with_name(f"{path.name}.{os.getpid()}")
         staged.write_text(text)

@@ -68,6 +68,7 @@ def test_the_launcher_runs_the_task_workers_daemon_in_place_of_pysparks() -> Non
     ):
         out = subprocess.run([launcher, *args], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == runs
+    assert worker_launcher(launcher) == launcher  # a launcher is not wrapped again
 
 
 def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> None:
