@@ -96,7 +96,8 @@ def package_links() -> Path:
 def worker_launcher(python: str) -> str:
     """The launcher script for the interpreter command ``python`` (written once; its name is
     the digest of its text); ``python`` itself when it is one already (the demo session's
-    workers use a launcher as their interpreter)."""
+    workers use a launcher as their interpreter) or when the temporary directory does not
+    let a script run (mounted ``noexec``)."""
     if Path(python).name.startswith(LAUNCHER_PREFIX):
         return python
     text = _SCRIPT.format(python=shlex.quote(python), links=shlex.quote(str(package_links())),
@@ -108,4 +109,4 @@ def worker_launcher(python: str) -> str:
         staged.write_text(text)
         staged.chmod(0o755)
         staged.replace(path)
-    return str(path)
+    return str(path) if os.access(path, os.X_OK) else python
