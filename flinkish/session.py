@@ -44,7 +44,9 @@ def register(spark: Any) -> None:
     a cluster fails at query start instead of losing the executors' watermark state, and adds
     the listener that has each completed epoch committed to the query's consumer group right
     away (``flinkish.epoch_listener``), and starts the Python daemons of the data source's calls
-    in the background so a (re)started query finds them running (``flinkish.warm_start``). It first
+    in the background so a (re)started query finds them running (``flinkish.warm_start``); with
+    a local master the source's Python processes start through ``flinkish.worker_launcher``
+    (the installed pyspark, the tasks' imports done before the daemon forks). It first
     checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
     On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
     """
