@@ -73,6 +73,26 @@ DRIVER_TIMEOUT_S = 300.0
 
 # -- the driver process ------------------------------------------------------------------------
 
+def plain_session(app: str) -> Any:
+    """The session of the README and the getting-started page: Spark's defaults, a local
+    master, two shuffle partitions (the driver runs with the virtualenv's ``bin`` first on its
+    PATH, as an activated virtualenv has it)."""
+    from pyspark.sql import SparkSession
+
+    return (SparkSession.builder.master("local[2]").appName(app)
+            .config("spark.sql.shuffle.partitions", "2").getOrCreate())
+
+
+def demo_session(app: str) -> Any:
+    """``flinkish.demo.spark_session.local_session``: the demo's and the tests' session."""
+    from flinkish.demo.spark_session import local_session
+
+    return local_session(app)
+
+
+SESSIONS = {"plain": plain_session, "demo": demo_session}
+
+
 def mark(name: str) -> None:
     print(f"{MARK} {name} {time.time():.3f}", flush=True)
 
@@ -80,9 +100,7 @@ def mark(name: str) -> None:
 def driver(args: argparse.Namespace) -> None:
     """One pipeline's query in this process, until killed."""
     mark("imports")
-    from flinkish.demo.spark_session import local_session
-
-    spark = local_session(f"flinkish-recovery-{args.pipeline}")
+    spark = SESSIONS[args.session](f"flinkish-recovery-{args.pipeline}")
     mark("session")
     if args.pipeline != "spark":
         import flinkish
@@ -163,12 +181,24 @@ def batches(checkpoint: Path, log_dir: str) -> set[int]:
 def launch(args: argparse.Namespace, pipeline: str, workdir: Path, log_file: Path
            ) -> subprocess.Popen[bytes]:
     command = [sys.executable, str(Path(__file__).resolve()), "--driver", pipeline,
-               "--workdir", str(workdir), "--rate", str(args.rate),
+               "--session", args.session, "--workdir", str(workdir), "--rate", str(args.rate),
                "--bootstrap", args.bootstrap, "--topic", args.topic, "--dsn", args.dsn]
     with open(log_file, "wb") as out:
         return subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
-                                cwd=str(Path(__file__).resolve().parent.parent))
+                                cwd=str(Path(__file__).resolve().parent.parent),
+                                env=driver_environment())
+
+
+def driver_environment() -> dict[str, str]:
+    """A user's shell with the virtualenv activated: its ``bin`` first on the PATH (Spark
+    starts its Python workers with ``python3`` from there), none of the variables the demo
+    session sets for its workers."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")}
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    env["VIRTUAL_ENV"] = sys.prefix
+    return env
 
 
 def wait_for(condition: Any, what: str, proc: subprocess.Popen[bytes], log_file: Path) -> None:
@@ -255,9 +285,12 @@ def extra(flinkish: dict[str, Any], spark: dict[str, Any]) -> dict[str, Any]:
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--rate", type=int, default=400, help="records (rows) per second")
     parser.add_argument("--partitions", type=int, default=4)
+    parser.add_argument("--session", choices=tuple(SESSIONS), default="plain",
+                        help="the drivers' SparkSession: plain (the README's, the default) or "
+                             "demo (flinkish.demo.spark_session.local_session)")
     parser.add_argument("--no-postgres", dest="postgres", action="store_false",
                         help="leave out the PostgreSQL variant")
     parser.add_argument("--driver", choices=PIPELINES, dest="pipeline", help=argparse.SUPPRESS)
@@ -308,6 +341,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     breakdown = {p: summarise(rs) for p, rs in runs.items()}
     result = {
         "bench": "recovery",
+        "session": args.session,
         "rate": args.rate,
         "partitions": args.partitions,
         "repeats": args.repeats,

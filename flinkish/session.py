@@ -24,6 +24,7 @@ from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
 from flinkish.epoch_listener import listen
 from flinkish.warm_start import warm_start
+from flinkish.worker_launcher import worker_launcher
 from flinkish.worker_python import check_worker_python
 from flinkish_core.locations import MASTER_ENV
 
@@ -43,7 +44,9 @@ def register(spark: Any) -> None:
     a cluster fails at query start instead of losing the executors' watermark state, and adds
     the listener that has each completed epoch committed to the query's consumer group right
     away (``flinkish.epoch_listener``), and starts the Python daemons of the data source's calls
-    in the background so a (re)started query finds them running (``flinkish.warm_start``). It first
+    in the background so a (re)started query finds them running (``flinkish.warm_start``); with
+    a local master the source's Python processes start through ``flinkish.worker_launcher``
+    (the installed pyspark, the tasks' imports done before the daemon forks). It first
     checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
     On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
 
@@ -59,11 +62,45 @@ def register(spark: Any) -> None:
         register_connect(spark)
         return
     manager = spark._jsparkSession.sessionState().dataSourceManager()
-    if not manager.dataSourceExists(FlinkishDataSource.name()):
-        spark.dataSource.register(FlinkishDataSource)
+    register_data_source(spark, manager)
     seed_runner_environment(spark)
     warm_start(spark, manager.lookupDataSource(FlinkishDataSource.name()))
     listen(spark)
+
+
+def register_data_source(spark: Any, manager: Any) -> None:
+    """Register ``format("flinkish")`` on a classic session, with a local master through
+    ``flinkish.worker_launcher`` (the data source's processes then start faster); a source
+    already registered so, or Spark's discovered one on any other master, is left as it is."""
+    name = FlinkishDataSource.name()
+    sc = spark.sparkContext
+    python = worker_launcher(sc.pythonExec) if sc.master.startswith("local") else None
+    if manager.dataSourceExists(name):
+        current = str(manager.lookupDataSource(name).dataSourceCls().pythonExec())
+        if python is None or current == python:
+            return
+    if python is None:
+        spark.dataSource.register(FlinkishDataSource)
+        return
+    # pyspark's DataSourceRegistration.register with the launcher as the interpreter
+    from pyspark.core.rdd import _prepare_for_python_RDD
+
+    command, broadcasts, env, includes = _prepare_for_python_RDD(sc, FlinkishDataSource)
+    jvm = spark._jvm
+    function = jvm.SimplePythonFunction(bytearray(command), env, includes, python,
+                                        sc.pythonVer, broadcasts, sc._javaAccumulator)
+    source = getattr(jvm, "org.apache.spark.sql.execution.datasources.v2.python."
+                          "UserDefinedPythonDataSource")(function)
+    # Spark warns that the source replaces the one it discovered (the installed
+    # pyspark_flinkish): the same class, registered again for its interpreter
+    logger = "org.apache.spark.sql.execution.datasources.DataSourceManager"
+    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+    level = jvm.org.apache.logging.log4j.LogManager.getLogger(logger).getLevel()
+    configurator.setLevel(logger, jvm.org.apache.logging.log4j.Level.ERROR)
+    try:
+        spark._jsparkSession.dataSource().registerPython(name, source)
+    finally:
+        configurator.setLevel(logger, level)
 
 
 def seed_runner_environment(spark: Any) -> dict[str, str]:

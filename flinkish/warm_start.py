@@ -8,7 +8,7 @@ planning (``plan_data_source_read``), the writer's creation (``write_into_data_s
 commit (``python_streaming_sink_runner``). Spark starts each daemon at its call's first use, one
 after the other, on the way to the first commit: an interpreter importing PySpark, then a forked
 worker importing the call's module (the read's planning imports pyarrow). The tasks' daemon
-(``flinkish.worker_daemon`` where set, importing what the tasks need before it forks) starts
+(``flinkish.worker_daemon``, importing what the tasks need before it forks) starts
 between the writer's creation and the commit; with a local master it runs in the driver's JVM
 too, so it is started ahead as well.
 

@@ -1,5 +1,7 @@
 """PySpark's Python worker daemon with what flinkish's read and write tasks import loaded before
-it forks its workers (``spark.python.daemon.module=flinkish.worker_daemon``).
+it forks its workers: ``flinkish.worker_launcher`` runs it in place of ``pyspark.daemon`` for
+the flinkish data source's processes (a session may also set
+``spark.python.daemon.module=flinkish.worker_daemon``, as the demo's does).
 
 Why: every worker the daemon forks imports pyarrow, pandas (pyarrow imports it at its first
 array built from Python values), confluent_kafka and the source's and sink's modules at its

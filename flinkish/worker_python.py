@@ -91,18 +91,22 @@ def worker_probe(
 
 def _remembered_key(spark: Any) -> str | None:
     """What decides a local master's workers' answer (None for any other master): the
-    interpreter Spark starts them with (resolved, with its file's stamp), the ``PYTHONPATH``
-    they get (this process's, which the JVM passes on, and ``spark.executorEnv``'s) and the
-    working directory (ahead of ``PYTHONPATH`` on their ``sys.path``)."""
+    interpreter Spark starts them with (its path and the file it leads to, with its stamp),
+    the ``PYTHONPATH`` they get (this process's, which the JVM passes on, and
+    ``spark.executorEnv``'s) and the working directory (ahead of ``PYTHONPATH`` on their
+    ``sys.path``)."""
     sc = spark.sparkContext
     if not sc.master.startswith("local"):
         return None
     python = shutil.which(sc.pythonExec)
     if python is None:
         return None
-    python = os.path.realpath(python)
-    stat = os.stat(python)
-    key = [python, stat.st_mtime_ns, stat.st_size, os.environ.get("PYTHONPATH", ""),
+    # the path found and the file it leads to: a virtualenv's interpreter is a link to its base
+    # interpreter, which has the same file but not the virtualenv's packages
+    python = os.path.abspath(python)
+    binary = os.path.realpath(python)
+    stat = os.stat(binary)
+    key = [python, binary, stat.st_mtime_ns, stat.st_size, os.environ.get("PYTHONPATH", ""),
            sc.environment.get("PYTHONPATH", ""), os.getcwd(), sc.version]
     return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:24]
 

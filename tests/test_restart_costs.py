@@ -25,21 +25,50 @@ def test_discovering_the_data_source_leaves_pyarrow_out() -> None:
     assert out.strip() == "[]"
 
 
-def test_the_demo_sessions_workers_leave_sparks_zip_and_jars_off_their_path() -> None:
-    from flinkish.demo.spark_session import worker_python
+def test_the_launcher_puts_the_installed_packages_in_place_of_sparks_zips_and_jars() -> None:
+    """The flinkish data source's processes import pyspark and py4j from the installed packages
+    (compiled once), not from Spark's zips, and leave Spark's jars off their path."""
+    import py4j
+    import pyspark
 
-    spark_home = Path(sys.prefix) / "lib" / "site-packages" / "pyspark"
+    from flinkish.worker_launcher import worker_launcher
+
+    spark_home = Path(pyspark.__file__).parent
     path = os.pathsep.join([
         str(spark_home / "python" / "lib" / "pyspark.zip"),
+        str(spark_home / "python" / "lib" / "py4j-0.10.9.9-src.zip"),
         str(spark_home / "jars" / "spark-core_2.13-4.3.0.jar"),
         str(ROOT),
         "/opt/libs/other.jar",
     ])
+    code = ("import os, pyspark, py4j; print(os.environ['PYTHONPATH']); "
+            "print(os.path.realpath(pyspark.__file__)); print(os.path.realpath(py4j.__file__))")
     out = subprocess.run(
-        [worker_python(), "-c", "import os; print(os.environ['PYTHONPATH'])"],
-        capture_output=True, text=True, check=True, env={**os.environ, "PYTHONPATH": path},
-    ).stdout
-    assert out.strip() == os.pathsep.join([str(ROOT), "/opt/libs/other.jar"])
+        [worker_launcher(sys.executable), "-c", code], capture_output=True, text=True,
+        check=True, env={**os.environ, "PYTHONPATH": path},
+    ).stdout.split("\n")
+    links, *rest = out[0].split(os.pathsep)
+    assert rest == [str(ROOT), "/opt/libs/other.jar"]
+    assert sorted(os.listdir(links)) == ["py4j", "pyspark"]
+    assert out[1:3] == [os.path.realpath(pyspark.__file__), os.path.realpath(py4j.__file__)]
+
+
+def test_the_launcher_runs_the_task_workers_daemon_in_place_of_pysparks() -> None:
+    """``-m pyspark.daemon`` (Spark's default daemon) becomes ``-m flinkish.worker_daemon``;
+    any other module (a daemon the session configured, a worker started without one) is run as
+    Spark asked."""
+    from flinkish.worker_launcher import worker_launcher
+
+    launcher = worker_launcher("echo")  # the "interpreter" prints the arguments it gets
+    for args, runs in (
+        (["-m", "pyspark.daemon", "pyspark.worker"], "-m flinkish.worker_daemon pyspark.worker"),
+        (["-m", "my.daemon", "pyspark.worker"], "-m my.daemon pyspark.worker"),
+        (["-m", "pyspark.sql.streaming.python_streaming_source_runner"],
+         "-m pyspark.sql.streaming.python_streaming_source_runner"),
+    ):
+        out = subprocess.run([launcher, *args], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == runs
+    assert worker_launcher(launcher) == launcher  # a launcher is not wrapped again
 
 
 def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> None:

@@ -83,3 +83,19 @@ def test_what_decides_the_workers_answer_is_in_the_key(
     assert moved not in (key, None)
     monkeypatch.setattr(FakeContext, "master", "spark://host:7077")  # executors elsewhere
     assert worker_python._remembered_key(FakeSession()) is None
+
+
+def test_a_virtualenvs_interpreter_and_its_base_have_keys_of_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A virtualenv's ``bin/python3`` is a link to its base interpreter: the same file, not the
+    same packages (a base interpreter without pyarrow must not inherit the virtualenv's
+    success)."""
+    base = os.path.realpath(sys.executable)
+    link = tmp_path / "venv" / "bin" / "python3"
+    link.parent.mkdir(parents=True)
+    link.symlink_to(base)
+    monkeypatch.setattr(FakeContext, "pythonExec", base)
+    from_base = worker_python._remembered_key(FakeSession())
+    monkeypatch.setattr(FakeContext, "pythonExec", str(link))
+    assert worker_python._remembered_key(FakeSession()) not in (from_base, None)

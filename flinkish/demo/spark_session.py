@@ -21,24 +21,6 @@ logger.gateway.level = error
 """
 
 
-_WORKER_PYTHON = """\
-#!/bin/sh
-# Spark puts pyspark.zip first on its Python workers' PYTHONPATH. Imported from the zip, which
-# holds no compiled bytecode, pyspark costs a worker ~1.3 s of CPU before it connects back,
-# against ~0.25 s from the installed package (the same version); and Spark gives a new worker a
-# fixed 10 s to connect back (PythonWorkerFactory.createSimpleWorker), which many queries
-# starting at once on 2 cores overrun. So workers import the installed copy.
-# Spark also puts its spark-core jar there (PythonUtils.sparkPythonPath): a zip of ~6,000
-# entries and no Python module, whose index every Python process reads at its first import
-# (~0.1 s) and every worker the daemon forks reads again (PySpark invalidates the import
-# caches when it adds the job's file directory to the path). So workers leave it out too.
-PYTHONPATH=$(printf '%s' "$PYTHONPATH" | tr ':' '\\n' \\
-  | grep -v -e '/pyspark/python/lib/' -e '/pyspark/jars/[^/]*[.]jar$' | paste -sd: -)
-export PYTHONPATH
-exec {python} "$@"
-"""
-
-
 WORKER_CONNECT_TIMEOUT = "Python worker failed to connect back"
 
 
@@ -51,20 +33,14 @@ def worker_start_timed_out(failure: BaseException | None) -> bool:
 
 
 def worker_python() -> str:
-    """An interpreter for Spark's Python workers: this one, importing the installed pyspark
-    rather than Spark's ``pyspark.zip`` (see ``_WORKER_PYTHON``)."""
-    import hashlib
-    import shlex
+    """An interpreter for Spark's Python workers: this one, through
+    ``flinkish.worker_launcher`` (the installed pyspark rather than Spark's ``pyspark.zip``,
+    Spark's jars off the path). The demo's workers need it from their first process on: Spark
+    gives a new worker a fixed 10 s to connect back (``PythonWorkerFactory``), which many
+    queries starting at once on 2 cores overrun."""
+    from flinkish.worker_launcher import worker_launcher
 
-    text = _WORKER_PYTHON.format(python=shlex.quote(sys.executable))
-    digest = hashlib.sha256(text.encode()).hexdigest()[:12]
-    path = Path(tempfile.gettempdir()) / f"flinkish-worker-python-{digest}"
-    if not path.exists():
-        staged = path.with_name(f"{path.name}.{os.getpid()}")
-        staged.write_text(text)
-        staged.chmod(0o755)
-        staged.replace(path)
-    return str(path)
+    return worker_launcher(sys.executable)
 
 
 def local_session(app: str = "flinkish", cores: str = "2", master: str | None = None,
