@@ -31,6 +31,8 @@ from typing import Any
 
 from flinkish_core.errors import OptionError
 from flinkish_core.jaas import JaasEntry, JaasError, parse_jaas_config
+from flinkish_kafka.key_stores import StoreSpec, read_store, store_pem
+from flinkish_kafka.msk_iam import MskIam, check_credentials, token_callback
 
 __all__ = ["NO_SECURITY", "ClientSecurity", "MskIam", "StoreSpec", "check_client_security",
            "client_config", "translate"]
@@ -98,34 +100,6 @@ _JAVA_ONLY = {
 
 
 @dataclass(frozen=True)
-class StoreSpec:
-    """A Java key store or trust store, as the options name it (converted per process by
-    :mod:`flinkish_kafka.key_stores`)."""
-
-    kind: str  # "truststore" or "keystore"
-    store_type: str | None  # JKS, PKCS12, PEM; None: told by the file's content
-    location: str | None = None
-    password: str | None = field(default=None, repr=False)
-    certificates: str | None = field(default=None, repr=False)  # inline PEM (type PEM)
-    key: str | None = field(default=None, repr=False)  # inline PEM key (keystore, PEM)
-    key_password: str | None = field(default=None, repr=False)
-
-    def secrets(self) -> list[str]:
-        return [s for s in (self.password, self.key, self.key_password) if s]
-
-
-@dataclass(frozen=True)
-class MskIam:
-    """AWS MSK IAM through OAUTHBEARER: how the signer finds credentials, and the region."""
-
-    region: str
-    profile: str | None = None
-    role_arn: str | None = None
-    role_session_name: str | None = None
-    debug_creds: bool = False
-
-
-@dataclass(frozen=True)
 class ClientSecurity:
     """What a client needs beyond its string settings (see :func:`client_config`)."""
 
@@ -160,8 +134,6 @@ def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
     if not security.active:
         return config
     if security.truststore is not None or security.keystore is not None:
-        from flinkish_kafka.key_stores import store_pem
-
         if security.truststore is not None:
             config["ssl.ca.pem"] = store_pem(security.truststore).ca
         if security.keystore is not None:
@@ -169,8 +141,6 @@ def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
             config["ssl.certificate.pem"] = pem.certificate
             config["ssl.key.pem"] = pem.key
     if security.msk_iam is not None:
-        from flinkish_kafka.msk_iam import token_callback
-
         config["oauth_cb"] = token_callback(security.msk_iam)
     return config
 
@@ -180,14 +150,10 @@ def check_client_security(security: ClientSecurity) -> None:
     so that a wrong password, a damaged store, a missing library or missing credentials fail
     there, naming the option."""
     if security.truststore is not None or security.keystore is not None:
-        from flinkish_kafka.key_stores import read_store
-
         for store in (security.truststore, security.keystore):
             if store is not None:
                 read_store(store)
     if security.msk_iam is not None:
-        from flinkish_kafka.msk_iam import check_credentials, token_callback
-
         token_callback(security.msk_iam)
         check_credentials(security.msk_iam)
 

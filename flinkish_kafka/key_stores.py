@@ -23,9 +23,26 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flinkish_core.errors import OptionError
-from flinkish_kafka.java_security import StoreSpec
 
-__all__ = ["StoreContent", "StorePem", "read_store", "store_pem"]
+
+@dataclass(frozen=True)
+class StoreSpec:
+    """A Java key store or trust store, as the options name it (converted per process by
+    :func:`store_pem`)."""
+
+    kind: str  # "truststore" or "keystore"
+    store_type: str | None  # JKS, PKCS12, PEM; None: told by the file's content
+    location: str | None = None
+    password: str | None = field(default=None, repr=False)
+    certificates: str | None = field(default=None, repr=False)  # inline PEM (type PEM)
+    key: str | None = field(default=None, repr=False)  # inline PEM key (keystore, PEM)
+    key_password: str | None = field(default=None, repr=False)
+
+    def secrets(self) -> list[str]:
+        return [s for s in (self.password, self.key, self.key_password) if s]
+
+
+__all__ = ["StoreContent", "StorePem", "StoreSpec", "read_store", "store_pem"]
 
 _JKS_MAGIC = 0xFEEDFEED
 _JCEKS_MAGIC = 0xCECECECE

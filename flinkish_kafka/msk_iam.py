@@ -17,11 +17,23 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from flinkish_core.errors import OptionError, WorkerEnvironmentError
-from flinkish_kafka.java_security import MskIam
 
-__all__ = ["check_credentials", "token_callback"]
+__all__ = ["MskIam", "check_credentials", "token_callback"]
+
+
+@dataclass(frozen=True)
+class MskIam:
+    """AWS MSK IAM through OAUTHBEARER: how the signer finds credentials, and the region."""
+
+    region: str
+    profile: str | None = None
+    role_arn: str | None = None
+    role_session_name: str | None = None
+    debug_creds: bool = False
+
 
 _EXTRA = "pip install 'flinkish[msk]'"
 
