@@ -157,7 +157,8 @@ class TwoPhaseCommitCoordinator:
         if replayed and chosen:
             # decided by an earlier attempt: its pre-commits are at least as old as the decision
             self._warn_if_old(
-                self._target_of(chosen[0].txn), f"epoch {epoch}'s {len(chosen)} decided pre-commit(s) "
+                self._target_of(chosen[0].txn),
+                f"epoch {epoch}'s {len(chosen)} decided pre-commit(s) "
                 f"({', '.join(pc.txn.gid for pc in chosen[:3])}{', …' if len(chosen) > 3 else ''})",
                 (now_ms() - pending.created_ms) / 1000, "committing them now",
             )

@@ -16,6 +16,7 @@ import flinkish_sink.two_phase_commit
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish_core.errors import OptionError
 from flinkish_kafka.transactions import KafkaCommittable, TransactionFencedError
+from flinkish_sink import row_spill
 from flinkish_sink.kafka_target import (
     KafkaSinkOptions,
     KafkaTarget,
@@ -25,7 +26,6 @@ from flinkish_sink.kafka_target import (
     transactional_id,
 )
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, parse_sink_options
-from flinkish_sink import row_spill
 from flinkish_sink.outages import RetriedTransaction, RetryPolicy, is_transient
 from flinkish_sink.parquet_target import ParquetTarget
 from flinkish_sink.target import PreCommit, ReusedIdsTarget, TransactionId

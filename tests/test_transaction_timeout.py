@@ -18,10 +18,10 @@ from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish.cli import main
 from flinkish_core.durations import format_duration, parse_duration_ms
 from flinkish_core.errors import OptionError
-from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, parse_sink_options
 from flinkish_sink.delta_target import DeltaTarget
 from flinkish_sink.iceberg_target import IcebergTarget
 from flinkish_sink.kafka_target import KafkaTarget
+from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, parse_sink_options
 from flinkish_sink.parquet_target import ParquetTarget
 from flinkish_sink.postgres_target import PostgresTarget
 from flinkish_sink.target import AnyTarget, PreCommit, TransactionId
