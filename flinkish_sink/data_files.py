@@ -137,6 +137,7 @@ class StagedFilesTarget:
 
     #: unreferenced data files are invisible and lock nothing
     leftovers_block_writes = False
+    pending_consequence = "its staged files wait, taking space"
     #: the app id option (``delta.appId``, ``iceberg.appId``); None: the query's id
     _app_id: str | None = None
 

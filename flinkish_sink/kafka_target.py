@@ -413,10 +413,16 @@ class KafkaTarget:
 
     #: an open transaction holds no lock another writer waits on
     leftovers_block_writes = False
+    pending_consequence = ("the broker aborts an open transaction at transaction.timeout.ms, "
+                           "and until then read_committed consumers of its partitions stop at it")
     #: a replay of an epoch opens its transactions under the ids the crashed run used
     #: (that is how it fences them), so an epoch with a recorded decision must not be
     #: written again: initialising a decided transaction's id would abort it
     reuses_transaction_ids = True
+    #: librdkafka retries a request the broker did not answer (within its message timeout;
+    #: the flush waits up to PRODUCER_TIMEOUT_S), so the sink keeps no copy of the rows to
+    #: write again after an outage
+    client_rides_out_outages = True
 
     def __init__(self, options: KafkaSinkOptions) -> None:
         self.options = options

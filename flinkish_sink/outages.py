@@ -213,6 +213,9 @@ class RetryPolicy:
                 self.sleep(pause)
 
 
+_NO_RETRY = RetryPolicy(0)
+
+
 class RetriedTransaction:
     """A task's transaction that survives its target going away for a while.
 
@@ -224,7 +227,12 @@ class RetriedTransaction:
     PREPARE TRANSACTION after the server had done it — a prepared transaction holding every
     row, which would otherwise be prepared a second time beside the new one. The id is this
     task attempt's alone and the driver has not seen it yet (the task has not returned), so
-    no decision can name it."""
+    no decision can name it.
+
+    A target whose client rides out an outage itself (``client_rides_out_outages``: Kafka's
+    producer retries its requests until its delivery timeout) keeps no copy: only its begin,
+    before any row, is retried here; a failed write or pre-commit fails the task, whose
+    transaction is then rolled back as any failed task's is."""
 
     def __init__(
         self, target: AnyTarget, txn: TransactionId, schema: pa.Schema, policy: RetryPolicy
@@ -233,7 +241,8 @@ class RetriedTransaction:
         self._txn = txn
         self._schema = schema
         self._policy = policy
-        self._written = RowSpill(schema) if policy.timeout_s > 0 else None
+        rewrites = policy.timeout_s > 0 and not getattr(target, "client_rides_out_outages", False)
+        self._written = RowSpill(schema) if rewrites else None
         self._open: TaskTransaction | None = None
         self._lost = False  # a transient failure left the transaction's state unknown
         self._step(lambda _: None, "begin")
@@ -250,8 +259,10 @@ class RetriedTransaction:
                         self._open.write(batch)
             return action(self._open)
 
-        return self._policy.call(self._target, f"{what} of {self._txn.gid}", attempt,
-                                 on_retry=self._drop)
+        # without the rows kept, a retry once any is written would lose them
+        policy = self._policy if self._written is not None or what == "begin" else _NO_RETRY
+        return policy.call(self._target, f"{what} of {self._txn.gid}", attempt,
+                           on_retry=self._drop)
 
     def _drop(self, error: BaseException) -> None:
         self._lost = True

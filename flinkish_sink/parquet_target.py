@@ -101,6 +101,7 @@ class ParquetTarget:
 
     #: a staged file is invisible and locks nothing
     leftovers_block_writes = False
+    pending_consequence = "its staged files wait, taking space"
 
     def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None,
                  compact_every: int = 0, target_file_size: int = DEFAULT_TARGET_FILE_SIZE):

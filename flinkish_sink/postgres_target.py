@@ -465,6 +465,8 @@ class PostgresTarget:
 
     #: a prepared transaction keeps its row locks until COMMIT/ROLLBACK PREPARED
     leftovers_block_writes = True
+    pending_consequence = ("a prepared transaction holds its locks and keeps PostgreSQL's "
+                           "VACUUM from cleaning up")
 
     def __init__(
         self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True,

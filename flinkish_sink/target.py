@@ -158,6 +158,9 @@ class TargetBase(Protocol):
     #: prepared transaction keeps its row locks), so that leftovers must be resolved before
     #: a batch's tasks write, not only at its commit.
     leftovers_block_writes: bool
+    #: What a pre-commit left waiting for its commit costs meanwhile, in words ending the
+    #: coordinator's warning about one older than ``transactionTimeout``.
+    pending_consequence: str
 
     def check(self, schema: pa.Schema) -> None:
         """Fail at query start with a clear message if the target cannot take ``schema``

@@ -157,6 +157,7 @@ class TwoPhaseCommitCoordinator:
         if replayed and chosen:
             # decided by an earlier attempt: its pre-commits are at least as old as the decision
             self._warn_if_old(
+                self._target_of(chosen[0].txn),
                 f"epoch {epoch}'s {len(chosen)} decided pre-commit(s) "
                 f"({', '.join(pc.txn.gid for pc in chosen[:3])}{', …' if len(chosen) > 3 else ''})",
                 (now_ms() - pending.created_ms) / 1000, "committing them now",
@@ -253,14 +254,15 @@ class TwoPhaseCommitCoordinator:
             found.update(self._side.pending_ages(self._prefix + LATE_SUFFIX, self._query))
         return found
 
-    def _warn_if_old(self, what: str, age: float | None, action: str) -> None:
+    def _warn_if_old(self, target: AnyTarget, what: str, age: float | None,
+                     action: str) -> None:
         if self._timeout is None or age is None or age <= self._timeout:
             return
         logger.warning(
-            "%s of query %s prepared %s ago, longer than transactionTimeout (%s): a prepared "
-            "transaction holds its locks and keeps PostgreSQL's VACUUM from cleaning up "
-            "(the query was down, or its commits fail); %s",
-            what, self._query, format_duration(age), format_duration(self._timeout), action,
+            "%s of query %s prepared %s ago, longer than transactionTimeout (%s): %s (the "
+            "query was down, or its commits fail); %s",
+            what, self._query, format_duration(age), format_duration(self._timeout),
+            target.pending_consequence, action,
         )
 
     def recover_before_writes(self, writer: str) -> tuple[list[str], list[str]]:
@@ -304,7 +306,7 @@ class TwoPhaseCommitCoordinator:
             target = self._target_of(txn)
             found = decisions[txn.epoch].get(txn.gid)
             self._warn_if_old(
-                f"pre-commit {txn.gid}", ages[txn],
+                target, f"pre-commit {txn.gid}", ages[txn],
                 "committing it now (its epoch decided on it)" if found is not None
                 else "rolling it back now (no decision names it)",
             )

@@ -16,6 +16,7 @@ import flinkish_sink.two_phase_commit
 from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish_core.errors import OptionError
 from flinkish_kafka.transactions import KafkaCommittable, TransactionFencedError
+from flinkish_sink import row_spill
 from flinkish_sink.kafka_target import (
     KafkaSinkOptions,
     KafkaTarget,
@@ -25,7 +26,8 @@ from flinkish_sink.kafka_target import (
     transactional_id,
 )
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, parse_sink_options
-from flinkish_sink.outages import is_transient
+from flinkish_sink.outages import RetriedTransaction, RetryPolicy, is_transient
+from flinkish_sink.parquet_target import ParquetTarget
 from flinkish_sink.target import PreCommit, ReusedIdsTarget, TransactionId
 from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
@@ -258,3 +260,77 @@ def test_kafka_lists_no_lingering_transactions() -> None:
     target = RecordedKafka()
     assert target.pending_ages("flinkish", "q1") == {}
     assert target.max_pending() is None
+
+
+# -- outages: librdkafka rides them out, the sink keeps no copy of the rows -----------------
+
+class FlakyKafka(KafkaTarget):
+    """A KafkaTarget whose transactions fail, transiently, as many times as asked."""
+
+    def __init__(self, begins_failing: int = 0, pre_commits_failing: int = 0) -> None:
+        super().__init__(parsed())
+        self.begins_failing = begins_failing
+        self.pre_commits_failing = pre_commits_failing
+        self.begun = 0
+        self.written: list[int] = []
+
+    def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> Any:
+        if self.begins_failing:
+            self.begins_failing -= 1
+            raise TimeoutError("librdkafka reported no producer id within 1 min")
+        self.begun += 1
+        target = self
+
+        class Open:
+            def write(self, batch: pa.RecordBatch) -> None:
+                target.written += batch.column(0).to_pylist()
+
+            def pre_commit(self) -> PreCommit:
+                if target.pre_commits_failing:
+                    target.pre_commits_failing -= 1
+                    raise TimeoutError("librdkafka reported no producer id within 1 min")
+                return PreCommit(txn, len(target.written))
+
+            def abort(self) -> None:
+                target.written = []
+
+        return Open()
+
+    def rollback(self, txn: TransactionId) -> None:
+        pass
+
+
+def _no_sleep_policy() -> RetryPolicy:
+    return RetryPolicy(30, sleep=lambda _: None)
+
+
+def test_a_kafka_transaction_keeps_no_copy_of_its_rows(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SPARK_LOCAL_DIRS", str(tmp_path))
+    monkeypatch.setattr(row_spill, "MEMORY_BUDGET", 0)  # a kept row would go to disk at once
+    txn = TransactionId("flinkish", "q1", 3, 0, 0, "r1")
+    schema = pa.schema([("value", pa.int64())])
+    transaction = RetriedTransaction(FlakyKafka(), txn, schema, _no_sleep_policy())
+    transaction.write(pa.record_batch([pa.array([1, 2], pa.int64())], schema=schema))
+    assert not list(tmp_path.glob("flinkish-spill-*/*"))
+    assert transaction.pre_commit().rows == 2
+    # another target, the same policy: its rows are kept for a retry
+    parquet = RetriedTransaction(ParquetTarget(tmp_path / "out"), txn, schema,
+                                 _no_sleep_policy())
+    parquet.write(pa.record_batch([pa.array([1, 2], pa.int64())], schema=schema))
+    assert len(list(tmp_path.glob("flinkish-spill-*/*.arrows"))) == 1
+    parquet.abort()
+
+
+def test_a_kafka_begin_is_retried_but_never_a_pre_commit_that_would_need_the_rows_again(
+) -> None:
+    txn = TransactionId("flinkish", "q1", 3, 0, 0, "r1")
+    schema = pa.schema([("value", pa.int64())])
+    target = FlakyKafka(begins_failing=2, pre_commits_failing=1)
+    transaction = RetriedTransaction(target, txn, schema, _no_sleep_policy())
+    assert target.begun == 1  # begun on the third try: nothing was written yet
+    transaction.write(pa.record_batch([pa.array([1, 2], pa.int64())], schema=schema))
+    with pytest.raises(TimeoutError):  # a new transaction would hold none of the rows
+        transaction.pre_commit()
+    assert target.begun == 1

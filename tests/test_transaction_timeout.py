@@ -18,9 +18,13 @@ from checkpointing import CheckpointStorage, CheckpointStore
 from flinkish.cli import main
 from flinkish_core.durations import format_duration, parse_duration_ms
 from flinkish_core.errors import OptionError
+from flinkish_sink.delta_target import DeltaTarget
+from flinkish_sink.iceberg_target import IcebergTarget
+from flinkish_sink.kafka_target import KafkaTarget
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, parse_sink_options
 from flinkish_sink.parquet_target import ParquetTarget
-from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.postgres_target import PostgresTarget
+from flinkish_sink.target import AnyTarget, PreCommit, TransactionId
 from flinkish_sink.two_phase_commit import TwoPhaseCommitCoordinator
 
 QUERY = "0f0e0d0c-1111-4222-8333-944455556666"
@@ -63,7 +67,27 @@ def test_recovery_warns_about_its_own_old_pre_commits_only(
     assert len(warnings) == 1, warnings
     assert old.txn.gid in warnings[0] and young.txn.gid not in warnings[0]
     assert "prepared 40 min" in warnings[0] and "transactionTimeout (15 min)" in warnings[0]
-    assert "rolling it back now" in warnings[0] and "VACUUM" in warnings[0]
+    assert "rolling it back now" in warnings[0] and "its staged files wait" in warnings[0]
+    assert "VACUUM" not in warnings[0]
+
+
+@pytest.mark.parametrize(("target_class", "consequence"), [
+    (PostgresTarget, "holds its locks and keeps PostgreSQL's VACUUM from cleaning up"),
+    (KafkaTarget, "the broker aborts an open transaction at transaction.timeout.ms, and until "
+                  "then read_committed consumers of its partitions stop at it"),
+    (ParquetTarget, "its staged files wait"),
+    (DeltaTarget, "its staged files wait"),
+    (IcebergTarget, "its staged files wait"),
+])
+def test_the_warning_names_the_targets_own_consequence(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, target_class: type[AnyTarget],
+    consequence: str,
+) -> None:
+    coordinator = _coordinator(tmp_path, ParquetTarget(tmp_path / "out"))
+    caplog.set_level(logging.WARNING)
+    coordinator._warn_if_old(target_class, "pre-commit x", 40 * 60, "rolling it back now")
+    [warning] = _warnings(caplog)
+    assert consequence in warning and "transactionTimeout (15 min)" in warning
 
 
 def test_commit_of_a_long_decided_epoch_warns(
