@@ -132,6 +132,15 @@ def shared_names(checked: list[Path]) -> list[str]:
     return found
 
 
+def absolute_paths(checked: list[Path]) -> list[str]:
+    """Directories pages write to by an absolute path: the page's run keeps them between
+    runs (a checkpoint left by an earlier run makes the next one read nothing), where a path
+    relative to the directory the reader runs in starts fresh with it."""
+    return [f"{page.relative_to(ROOT)} writes to {name[len('path '):]}"
+            for page in checked for name in sorted(names(page))
+            if name.startswith("path /")]
+
+
 def flinkish_options(block: Block) -> list[str]:
     """The option names a Python block gives ``format("flinkish")``, the source's or the
     sink's (those after it, up to the next ``format``)."""

@@ -16,6 +16,7 @@ from flinkish_sink import options as sink_options
 from flinkish_source import options as source_options
 from integration.doc_examples import (
     ROOT,
+    absolute_paths,
     blocks,
     flinkish_options,
     pages,
@@ -47,6 +48,12 @@ def test_the_pages_that_run_use_topics_tables_and_directories_of_their_own() -> 
     """A reader runs the pages against one ``flinkish dev``: no page may write to another's
     table or checkpoint, or read its topic."""
     assert shared_names(runnable_pages()) == []
+
+
+def test_the_pages_that_run_keep_their_checkpoints_in_the_readers_directory() -> None:
+    """A page's checkpoints go under the directory it is run in, so running it again in a
+    fresh directory starts fresh instead of resuming an earlier run that read everything."""
+    assert absolute_paths(runnable_pages()) == []
 
 
 @pytest.mark.parametrize("page", pages(), ids=lambda p: str(p.relative_to(ROOT)))
