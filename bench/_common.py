@@ -42,7 +42,8 @@ def guarantee_bench_args(argv: Sequence[str] | None, description: str, rows: int
                          partitions: int) -> argparse.Namespace:
     """The arguments of a bench that runs one pipeline exactly-once against at-least-once:
     ``--rows``, ``--partitions``, ``--epochs``, ``--repeat``, ``--value-bytes``,
-    ``--warmup-rows``, ``--cores``, ``--timeout``."""
+    ``--warmup-rows``, ``--cores``, ``--timeout``, ``--session`` (see
+    :meth:`BenchEnvironment.start_spark`)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rows", type=int, default=rows)
     parser.add_argument("--partitions", type=int, default=partitions)
@@ -53,6 +54,8 @@ def guarantee_bench_args(argv: Sequence[str] | None, description: str, rows: int
     parser.add_argument("--warmup-rows", type=int, default=8_000)
     parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
     parser.add_argument("--timeout", type=float, default=900, help="seconds per query")
+    parser.add_argument("--session", choices=("plain", "demo"), default="plain",
+                        help="plain: the README's session; demo: the demo's and the tests'")
     args = parser.parse_args(argv)
     if min(args.rows, args.partitions, args.epochs, args.repeat, args.warmup_rows) < 1:
         parser.error("--rows, --partitions, --epochs, --repeat, --warmup-rows must be positive")

@@ -1,11 +1,13 @@
 """Benchmark: Kafka to Kafka through the flinkish sink, exactly-once against at-least-once.
 
 Run from the repository root: ``python bench/kafka_sink.py [--rows N] [--partitions P]
-[--epochs E] [--repeat R]``. Progress goes to stderr; the last line on stdout is one json
-object of named figures.
+[--epochs E] [--repeat R] [--session plain|demo]``. Progress goes to stderr; the last line on
+stdout is one json object of named figures.
 
 What is measured, and how:
 
+* The session is the README's by default (``--session plain``: ``SparkSession.builder
+  ...getOrCreate()`` and ``flinkish.register(spark)``); ``--session demo`` is the demo's.
 * The embedded Tansu broker is started; ``--rows`` records (a 10-byte key, ``--value-bytes``
   of value) are produced round-robin over ``--partitions`` partitions (not timed).
 * One ``Trigger.AvailableNow`` query per mode, the same pipeline: the flinkish source (markers
@@ -111,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         topic, warmup = "bench-in", "bench-in-warmup"
         env.prepare_topics(args.partitions, args.value_bytes, (topic, args.rows),
                            (warmup, args.warmup_rows), "not timed")
-        spark, startup = env.start_spark("flinkish-kafka-sink-bench", args.cores)
+        spark, startup = env.start_spark("flinkish-kafka-sink-bench", args.cores, args.session)
         log(f"SparkSession up in {startup:.1f} s")
         outputs = itertools.count()
 
@@ -152,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "value_bytes": args.value_bytes,
         "repeat": args.repeat,
         "spark_cores": args.cores,
+        "session": args.session,
         "exactly_once_rps": round(eo),
         "at_least_once_rps": round(alo),
         "ratio": round(eo / alo, 3),
