@@ -4,7 +4,7 @@ The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allo
 late output, evictors, panes) runs as one Spark stateful operator on the watermark of
 :func:`flinkish.with_watermark` (the valve's combined watermark), grouped by key group (a hash
 of the user's key columns, as Flink's keyed state is): each group's core state (all its keys'
-windows) is one state entry (JSON, :class:`KeyGroupCodec`), so a batch costs a visit per group,
+windows) is one state entry (JSON, :class:`GroupStateWindow`), so a batch costs a visit per group,
 not per key. The operator is ``applyInPandasWithState`` (:class:`GroupStateWindow`): the
 group's state travels with its rows, and one event-time timeout per group wakes it when the
 watermark passes its earliest event-time timer in the core, so a key with nothing new still
@@ -36,8 +36,9 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from operator import itemgetter
 from typing import Any
 
@@ -320,14 +321,14 @@ def window(
                  (event_time, "long")]
               + ([(value, str(value_type))] if value is not None else []))
     schema = ", ".join(f"`{name}` array<{type_name}>" for name, type_name in output)
-    codec = KeyGroupCodec(assigner, function, trigger, lateness, evictor, keys, event_time,
-                          value, key_groups)
+    window_function = partial(GroupStateWindow, assigner, function, trigger, lateness, evictor,
+                              keys, event_time, value, key_groups)
     group = F.pmod(F.xxhash64(*keys), F.lit(key_groups)).alias(_GROUP)
     columns = [group, *(F.col(k) for k in keys),
                F.unix_millis(F.col(event_time)).alias(_TIME)]
     if value is not None:
         columns.append(F.col(value).alias(_VALUE))
-    fired = _apply_in_pandas_with_state(df, columns, codec, schema, event_time)
+    fired = _apply_in_pandas_with_state(df, columns, window_function, schema, event_time)
     rows = fired.select(F.inline(F.arrays_zip(*(F.col(name) for name, _ in output))))
     times = {"window_start", "window_end", event_time}
     late_only = {event_time, *([value] if value is not None else [])}
@@ -386,21 +387,98 @@ def _bound(window: Any, end: bool) -> int | None:
     return window.end if end else window.start
 
 
-class KeyGroupCodec:
-    """A key group's windows as the Spark operator keeps them: the core's columnar snapshot
-    (every key's windows, timers, panes) as JSON in the group's state, and a visit's firings
-    and late elements as one output row whose cells are the output columns' sequences."""
+def _apply_in_pandas_with_state(df: Any, columns: list[Any],
+                                window_function: Callable[..., GroupStateWindow], schema: str,
+                                event_time: str) -> Any:
+    """The records (``columns``: key group, keys, event time, value) through
+    ``applyInPandasWithState`` grouped by key group, with the :class:`GroupStateWindow`
+    ``window_function`` makes given the nullable columns; one row of arrays per visit."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    records = df.select(*columns)
+    selected = [F.col(_GROUP)]
+    nullable = []
+    for field in records.schema.fields[1:]:
+        column = F.col(f"`{field.name}`")
+        if field.nullable and field.dataType.simpleString() in _NUMBERS:
+            nullable.append(field.name)
+            column = F.coalesce(column, F.lit(0)).alias(field.name)
+        selected.append(column)
+    if nullable:
+        selected.append(sum((F.col(f"`{name}`").isNull().cast("long") * (1 << i)
+                             for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
+    delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
+    selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
+    function = window_function(nullable=nullable)
+    return (records.select(*selected).groupBy(_GROUP)
+            .applyInPandasWithState(function.visit, schema, "state string", "append",
+                                    GroupStateTimeout.EventTimeTimeout))
+
+
+class GroupStateWindow:
+    """The ``applyInPandasWithState`` function running a :class:`WindowOperator` per key group.
+    The group's state, handed in and out with its rows, is the core's columnar snapshot (every
+    key's windows, timers, panes) as JSON; one event-time timeout per group stands for the
+    core's earliest timer; a visit's firings and late elements leave as one output row whose
+    cells are the output columns' sequences.
+
+    Args:
+        assigner, function, trigger, allowed_lateness, evictor: the core's window.
+        keys: the key columns.
+        event_time: the late rows' event-time column.
+        value: the value column (None: the elements are None).
+        key_groups: how many key groups the keys are hashed into.
+        nullable: the nullable numeric record columns, whose nulls travel as bits in a column
+            of their own (pandas would turn them into floats or NaN).
+    """
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
-                 event_time: str, value: str | None, key_groups: int) -> None:
+                 event_time: str, value: str | None, key_groups: int,
+                 nullable: Sequence[str] = ()) -> None:
         from pyspark.sql import Row
 
         self.config = (assigner, function, trigger, allowed_lateness, evictor)
         self.keys, self.value, self.key_groups = keys, value, key_groups
         # the late rows' columns: the element's event time, and its value when there is one
-        self.extra = [event_time, *([value] if value is not None else [])]
-        self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
+        extra = [event_time, *([value] if value is not None else [])]
+        self.row = Row(*keys, KIND, *PANE_COLUMNS, *extra)
+        # the record columns after the key group, as window() selects them
+        self.names = [*keys, _TIME, *([_VALUE] if value is not None else [])]
+        self.bits = {name: 1 << i for i, name in enumerate(nullable)}
+
+    def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        with _collector_paused():
+            row = self._visit(frames, state)
+        if row is not None:
+            # one row; each cell one of the visit's output columns, a sequence
+            yield pd.DataFrame({name: [cell] for name, cell in zip(self.row, row, strict=True)})
+
+    def _visit(self, frames: Iterator[Any], state: Any) -> Any:
+        """One visit of a group: its state restored, brought to the batch's watermark and
+        processing time, its records fed in event-time order (so a replayed batch fires the
+        same panes), its state handed back with its timeout. Spark calls a group whose timeout
+        is below the batch's watermark (strictly), so the timeout is a millisecond below the
+        core's :meth:`firing_watermark` (which is above the current watermark, as Spark
+        requires of a timeout)."""
+        stored = state.getOption
+        operator = self.restore(None if stored is None else stored[0])
+        outputs = [operator.process_watermark(state.getCurrentWatermarkMs()),
+                   operator.process_processing_time(state.getCurrentProcessingTimeMs())]
+        if not state.hasTimedOut:
+            outputs.append(operator.process_elements(self._elements(frames)))
+        text = self.encode(operator)
+        if text is not None:
+            state.update((text,))
+            firing = self.firing_watermark(operator)
+            if firing is not None:
+                state.setTimeoutTimestamp(firing - 1)
+        else:
+            state.remove()
+        return self.output(outputs)
 
     def restore(self, text: str | None) -> WindowOperator:
         """The group's operator from its stored JSON (None: a group without state)."""
@@ -421,26 +499,28 @@ class KeyGroupCodec:
         operator.restore(snapshot, copy=False)
         return operator
 
-    def visit(self, stored: str | None, watermark: int, processing_time: int,
-              runs: Iterable[Sequence[Sequence[Any]]]) -> tuple[WindowOperator, list[Any]]:
-        """One visit of a group: its state restored, brought to the
-        batch's watermark and processing time, its records fed in event-time order (so a
-        replayed batch fires the same panes). ``runs``: runs of the group's records, each as
-        its columns (the keys', the event times, the values' when there is a value column).
-        Returns the operator, to store, and its outputs."""
-        operator = self.restore(stored)
-        outputs = [operator.process_watermark(watermark),
-                   operator.process_processing_time(processing_time)]
+    def _elements(self, frames: Iterator[Any]) -> list[tuple[tuple[Any, ...], Any, int]]:
+        """The group's records as the core's ``(key, value, timestamp)`` elements, nulls
+        restored, in event-time order (a stable sort: records of one event time keep their
+        order)."""
         n = len(self.keys)
         elements: list[tuple[tuple[Any, ...], Any, int]] = []
-        for run in runs:
+        for frame in frames:
+            # the column of nulls read only when a record has one
+            nulls = frame[_NULLS].tolist() if self.bits and frame[_NULLS].any() else None
+            run = [self._column(frame, name, nulls) for name in self.names]
             times = run[n]
             values = run[n + 1] if self.value is not None else [None] * len(times)
             elements.extend(zip(zip(*run[:n], strict=True), values, times, strict=True))
-        # a stable sort: records of one event time keep their order
         elements.sort(key=itemgetter(2))
-        outputs.append(operator.process_elements(elements))
-        return operator, outputs
+        return elements
+
+    def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
+        values = frame[name].tolist()
+        bit = self.bits.get(name)
+        if bit is None or nulls is None:
+            return values
+        return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
 
     @staticmethod
     def firing_watermark(operator: WindowOperator) -> int | None:
@@ -491,88 +571,3 @@ class KeyGroupCodec:
             *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
         ]
         return self.row(*columns)
-
-
-def _apply_in_pandas_with_state(df: Any, columns: list[Any], codec: KeyGroupCodec,
-                                schema: str, event_time: str) -> Any:
-    """The records (``columns``: key group, keys, event time, value) through
-    ``applyInPandasWithState`` grouped by key group, with :class:`GroupStateWindow`; one row
-    of arrays per visit."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    records = df.select(*columns)
-    selected = [F.col(_GROUP)]
-    nullable = []
-    for field in records.schema.fields[1:]:
-        column = F.col(f"`{field.name}`")
-        if field.nullable and field.dataType.simpleString() in _NUMBERS:
-            nullable.append(field.name)
-            column = F.coalesce(column, F.lit(0)).alias(field.name)
-        selected.append(column)
-    if nullable:
-        selected.append(sum((F.col(f"`{name}`").isNull().cast("long") * (1 << i)
-                             for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
-    delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
-    selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
-    function = GroupStateWindow(codec, [f.name for f in records.schema.fields[1:]], nullable)
-    return (records.select(*selected).groupBy(_GROUP)
-            .applyInPandasWithState(function.visit, schema, "state string", "append",
-                                    GroupStateTimeout.EventTimeTimeout))
-
-
-class GroupStateWindow:
-    """The ``applyInPandasWithState`` function running a :class:`WindowOperator` per key group,
-    with the group's state handed in and out with its rows and one event-time timeout per group
-    for the core's earliest timer."""
-
-    def __init__(self, codec: KeyGroupCodec, names: list[str], nullable: list[str]) -> None:
-        self.codec = codec
-        # the record columns after the key group: keys, event time, value; the nullable
-        # numbers' bits in the column of nulls
-        self.names = names
-        self.bits = {name: 1 << i for i, name in enumerate(nullable)}
-
-    def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        import pandas as pd
-
-        with _collector_paused():
-            row = self._visit(frames, state)
-        if row is not None:
-            # one row; each cell one of the visit's output columns, a sequence
-            yield pd.DataFrame({name: [cell] for name, cell in zip(
-                self.codec.row, row, strict=True)})
-
-    def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
-        values = frame[name].tolist()
-        bit = self.bits.get(name)
-        if bit is None or nulls is None:
-            return values
-        return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
-
-    def _visit(self, frames: Iterator[Any], state: Any) -> Any:
-        """One visit of a group (:meth:`KeyGroupCodec.visit`), its state handed back with its
-        timeout: Spark calls a group whose timeout is below the batch's watermark (strictly),
-        so the timeout is a millisecond below the core's
-        :meth:`~KeyGroupCodec.firing_watermark` (which is above the current watermark, as
-        Spark requires of a timeout)."""
-        stored = state.getOption
-        operator, outputs = self.codec.visit(
-            None if stored is None else stored[0], state.getCurrentWatermarkMs(),
-            state.getCurrentProcessingTimeMs(), () if state.hasTimedOut else self._runs(frames))
-        text = self.codec.encode(operator)
-        if text is not None:
-            state.update((text,))
-            firing = self.codec.firing_watermark(operator)
-            if firing is not None:
-                state.setTimeoutTimestamp(firing - 1)
-        else:
-            state.remove()
-        return self.codec.output(outputs)
-
-    def _runs(self, frames: Iterator[Any]) -> Iterator[list[list[Any]]]:
-        """Each frame's record columns (keys, event time, value), nulls restored."""
-        for frame in frames:
-            # the column of nulls read only when a record has one
-            nulls = frame[_NULLS].tolist() if self.bits and frame[_NULLS].any() else None
-            yield [self._column(frame, name, nulls) for name in self.names]

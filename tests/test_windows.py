@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import pytest
@@ -25,11 +25,11 @@ def fired(rows: list[dict[str, Any]]) -> list[tuple[Any, ...]]:
              r["pane_timing"], r["pane_is_last"]) for r in rows if r["kind"] == "result"]
 
 
-def codec(assigner: Any, function: Any, value: str | None = "v",
-          **kw: Any) -> windows.KeyGroupCodec:
-    return windows.KeyGroupCodec(assigner, function, kw.get("trigger"),
-                                 kw.get("allowed_lateness", 0), kw.get("evictor"), KEYS,
-                                 "eventTime", value, kw.get("key_groups", 32))
+def window_function(assigner: Any, function: Any, value: str | None = "v",
+                    nullable: Sequence[str] = (), **kw: Any) -> windows.GroupStateWindow:
+    return windows.GroupStateWindow(assigner, function, kw.get("trigger"),
+                                    kw.get("allowed_lateness", 0), kw.get("evictor"), KEYS,
+                                    "eventTime", value, kw.get("key_groups", 32), nullable)
 
 
 class GroupStates:
@@ -64,14 +64,12 @@ class GroupStates:
                 self.states[group] = (state.get, state._timeout_timestamp)
             else:
                 self.states.pop(group, None)
-        return [dict(zip(list(self.function.codec.row), values, strict=True))
+        return [dict(zip(list(self.function.row), values, strict=True))
                 for frame in out for values in zip(*frame.iloc[0], strict=True)]
 
 
-def group_state_window(nullable: list[str] = [], **kw: Any) -> windows.GroupStateWindow:  # noqa: B006
-    return windows.GroupStateWindow(
-        codec(windows.tumbling("10 s"), windows.Count(), **kw),
-        ["key", windows._TIME, windows._VALUE], nullable)
+def group_state_window(**kw: Any) -> windows.GroupStateWindow:
+    return window_function(windows.tumbling("10 s"), windows.Count(), **kw)
 
 
 def frame(rows: list[tuple[str, int, Any]], nullable: bool = False) -> Any:
@@ -126,8 +124,7 @@ class Runner(GroupStates):
 
     def __init__(self, assigner: Any, function: Any,
                  group: Callable[[str], Any] = lambda key: key, **kw: Any) -> None:
-        super().__init__(windows.GroupStateWindow(
-            codec(assigner, function, **kw), ["key", windows._TIME, windows._VALUE], []))
+        super().__init__(window_function(assigner, function, **kw))
         self.group = group
 
     def records(self, watermark: int, rows: list[tuple[str, int, Any]],
@@ -172,7 +169,7 @@ def test_a_state_stored_with_other_key_groups_is_refused_with_the_fix() -> None:
     (text,), _ = run.states["a"]
     assert json.loads(text)["key_groups"] == 32
     with pytest.raises(OptionError, match=r"written with key_groups=32.*pass key_groups=32"):
-        codec(windows.tumbling("10 s"), windows.Sum(), key_groups=128).restore(text)
+        window_function(windows.tumbling("10 s"), windows.Sum(), key_groups=128).restore(text)
 
 
 def test_a_late_element_refires_within_the_lateness_and_is_a_late_row_beyond_it() -> None:
