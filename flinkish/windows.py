@@ -367,9 +367,8 @@ def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for one visit of a key group. A visit builds
     thousands of objects that live until it ends (the group's decoded state, its operator),
     and so many survivors set off full collections over the Python worker's whole heap
-    (PySpark's modules included) every few visits: ~30% of a visit's time. They are freed by
-    reference counting; the collector runs again afterwards (PySpark collects after each task
-    too)."""
+    (PySpark's modules included) every few visits. They are freed by reference counting; the
+    collector runs again afterwards (PySpark collects after each task too)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
