@@ -26,8 +26,9 @@ would change what it observes), whatever the predicate references. Every filter 
 a union or join, therefore stays above the watermark node. The observation also reports the
 combined watermark each batch's carrier brought (``observedMetrics``), and its name tells the
 safety net (``flinkish.watermark_monitor``) which queries use ``with_watermark`` (its cost:
-``docs/semantics.md``). Our own filter references the event-time column in a way that keeps exactly the records: for the other
-rows it is ``isnull(t) AND isnotnull(t)``, false for every value.
+``docs/semantics.md``). Our own filter references the event-time column in a way that keeps
+exactly the records: for the other rows it is ``isnull(t) AND isnotnull(t)``, false for every
+value.
 """
 
 from __future__ import annotations

@@ -320,6 +320,11 @@ def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -
     return table
 
 
+def _idle_note(idle: tuple[str, ...]) -> str:
+    """`` (IDLE: 2)``: the idle partitions' numbers, when there are any."""
+    return f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle else ""
+
+
 def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int, int]],
           counts: list[WindowQuery], results: dict[str, Comparison], produced: int,
           crashes: int) -> Group:
@@ -342,9 +347,7 @@ def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int
     summary = Table.grid(padding=(0, 2))
     summary.add_row("flinkish combined watermark",
                     format_watermark(latest.watermark if latest else None, False),
-                    "valve: min over active partitions" + (
-                        f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle
-                        else ""))
+                    "valve: min over active partitions" + _idle_note(idle))
     summary.add_row(f"partition {SILENT} IDLE in epochs", _span(_idle_alone(epochs, topic)),
                     f"idleTimeout {IDLE_TIMEOUT_MS / 1000:g} s")
     summary.add_row("rows flinkish committed", str(committed),
@@ -361,7 +364,7 @@ def _plain_line(epochs: list[EpochRow], topic: str, counts: list[WindowQuery],
     idle = latest.idle_partitions if latest else ()
     parts = [f"{len(completed)} epochs, {produced} produced, combined watermark "
              f"{format_watermark(latest.watermark if latest else None, False)}"
-             + (f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle else "")]
+             + _idle_note(idle)]
     for count in counts:
         result = results[count.name]
         if result.progress.started:
