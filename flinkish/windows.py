@@ -4,12 +4,11 @@ The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allo
 late output, evictors, panes) runs as one Spark stateful operator on the watermark of
 :func:`flinkish.with_watermark` (the valve's combined watermark), grouped by key group (a hash
 of the user's key columns, as Flink's keyed state is): each group's core state (all its keys'
-windows) is one state entry (JSON, :class:`GroupStateWindow`), so a batch costs a visit per group,
-not per key. The operator is ``applyInPandasWithState`` (:class:`GroupStateWindow`): the
-group's state travels with its rows, and one event-time timeout per group wakes it when the
-watermark passes its earliest event-time timer in the core, so a key with nothing new still
-fires and cleans up. A visit's firings leave the operator as one row of arrays, turned into
-rows in the JVM.
+windows) is one state entry (JSON), so a batch costs a visit per group, not per key. The
+operator is ``applyInPandasWithState`` (:class:`GroupStateWindow`): the group's state travels
+with its rows, and one event-time timeout per group wakes it when the watermark passes its
+earliest event-time timer in the core, so a key with nothing new still fires and cleans up. A
+visit's firings leave the operator as one row of arrays, turned into rows in the JVM.
 
 The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
 (window bounds, result, pane) and ``'late'`` rows are the late side output (the element's
