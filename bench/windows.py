@@ -20,10 +20,9 @@ high-water mark) of the Python processes Spark ran during flinkish's runs (worke
 from query to query, so a worker's mark includes what it ran before). The last line printed is
 JSON (``print_result``: one json object on one line), with each run's seconds and CPU seconds
 (Spark's JVM, PySpark's Python processes: steadier than wall times on a shared machine).
-``--variants transformWithState,applyInPandasWithState:128`` also runs ``window()`` on another
-operator or number of key groups in the same rounds; each adds its figures
-(``transformWithState_...``, ``applyInPandasWithState:128_...``, with its ratio to the default
-as ``..._ratio_vs_flinkish``) to the JSON line.
+``--variants applyInPandasWithState:128`` also runs ``window()`` with another number of key
+groups in the same rounds; each adds its figures (``applyInPandasWithState:128_...``, with its
+ratio to the default as ``..._ratio_vs_flinkish``) to the JSON line.
 """
 
 from __future__ import annotations
@@ -142,7 +141,7 @@ def main() -> None:
                         help="runs of each query, alternating; figures are medians")
     parser.add_argument("--variants", default="", help=(
         "also run flinkish.windows as these (comma-separated 'operator' or "
-        "'operator:key_groups', e.g. transformWithState,applyInPandasWithState:128)"))
+        "'operator:key_groups', e.g. applyInPandasWithState:128)"))
     args = parser.parse_args()
     if args.keys % PARTITIONS:
         parser.error(f"--keys must be a multiple of {PARTITIONS}")
@@ -185,8 +184,7 @@ def main() -> None:
         "records": args.records,
         "keys": args.keys,
         "max_offsets_per_trigger": args.batch,
-        "key_groups": args.key_groups or windows.DEFAULT_KEY_GROUPS[
-            windows.APPLY_IN_PANDAS_WITH_STATE],
+        "key_groups": args.key_groups or windows.DEFAULT_KEY_GROUPS,
         "repeat": args.repeat,
         "windows_fired": runs[FLINKISH][0]["windows"],
         "flinkish_windows_rps": round(flinkish_rps),

@@ -5,7 +5,8 @@ two-phase-commit sinks for Spark Structured Streaming.
   watermark and status markers, and a carrier row per batch);
 - :func:`with_watermark`: Spark's own stateful operators on the valve's combined watermark;
 - ``df.writeStream.format("flinkish")``: the two-phase-commit sink (its targets:
-  ``flinkish_sink.targets``: PostgreSQL, Parquet, Delta Lake, Apache Iceberg);
+  ``flinkish_sink.targets``: PostgreSQL, Parquet, Delta Lake, Apache Iceberg,
+  Kafka);
 - :class:`ValveForEachBatch`: the valve for any other sink; :func:`stoppable` for a plain
   ``foreachBatch`` function (a stop() while it runs a Spark job ends the query cleanly);
 - :mod:`flinkish.windows`: Flink's window operator (triggers, lateness, late output, panes);

@@ -7,6 +7,11 @@ the committing (with the source's own Kafka settings, which never leave them); s
 Spark posts a query's progress after the epoch's commit log is written, so every end offset in
 a progress report is of a committed epoch. ``flinkish.register`` adds the listener, once per
 session; on a Spark Connect session it runs in a Python process of the server.
+
+It also explains one failure Spark words in its own terms: a query restarted on a checkpoint of
+flinkish 0.1's window operator, which Spark refuses in the first batch, before anything is read
+or written (``STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA``, naming that operator,
+``transformWithStateInPySparkExec``): the listener logs what wrote the state and what to do.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import threading
 import weakref
 from typing import Any
@@ -21,7 +27,14 @@ from typing import Any
 from pyspark.sql.streaming import StreamingQueryListener
 
 from flinkish.lag import end_offsets
+from flinkish.windows import UNSUPPORTED_0_1
 from flinkish_source.epoch_notices import send
+
+log = logging.getLogger(__name__)
+#: Spark's refusal of a checkpoint whose stateful operator is another one, and the operator
+#: flinkish 0.1's windows ran in
+OPERATOR_MISMATCH = "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA"
+WINDOW_OPERATOR_0_1 = "transformWithStateInPySparkExec"
 
 _lock = threading.Lock()
 #: The classic sessions that have the listener (``register`` may be called again).
@@ -39,7 +52,11 @@ class CompletedEpochListener(StreamingQueryListener):
         pass
 
     def onQueryTerminated(self, event: Any) -> None:
-        pass
+        error = event.exception or ""
+        if OPERATOR_MISMATCH in error and WINDOW_OPERATOR_0_1 in error:
+            log.error("query %s was restarted on a checkpoint of a transformWithState "
+                      "operator; if its windows come from flinkish.windows.window(): %s",
+                      event.id, UNSUPPORTED_0_1)
 
 
 #: How long the driver's exit waits for Spark to deliver the events already posted (ms).

@@ -6,7 +6,7 @@ Reads only (``CheckpointStore.reader``), so it is safe beside a running query.
 from __future__ import annotations
 
 import textwrap
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
@@ -20,6 +20,7 @@ from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
 from flinkish_sink.target import WATERMARK_SPARK, WATERMARK_VALVE
 from flinkish_sink.two_phase_commit import published_watermark
 from flinkish_source.combined_watermark import OFFSET_KEY, PlanningValve
+from flinkish_source.offset_planner import Positions
 from flinkish_source.offset_planner import from_json as offset_from_json
 
 
@@ -112,14 +113,8 @@ def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
     """Batch id -> the partitions whose journaled position has ``decision`` set."""
     batches: dict[int, list[str]] = {}
     for batch, _, offsets in _offsets_log(checkpoint_location):
-        names = []
-        for offset in offsets:
-            try:
-                positions = offset_from_json(offset)
-            except (ValueError, AttributeError):  # another source's offset
-                continue
-            names += [f"{topic}/{p}" for (topic, p), pos in positions.items()
-                      if getattr(pos, decision)]
+        names = [f"{topic}/{p}" for positions in _positions(offsets)
+                 for (topic, p), pos in positions.items() if getattr(pos, decision)]
         if names:
             batches[batch] = sorted(names)
     return batches
@@ -133,11 +128,7 @@ def reading_batches(checkpoint_location: str) -> dict[int, int]:
     before: dict[tuple[str, int], int] = {}
     for batch, _, offsets in _offsets_log(checkpoint_location):
         count = 0
-        for offset in offsets:
-            try:
-                positions = offset_from_json(offset)
-            except (ValueError, AttributeError):  # another source's offset
-                continue
+        for positions in _positions(offsets):
             for key, pos in positions.items():
                 count += max(0, pos.offset - before.get(key, pos.first))
                 before[key] = pos.offset
@@ -222,12 +213,8 @@ def _announced(partitions: dict[str, dict[str, Any]], offset: Mapping[str, Any]
     batch (ACTIVE or IDLE): the valve is journaled as it stood before the last batch that read
     anything, so a partition gone idle since shows in the positions only, which is where the
     lag table reads idleness too."""
-    try:
-        positions = offset_from_json(offset)
-    except (ValueError, AttributeError):
-        return partitions
     out = dict(partitions)
-    for (topic, p), pos in positions.items():
+    for (topic, p), pos in next(_positions([offset]), {}).items():
         name = f"{topic}/{p}"
         if name in out and pos.status in ("ACTIVE", "IDLE") and out[name].get("status") in (
                 "ACTIVE", "IDLE"):
@@ -257,6 +244,16 @@ def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[
                            idle_partitions=tuple(valve.idle_partitions),
                            journaled_watermark=_wm(valve.watermark)))
     return out
+
+
+def _positions(offsets: list[Any]) -> Iterator[Positions]:
+    """Each flinkish source's journaled positions among a batch's ``offsets``, by (topic,
+    partition); another source's offset is skipped."""
+    for offset in offsets:
+        try:
+            yield offset_from_json(offset)
+        except (ValueError, AttributeError):
+            continue
 
 
 def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:

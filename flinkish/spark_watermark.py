@@ -25,11 +25,10 @@ would change what it observes), whatever the predicate references. Every filter 
 ``with_watermark``, on any column, in the DataFrame API or SQL, on one stream or on each side of
 a union or join, therefore stays above the watermark node. The observation also reports the
 combined watermark each batch's carrier brought (``observedMetrics``), and its name tells the
-safety net (``flinkish.watermark_monitor``) which queries use ``with_watermark``.
-``with_watermark`` costs ~70 ns per row in all, the observation about half of it
-(``bench/with_watermark.py``): a few percent of the ~1.4 µs per row the source takes. Our own
-filter references the event-time column in a way that keeps exactly the records: for the other
-rows it is ``isnull(t) AND isnotnull(t)``, false for every value.
+safety net (``flinkish.watermark_monitor``) which queries use ``with_watermark`` (its cost:
+``docs/semantics.md``). Our own filter references the event-time column in a way that keeps
+exactly the records: for the other rows it is ``isnull(t) AND isnotnull(t)``, false for every
+value.
 """
 
 from __future__ import annotations

@@ -4,20 +4,11 @@ The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allo
 late output, evictors, panes) runs as one Spark stateful operator on the watermark of
 :func:`flinkish.with_watermark` (the valve's combined watermark), grouped by key group (a hash
 of the user's key columns, as Flink's keyed state is): each group's core state (all its keys'
-windows) is one state entry (JSON, :class:`KeyGroupCodec`), so a batch costs a visit per group,
-not per key. One timer per group wakes it when the watermark passes its earliest event-time
-timer in the core, so a key with nothing new still fires and cleans up. A visit's firings
-leave the operator as one row of arrays, turned into rows in the JVM.
-
-Two operators, whose stored states differ (a query keeps the one it started with):
-
-* ``applyInPandasWithState`` (the default, :class:`GroupStateWindow`): the group's state
-  travels with its rows, and one event-time timeout per group stands for the timer
-  (:meth:`GroupStateWindow._timeout` says when);
-* ``transformWithState`` (:class:`WindowProcessor`; flinkish 0.1's operator): the state
-  lives in the JVM's state store behind a state server that each visit calls a few times, so
-  records cross packed (a row per key group and Arrow batch, :func:`pack_key_groups`), and one
-  state-store timer per group (:meth:`WindowProcessor._spark_timer`).
+windows) is one state entry (JSON), so a batch costs a visit per group, not per key. The
+operator is ``applyInPandasWithState`` (:class:`GroupStateWindow`): the group's state travels
+with its rows, and one event-time timeout per group wakes it when the watermark passes its
+earliest event-time timer in the core, so a key with nothing new still fires and cleans up. A
+visit's firings leave the operator as one row of arrays, turned into rows in the JVM.
 
 The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
 (window bounds, result, pane) and ``'late'`` rows are the late side output (the element's
@@ -44,19 +35,17 @@ from __future__ import annotations
 
 import gc
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from operator import itemgetter
 from typing import Any
-
-from pyspark.sql.streaming import StatefulProcessor
 
 from flinkish_core.durations import parse_duration_ms
 from flinkish_core.errors import OptionError
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, LATE_COLUMN, PANE_COLUMNS, RESULT
 from flinkish_core.windowing import (
-    COLUMNAR_FORMAT,
     AggregateFunction,
     Avg,
     ContinuousEventTimeTrigger,
@@ -103,15 +92,19 @@ _VALUE = "__flinkish_value"
 _GROUP = "__flinkish_key_group"
 _JSON_TYPES = frozenset(
     {"tinyint", "smallint", "int", "bigint", "float", "double", "string", "boolean"})
-TRANSFORM_WITH_STATE = "transformWithState"
 APPLY_IN_PANDAS_WITH_STATE = "applyInPandasWithState"
-#: Key groups by operator when window() is not given them. A visit of a group has a fixed cost
-#: (applyInPandasWithState: ~2 ms of PySpark's pandas work; transformWithState: a few round
-#: trips to the state server) plus the Python of all its keys' state, and the number caps the
-#: operator's parallelism. At 10,000 keys (bench/windows.py) 32 groups spent a quarter of
-#: 128's Python per visit on applyInPandasWithState, and 1,024 groups spent transformWithState's
-#: time in round trips; transformWithState keeps 128, which every query started on it used.
-DEFAULT_KEY_GROUPS = {APPLY_IN_PANDAS_WITH_STATE: 32, TRANSFORM_WITH_STATE: 128}
+#: flinkish 0.1's operator, whose checkpoints this version cannot continue
+TRANSFORM_WITH_STATE = "transformWithState"
+#: Key groups when window() is not given them. A visit of a group has a fixed cost (PySpark's
+#: pandas work) plus the Python of all its keys' state, and the number caps the operator's
+#: parallelism (docs/windows.md has the measurements behind 32).
+DEFAULT_KEY_GROUPS = 32
+#: what a query on a checkpoint of flinkish 0.1's window operator is told
+UNSUPPORTED_0_1 = (
+    "flinkish 0.1's window operator (transformWithState) wrote this query's windows; flinkish "
+    "after 0.2 runs only applyInPandasWithState and cannot continue that state. Finish or "
+    "drain the query on flinkish 0.2 (window(..., operator='transformWithState')), or start it "
+    "on a new checkpointLocation (its windows then start empty).")
 #: applyInPandasWithState's event-time timeouts need a watermarked column in the operator's
 #: input, and Spark drops every input row whose watermarked column is at or below the
 #: previous batch's watermark: this column carries the watermark's metadata and is null, which
@@ -122,9 +115,8 @@ _MARK = "__flinkish_watermark_mark"
 #: 0 for null, and one column for all of them, bit i set when the i-th one is null
 _NULLS = "__flinkish_nulls"
 _NUMBERS = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double"})
-#: the key-group count in a group's stored state (states stored before it have none)
+#: the key-group count in a group's stored state
 _KEY_GROUPS = "key_groups"
-
 
 
 def ms(duration: str | int) -> int:
@@ -262,14 +254,9 @@ def window(
         key_groups: how many state entries the keys are hashed into (Flink's key groups); one
             entry holds the windows of all its keys, so a batch costs one visit per group with
             records or timers, not one per key. It caps the operator's parallelism and is part
-            of the stored state: a query keeps it (None: the operator's default,
-            :data:`DEFAULT_KEY_GROUPS`).
-        operator: the Spark operator the core runs in, ``'applyInPandasWithState'`` (the
-            default: the state travels with the group's rows, one event-time timeout per
-            group) or ``'transformWithState'`` (flinkish 0.1's). Their stored states differ: a
-            query keeps the operator it was started with, and Spark refuses a checkpoint of
-            the other one (``STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA``), so a
-            query started on 0.1 passes ``operator='transformWithState'``.
+            of the stored state: a query keeps it (None: :data:`DEFAULT_KEY_GROUPS`).
+        operator: the Spark operator the core runs in: ``'applyInPandasWithState'``, the only
+            one (``'transformWithState'``, flinkish 0.1's, is refused with what to do).
 
     Returns:
         The windows' results and late elements as one streaming DataFrame (output mode
@@ -283,6 +270,11 @@ def window(
     """
     from pyspark.sql import functions as F
 
+    if operator == TRANSFORM_WITH_STATE:
+        raise OptionError(f"window: {UNSUPPORTED_0_1}")
+    if operator != APPLY_IN_PANDAS_WITH_STATE:
+        raise OptionError(
+            f"window: operator must be {APPLY_IN_PANDAS_WITH_STATE!r}, got {operator!r}")
     keys = [key] if isinstance(key, str) else list(key)
     if (aggregate is None) == (process is None):
         raise OptionError("window: give exactly one of aggregate= or process=")
@@ -308,12 +300,8 @@ def window(
             raise OptionError(
                 f"window: column {name!r} is {type_name}; key and value columns must be "
                 f"numbers, strings or booleans ({', '.join(sorted(_JSON_TYPES))}): cast it")
-    if operator not in DEFAULT_KEY_GROUPS:
-        raise OptionError(
-            f"window: operator must be {TRANSFORM_WITH_STATE!r} or "
-            f"{APPLY_IN_PANDAS_WITH_STATE!r}, got {operator!r}")
     if key_groups is None:
-        key_groups = DEFAULT_KEY_GROUPS[operator]
+        key_groups = DEFAULT_KEY_GROUPS
     if key_groups < 1:
         raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
     lateness = ms(allowed_lateness)
@@ -332,25 +320,14 @@ def window(
                  (event_time, "long")]
               + ([(value, str(value_type))] if value is not None else []))
     schema = ", ".join(f"`{name}` array<{type_name}>" for name, type_name in output)
-    codec = KeyGroupCodec(assigner, function, trigger, lateness, evictor, keys, event_time,
-                          value, key_groups)
+    window_function = partial(GroupStateWindow, assigner, function, trigger, lateness, evictor,
+                              keys, event_time, value, key_groups)
     group = F.pmod(F.xxhash64(*keys), F.lit(key_groups)).alias(_GROUP)
     columns = [group, *(F.col(k) for k in keys),
                F.unix_millis(F.col(event_time)).alias(_TIME)]
     if value is not None:
         columns.append(F.col(value).alias(_VALUE))
-    if operator == APPLY_IN_PANDAS_WITH_STATE:
-        fired = _apply_in_pandas_with_state(df, columns, codec, schema, event_time)
-    else:
-        records = df.select(*columns)
-        packed_schema = ", ".join(
-            [f"{_GROUP} long"]
-            + [f"`{f.name}` array<{f.dataType.simpleString()}>"
-               for f in records.schema.fields[1:]])
-        fired = (records.mapInArrow(pack_key_groups, packed_schema).groupBy(_GROUP)
-                 .transformWithState(statefulProcessor=WindowProcessor(codec),
-                                     outputStructType=schema,
-                                     outputMode="Append", timeMode="EventTime"))
+    fired = _apply_in_pandas_with_state(df, columns, window_function, schema, event_time)
     rows = fired.select(F.inline(F.arrays_zip(*(F.col(name) for name, _ in output))))
     times = {"window_start", "window_end", event_time}
     late_only = {event_time, *([value] if value is not None else [])}
@@ -384,38 +361,13 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
             df.filter(df[KIND] == LATE).select(*keys, *extra))
 
 
-def pack_key_groups(batches: Iterator[Any]) -> Iterator[Any]:
-    """``mapInArrow``: each Arrow batch of records (key group, key columns, event time, value)
-    as one row per key group, its records' columns as arrays, in their order.
-
-    PySpark hands ``transformWithState`` its input as one Row per record, converting every cell
-    on its own (~9 us a record); packed, a group's records arrive as a few arrays, each turned
-    into a list in one call, and the shuffle moves a few rows per group, not one per record.
-    """
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    for batch in batches:
-        if batch.num_rows == 0:
-            continue
-        # a stable sort: a group's records keep their order
-        batch = batch.take(pc.sort_indices(batch.column(0)))
-        runs = pc.run_end_encode(batch.column(0))
-        offsets = pa.concat_arrays([pa.array([0], runs.run_ends.type), runs.run_ends])
-        yield pa.RecordBatch.from_arrays(
-            [runs.values, *(pa.ListArray.from_arrays(offsets, column)
-                            for column in batch.columns[1:])],
-            names=batch.schema.names)
-
-
 @contextmanager
 def _collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for one visit of a key group. A visit builds
     thousands of objects that live until it ends (the group's decoded state, its operator),
     and so many survivors set off full collections over the Python worker's whole heap
-    (PySpark's modules included) every few visits: ~30% of a visit's time. They are freed by
-    reference counting; the collector runs again afterwards (PySpark collects after each task
-    too)."""
+    (PySpark's modules included) every few visits. They are freed by reference counting; the
+    collector runs again afterwards (PySpark collects after each task too)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -433,21 +385,98 @@ def _bound(window: Any, end: bool) -> int | None:
     return window.end if end else window.start
 
 
-class KeyGroupCodec:
-    """A key group's windows as both Spark operators keep them: the core's columnar snapshot
-    (every key's windows, timers, panes) as JSON in the group's state, and a visit's firings
-    and late elements as one output row whose cells are the output columns' sequences."""
+def _apply_in_pandas_with_state(df: Any, columns: list[Any],
+                                window_function: Callable[..., GroupStateWindow], schema: str,
+                                event_time: str) -> Any:
+    """The records (``columns``: key group, keys, event time, value) through
+    ``applyInPandasWithState`` grouped by key group, with the :class:`GroupStateWindow`
+    ``window_function`` makes given the nullable columns; one row of arrays per visit."""
+    from pyspark.sql import functions as F
+    from pyspark.sql.streaming.state import GroupStateTimeout
+
+    records = df.select(*columns)
+    selected = [F.col(_GROUP)]
+    nullable = []
+    for field in records.schema.fields[1:]:
+        column = F.col(f"`{field.name}`")
+        if field.nullable and field.dataType.simpleString() in _NUMBERS:
+            nullable.append(field.name)
+            column = F.coalesce(column, F.lit(0)).alias(field.name)
+        selected.append(column)
+    if nullable:
+        selected.append(sum((F.col(f"`{name}`").isNull().cast("long") * (1 << i)
+                             for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
+    delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
+    selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
+    function = window_function(nullable=nullable)
+    return (records.select(*selected).groupBy(_GROUP)
+            .applyInPandasWithState(function.visit, schema, "state string", "append",
+                                    GroupStateTimeout.EventTimeTimeout))
+
+
+class GroupStateWindow:
+    """The ``applyInPandasWithState`` function running a :class:`WindowOperator` per key group.
+    The group's state, handed in and out with its rows, is the core's columnar snapshot (every
+    key's windows, timers, panes) as JSON; one event-time timeout per group stands for the
+    core's earliest timer; a visit's firings and late elements leave as one output row whose
+    cells are the output columns' sequences.
+
+    Args:
+        assigner, function, trigger, allowed_lateness, evictor: the core's window.
+        keys: the key columns.
+        event_time: the late rows' event-time column.
+        value: the value column (None: the elements are None).
+        key_groups: how many key groups the keys are hashed into.
+        nullable: the nullable numeric record columns, whose nulls travel as bits in a column
+            of their own (pandas would turn them into floats or NaN).
+    """
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
-                 event_time: str, value: str | None, key_groups: int) -> None:
+                 event_time: str, value: str | None, key_groups: int,
+                 nullable: Sequence[str] = ()) -> None:
         from pyspark.sql import Row
 
         self.config = (assigner, function, trigger, allowed_lateness, evictor)
         self.keys, self.value, self.key_groups = keys, value, key_groups
         # the late rows' columns: the element's event time, and its value when there is one
-        self.extra = [event_time, *([value] if value is not None else [])]
-        self.row = Row(*keys, KIND, *PANE_COLUMNS, *self.extra)
+        extra = [event_time, *([value] if value is not None else [])]
+        self.row = Row(*keys, KIND, *PANE_COLUMNS, *extra)
+        # the record columns after the key group, as window() selects them
+        self.names = [*keys, _TIME, *([_VALUE] if value is not None else [])]
+        self.bits = {name: 1 << i for i, name in enumerate(nullable)}
+
+    def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
+        import pandas as pd
+
+        with _collector_paused():
+            row = self._visit(frames, state)
+        if row is not None:
+            # one row; each cell one of the visit's output columns, a sequence
+            yield pd.DataFrame({name: [cell] for name, cell in zip(self.row, row, strict=True)})
+
+    def _visit(self, frames: Iterator[Any], state: Any) -> Any:
+        """One visit of a group: its state restored, brought to the batch's watermark and
+        processing time, its records fed in event-time order (so a replayed batch fires the
+        same panes), its state handed back with its timeout. Spark calls a group whose timeout
+        is below the batch's watermark (strictly), so the timeout is a millisecond below the
+        core's :meth:`firing_watermark` (which is above the current watermark, as Spark
+        requires of a timeout)."""
+        stored = state.getOption
+        operator = self.restore(None if stored is None else stored[0])
+        outputs = [operator.process_watermark(state.getCurrentWatermarkMs()),
+                   operator.process_processing_time(state.getCurrentProcessingTimeMs())]
+        if not state.hasTimedOut:
+            outputs.append(operator.process_elements(self._elements(frames)))
+        text = self.encode(operator)
+        if text is not None:
+            state.update((text,))
+            firing = self.firing_watermark(operator)
+            if firing is not None:
+                state.setTimeoutTimestamp(firing - 1)
+        else:
+            state.remove()
+        return self.output(outputs)
 
     def restore(self, text: str | None) -> WindowOperator:
         """The group's operator from its stored JSON (None: a group without state)."""
@@ -457,42 +486,39 @@ class KeyGroupCodec:
         snapshot = json.loads(text)
         # a key's group is its hash modulo the number of groups: with another number its
         # windows are in another group's state, and this group's keys no longer come here
-        stored = snapshot.pop(_KEY_GROUPS, self.key_groups)
+        stored = snapshot.pop(_KEY_GROUPS)
         if stored != self.key_groups:
             raise OptionError(
                 f"window: this query's state was written with key_groups={stored}, and it "
                 f"now runs with key_groups={self.key_groups}: pass key_groups={stored} (the "
                 "number of key groups is part of a query's state)")
-        # JSON made the key tuples lists; a state stored before the columnar layout holds an
-        # entry per key
-        if snapshot.get("format") == COLUMNAR_FORMAT:
-            snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
-        else:
-            for entry in snapshot["keys"]:
-                entry["key"] = tuple(entry["key"])
+        # JSON made the key tuples lists
+        snapshot["keys"] = [tuple(key) for key in snapshot["keys"]]
         operator.restore(snapshot, copy=False)
         return operator
 
-    def visit(self, stored: str | None, watermark: int, processing_time: int,
-              runs: Iterable[Sequence[Sequence[Any]]]) -> tuple[WindowOperator, list[Any]]:
-        """One visit of a group, as both operators make it: its state restored, brought to the
-        batch's watermark and processing time, its records fed in event-time order (so a
-        replayed batch fires the same panes). ``runs``: runs of the group's records, each as
-        its columns (the keys', the event times, the values' when there is a value column).
-        Returns the operator, to store, and its outputs."""
-        operator = self.restore(stored)
-        outputs = [operator.process_watermark(watermark),
-                   operator.process_processing_time(processing_time)]
+    def _elements(self, frames: Iterator[Any]) -> list[tuple[tuple[Any, ...], Any, int]]:
+        """The group's records as the core's ``(key, value, timestamp)`` elements, nulls
+        restored, in event-time order (a stable sort: records of one event time keep their
+        order)."""
         n = len(self.keys)
         elements: list[tuple[tuple[Any, ...], Any, int]] = []
-        for run in runs:
+        for frame in frames:
+            # the column of nulls read only when a record has one
+            nulls = frame[_NULLS].tolist() if self.bits and frame[_NULLS].any() else None
+            run = [self._column(frame, name, nulls) for name in self.names]
             times = run[n]
             values = run[n + 1] if self.value is not None else [None] * len(times)
             elements.extend(zip(zip(*run[:n], strict=True), values, times, strict=True))
-        # a stable sort: records of one event time keep their order
         elements.sort(key=itemgetter(2))
-        outputs.append(operator.process_elements(elements))
-        return operator, outputs
+        return elements
+
+    def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
+        values = frame[name].tolist()
+        bit = self.bits.get(name)
+        if bit is None or nulls is None:
+            return values
+        return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
 
     @staticmethod
     def firing_watermark(operator: WindowOperator) -> int | None:
@@ -500,9 +526,9 @@ class KeyGroupCodec:
         it has none): the timer itself, or a millisecond past the core's watermark when the
         timer is already at or below it (a record late for its trigger's interval registered
         it), since the core fires a timer at the first watermark at or past it that is
-        greater than its current one (a repeated watermark fires nothing, as in Flink). Each
-        operator sets its one Spark timer from it, so one timer per group is enough (every
-        visit brings the core to the batch's watermark, firing all its timers due)."""
+        greater than its current one (a repeated watermark fires nothing, as in Flink). The
+        group's one Spark timeout is set from it, so one per group is enough (every visit
+        brings the core to the batch's watermark, firing all its timers due)."""
         earliest = operator.earliest_event_time_timer()
         return None if earliest is None else max(earliest, operator.current_watermark + 1)
 
@@ -543,161 +569,3 @@ class KeyGroupCodec:
             *([no_late + tuple(e.value for e in late)] if self.value is not None else []),
         ]
         return self.row(*columns)
-
-
-class WindowProcessor(StatefulProcessor):
-    """The ``transformWithState`` processor running a :class:`WindowOperator` per key group:
-    restores the group's state, brings the core to the batch's watermark and processing time,
-    feeds the group's records (in event-time order, so a replayed batch fires the same panes),
-    stores the state and sets the group's state-store timer to the core's earliest event-time
-    timer."""
-
-    def __init__(self, codec: KeyGroupCodec) -> None:
-        self.codec = codec
-
-    def init(self, handle: Any) -> None:
-        self.handle = handle
-        # the core's snapshot of the group (JSON) and the event-time timers registered for it
-        self.state = handle.getValueState("window", "state string, timers array<long>")
-
-    def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: Any) -> Iterator[Any]:
-        with _collector_paused():
-            output = self._visit(self.state.get(), timerValues, rows)
-        yield from output
-
-    def handleExpiredTimer(self, key: Any, timerValues: Any,
-                           expiredTimerInfo: Any) -> Iterator[Any]:
-        with _collector_paused():
-            stored = self.state.get()
-            expired = expiredTimerInfo.getExpiryTimeInMs()
-            if stored is None or expired not in stored[1]:
-                # a visit of this batch deleted it after Spark had listed it: that visit
-                # brought the group to this batch's watermark and processing time, nothing is
-                # left to fire
-                return
-            output = self._visit(stored, timerValues, iter(()), expired)
-        yield from output
-
-    def _visit(self, stored: tuple[str, list[int]] | None, timer_values: Any,
-               rows: Iterator[Any], expired: int | None = None) -> list[Any]:
-        """One visit of a group (:meth:`KeyGroupCodec.visit`), stored again; returns the
-        output. Everything else it built is garbage when it returns, before the cyclic
-        collector runs again."""
-        registered = set() if stored is None else set(stored[1])
-        # Spark deletes an expired timer after the visit, and the next one this visit sets is
-        # at or above the batch's watermark, so never the expired one
-        if expired is not None:
-            registered.discard(expired)
-        # each row is a run of the group's records (pack_key_groups), by position as window()
-        # selects them: the key group, then arrays of the keys, event times and values
-        operator, outputs = self.codec.visit(
-            None if stored is None else stored[0], timer_values.getCurrentWatermarkInMs(),
-            timer_values.getCurrentProcessingTimeInMs(), (row[1:] for row in rows))
-        self._store(operator, registered)
-        row = self.codec.output(outputs)
-        return [] if row is None else [row]
-
-    def close(self) -> None:
-        pass
-
-    def _store(self, operator: WindowOperator, registered: set[int]) -> None:
-        """Saves the group's state and sets the group's one Spark timer: Spark hands over a
-        timer T in the first batch whose watermark is at or past T, so T is the core's
-        :meth:`~KeyGroupCodec.firing_watermark` (never in the batch that set it, which Spark
-        would then delete)."""
-        firing = self.codec.firing_watermark(operator)
-        wanted = {firing} if firing is not None else set()
-        for timestamp in registered - wanted:
-            self.handle.deleteTimer(timestamp)
-        for timestamp in wanted - registered:
-            self.handle.registerTimer(timestamp)
-        text = self.codec.encode(operator)
-        if text is not None:
-            self.state.update((text, sorted(wanted)))
-        else:
-            self.state.clear()
-
-
-def _apply_in_pandas_with_state(df: Any, columns: list[Any], codec: KeyGroupCodec,
-                                schema: str, event_time: str) -> Any:
-    """The records (``columns``: key group, keys, event time, value) through
-    ``applyInPandasWithState`` grouped by key group, with :class:`GroupStateWindow`; one row
-    of arrays per visit, as the ``transformWithState`` operator's output."""
-    from pyspark.sql import functions as F
-    from pyspark.sql.streaming.state import GroupStateTimeout
-
-    records = df.select(*columns)
-    selected = [F.col(_GROUP)]
-    nullable = []
-    for field in records.schema.fields[1:]:
-        column = F.col(f"`{field.name}`")
-        if field.nullable and field.dataType.simpleString() in _NUMBERS:
-            nullable.append(field.name)
-            column = F.coalesce(column, F.lit(0)).alias(field.name)
-        selected.append(column)
-    if nullable:
-        selected.append(sum((F.col(f"`{name}`").isNull().cast("long") * (1 << i)
-                             for i, name in enumerate(nullable)), F.lit(0)).alias(_NULLS))
-    delay = df.schema[event_time].metadata[SPARK_DELAY_KEY]
-    selected.append(F.lit(None).cast("timestamp").alias(_MARK, metadata={SPARK_DELAY_KEY: delay}))
-    function = GroupStateWindow(codec, [f.name for f in records.schema.fields[1:]], nullable)
-    return (records.select(*selected).groupBy(_GROUP)
-            .applyInPandasWithState(function.visit, schema, "state string", "append",
-                                    GroupStateTimeout.EventTimeTimeout))
-
-
-class GroupStateWindow:
-    """The ``applyInPandasWithState`` function running a :class:`WindowOperator` per key group,
-    as :class:`WindowProcessor` does, with the group's state handed in and out with its rows
-    (no state server) and one event-time timeout per group for the core's earliest timer."""
-
-    def __init__(self, codec: KeyGroupCodec, names: list[str], nullable: list[str]) -> None:
-        self.codec = codec
-        # the record columns after the key group: keys, event time, value; the nullable
-        # numbers' bits in the column of nulls
-        self.names = names
-        self.bits = {name: 1 << i for i, name in enumerate(nullable)}
-
-    def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
-        import pandas as pd
-
-        with _collector_paused():
-            row = self._visit(frames, state)
-        if row is not None:
-            # one row; each cell one of the visit's output columns, a sequence
-            yield pd.DataFrame({name: [cell] for name, cell in zip(
-                self.codec.row, row, strict=True)})
-
-    def _column(self, frame: Any, name: str, nulls: list[int] | None) -> list[Any]:
-        values = frame[name].tolist()
-        bit = self.bits.get(name)
-        if bit is None or nulls is None:
-            return values
-        return [None if null & bit else v for v, null in zip(values, nulls, strict=True)]
-
-    def _visit(self, frames: Iterator[Any], state: Any) -> Any:
-        """One visit of a group (:meth:`KeyGroupCodec.visit`), its state handed back with its
-        timeout: Spark calls a group whose timeout is below the batch's watermark (strictly),
-        so the timeout is a millisecond below the core's
-        :meth:`~KeyGroupCodec.firing_watermark` (which is above the current watermark, as
-        Spark requires of a timeout)."""
-        stored = state.getOption
-        operator, outputs = self.codec.visit(
-            None if stored is None else stored[0], state.getCurrentWatermarkMs(),
-            state.getCurrentProcessingTimeMs(), () if state.hasTimedOut else self._runs(frames))
-        text = self.codec.encode(operator)
-        if text is not None:
-            state.update((text,))
-            firing = self.codec.firing_watermark(operator)
-            if firing is not None:
-                state.setTimeoutTimestamp(firing - 1)
-        else:
-            state.remove()
-        return self.codec.output(outputs)
-
-    def _runs(self, frames: Iterator[Any]) -> Iterator[list[list[Any]]]:
-        """Each frame's record columns (keys, event time, value), nulls restored."""
-        for frame in frames:
-            # the column of nulls read only when a record has one
-            nulls = frame[_NULLS].tolist() if self.bits and frame[_NULLS].any() else None
-            yield [self._column(frame, name, nulls) for name in self.names]

@@ -7,9 +7,7 @@ offsets). The reference replays exactly that through :class:`WindowOperator` in 
 rows, in the same batches. A Spark layer that fires a timer at a repeated watermark, misses a
 group's timer or judges lateness at another watermark fails here.
 
-``FLINKISH_WINDOW_SEEDS=N`` runs N generated inputs per case (CI runs one);
-``FLINKISH_WINDOW_OPERATORS=transformWithState,applyInPandasWithState`` runs them through each
-of ``window``'s Spark operators (CI runs the default). The split-batch case runs through both.
+``FLINKISH_WINDOW_SEEDS=N`` runs N generated inputs per case (CI runs one).
 """
 
 from __future__ import annotations
@@ -32,8 +30,6 @@ from integration.window_cases import BASE, CASES, Record, WindowCase, generate
 pytestmark = pytest.mark.integration
 
 SEEDS = int(os.environ.get("FLINKISH_WINDOW_SEEDS", "1"))
-OPERATORS = os.environ.get("FLINKISH_WINDOW_OPERATORS",
-                           windows.APPLY_IN_PANDAS_WITH_STATE).split(",")
 
 Row = tuple[Any, ...]
 """(batch, kind, key, window start, window end, result, pane index, timing, last, event
@@ -41,8 +37,7 @@ time, value): a firing or a late row, and the batch it came out in."""
 
 
 def run_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
-             records: list[Record], max_offsets: int,
-             operator: str) -> tuple[list[Row], Path]:
+             records: list[Record], max_offsets: int) -> tuple[list[Row], Path]:
     """``records`` through the flinkish source (punctuated watermarks), ``with_watermark`` and
     ``case``'s window operator, AvailableNow; the output rows and the checkpoint."""
     produce(bootstrap, name, [
@@ -58,8 +53,7 @@ def run_case(spark: Any, bootstrap: str, name: str, tmp: Path, case: WindowCase,
         "CAST(get_json_object(CAST(value AS STRING), '$.v') AS INT) AS v")
     fired = windows.window(df, key="key", assigner=case.assigner, aggregate=case.aggregate,
                            value="v", trigger=case.trigger,
-                           allowed_lateness=case.allowed_lateness, evictor=case.evictor,
-                           operator=operator)
+                           allowed_lateness=case.allowed_lateness, evictor=case.evictor)
     checkpoint = tmp / "ck"
     _, rows = run(fired, checkpoint)
     return [spark_row(batch, r) for batch, r in rows], checkpoint
@@ -134,15 +128,14 @@ def assert_same(rows: list[Row], expected: list[Row],
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 @pytest.mark.parametrize("seed", range(SEEDS))
-@pytest.mark.parametrize("operator", OPERATORS)
 def test_spark_fires_what_the_core_fires_batch_by_batch(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
-    case: WindowCase, seed: int, operator: str,
+    case: WindowCase, seed: int,
 ) -> None:
     index = CASES.index(case)
     records = generate(1_000 * seed + index)
     rows, checkpoint = run_case(spark, kafka_bootstrap, topic(2), tmp_path, case, records,
-                                max_offsets=2 + (seed + index) % 3, operator=operator)
+                                max_offsets=2 + (seed + index) % 3)
     batches = journal(checkpoint)
     expected = replay(case, records, batches)
     assert_same(rows, expected, batches)
@@ -152,10 +145,8 @@ def test_spark_fires_what_the_core_fires_batch_by_batch(
     assert len(set(watermarks)) < len(watermarks)
 
 
-@pytest.mark.parametrize("operator",
-                         [windows.APPLY_IN_PANDAS_WITH_STATE, windows.TRANSFORM_WITH_STATE])
 def test_a_watermarks_records_over_several_batches_fire_flinks_panes(
-    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None, operator: str,
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
 ) -> None:
     """Issue case: 74,999 ms arrives after W = 75,000 in window [70 s, 80 s) of a 3 s
     ContinuousEventTimeTrigger; its interval timer (75,000) is at the watermark. The window's
@@ -171,7 +162,7 @@ def test_a_watermarks_records_over_several_batches_fire_flinks_panes(
                rec(8, "x", 100_000, True), rec(9, "x", 100_001), rec(10, "x", 100_002)]
     case = CASES[0]  # tumbling 10 s, ContinuousEventTimeTrigger(3 s), 5 s of lateness
     rows, checkpoint = run_case(spark, kafka_bootstrap, topic(1), tmp_path, case, records,
-                                max_offsets=1, operator=operator)
+                                max_offsets=1)
     batches = journal(checkpoint)
     # the setting holds: k's four records were read one per batch, all at W = 75,000
     read_at = {ends[0] - 1: watermark for _, watermark, ends in batches}

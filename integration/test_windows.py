@@ -1,5 +1,5 @@
 """``flinkish.windows`` through Spark on a real broker: Flink's window operator as one
-``applyInPandasWithState`` (or ``transformWithState``) on the combined watermark
+``applyInPandasWithState`` on the combined watermark
 (``flinkish.with_watermark``).
 
 * a tumbling count over a lagging partition: exact counts, one ON_TIME pane per window;
@@ -8,7 +8,7 @@
   out as a late row, although Spark's own late-row filter would have dropped it;
 * early firings (``ContinuousEventTimeTrigger``): EARLY panes, then the ON_TIME one;
 * session windows merged by a record that arrives in a later batch between two sessions;
-* a checkpoint of the ``transformWithState`` operator: refused by the other, continued by it;
+* a checkpoint of flinkish 0.1's ``transformWithState`` operator: refused, with what to do;
 * an idle partition: one falls silent and ``idleTimeout`` releases the combined watermark, so
   windows fire while the query runs, each in the batch whose watermark passed its end.
 """
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pyspark.sql.streaming import StatefulProcessor
 
 import flinkish
 from flinkish import windows
@@ -156,30 +157,41 @@ def test_allowed_lateness_refires_a_late_window_and_sends_what_is_too_late_to_th
     assert dropped(query) == 0
 
 
-def test_a_query_started_on_transform_with_state_restarts_on_it_and_is_told_to_otherwise(
-    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None
+class StandIn01(StatefulProcessor):
+    """Stands in for flinkish 0.1's window operator: a ``transformWithState`` processor (the
+    same Spark operator) keeping a value state per key group as it did."""
+
+    def init(self, handle: Any) -> None:
+        self.state = handle.getValueState("window", "state string, timers array<long>")
+
+    def handleInputRows(self, key: Any, rows: Any, timerValues: Any) -> Any:
+        self.state.update(("{}", []))
+        yield from ()
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_query_restarted_on_a_checkpoint_of_flinkish_0_1s_operator_is_told_what_to_do(
+    spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path, rocksdb: None,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """A checkpoint written by ``operator='transformWithState'`` (every version before 0.2):
-    restarted with the default operator, Spark refuses it in the first batch, naming both
-    operators, before anything is read or written; restarted with the operator it started on,
-    its windows continue from the stored state."""
+    """A checkpoint written by flinkish 0.1's ``transformWithState`` operator: restarted with
+    ``window()``, Spark refuses it in the first batch, naming both operators, before anything
+    is read or written, and flinkish's listener logs which version wrote it and what to do."""
     from pyspark.errors import StreamingQueryException
 
     name = topic(1)
     events = punctuated(spark, kafka_bootstrap, name, tmp_path / "state",
                         [(BASE + 1_000, PLAIN), (BASE + 2_000, PLAIN)])
-
-    def counts(**operator: str) -> Any:
-        return windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
-                              aggregate=windows.Count(), **operator)
-
-    _, first = run(counts(operator=windows.TRANSFORM_WITH_STATE), tmp_path / "ck")
-    assert first == []  # [BASE, END) holds both records, open
-    produce(kafka_bootstrap, name, [(0, b"k", value, ts) for ts, value in
-                                    [(END + 5_000, FLAG), (END + 6_000, PLAIN),
-                                     (END + 7_000, PLAIN)]])
+    run(keyed(events).groupBy("key").transformWithState(
+        statefulProcessor=StandIn01(), outputStructType="key string", outputMode="Append",
+        timeMode="EventTime"), tmp_path / "ck")
+    produce(kafka_bootstrap, name, [(0, b"k", PLAIN, END + 5_000)])
     collector = Collector()
-    query = (counts().writeStream.foreachBatch(collector)
+    counts = windows.window(keyed(events), key="key", assigner=windows.tumbling("10 seconds"),
+                            aggregate=windows.Count())
+    query = (counts.writeStream.foreachBatch(collector)
              .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True)
              .start())
     with pytest.raises(StreamingQueryException) as refused:
@@ -189,9 +201,9 @@ def test_a_query_started_on_transform_with_state_restarts_on_it_and_is_told_to_o
     assert "STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA" in message
     assert "transformWithStateInPySparkExec" in message and "applyInPandasWithState" in message
     assert collector.rows == []
-    _, rest = run(counts(operator=windows.TRANSFORM_WITH_STATE), tmp_path / "ck")
-    # the window kept the first run's two records
-    assert panes(rest) == [("k", BASE, END, 2, 0, "ON_TIME", True)]
+    # the listener hears of the termination on Spark's listener thread
+    wait_for(lambda: any(windows.UNSUPPORTED_0_1 in r.getMessage() for r in caplog.records),
+             DEADLINE, "the listener's explanation")
 
 
 def test_the_sinks_upsert_mode_keeps_each_windows_latest_pane_exactly_once(

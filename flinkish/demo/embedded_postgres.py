@@ -203,8 +203,7 @@ class EmbeddedPostgres:
         if self._server is None or self._port is None:
             raise RuntimeError("EmbeddedPostgres is not running: call start() first")
         bin_dir, run_as, base = self._server
-        _run([*run_as, str(bin_dir / "pg_ctl"), "stop", "-D", str(base / "data"), "-m", "fast",
-              "-w", "-t", "20"], cwd=base, what="pg_ctl stop")
+        _run(_stop_command(bin_dir, run_as, base), cwd=base, what="pg_ctl stop")
         try:
             yield
         finally:
@@ -279,28 +278,19 @@ def _log_tail(base: Path) -> str:
     return logs[-1].read_text(errors="replace")[-2000:] if logs else "(no log)"
 
 
+def _stop_command(bin_dir: Path, run_as: list[str], base: Path) -> list[str]:
+    """``pg_ctl stop -m fast``: every session cut, as in a restart or a failover."""
+    return [*run_as, str(bin_dir / "pg_ctl"), "stop", "-D", str(base / "data"), "-m", "fast",
+            "-w", "-t", "20"]
+
+
 def _shutdown(bin_dir: Path, run_as: list[str], base: Path) -> None:
     """pg_ctl stop -m fast; SIGKILL the postmaster if that fails; remove the directory."""
     try:
         pid = _postmaster_pid(base)
         if pid is not None:
-            stopped = subprocess.run(
-                [
-                    *run_as,
-                    str(bin_dir / "pg_ctl"),
-                    "stop",
-                    "-D",
-                    str(base / "data"),
-                    "-m",
-                    "fast",
-                    "-w",
-                    "-t",
-                    "20",
-                ],
-                cwd=base,
-                capture_output=True,
-                check=False,
-            )
+            stopped = subprocess.run(_stop_command(bin_dir, run_as, base), cwd=base,
+                                     capture_output=True, check=False)
             if stopped.returncode != 0:
                 _kill(pid)
     finally:

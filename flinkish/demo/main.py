@@ -320,6 +320,11 @@ def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -
     return table
 
 
+def _idle_note(idle: tuple[str, ...]) -> str:
+    """`` (IDLE: 2)``: the idle partitions' numbers, when there are any."""
+    return f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle else ""
+
+
 def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int, int]],
           counts: list[WindowQuery], results: dict[str, Comparison], produced: int,
           crashes: int) -> Group:
@@ -342,9 +347,7 @@ def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int
     summary = Table.grid(padding=(0, 2))
     summary.add_row("flinkish combined watermark",
                     format_watermark(latest.watermark if latest else None, False),
-                    "valve: min over active partitions" + (
-                        f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle
-                        else ""))
+                    "valve: min over active partitions" + _idle_note(idle))
     summary.add_row(f"partition {SILENT} IDLE in epochs", _span(_idle_alone(epochs, topic)),
                     f"idleTimeout {IDLE_TIMEOUT_MS / 1000:g} s")
     summary.add_row("rows flinkish committed", str(committed),
@@ -361,7 +364,7 @@ def _plain_line(epochs: list[EpochRow], topic: str, counts: list[WindowQuery],
     idle = latest.idle_partitions if latest else ()
     parts = [f"{len(completed)} epochs, {produced} produced, combined watermark "
              f"{format_watermark(latest.watermark if latest else None, False)}"
-             + (f" (IDLE: {', '.join(n.rsplit('/', 1)[1] for n in idle)})" if idle else "")]
+             + _idle_note(idle)]
     for count in counts:
         result = results[count.name]
         if result.progress.started:
@@ -656,74 +659,21 @@ def _count_cell(window: WindowCount) -> Text:
     return Text(f"{window.counted}{times}", style="green" if window.exact else "bold red")
 
 
-def _shape(window: WindowCount | None) -> str | None:
-    """How a window shows, for runs that can be summed (None: it must show on its own)."""
-    if window is None:
-        return None
-    if not window.closed:
-        return "open"
-    if window.exact:
-        return "exact"
-    return "never emitted" if window.counted is None and window.emitted == 0 else None
-
-
-def _window_rows(results: list[Comparison], collapse: bool
-                 ) -> list[tuple[str, int, int, list[WindowCount | None]]]:
-    """(window start, partition, produced, each query's window) per window, in partition and
-    time order; with ``collapse``, a run of three or more windows of a partition that show
-    alike for every query (exact, never emitted, open) becomes one row with their sums."""
-    keys = sorted({k for r in results for k in r.windows}, key=lambda k: (k[1], k[0]))
-    rows: list[tuple[str, int, int, list[WindowCount | None]]] = []
-    run: list[list[WindowCount]] = []  # windows of one partition that show alike
-
-    def flush() -> None:
-        if len(run) >= 3:
-            first, last = run[0][0], run[-1][0]
-            sums: list[WindowCount | None] = [
-                WindowCount(first.start, first.partition, sum(w[i].produced for w in run),
-                            None if run[0][i].counted is None
-                            else sum(w[i].counted or 0 for w in run),
-                            run[0][i].emitted, run[0][i].closed)
-                for i in range(len(results))
-            ]
-            rows.append((f"{_clock(first.start)}…{_clock(last.start)} ×{len(run)}",
-                         first.partition, sum(w[0].produced for w in run), sums))
-        else:
-            rows.extend((_clock(w[0].start), w[0].partition, w[0].produced, list(w))
-                        for w in run)
-        run.clear()
-
-    for start, partition in keys:
-        cells = [r.windows.get((start, partition)) for r in results]
-        shapes = [_shape(w) for w in cells]
-        alike = [w for w in cells if w is not None] if None not in shapes else []
-        if run and (not alike or run[-1][0].partition != partition
-                    or [_shape(w) for w in run[-1]] != shapes):
-            flush()
-        if collapse and alike:
-            run.append(alike)
-        else:
-            rows.append((_clock(start), partition,
-                         max(w.produced for w in cells if w is not None), cells))
-    flush()
-    return rows
-
-
 def _clock(ms: int) -> str:
     return format_watermark(ms, False)[:8]
 
 
 def _window_table(results: list[Comparison], labels: list[str]) -> Table:
-    collapse = len({k for r in results for k in r.windows}) > 40
     table = Table(title="10 s windows: rows produced, and counted by each query",
                   caption="–: never emitted (every row dropped); open: the watermark has not "
-                  "passed the window's end, append mode holds it back" + (
-                      "; ×n: n windows alike, summed" if collapse
-                      else ""))
+                  "passed the window's end, append mode holds it back")
     for column in ("window start (UTC)", "part.", "produced", *labels):
         table.add_column(column, justify="left" if column.startswith("window") else "right")
-    for start, partition, produced, cells in _window_rows(results, collapse):
-        table.add_row(start, str(partition), str(produced),
+    for start, partition in sorted({k for r in results for k in r.windows},
+                                   key=lambda k: (k[1], k[0])):
+        cells = [r.windows.get((start, partition)) for r in results]
+        table.add_row(_clock(start), str(partition),
+                      str(max(w.produced for w in cells if w is not None)),
                       *(_count_cell(w) if w is not None else Text("-", style="dim")
                         for w in cells))
     return table
@@ -770,21 +720,12 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
                         else f"{run.recovery.seconds:.1f} s")
     verdict.add_row("pre-commits left in the target", str(len(lingering)))
     verdict.add_row("combined watermark never went back", "yes" if monotone else "NO")
-    verdict.add_row(f"partition {SILENT} IDLE, the others not", "epochs " + _span(
-        _idle_alone(epochs, topic)))
-    verdict.add_row("every partition IDLE (max released)", "epochs " + _span(_all_idle(epochs)))
-    for count in run.counts:
-        result = results[count.name]
-        verdict.add_row(f"{count.label}: windows wrong",
-                        f"{len(result.wrong)} of {len(result.closed)} closed" + (
-                            "" if read_all[count.name] else " (did NOT read every event)"))
-        verdict.add_row(f"{count.label}: rows dropped",
-                        f"{result.dropped} (numRowsDroppedByWatermark {result.progress.dropped})")
     verdict.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
     console.print(verdict)
     for count in run.counts:
-        console.print(_window_line(count.label, results[count.name], lagging), soft_wrap=True,
-                      markup=False, highlight=False)
+        console.print(_window_line(count.label, results[count.name], lagging) + (
+            "" if read_all[count.name] else "; did NOT read every event"), soft_wrap=True,
+            markup=False, highlight=False)
     console.print(f"partition {SILENT} (silent) IDLE in epochs {_span(_idle_alone(epochs, topic))}"
                   f"; every partition IDLE in epochs {_span(_all_idle(epochs))}",
                   soft_wrap=True, markup=False, highlight=False)

@@ -20,9 +20,8 @@ The queries start one after another, each once the one before has initialised it
 workers).
 A query that fails only because a new Python worker did not connect back within the 10 s Spark
 allows (``PythonWorkerFactory.createSimpleWorker``: the streaming source runner, which must import
-pyspark first; seen on 2 cores shared with other Spark jobs, where a new process gets a tenth of a
-core) is started again from its checkpoint, after a pause, up to 20 times: the same recovery as
-after the demo's crash.
+pyspark first, on cores other jobs keep busy) is started again from its checkpoint, after a
+pause, up to 20 times: the same recovery as after the demo's crash.
 """
 
 from __future__ import annotations

@@ -801,7 +801,3 @@ class WindowOperator:
 
     def num_processing_time_timers(self) -> int:
         return self._timers.num_processing_time_timers()
-
-    def num_windows_with_contents(self) -> int:
-        return len(self._contents)
-
