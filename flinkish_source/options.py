@@ -50,15 +50,6 @@ EARLIEST = -2
 LATEST = -1
 
 
-class FetchClient(Enum):
-    """How read tasks fetch records (option ``kafkaConsumer.fetch``)."""
-
-    LIBRDKAFKA = "librdkafka"  # confluent-kafka's consumer, one Message per record (default)
-    # experimental: Fetch requests decoded into Arrow (flinkish_source.kafka.native), handing
-    # whatever it cannot read to librdkafka
-    NATIVE = "native"
-
-
 class WatermarkKind(Enum):
     BOUNDED_OUT_OF_ORDERNESS = "boundedOutOfOrderness"
     MONOTONOUS = "monotonous"
@@ -125,16 +116,6 @@ def _watermark_strategy(key: str, value: str) -> WatermarkKind:
         raise OptionError(f"option {key}: {value.strip()!r} is not one of "
                           + ", ".join(k.value for k in WatermarkKind))
     return by_lower[value.strip().lower()]
-
-
-def _fetch_client(key: str, value: str) -> FetchClient:
-    word = value.strip().lower()
-    if word not in {c.value for c in FetchClient}:
-        raise OptionError(
-            f"option {key}: {word!r} is not one of librdkafka (the default: every record "
-            "through confluent-kafka's consumer) or native (experimental: Fetch requests "
-            "decoded into Arrow, librdkafka where that cannot read)")
-    return FetchClient(word)
 
 
 BOOTSTRAP_SERVERS = Option(
@@ -320,32 +301,6 @@ POLL_TIMEOUT = Option(
         "gets the whole wait). The clients' own log lines go to the Python logger "
         "`flinkish_source.kafka.client` at DEBUG, not to stderr. The consumer's "
         "`socket.timeout.ms` is this value clamped to 1–60 s.")
-FETCH = Option(
-    "kafkaConsumer.fetch", _fetch_client, FetchClient.LIBRDKAFKA, owner=CLIENT,
-    doc="How read tasks fetch records. `librdkafka` (the default): every record through "
-        "confluent-kafka's consumer, on any Kafka cluster, TLS and SASL included. `native` "
-        "(**experimental**, opt-in): Kafka Fetch requests (version 4) to each partition's "
-        "leader over a plain socket, the record batches decoded in C straight into Arrow "
-        "columns; far less CPU per record. Partition leaders and earliest offsets still come "
-        "from librdkafka. It decompresses every codec Kafka defines (gzip with zlib; snappy, "
-        "raw or in the Java producer's xerial framing, lz4 and zstd with cramjam, which the "
-        "`native` extra installs: `pip install 'flinkish[native]'`; without it such batches "
-        "are handed to librdkafka) and honours "
-        "`kafka.isolation.level` as Kafka's consumer does (read_committed: up to the last "
-        "stable offset, aborted transactions dropped). Whatever it does not handle is read on "
-        "with librdkafka from that offset, for that range: an old message format (magic 0/1), "
-        "a batch its codec cannot decompress, an error code it does not know, a broker that "
-        "refuses the Fetch version. Each hand-over is a WARNING naming the partition, offset "
-        "and reason (once per query and partition in each worker process); no record is "
-        "skipped. It asks each broker's ApiVersions first and sends the query's "
-        "`kafka.client.id`, `kafka.fetch.max.bytes`, `kafka.max.partition.fetch.bytes`, "
-        "`kafka.fetch.wait.max.ms` and `kafka.fetch.min.bytes`; a response or decompressed "
-        "batch larger than `kafka.receive.message.max.bytes` is handed over too. librdkafka "
-        "reads everything when the query sets `kafka.security.protocol` other than plaintext, "
-        "any `kafka.sasl.*`/`kafka.ssl.*` setting, `kafka.check.crcs=true` (the decoder does "
-        "not verify CRCs) or `kafka.client.rack` (follower fetching needs a newer Fetch), or "
-        "when the decoder could not be compiled at install time (a WARNING says so). Both "
-        "emit the same rows.")
 MAX_READ_TASKS = Option(
     "maxReadTasks", _positive, None, owner=ADMISSION, shown_default="the driver's cores",
     doc="Positive integer. At most this many Spark read tasks per micro-batch; each reads the "
@@ -374,7 +329,7 @@ SOURCE_OPTIONS: tuple[Option[Any], ...] = (
     COMMIT_OFFSETS_ON_CHECKPOINT, FAIL_ON_DATA_LOSS, INCLUDE_HEADERS, INCLUDE_MARKERS,
     EVENT_TIME_FIELD, EVENT_TIME_HEADER, EVENT_TIME_UNIT, EVENT_TIME_ON_ERROR,
     WATERMARK_STRATEGY, MAX_OUT_OF_ORDERNESS, PUNCTUATION_FIELD, PUNCTUATION_HEADER,
-    IDLE_TIMEOUT, STATE_LOCATION, HORIZON, ALIGNMENT_MAX_DRIFT, POLL_TIMEOUT, FETCH,
+    IDLE_TIMEOUT, STATE_LOCATION, HORIZON, ALIGNMENT_MAX_DRIFT, POLL_TIMEOUT,
     MAX_READ_TASKS, MIN_PARTITIONS,
 )
 _SPELLED = {s: o.key for o in SOURCE_OPTIONS for s in o.spellings()}
@@ -456,7 +411,6 @@ class SourceOptions:
     # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
     max_read_tasks: int | None = None
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
-    fetch_client: FetchClient = FetchClient.LIBRDKAFKA
     # Spark's trigger pacing: no batch before this many new records, unless the delay passed
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
@@ -645,10 +599,23 @@ def _topics(given: Given) -> TopicSelection:
     return TopicSelection(assign=tuple(sorted((t, p) for t, ps in data.items() for p in ps)))
 
 
+#: options of earlier versions, by lower-case key: why each is gone and what to do
+_REMOVED = {
+    "kafkaconsumer.fetch": (
+        "option kafkaConsumer.fetch was removed in 0.3 with the experimental native fetch "
+        "path: read tasks always read with librdkafka, which reads every codec and every "
+        "security setting; drop the option"),
+}
+
+
+def _unknown(key: str, declared: dict[str, Option[Any]]) -> OptionError:
+    return OptionError(_REMOVED.get(key) or
+                       f"unknown option {key!r} for format flinkish{did_you_mean(key, declared)}")
+
+
 def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     """Validate everything the source will ever read from its options."""
-    given = match(raw, SOURCE_OPTIONS, lambda key, declared: OptionError(
-        f"unknown option {key!r} for format flinkish{did_you_mean(key, declared)}"))
+    given = match(raw, SOURCE_OPTIONS, _unknown)
 
     collected_kafka = given.value(KAFKA)
     kafka = dict(collected_kafka)
@@ -758,7 +725,6 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         )
     idle = given.value(IDLE_TIMEOUT)
     poll_timeout_ms = given.value(POLL_TIMEOUT)
-    fetch = given.value(FETCH)
 
     max_tasks = given.value(MAX_READ_TASKS)
     min_partitions = given.value(MIN_PARTITIONS)
@@ -792,7 +758,6 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         alignment_max_drift_ms=drift,
         max_read_tasks=max_tasks,
         min_partitions=min_partitions,
-        fetch_client=fetch,
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_ms=max_delay,
         commit_group=commit_group,

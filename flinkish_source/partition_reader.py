@@ -119,13 +119,7 @@ class _Batches:
 
     def records(self, msgs: Sequence[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
         n = len(msgs)
-        decoded = getattr(msgs, "columns", None)  # a RecordChunk of the native fetch path
-        if decoded is not None:
-            keys, values, offsets = decoded.keys, decoded.values, decoded.offsets
-            ts = decoded.timestamps.cast(_MS).cast(_US)
-            ts_type = decoded.timestamp_types
-        else:
-            keys, values, offsets, ts, ts_type = _message_columns(msgs)
+        keys, values, offsets, ts, ts_type = _message_columns(msgs)
         columns: list[pa.Array] = [
             keys,
             values,
@@ -136,12 +130,10 @@ class _Batches:
             ts_type,
         ]
         if self.headers:
-            columns.append(
-                decoded.headers if decoded is not None else pa.array(
-                    [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs],
-                    self.schema.field("headers").type,
-                )
-            )
+            columns.append(pa.array(
+                [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs],
+                self.schema.field("headers").type,
+            ))
         columns.append(
             ts if event_ms is None
             else pa.array([None if e is None else e * 1000 for e in event_ms],
@@ -307,12 +299,6 @@ class _PieceReader:
             if not with_event_times:
                 break
             assert generator is not None
-            decoded = getattr(msgs, "columns", None)  # native chunks: every timestamp is set
-            if self.extractor.from_kafka_timestamp and decoded is not None:
-                extremes = _compute().min_max(decoded.timestamps)
-                self._saw(extremes["min"].as_py())
-                generator.on_max_event_time(extremes["max"].as_py())
-                continue
             if self.extractor.from_kafka_timestamp:
                 times = []
                 for m in msgs:

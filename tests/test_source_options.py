@@ -167,6 +167,14 @@ def test_unknown_option_without_close_match_has_no_suggestion() -> None:
     assert "did you mean" not in message
 
 
+@pytest.mark.parametrize("value", ["native", "librdkafka"])
+def test_the_removed_fetch_option_says_it_was_removed_and_what_reads_instead(value: str) -> None:
+    message = error({**BASE, "kafkaConsumer.Fetch": value})
+    assert "kafkaConsumer.fetch was removed in 0.3" in message
+    assert "librdkafka, which reads every codec and every security setting" in message
+    assert "drop the option" in message
+
+
 @pytest.mark.parametrize(
     "key", ["enable.auto.commit", "auto.offset.reset", "enable.partition.eof"]
 )
