@@ -386,37 +386,46 @@ class TopicSelection:
 
 
 @dataclass(frozen=True)
-class SourceOptions:
-    kafka_config: dict[str, str] = field(repr=False)  # librdkafka's names; may hold secrets
-    topics: TopicSelection
+class KafkaClient:
+    """How the query's clients reach Kafka (the options of the group "kafka client")."""
+
+    config: dict[str, str] = field(repr=False)  # librdkafka's names; may hold secrets
+    # key stores and the MSK IAM callback, added where each client is built (client_config)
+    security: ClientSecurity = field(default=NO_SECURITY, repr=False)
+    poll_timeout_ms: int = 120_000
+    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
+    # None: no commits); never in config, so read consumers never join or commit to it
+    commit_group: str | None = None
+
+    @property
+    def read_committed(self) -> bool:
+        """Reads stop at the last stable offset and skip aborted transactions (librdkafka's
+        ``isolation.level``, read_committed unless set to read_uncommitted)."""
+        return self.config.get("isolation.level") != "read_uncommitted"
+
+    @property
+    def safe_config(self) -> dict[str, Any]:
+        """``config`` with its secrets masked, to log or put in an error."""
+        return redact_kafka_config(self.config)
+
+    @property
+    def secrets(self) -> list[str]:
+        """The secret values among the client settings, to scrub from a client's messages."""
+        return secret_values(self.config) + self.security.secrets()
+
+    def client_config(self) -> dict[str, Any]:
+        """The settings of a librdkafka client of this query: ``config`` with the key stores'
+        PEM files and the MSK IAM token callback (see
+        :func:`flinkish_kafka.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
+        return {**CLIENT_DEFAULTS, **client_config(self.config, self.security)}
+
+
+@dataclass(frozen=True)
+class OffsetBounds:
+    """Where each partition starts and ends (the group "topics and offsets")."""
+
     starting: str | dict[str, dict[int, int]] = "latest"
     ending: str | dict[str, dict[int, int]] | None = None
-    max_offsets_per_trigger: int | None = None
-    fail_on_data_loss: bool = True
-    include_headers: bool = False
-    include_markers: bool = True
-    event_time_field: str | None = None
-    event_time_header: str | None = None
-    event_time_unit_ms: float = 1
-    event_time_on_error: OnError = OnError.FAIL
-    watermark: WatermarkKind = WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
-    max_out_of_orderness_ms: int = 0
-    punctuation_field: str | None = None
-    punctuation_header: str | None = None
-    idle_timeout_ms: int | None = None
-    state_location: str | None = None
-    poll_timeout_ms: int = 120_000
-    horizon_ms: int = DEFAULT_HORIZON_MS
-    alignment_max_drift_ms: int | None = None  # watermark alignment (off: None)
-    # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
-    max_read_tasks: int | None = None
-    min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
-    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
-    min_offsets_per_trigger: int | None = None
-    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
-    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
-    # None: no commits); never in kafka_config, so read consumers never join or commit to it
-    commit_group: str | None = None
     # Spark's startingTimestamp / startingOffsetsByTimestamp (one time for every partition, or
     # per partition; epoch ms), and the ending pair: resolved to offsets when the query starts
     starting_times: int | dict[str, dict[int, int]] | None = None
@@ -424,39 +433,64 @@ class SourceOptions:
     # starts at the partition's end ("latest")
     starting_times_latest: bool = False
     ending_times: int | dict[str, dict[int, int]] | None = None
-    # key stores and the MSK IAM callback, added where each client is built (client_config)
-    client_security: ClientSecurity = field(default=NO_SECURITY, repr=False)
+    fail_on_data_loss: bool = True
 
     @property
     def bounded(self) -> bool:
         """Whether every partition stops somewhere (endingOffsets or an ending time)."""
         return self.ending is not None or self.ending_times is not None
 
-    @property
-    def read_committed(self) -> bool:
-        """Reads stop at the last stable offset and skip aborted transactions (librdkafka's
-        ``isolation.level``, read_committed unless set to read_uncommitted)."""
-        return self.kafka_config.get("isolation.level") != "read_uncommitted"
+
+@dataclass(frozen=True)
+class Admission:
+    """How much a micro-batch reads and in how many tasks (the group "admission")."""
+
+    max_offsets_per_trigger: int | None = None
+    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
+    max_read_tasks: int | None = None
+    min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """Where event time comes from and how watermarks follow it (the group "event time and
+    watermarks")."""
+
+    include_markers: bool = True
+    field: str | None = None  # a dotted path into the JSON value
+    header: str | None = None
+    unit_ms: float = 1
+    on_error: OnError = OnError.FAIL
+    watermark: WatermarkKind = WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
+    max_out_of_orderness_ms: int = 0
+    punctuation_field: str | None = None
+    punctuation_header: str | None = None
+    idle_timeout_ms: int | None = None
+    horizon_ms: int = DEFAULT_HORIZON_MS
+    alignment_max_drift_ms: int | None = None  # watermark alignment (off: None)
 
     @property
     def needs_state(self) -> bool:
         """Watermark generators carry state across batches; only then is a location needed."""
         return self.include_markers and self.watermark is not WatermarkKind.NONE
 
-    @property
-    def safe_kafka_config(self) -> dict[str, Any]:
-        return redact_kafka_config(self.kafka_config)
 
-    @property
-    def kafka_secrets(self) -> list[str]:
-        """The secret values among the client settings, to scrub from a client's messages."""
-        return secret_values(self.kafka_config) + self.client_security.secrets()
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, parsed (:func:`parse_options`), in the groups their readers
+    read."""
 
-    def client_config(self) -> dict[str, Any]:
-        """The settings of a librdkafka client of this query: ``kafka_config`` with the key
-        stores' PEM files and the MSK IAM token callback (see
-        :func:`flinkish_kafka.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
-        return {**CLIENT_DEFAULTS, **client_config(self.kafka_config, self.client_security)}
+    kafka: KafkaClient
+    topics: TopicSelection
+    offsets: OffsetBounds = OffsetBounds()
+    admission: Admission = Admission()
+    event_time: EventTime = EventTime()
+    include_headers: bool = False  # the schema's headers column
+    # the generators' state directory (the group "state"); None without watermarks
+    state_location: str | None = None
 
 
 def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[int, int]]:
@@ -614,11 +648,52 @@ def _unknown(key: str, declared: dict[str, Option[Any]]) -> OptionError:
 
 
 def parse_options(raw: Mapping[str, str]) -> SourceOptions:
-    """Validate everything the source will ever read from its options."""
-    given = match(raw, SOURCE_OPTIONS, _unknown)
+    """Validate everything the source will ever read from its options.
 
-    collected_kafka = given.value(KAFKA)
-    kafka = dict(collected_kafka)
+    Args:
+        raw: the options as the query gave them (keys in any case).
+
+    Returns:
+        The options, in the groups their readers read.
+
+    Raises:
+        OptionError: naming the first option that is unknown, malformed or in conflict with
+            another, and what to write instead.
+    """
+    given = match(raw, SOURCE_OPTIONS, _unknown)
+    kafka = _kafka_client(given)
+    topics = _topics(given)
+    parsed = SourceOptions(
+        kafka=kafka,
+        topics=topics,
+        offsets=_offset_bounds(given, topics),
+        admission=_admission(given),
+        event_time=_event_time(given),
+        include_headers=given.value(INCLUDE_HEADERS),
+        state_location=given.value(STATE_LOCATION),
+    )
+    check_client_security(kafka.security)
+    if parsed.event_time.needs_state and not parsed.state_location:
+        raise OptionError(
+            "option checkpointing.location is required: per-partition watermarks carry the "
+            "max event time across micro-batches, kept in a directory (local path or a "
+            "pyarrow.fs URI such as s3://bucket/path) that the driver and the executors both "
+            "reach — e.g. a sub-directory of the query's checkpointLocation. (Not needed with "
+            "includeMarkers=false or watermark.strategy=none.)"
+        )
+    if parsed.state_location:
+        problem = local_location_problem(
+            "checkpointing.location", parsed.state_location, os.environ.get(MASTER_ENV),
+            "read tasks on the executors write the watermark state there and the driver reads "
+            "it back")
+        if problem:
+            raise OptionError(problem)
+    return parsed
+
+
+def _kafka_client(given: Given) -> KafkaClient:
+    collected: dict[str, str] = given.value(KAFKA)
+    kafka = dict(collected)
     for option in (BOOTSTRAP_SERVERS, GROUP_ID):  # declared apart for the docs and the errors
         if option in given:
             kafka[option.key[len("kafka."):]] = given.texts[option.key]
@@ -630,9 +705,11 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         if key in kafka:
             raise OptionError(f"option kafka.{key} is not supported: {why}")
     kafka, security = translate(kafka)
+    commit_group = _commit_group(given, kafka)
+    return KafkaClient(kafka, security, given.value(POLL_TIMEOUT), commit_group)
 
-    topics = _topics(given)
 
+def _offset_bounds(given: Given, topics: TopicSelection) -> OffsetBounds:
     # the keywords, like every other keyword value, in any case (Earliest, LATEST)
     starting_text = given.value(STARTING_OFFSETS).strip()
     starting: str | dict[str, dict[int, int]] = starting_text.lower()
@@ -649,7 +726,6 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     starting_times = _times(given, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
                             STARTING_OFFSETS)
     ending_times = _times(given, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP, ENDING_OFFSETS)
-    starting_times_latest = given.value(STARTING_TIMESTAMP_STRATEGY)
     if topics.pattern is not None:
         checked: tuple[tuple[Option[Any], object], ...] = (
             (STARTING_OFFSETS, starting), (ENDING_OFFSETS, ending),
@@ -662,7 +738,12 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
                     "subscribePattern (the partitions are not known in advance); use "
                     "subscribe or assign"
                 )
+    return OffsetBounds(starting, ending, starting_times,
+                        given.value(STARTING_TIMESTAMP_STRATEGY), ending_times,
+                        given.value(FAIL_ON_DATA_LOSS))
 
+
+def _admission(given: Given) -> Admission:
     max_per_trigger = given.value(MAX_OFFSETS_PER_TRIGGER)
     min_per_trigger = given.value(MIN_OFFSETS_PER_TRIGGER)
     if max_per_trigger is not None and min_per_trigger is not None and (
@@ -676,10 +757,18 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "option maxTriggerDelay only applies with minOffsetsPerTrigger (how long a "
             "batch may wait for that many records)"
         )
-    max_delay = given.value(MAX_TRIGGER_DELAY)
+    max_tasks = given.value(MAX_READ_TASKS)
+    min_partitions = given.value(MIN_PARTITIONS)
+    if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
+        raise OptionError(
+            f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
+            "conflict: minPartitions asks for more read tasks than maxReadTasks allows"
+        )
+    return Admission(max_per_trigger, min_per_trigger, given.value(MAX_TRIGGER_DELAY),
+                     max_tasks, min_partitions)
 
-    commit_group = _commit_group(given, kafka)
 
+def _event_time(given: Given) -> EventTime:
     et_field = given.value(EVENT_TIME_FIELD)
     et_header = given.value(EVENT_TIME_HEADER)
     if et_field and et_header:
@@ -687,20 +776,16 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "options eventTime.field and eventTime.header conflict: name one place to take "
             "event time from (neither = the Kafka record timestamp)"
         )
-    unit_ms = given.value(EVENT_TIME_UNIT)
     if EVENT_TIME_UNIT in given and not (et_field or et_header):
         raise OptionError(
             "option eventTime.unit only applies with eventTime.field or eventTime.header"
         )
-    on_error = given.value(EVENT_TIME_ON_ERROR)
-
     strategy = given.value(WATERMARK_STRATEGY)
     if MAX_OUT_OF_ORDERNESS in given and strategy is not WatermarkKind.BOUNDED_OUT_OF_ORDERNESS:
         raise OptionError(
             "option watermark.maxOutOfOrderness only applies to watermark.strategy "
             f"boundedOutOfOrderness (the strategy is {strategy.value})"
         )
-    bound = given.value(MAX_OUT_OF_ORDERNESS)
     p_field = given.value(PUNCTUATION_FIELD)
     p_header = given.value(PUNCTUATION_HEADER)
     if strategy is WatermarkKind.PUNCTUATED:
@@ -714,72 +799,17 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise OptionError(
             "options watermark.punctuation.* only apply to watermark.strategy punctuated"
         )
-
-    horizon = given.value(HORIZON)
+    include_markers = given.value(INCLUDE_MARKERS)
     drift = given.value(ALIGNMENT_MAX_DRIFT)
-    if drift is not None and (
-            strategy is WatermarkKind.NONE or not given.value(INCLUDE_MARKERS)):
+    if drift is not None and (strategy is WatermarkKind.NONE or not include_markers):
         raise OptionError(
             "option watermark.alignment.maxDrift needs per-partition watermarks: it does "
             "not apply with watermark.strategy=none or includeMarkers=false"
         )
-    idle = given.value(IDLE_TIMEOUT)
-    poll_timeout_ms = given.value(POLL_TIMEOUT)
-
-    max_tasks = given.value(MAX_READ_TASKS)
-    min_partitions = given.value(MIN_PARTITIONS)
-    if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
-        raise OptionError(
-            f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
-            "conflict: minPartitions asks for more read tasks than maxReadTasks allows"
-        )
-
-    parsed = SourceOptions(
-        kafka_config=kafka,
-        topics=topics,
-        starting=starting,
-        ending=ending,
-        max_offsets_per_trigger=max_per_trigger,
-        fail_on_data_loss=given.value(FAIL_ON_DATA_LOSS),
-        include_headers=given.value(INCLUDE_HEADERS),
-        include_markers=given.value(INCLUDE_MARKERS),
-        event_time_field=et_field,
-        event_time_header=et_header,
-        event_time_unit_ms=unit_ms,
-        event_time_on_error=on_error,
-        watermark=strategy,
-        max_out_of_orderness_ms=bound,
-        punctuation_field=p_field,
-        punctuation_header=p_header,
-        idle_timeout_ms=idle,
-        state_location=given.value(STATE_LOCATION),
-        poll_timeout_ms=poll_timeout_ms,
-        horizon_ms=horizon,
-        alignment_max_drift_ms=drift,
-        max_read_tasks=max_tasks,
-        min_partitions=min_partitions,
-        min_offsets_per_trigger=min_per_trigger,
-        max_trigger_delay_ms=max_delay,
-        commit_group=commit_group,
-        starting_times=starting_times,
-        starting_times_latest=starting_times_latest,
-        ending_times=ending_times,
-        client_security=security,
-    )
-    check_client_security(security)
-    if parsed.needs_state and not parsed.state_location:
-        raise OptionError(
-            "option checkpointing.location is required: per-partition watermarks carry the "
-            "max event time across micro-batches, kept in a directory (local path or a "
-            "pyarrow.fs URI such as s3://bucket/path) that the driver and the executors both "
-            "reach — e.g. a sub-directory of the query's checkpointLocation. (Not needed with "
-            "includeMarkers=false or watermark.strategy=none.)"
-        )
-    if parsed.state_location:
-        problem = local_location_problem(
-            "checkpointing.location", parsed.state_location, os.environ.get(MASTER_ENV),
-            "read tasks on the executors write the watermark state there and the driver reads "
-            "it back")
-        if problem:
-            raise OptionError(problem)
-    return parsed
+    return EventTime(
+        include_markers=include_markers, field=et_field, header=et_header,
+        unit_ms=given.value(EVENT_TIME_UNIT), on_error=given.value(EVENT_TIME_ON_ERROR),
+        watermark=strategy, max_out_of_orderness_ms=given.value(MAX_OUT_OF_ORDERNESS),
+        punctuation_field=p_field, punctuation_header=p_header,
+        idle_timeout_ms=given.value(IDLE_TIMEOUT), horizon_ms=given.value(HORIZON),
+        alignment_max_drift_ms=drift)

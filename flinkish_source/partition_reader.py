@@ -173,9 +173,9 @@ def _message_columns(msgs: Sequence[Any]) -> tuple[pa.Array, ...]:
 
 def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
     """Does this record carry a punctuated watermark (its own event time)?"""
-    if options.punctuation_header is not None:
+    if options.event_time.punctuation_header is not None:
         for name, raw in headers or ():
-            if name == options.punctuation_header:
+            if name == options.event_time.punctuation_header:
                 text = (raw or b"").decode("utf-8", "replace").strip().lower()
                 return text not in ("", "0", "false", "no")
         return False
@@ -184,7 +184,7 @@ def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
     except ValueError:
         return False
     flag: Any = document
-    for part in (options.punctuation_field or "").split("."):
+    for part in (options.event_time.punctuation_field or "").split("."):
         flag = flag.get(part) if isinstance(flag, dict) else None
     return bool(flag)
 
@@ -244,15 +244,15 @@ class _PieceReader:
         self.piece = piece
         self.plan = plan
         self.out = _Batches(plan, options.include_headers)
-        self.markers = options.include_markers
-        strategy = WatermarkStrategy.from_options(options)
+        self.markers = options.event_time.include_markers
+        strategy = WatermarkStrategy.from_options(options.event_time)
         self.generator = (
             strategy.create_generator(plan.base)
             if self.markers and plan.base is not None else None
         )
-        self.extractor = EventTimeExtractor(options)
+        self.extractor = EventTimeExtractor(options.event_time)
         self.punctuated = (self.generator is not None
-                           and options.watermark is WatermarkKind.PUNCTUATED)
+                           and options.event_time.watermark is WatermarkKind.PUNCTUATED)
         self.status = plan.start_status
         self.before: list[Marker] = []  # markers earlier pieces emitted for the slice
         self.ahead = 0  # records beyond the horizon (see SlicePlan.horizon)

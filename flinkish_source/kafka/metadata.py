@@ -53,7 +53,7 @@ class KafkaMetadata:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._complaint: KafkaError | None = None
-        self._refusals = RefusalWatch(str(options.kafka_config.get("bootstrap.servers", "")))
+        self._refusals = RefusalWatch(str(options.kafka.config.get("bootstrap.servers", "")))
         # per partition: the latest offset ListOffsets reported, and the high watermark the
         # fetch probe found for it (see offset_ranges)
         self._probed: dict[TopicPartitionKey, tuple[int, int]] = {}
@@ -77,9 +77,9 @@ class KafkaMetadata:
         The first call also creates the probe's consumer, which then connects to the cluster
         while this client's requests are answered."""
         if self._admin is None:
-            config: dict[str, Any] = self._options.client_config()
+            config: dict[str, Any] = self._options.kafka.client_config()
             config.update({
-                "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
+                "socket.timeout.ms": min(60_000, max(1_000, self._options.kafka.poll_timeout_ms)),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
                 "logger": CLIENT_LOG,
                 "error_cb": self._noticed,
@@ -96,7 +96,7 @@ class KafkaMetadata:
         connection once the brokers are known and, about every other time, holds the request it
         had sent there until its next connection attempt, ``reconnect.backoff.ms`` / 2 (50 ms)
         later: measured on query starts."""
-        return self._options.kafka_config.get("enable.sparse.connections", False)
+        return self._options.kafka.config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
         """A client's ``error_cb``. A refusal (failed authentication, TLS verification) is
@@ -176,7 +176,7 @@ class KafkaMetadata:
         """Earliest and latest offsets by ListOffsets for every partition at once, at the
         consumers' isolation level (a read_committed consumer cannot read past the last stable
         offset); both requests are in flight together (planning waits one round trip)."""
-        isolation = (IsolationLevel.READ_COMMITTED if self._options.read_committed
+        isolation = (IsolationLevel.READ_COMMITTED if self._options.kafka.read_committed
                      else IsolationLevel.READ_UNCOMMITTED)
         asked = [
             self._admin_client().list_offsets(
@@ -197,7 +197,7 @@ class KafkaMetadata:
         timestamp is at or after the time, None where no record is (Kafka answers -1)."""
         if not times:
             return {}
-        isolation = (IsolationLevel.READ_COMMITTED if self._options.read_committed
+        isolation = (IsolationLevel.READ_COMMITTED if self._options.kafka.read_committed
                      else IsolationLevel.READ_UNCOMMITTED)
 
         def attempt(timeout: float) -> dict[TopicPartitionKey, int | None]:
