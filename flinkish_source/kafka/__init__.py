@@ -18,7 +18,6 @@ from flinkish_source.kafka.base import (
     POOL,
     DataLossError,
     KafkaUnavailableError,
-    PooledRangeReader,
     RangeKey,
     TopicPartitionKey,
 )
@@ -32,8 +31,8 @@ __all__ = ["POOL", "DataLossError", "KafkaMetadata", "KafkaUnavailableError", "O
 _announced = threading.local()
 
 
-def _registry() -> dict[RangeKey, PooledRangeReader]:
-    registry: dict[RangeKey, PooledRangeReader] | None = getattr(_announced, "ranges", None)
+def _registry() -> dict[RangeKey, RangeReader]:
+    registry: dict[RangeKey, RangeReader] | None = getattr(_announced, "ranges", None)
     if registry is None:
         registry = _announced.ranges = {}
     return registry
