@@ -16,7 +16,7 @@ import functools
 import gc
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -292,8 +292,8 @@ class _PieceReader:
         plan, generator = self.plan, self.generator
         first: int | None = None
         chunk = CHUNK if with_event_times else 1
-        for msgs in kafka.read_range(self.options, plan.topic, plan.partition,
-                                            plan.start, self.piece.start, chunk):
+        for msgs in kafka.read_range(self.options, plan.topic, plan.partition, plan.start,
+                                     self.piece.start, chunk):
             if first is None:
                 first = msgs[0].offset()
             if not with_event_times:
@@ -382,20 +382,27 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
     """Stream the slice: [ACTIVE] records/[punctuated watermarks] [watermark] [MAX] [IDLE];
     then record the generator state and the slice's markers at
     ``source/<topic>/<partition>/<end>``."""
-    from flinkish_source import kafka
-
-    reader = _PieceReader(options, SlicePiece.whole(plan))
-    yield from reader.begin()
-    for msgs in kafka.read_range(options, plan.topic, plan.partition, plan.start,
-                                        plan.end, CHUNK):
-        yield from reader.chunk(msgs)
-    yield from reader.finish()
-    record = reader.record()
+    record = yield from _read_piece(options, SlicePiece.whole(plan))
     if record is not None:
         assert options.state_location is not None
         SourceStateStore(options.state_location).save(
             plan.topic, plan.partition, record.state, record.outcome
         )
+
+
+def _read_piece(options: SourceOptions, piece: SlicePiece
+                ) -> Generator[pa.RecordBatch, None, SliceRecord | None]:
+    """Stream one piece of a slice; what its slice hands to the next batch, if it is the
+    slice's last piece."""
+    from flinkish_source import kafka
+
+    reader = _PieceReader(options, piece)
+    yield from reader.begin()
+    for msgs in kafka.read_range(options, piece.plan.topic, piece.plan.partition, piece.start,
+                                 piece.end, CHUNK):
+        yield from reader.chunk(msgs)
+    yield from reader.finish()
+    return reader.record()
 
 
 #: Output batches with fewer rows than this are merged with their neighbours (in order) before
@@ -464,14 +471,7 @@ def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatc
     records: list[SliceRecord] = []
     with kafka.reading(options, ranges, CHUNK):
         for piece in task.pieces:
-            reader = _PieceReader(options, piece)
-            yield from reader.begin()
-            for msgs in kafka.read_range(options, piece.plan.topic,
-                                                piece.plan.partition, piece.start, piece.end,
-                                                CHUNK):
-                yield from reader.chunk(msgs)
-            yield from reader.finish()
-            record = reader.record()
+            record = yield from _read_piece(options, piece)
             if record is not None:
                 records.append(record)
     if records:

@@ -64,12 +64,6 @@ from flinkish_source.watermark_strategy import GeneratorState
 logger = logging.getLogger(__name__)
 
 
-class SliceInputPartition(InputPartition):
-    def __init__(self, plan: SlicePlan) -> None:
-        super().__init__(plan)
-        self.plan = plan
-
-
 class ReadTaskInputPartition(InputPartition):
     """One read task: its pieces of slices, the batch's carrier watermark if it yields the
     carrier row, and in a closing batch the batch's end offset (the task that finishes last
@@ -410,10 +404,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(partition, CarrierInputPartition):
             return iter([carrier(self._options.include_headers, partition.watermark,
                                  self._options.event_time.horizon_ms)])
-        if isinstance(partition, ReadTaskInputPartition):
-            return self._read_task(partition)
-        assert isinstance(partition, SliceInputPartition)
-        return read_slice(self._options, partition.plan)
+        assert isinstance(partition, ReadTaskInputPartition)
+        return self._read_task(partition)
 
     def _read_task(self, partition: ReadTaskInputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_task(self._options, partition.task)
