@@ -493,13 +493,19 @@ class SourceOptions:
     state_location: str | None = None
 
 
-def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[int, int]]:
-    what = "earliest, latest" if allow_earliest else "latest"
+def _json_object(raw: str) -> dict[str, Any] | None:
+    """The JSON object ``raw`` holds (None: not JSON, or not an object)."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[int, int]]:
+    what = "earliest, latest" if allow_earliest else "latest"
+    data = _json_object(raw)
+    if data is None:
         raise OptionError(
             f"option {display(key)}: {raw!r} is not {what} or a JSON object like "
             '{"topic":{"0":23,"1":-2}} (-2 = earliest, -1 = latest)'
@@ -548,16 +554,13 @@ def _times(given: Given, one: Option[str], each: Option[str],
         return int(text)
     if each in given:
         raw = given.value(each)
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError:
-            data = None
-        ok = isinstance(data, dict) and all(
+        data = _json_object(raw)
+        ok = data is not None and all(
             isinstance(parts, dict) and all(
                 str(p).isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 for p, v in parts.items())
             for parts in data.values())
-        if not ok:
+        if data is None or not ok:
             raise OptionError(
                 f"option {each.key}: {raw!r} is not a JSON object of epoch-millisecond "
                 'timestamps >= 0 per partition, like {"topic":{"0":1700000000000}}'
@@ -619,11 +622,8 @@ def _topics(given: Given) -> TopicSelection:
         except re.error as exc:
             raise OptionError(f"option subscribePattern: {raw!r} is not a regex: {exc}") from exc
         return TopicSelection(pattern=raw)
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict) or not all(
+    data = _json_object(raw)
+    if data is None or not all(
         isinstance(v, list) and all(isinstance(p, int) and p >= 0 for p in v)
         for v in data.values()
     ):

@@ -114,6 +114,10 @@ def warn_missing_topics(options: SourceOptions, partitions: list[TopicPartitionK
                        options.topics.pattern)
 
 
+#: The reader's attributes that stay on the driver (None in the copy pickled to the executors)
+_DRIVER_ONLY = ("_prepared", "_initial", "_metadata", "_state_store", "_committer", "_notices")
+
+
 class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
@@ -137,14 +141,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_prepared"] = None
-        state["_initial"] = None
-        state["_metadata"] = None
-        state["_state_store"] = None
-        state["_committer"] = None
-        state["_notices"] = None
-        return state
+        """What the read tasks get: none of the driver's clients, caches or listeners."""
+        return {**self.__dict__, **dict.fromkeys(_DRIVER_ONLY)}
 
     @property
     def _store(self) -> SourceStateStore:

@@ -170,18 +170,21 @@ class KafkaMetadata:
             for tp, r in reported.items()
         }
 
+    def _isolation(self) -> IsolationLevel:
+        """The read consumers' isolation level (ListOffsets answers at it)."""
+        return (IsolationLevel.READ_COMMITTED if self._options.kafka.read_committed
+                else IsolationLevel.READ_UNCOMMITTED)
+
     def _list_offsets(
         self, partitions: list[TopicPartitionKey], timeout: float
     ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, int]]:
         """Earliest and latest offsets by ListOffsets for every partition at once, at the
         consumers' isolation level (a read_committed consumer cannot read past the last stable
         offset); both requests are in flight together (planning waits one round trip)."""
-        isolation = (IsolationLevel.READ_COMMITTED if self._options.kafka.read_committed
-                     else IsolationLevel.READ_UNCOMMITTED)
         asked = [
             self._admin_client().list_offsets(
                 {TopicPartition(t, p): spec for t, p in partitions},
-                isolation_level=isolation, request_timeout=timeout)
+                isolation_level=self._isolation(), request_timeout=timeout)
             for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
         ]
         earliest, latest = (
@@ -197,14 +200,11 @@ class KafkaMetadata:
         timestamp is at or after the time, None where no record is (Kafka answers -1)."""
         if not times:
             return {}
-        isolation = (IsolationLevel.READ_COMMITTED if self._options.kafka.read_committed
-                     else IsolationLevel.READ_UNCOMMITTED)
-
         def attempt(timeout: float) -> dict[TopicPartitionKey, int | None]:
             futures = self._admin_client().list_offsets(
                 {TopicPartition(t, p): OffsetSpec.for_timestamp(ts)
                  for (t, p), ts in times.items()},
-                isolation_level=isolation, request_timeout=timeout)
+                isolation_level=self._isolation(), request_timeout=timeout)
             return {(tp.topic, tp.partition): (None if f.result().offset < 0
                                                else int(f.result().offset))
                     for tp, f in futures.items()}
