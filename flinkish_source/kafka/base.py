@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from flinkish_core.secrets import scrub
-from flinkish_source.options import SourceOptions
+from flinkish_source.options import KafkaClient, SourceOptions
 
 TopicPartitionKey = tuple[str, int]
 RangeKey = tuple[str, int, int, int]  # topic, partition, start, end
@@ -90,7 +90,7 @@ def security_failure(error: KafkaError | None) -> str | None:
     return None
 
 
-def security_error(options: SourceOptions, what: str, error: KafkaError
+def security_error(kafka: KafkaClient, what: str, error: KafkaError
                    ) -> KafkaSecurityError | None:
     """The error that ends a query whose client the brokers refused (see
     :func:`security_failure`), or None."""
@@ -105,9 +105,9 @@ def security_error(options: SourceOptions, what: str, error: KafkaError
         "kafka.ssl.endpoint.identification.algorithm), and, where the brokers require a "
         "client certificate, the key store (kafka.ssl.keystore.*)")
     return KafkaSecurityError(
-        f"{what}: {kind} with bootstrap servers {servers(options)!r}: "
-        f"{scrub(error.str(), options.kafka.secrets)}; check {check}; client settings: "
-        f"{options.kafka.safe_config}")
+        f"{what}: {kind} with bootstrap servers {servers(kafka)!r}: "
+        f"{scrub(error.str(), kafka.secrets)}; check {check}; client settings: "
+        f"{kafka.safe_config}")
 
 
 _refusals = threading.local()
@@ -121,27 +121,27 @@ def note_refusal(error: KafkaError) -> None:
         _refusals.error = error
 
 
-def raise_refusal(options: SourceOptions, what: str) -> None:
+def raise_refusal(kafka: KafkaClient, what: str) -> None:
     """Raise :class:`KafkaSecurityError` if this thread's last poll served a refusal."""
     error = getattr(_refusals, "error", None)
     if error is not None:
         _refusals.error = None
-        failure = security_error(options, what, error)
+        failure = security_error(kafka, what, error)
         assert failure is not None
         raise failure
 
 
-def servers(options: SourceOptions) -> str:
-    return str(options.kafka.config.get("bootstrap.servers"))
+def servers(kafka: KafkaClient) -> str:
+    return str(kafka.config.get("bootstrap.servers"))
 
 
-def error_hint(options: SourceOptions) -> str:
+def error_hint(kafka: KafkaClient) -> str:
     """What to check, with the client settings in use (secrets masked)."""
     return (
-        f"bootstrap servers {servers(options)!r}; check "
+        f"bootstrap servers {servers(kafka)!r}; check "
         "kafka.bootstrap.servers and the kafka.security.*/sasl.*/ssl.* settings "
         f"({WAIT_OPTION} sets how long to wait); client settings: "
-        f"{options.kafka.safe_config}"
+        f"{kafka.safe_config}"
     )
 
 
@@ -245,13 +245,13 @@ class BrokerWait:
     """
 
     def __init__(
-        self, options: SourceOptions, what: str,
+        self, kafka: KafkaClient, what: str,
         complaints: Callable[[], KafkaError | None] | None = None,
         refusals: RefusalWatch | None = None,
     ) -> None:
-        self._options = options
+        self._kafka = kafka
         self.what = what
-        self.bound = options.kafka.poll_timeout_ms / 1000
+        self.bound = kafka.poll_timeout_ms / 1000
         self.step = retry_step(self.bound)
         self.started = time.monotonic()
         self._next_warning = self.started + self.step
@@ -271,7 +271,7 @@ class BrokerWait:
         wrong port), and any while every report so far is a refused connection."""
         if self._refusals is not None and self._refusals.refusing():
             return True
-        protocol = str(self._options.kafka.config.get("security.protocol", "plaintext"))
+        protocol = str(self._kafka.config.get("security.protocol", "plaintext"))
         unreached = self._refusals is not None and not self._refusals.reached
         return first and (protocol.strip().lower() != "plaintext" or unreached)
 
@@ -288,16 +288,16 @@ class BrokerWait:
                 code = error.code() if isinstance(error, KafkaError) else None
                 reason = scrub(
                     error.str() if isinstance(error, KafkaError) else str(exc),
-                    self._options.kafka.secrets,
+                    self._kafka.secrets,
                 )
-                refused = (security_error(self._options, self.what, error)
+                refused = (security_error(self._kafka, self.what, error)
                            if isinstance(error, KafkaError) else None)
                 if refused is not None:
                     raise refused from exc
                 if code not in _UNANSWERED:
                     raise KafkaUnavailableError(
                         f"{self.what}: the brokers answered with an error: {reason}; "
-                        + error_hint(self._options)
+                        + error_hint(self._kafka)
                     ) from exc
             else:
                 if self._refusals is not None:
@@ -319,12 +319,12 @@ class BrokerWait:
         """Raise :class:`KafkaSecurityError` if the client's report says it was refused, or
         :class:`KafkaUnavailableError` if nothing listens at the bootstrap servers."""
         complaint = complaint if complaint is not None else self._complaint()
-        refused = (security_error(self._options, self.what, complaint)
+        refused = (security_error(self._kafka, self.what, complaint)
                    if complaint is not None else None)
         if refused is not None:
             raise refused
         if self._refusals is not None and self._refusals.refused_for() >= REFUSED_FOR_S:
-            raise self._refusals.error(self.what, servers(self._options))
+            raise self._refusals.error(self.what, servers(self._kafka))
 
     def unanswered(self, reason: str | None = None) -> None:
         """An attempt went unanswered: raise at the bound (at once when the client's report
@@ -332,15 +332,15 @@ class BrokerWait:
         complaint = self._complaint()
         self._refusal(complaint)
         detail = "; ".join(dict.fromkeys(
-            scrub(r, self._options.kafka.secrets)
+            scrub(r, self._kafka.secrets)
             for r in (complaint.str() if complaint is not None else None, reason) if r
         )) or "no answer"
         if self.remaining() <= 0:
             raise KafkaUnavailableError(
-                f"{self.what}: no answer from bootstrap servers {servers(self._options)!r} "
+                f"{self.what}: no answer from bootstrap servers {servers(self._kafka)!r} "
                 f"within {self.bound:g} s (option {WAIT_OPTION}="
-                f"{self._options.kafka.poll_timeout_ms} bounds this wait; last error: {detail}); "
-                + error_hint(self._options)
+                f"{self._kafka.poll_timeout_ms} bounds this wait; last error: {detail}); "
+                + error_hint(self._kafka)
             )
         if time.monotonic() < self._next_warning - 0.05:  # an attempt ends a little early
             return
@@ -348,8 +348,8 @@ class BrokerWait:
         logger.warning(
             "%s: still waiting for bootstrap servers %r after %.1f s, giving up in %.1f s "
             "(option %s=%d bounds the wait); last error: %s; client settings: %s",
-            self.what, servers(self._options), self.elapsed(), self.remaining(), WAIT_OPTION,
-            self._options.kafka.poll_timeout_ms, detail, self._options.kafka.safe_config,
+            self.what, servers(self._kafka), self.elapsed(), self.remaining(), WAIT_OPTION,
+            self._kafka.poll_timeout_ms, detail, self._kafka.safe_config,
         )
 
 
@@ -372,9 +372,9 @@ class ClientLog:
 CLIENT_LOG = ClientLog()
 
 
-def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
+def consumer_config(kafka: KafkaClient, **overrides: Any) -> dict[str, Any]:
     """librdkafka settings for a manually assigned, never-committing consumer."""
-    config: dict[str, Any] = options.kafka.client_config()
+    config: dict[str, Any] = kafka.client_config()
     config.update(
         {
             "group.id": f"flinkish-{uuid.uuid4().hex}",
@@ -382,7 +382,7 @@ def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
-            "socket.timeout.ms": min(60_000, max(1_000, options.kafka.poll_timeout_ms)),
+            "socket.timeout.ms": min(60_000, max(1_000, kafka.poll_timeout_ms)),
             "log_level": 3,
             "logger": CLIENT_LOG,
         }
@@ -567,7 +567,7 @@ POOL = ConsumerPool()
 atexit.register(POOL.clear)
 
 
-def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
+def read_consumer_config(kafka: KafkaClient) -> dict[str, Any]:
     """Settings of the consumers that read records (every read of one query shares them)."""
     prefetch = {
         # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
@@ -579,8 +579,8 @@ def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
         "fetch.queue.backoff.ms": 10,
         "fetch.wait.max.ms": 50,
     }
-    overrides = {k: v for k, v in prefetch.items() if k not in options.kafka.config}
-    return consumer_config(options, **overrides)
+    overrides = {k: v for k, v in prefetch.items() if k not in kafka.config}
+    return consumer_config(kafka, **overrides)
 
 
 #: How long a reader pauses before fetching again from an offset the leader said was out of

@@ -19,9 +19,9 @@ from typing import Any
 
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
+from flinkish_source.kafka import base
 from flinkish_source.kafka.base import (
     OUT_OF_RANGE,
-    POOL,
     SHORT_LOG_PAUSE_S,
     WAIT_OPTION,
     BrokerWait,
@@ -78,7 +78,7 @@ class RangeReader:
                  pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
         self._options = options
         self._chunk = chunk
-        self._pool = pool or POOL
+        self._pool = pool or base.POOL  # the pool of the moment (a test may swap it)
         self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
         self._config: dict[str, Any] | None = None
         self._consumer: Any = None
@@ -104,7 +104,7 @@ class RangeReader:
 
     def _client(self) -> Any:
         if self._consumer is None:
-            self._config = read_consumer_config(self._options)
+            self._config = read_consumer_config(self._options.kafka)
             self._consumer = self._pool.acquire(self._config)
         return self._consumer
 
@@ -112,7 +112,7 @@ class RangeReader:
         """The partition's earliest and latest offset now, from one ListOffsets."""
         consumer, tp = self._client(), TopicPartition(topic, partition)
         low, high = BrokerWait(
-            self._options, f"could not read the offsets of {topic}/{partition}"
+            self._options.kafka, f"could not read the offsets of {topic}/{partition}"
         ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
         return int(low), int(high)
 
@@ -203,7 +203,7 @@ class RangeReader:
                 self._finish_other(self._assigned[(r.topic, r.partition)])
             self._fetch_ahead()
             self._poll()
-            raise_refusal(options, f"could not read {topic}/{partition}")
+            raise_refusal(options.kafka, f"could not read {topic}/{partition}")
             if r.chunks or r.done:
                 continue
             fetch_pos = self._client().position([r.tp])[0].offset
@@ -219,13 +219,13 @@ class RangeReader:
                 raise KafkaUnavailableError(
                     f"{topic}/{partition}: no records between offsets {r.position} and "
                     f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
-                    + error_hint(options)
+                    + error_hint(options.kafka)
                 )
             elif time.monotonic() >= next_warning:
                 logger.warning(
                     "%s/%d: still waiting for records between offsets %d and %d from "
                     "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
-                    "bounds the wait)", topic, partition, r.position, end, servers(options),
+                    "bounds the wait)", topic, partition, r.position, end, servers(options.kafka),
                     waited, timeout - waited, WAIT_OPTION, options.kafka.poll_timeout_ms,
                 )
                 next_warning = time.monotonic() + step

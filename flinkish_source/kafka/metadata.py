@@ -65,7 +65,7 @@ class KafkaMetadata:
         ``fetch.wait.max.ms`` after an unassign, and a broker answers a connection's requests
         in order, so a metadata request behind one would wait them out."""
         if self._consumer is None:
-            self._consumer = Consumer(consumer_config(self._options, **{
+            self._consumer = Consumer(consumer_config(self._options.kafka, **{
                 "fetch.wait.max.ms": 10, "error_cb": self._noticed,
                 "enable.sparse.connections": self._sparse(),
             }))
@@ -117,7 +117,7 @@ class KafkaMetadata:
         return complaint
 
     def _wait(self, what: str) -> BrokerWait:
-        return BrokerWait(self._options, what, self._complaints, self._refusals)
+        return BrokerWait(self._options.kafka, what, self._complaints, self._refusals)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -242,7 +242,8 @@ class KafkaMetadata:
         found: dict[TopicPartitionKey, int] = {}
         # poll() serves error_cb itself, so the complaint is read without a poll
         wait = BrokerWait(
-            self._options, f"could not probe the high watermarks of {len(ranges)} partition(s)",
+            self._options.kafka,
+            f"could not probe the high watermarks of {len(ranges)} partition(s)",
             lambda: self._complaint,
         )
         next_warning = time.monotonic() + wait.step
