@@ -39,10 +39,6 @@ What is measured, and why:
   query runs (``maxReadTasks``' default, at most one per partition). It reads no Kafka and
   computes nothing, so the gap to it is what flinkish adds to Spark's own cost of taking rows
   from Python. ``ratio_vs_bare = flinkish_rps / bare_source_rps``; the target is 0.85.
-* ``flinkish_rps`` reads with the default ``kafkaConsumer.fetch=librdkafka`` (one
-  confluent-kafka ``Message`` per record); ``flinkish_native_rps`` is the same query with the
-  experimental ``kafkaConsumer.fetch=native`` (Fetch requests decoded into Arrow), measured in
-  the same run, and ``native_vs_librdkafka`` their ratio.
 * ``kafka_floor_rps`` is the ceiling of any Kafka source written on PySpark's Python data source
   API with confluent-kafka: ``records / seconds`` of one ``Trigger.AvailableNow`` query of
   ``KafkaFloorSource`` below, whose read tasks (as many as flinkish's, each given every
@@ -377,10 +373,8 @@ def run_bare(spark: Any, records: int, tasks: int, value_bytes: int, workdir: Pa
 
 def run_flinkish(
     spark: Any, bootstrap: str, topic: str, workdir: Path, timeout: float,
-    fetch: str | None = None,
 ) -> tuple[Split, int]:
-    """One AvailableNow query into the noop sink, read tasks fetching with ``fetch``
-    (``kafkaConsumer.fetch``; None: the default); where its time went, and the rows the
+    """One AvailableNow query into the noop sink; where its time went, and the rows the
     source produced."""
     run = Path(tempfile.mkdtemp(prefix="run-", dir=workdir))
     df = (
@@ -391,10 +385,8 @@ def run_flinkish(
         .option("includeMarkers", "true")
         .option("watermark.maxOutOfOrderness", MAX_OUT_OF_ORDERNESS)
         .option("checkpointing.location", str(run / "state"))
+        .load()
     )
-    if fetch is not None:
-        df = df.option("kafkaConsumer.fetch", fetch)
-    df = df.load()
     writer = (
         df.writeStream.format("noop")
         .trigger(availableNow=True)
@@ -478,7 +470,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     bare_seconds_runs: list[float] = []
     floor_runs: list[float] = []
     floor_cpu_runs: list[dict[str, float]] = []
-    native_runs: list[float] = []
     peaks: list[float] = []
     flinkish_splits: list[Split] = []
     floor_splits: list[Split] = []
@@ -494,9 +485,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"({args.warmup_records:,} records on {warmup_topic}, not timed)")
         split, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout)
         log(f"warm-up query took {split.seconds:.1f} s")
-        split, _ = run_flinkish(spark, bootstrap, warmup_topic, workdir, args.timeout,
-                                "native")
-        log(f"warm-up query with kafkaConsumer.fetch=native took {split.seconds:.1f} s")
         from flinkish_source.read_plan import default_read_tasks
 
         tasks = min(args.partitions, default_read_tasks())
@@ -550,16 +538,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"CPU seconds: {floor_cpu.seconds}")
             floor_cpu_runs.append(floor_cpu.seconds)
 
-        def measure_native(run: int) -> None:
-            with CpuMeter() as native_cpu:
-                native_split, _ = run_flinkish(spark, bootstrap, topic, workdir,
-                                               args.timeout, "native")
-            native_seconds = native_split.seconds
-            native_runs.append(args.records / native_seconds)
-            log(f"run {run}/{args.repeat}: flinkish with kafkaConsumer.fetch=native "
-                f"{args.records / native_seconds:,.0f} rows/s ({native_seconds:.2f} s); "
-                f"CPU seconds: {native_cpu.seconds}")
-
         for run in range(1, args.repeat + 1):
             rps = raw_consume(bootstrap, topic, args.records, args.partitions,
                               args.consume_batch, args.timeout)
@@ -571,14 +549,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"defaults, {tuned:,.0f} records/s with {TUNED_CONSUMER}")
             # Each contender takes its turn at going first after the raw consumers: the first
             # query of a round is measurably slower (measured: up to 1.7x), whoever it is.
-            contenders = [measure_flinkish, measure_bare, measure_floor, measure_native]
+            contenders = [measure_flinkish, measure_bare, measure_floor]
             turn = (run - 1) % len(contenders)
             for measure in contenders[turn:] + contenders[:turn]:
                 measure(run)
 
     raw, tuned, flinkish = median(raw_runs), median(tuned_runs), median(flinkish_runs)
     bare, floor = median(bare_runs), median(floor_runs)
-    native = median(native_runs)
     middle = sorted(range(len(flinkish_runs)), key=flinkish_runs.__getitem__)[
         (len(flinkish_runs) - 1) // 2
     ]
@@ -597,8 +574,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bare_source_rps": round(bare),
             "ratio_vs_bare": round(flinkish / bare, 3),
             "target_ratio_vs_bare": TARGET_RATIO_VS_BARE,
-            "flinkish_native_rps": round(native),
-            "native_vs_librdkafka": round(native / flinkish, 3),
             "kafka_floor_rps": round(floor),
             "ratio_vs_kafka_floor": round(flinkish / floor, 3),
             "target_ratio_vs_kafka_floor": TARGET_RATIO_VS_FLOOR,
@@ -636,7 +611,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             "flinkish_rps_runs": [round(r) for r in flinkish_runs],
             "bare_source_rps_runs": [round(r) for r in bare_runs],
             "kafka_floor_rps_runs": [round(r) for r in floor_runs],
-            "flinkish_native_rps_runs": [round(r) for r in native_runs],
             "kafka_floor_cpu_seconds": floor_cpu_runs[middle],
             "excluded_from_flinkish_rps": (
                 "SparkSession start-up and JVM/Python-worker start-up (a "

@@ -145,7 +145,7 @@ def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: Sourc
     if combined is None or combined.watermark == MIN_WATERMARK:
         return
     store.save_closing(PlanningValve.from_offset(end).key(), combined.watermark)
-    yield carrier(options.include_headers, combined.watermark, options.horizon_ms)
+    yield carrier(options.include_headers, combined.watermark, options.event_time.horizon_ms)
 
 
 def delivered(offset: Mapping[str, Any], combined: EpochWatermark,

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 from decimal import ROUND_HALF_EVEN, Decimal, InvalidOperation
 from typing import Any
 
-from flinkish_source.options import OnError, SourceOptions
+from flinkish_source.options import EventTime, OnError
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 # event times must fit Spark's timestamp (microseconds in a signed 64-bit integer)
@@ -47,11 +47,11 @@ def _field(document: Any, path: Sequence[str]) -> Any:
 class EventTimeExtractor:
     """Turns records into epoch-millisecond event times, following the configured policy."""
 
-    def __init__(self, options: SourceOptions) -> None:
-        self._path = options.event_time_field.split(".") if options.event_time_field else None
-        self._header = options.event_time_header
-        self._unit = options.event_time_unit_ms
-        self._fail = options.event_time_on_error is OnError.FAIL
+    def __init__(self, options: EventTime) -> None:
+        self._path = options.field.split(".") if options.field else None
+        self._header = options.header
+        self._unit = options.unit_ms
+        self._fail = options.on_error is OnError.FAIL
 
     @property
     def from_kafka_timestamp(self) -> bool:

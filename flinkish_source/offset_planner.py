@@ -134,12 +134,12 @@ class OffsetPlanner:
         """Positions before the first batch, from startingOffsets / endingOffsets, or from the
         offsets the starting / ending times resolved to (``starts``, ``stops_at``)."""
         options = self._options
-        starting = options.starting
+        starting = options.offsets.starting
         specific = per_partition("startingoffsets", starting, partitions) if isinstance(
             starting, dict) else {}
         if starts is not None:
             specific = dict(starts)
-        ending: Any = options.ending
+        ending: Any = options.offsets.ending
         stops = per_partition("endingoffsets", ending, partitions) if isinstance(
             ending, dict) else {}
         if stops_at is not None:
@@ -150,7 +150,7 @@ class OffsetPlanner:
             wanted = specific.get(tp, EARLIEST if starting == "earliest" else LATEST)
             offset = r.earliest if wanted == EARLIEST else r.latest if wanted == LATEST else wanted
             if offset < r.earliest:
-                if options.fail_on_data_loss:
+                if options.offsets.fail_on_data_loss:
                     raise DataLossError(
                         f"startingOffsets for {tp[0]}/{tp[1]} is {offset} but the partition "
                         f"starts at {r.earliest} (older records were deleted); set "
@@ -165,7 +165,7 @@ class OffsetPlanner:
         return positions
 
     def _new(self, offset: int, latest: int, now_ms: int, stop: int | None) -> PartitionPosition:
-        base = GeneratorState(offset) if self._options.needs_state else None
+        base = GeneratorState(offset) if self._options.event_time.needs_state else None
         return PartitionPosition(offset, offset, None, now_ms, latest, base, stop)
 
     def latest(
@@ -188,7 +188,7 @@ class OffsetPlanner:
         options = self._options
         current = set(partitions)
         vanished = sorted(tp for tp in start if tp not in current)
-        if vanished and options.fail_on_data_loss:
+        if vanished and options.offsets.fail_on_data_loss:
             raise DataLossError(
                 f"partitions {vanished} disappeared from Kafka (topic deleted?); set "
                 "failOnDataLoss=false to go on without them"
@@ -197,7 +197,7 @@ class OffsetPlanner:
         for tp in partitions:
             if tp not in positions and not options.topics.assign:
                 # discovered after the query started: read from its beginning, as Spark does
-                stop = ranges[tp].latest if options.bounded else None
+                stop = ranges[tp].latest if options.offsets.bounded else None
                 positions[tp] = self._new(ranges[tp].earliest, ranges[tp].latest, now_ms, stop)
             elif tp not in positions:
                 continue
@@ -229,7 +229,7 @@ class OffsetPlanner:
             if available[tp] > seen:
                 progress_at, seen = now_ms, available[tp]
             status = ACTIVE if (pos.status is None or offset > pos.offset) else pos.status
-            idle_timeout = options.idle_timeout_ms
+            idle_timeout = options.event_time.idle_timeout_ms
             finished = pos.stop is not None and offset >= pos.stop
             if (
                 idle_timeout is not None

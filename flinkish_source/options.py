@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -48,15 +49,6 @@ __all__ = ["OptionError", "SourceOptions", "parse_duration_ms", "parse_options"]
 
 EARLIEST = -2
 LATEST = -1
-
-
-class FetchClient(Enum):
-    """How read tasks fetch records (option ``kafkaConsumer.fetch``)."""
-
-    LIBRDKAFKA = "librdkafka"  # confluent-kafka's consumer, one Message per record (default)
-    # experimental: Fetch requests decoded into Arrow (flinkish_source.kafka.native), handing
-    # whatever it cannot read to librdkafka
-    NATIVE = "native"
 
 
 class WatermarkKind(Enum):
@@ -125,16 +117,6 @@ def _watermark_strategy(key: str, value: str) -> WatermarkKind:
         raise OptionError(f"option {key}: {value.strip()!r} is not one of "
                           + ", ".join(k.value for k in WatermarkKind))
     return by_lower[value.strip().lower()]
-
-
-def _fetch_client(key: str, value: str) -> FetchClient:
-    word = value.strip().lower()
-    if word not in {c.value for c in FetchClient}:
-        raise OptionError(
-            f"option {key}: {word!r} is not one of librdkafka (the default: every record "
-            "through confluent-kafka's consumer) or native (experimental: Fetch requests "
-            "decoded into Arrow, librdkafka where that cannot read)")
-    return FetchClient(word)
 
 
 BOOTSTRAP_SERVERS = Option(
@@ -320,32 +302,6 @@ POLL_TIMEOUT = Option(
         "gets the whole wait). The clients' own log lines go to the Python logger "
         "`flinkish_source.kafka.client` at DEBUG, not to stderr. The consumer's "
         "`socket.timeout.ms` is this value clamped to 1–60 s.")
-FETCH = Option(
-    "kafkaConsumer.fetch", _fetch_client, FetchClient.LIBRDKAFKA, owner=CLIENT,
-    doc="How read tasks fetch records. `librdkafka` (the default): every record through "
-        "confluent-kafka's consumer, on any Kafka cluster, TLS and SASL included. `native` "
-        "(**experimental**, opt-in): Kafka Fetch requests (version 4) to each partition's "
-        "leader over a plain socket, the record batches decoded in C straight into Arrow "
-        "columns; far less CPU per record. Partition leaders and earliest offsets still come "
-        "from librdkafka. It decompresses every codec Kafka defines (gzip with zlib; snappy, "
-        "raw or in the Java producer's xerial framing, lz4 and zstd with cramjam, which the "
-        "`native` extra installs: `pip install 'flinkish[native]'`; without it such batches "
-        "are handed to librdkafka) and honours "
-        "`kafka.isolation.level` as Kafka's consumer does (read_committed: up to the last "
-        "stable offset, aborted transactions dropped). Whatever it does not handle is read on "
-        "with librdkafka from that offset, for that range: an old message format (magic 0/1), "
-        "a batch its codec cannot decompress, an error code it does not know, a broker that "
-        "refuses the Fetch version. Each hand-over is a WARNING naming the partition, offset "
-        "and reason (once per query and partition in each worker process); no record is "
-        "skipped. It asks each broker's ApiVersions first and sends the query's "
-        "`kafka.client.id`, `kafka.fetch.max.bytes`, `kafka.max.partition.fetch.bytes`, "
-        "`kafka.fetch.wait.max.ms` and `kafka.fetch.min.bytes`; a response or decompressed "
-        "batch larger than `kafka.receive.message.max.bytes` is handed over too. librdkafka "
-        "reads everything when the query sets `kafka.security.protocol` other than plaintext, "
-        "any `kafka.sasl.*`/`kafka.ssl.*` setting, `kafka.check.crcs=true` (the decoder does "
-        "not verify CRCs) or `kafka.client.rack` (follower fetching needs a newer Fetch), or "
-        "when the decoder could not be compiled at install time (a WARNING says so). Both "
-        "emit the same rows.")
 MAX_READ_TASKS = Option(
     "maxReadTasks", _positive, None, owner=ADMISSION, shown_default="the driver's cores",
     doc="Positive integer. At most this many Spark read tasks per micro-batch; each reads the "
@@ -374,7 +330,7 @@ SOURCE_OPTIONS: tuple[Option[Any], ...] = (
     COMMIT_OFFSETS_ON_CHECKPOINT, FAIL_ON_DATA_LOSS, INCLUDE_HEADERS, INCLUDE_MARKERS,
     EVENT_TIME_FIELD, EVENT_TIME_HEADER, EVENT_TIME_UNIT, EVENT_TIME_ON_ERROR,
     WATERMARK_STRATEGY, MAX_OUT_OF_ORDERNESS, PUNCTUATION_FIELD, PUNCTUATION_HEADER,
-    IDLE_TIMEOUT, STATE_LOCATION, HORIZON, ALIGNMENT_MAX_DRIFT, POLL_TIMEOUT, FETCH,
+    IDLE_TIMEOUT, STATE_LOCATION, HORIZON, ALIGNMENT_MAX_DRIFT, POLL_TIMEOUT,
     MAX_READ_TASKS, MIN_PARTITIONS,
 )
 _SPELLED = {s: o.key for o in SOURCE_OPTIONS for s in o.spellings()}
@@ -431,38 +387,46 @@ class TopicSelection:
 
 
 @dataclass(frozen=True)
-class SourceOptions:
-    kafka_config: dict[str, str] = field(repr=False)  # librdkafka's names; may hold secrets
-    topics: TopicSelection
+class KafkaClient:
+    """How the query's clients reach Kafka (the options of the group "kafka client")."""
+
+    config: dict[str, str] = field(repr=False)  # librdkafka's names; may hold secrets
+    # key stores and the MSK IAM callback, added where each client is built (client_config)
+    security: ClientSecurity = field(default=NO_SECURITY, repr=False)
+    poll_timeout_ms: int = 120_000
+    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
+    # None: no commits); never in config, so read consumers never join or commit to it
+    commit_group: str | None = None
+
+    @property
+    def read_committed(self) -> bool:
+        """Reads stop at the last stable offset and skip aborted transactions (librdkafka's
+        ``isolation.level``, read_committed unless set to read_uncommitted)."""
+        return self.config.get("isolation.level") != "read_uncommitted"
+
+    @property
+    def safe_config(self) -> dict[str, Any]:
+        """``config`` with its secrets masked, to log or put in an error."""
+        return redact_kafka_config(self.config)
+
+    @property
+    def secrets(self) -> list[str]:
+        """The secret values among the client settings, to scrub from a client's messages."""
+        return secret_values(self.config) + self.security.secrets()
+
+    def client_config(self) -> dict[str, Any]:
+        """The settings of a librdkafka client of this query: ``config`` with the key stores'
+        PEM files and the MSK IAM token callback (see
+        :func:`flinkish_kafka.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
+        return {**CLIENT_DEFAULTS, **client_config(self.config, self.security)}
+
+
+@dataclass(frozen=True)
+class OffsetBounds:
+    """Where each partition starts and ends (the group "topics and offsets")."""
+
     starting: str | dict[str, dict[int, int]] = "latest"
     ending: str | dict[str, dict[int, int]] | None = None
-    max_offsets_per_trigger: int | None = None
-    fail_on_data_loss: bool = True
-    include_headers: bool = False
-    include_markers: bool = True
-    event_time_field: str | None = None
-    event_time_header: str | None = None
-    event_time_unit_ms: float = 1
-    event_time_on_error: OnError = OnError.FAIL
-    watermark: WatermarkKind = WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
-    max_out_of_orderness_ms: int = 0
-    punctuation_field: str | None = None
-    punctuation_header: str | None = None
-    idle_timeout_ms: int | None = None
-    state_location: str | None = None
-    poll_timeout_ms: int = 120_000
-    horizon_ms: int = DEFAULT_HORIZON_MS
-    alignment_max_drift_ms: int | None = None  # watermark alignment (off: None)
-    # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
-    max_read_tasks: int | None = None
-    min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
-    fetch_client: FetchClient = FetchClient.LIBRDKAFKA
-    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
-    min_offsets_per_trigger: int | None = None
-    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
-    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
-    # None: no commits); never in kafka_config, so read consumers never join or commit to it
-    commit_group: str | None = None
     # Spark's startingTimestamp / startingOffsetsByTimestamp (one time for every partition, or
     # per partition; epoch ms), and the ending pair: resolved to offsets when the query starts
     starting_times: int | dict[str, dict[int, int]] | None = None
@@ -470,48 +434,79 @@ class SourceOptions:
     # starts at the partition's end ("latest")
     starting_times_latest: bool = False
     ending_times: int | dict[str, dict[int, int]] | None = None
-    # key stores and the MSK IAM callback, added where each client is built (client_config)
-    client_security: ClientSecurity = field(default=NO_SECURITY, repr=False)
+    fail_on_data_loss: bool = True
 
     @property
     def bounded(self) -> bool:
         """Whether every partition stops somewhere (endingOffsets or an ending time)."""
         return self.ending is not None or self.ending_times is not None
 
-    @property
-    def read_committed(self) -> bool:
-        """Reads stop at the last stable offset and skip aborted transactions (librdkafka's
-        ``isolation.level``, read_committed unless set to read_uncommitted)."""
-        return self.kafka_config.get("isolation.level") != "read_uncommitted"
+
+@dataclass(frozen=True)
+class Admission:
+    """How much a micro-batch reads and in how many tasks (the group "admission")."""
+
+    max_offsets_per_trigger: int | None = None
+    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
+    min_offsets_per_trigger: int | None = None
+    max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
+    # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
+    max_read_tasks: int | None = None
+    min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
+
+
+@dataclass(frozen=True)
+class EventTime:
+    """Where event time comes from and how watermarks follow it (the group "event time and
+    watermarks")."""
+
+    include_markers: bool = True
+    field: str | None = None  # a dotted path into the JSON value
+    header: str | None = None
+    unit_ms: float = 1
+    on_error: OnError = OnError.FAIL
+    watermark: WatermarkKind = WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
+    max_out_of_orderness_ms: int = 0
+    punctuation_field: str | None = None
+    punctuation_header: str | None = None
+    idle_timeout_ms: int | None = None
+    horizon_ms: int = DEFAULT_HORIZON_MS
+    alignment_max_drift_ms: int | None = None  # watermark alignment (off: None)
 
     @property
     def needs_state(self) -> bool:
         """Watermark generators carry state across batches; only then is a location needed."""
         return self.include_markers and self.watermark is not WatermarkKind.NONE
 
-    @property
-    def safe_kafka_config(self) -> dict[str, Any]:
-        return redact_kafka_config(self.kafka_config)
 
-    @property
-    def kafka_secrets(self) -> list[str]:
-        """The secret values among the client settings, to scrub from a client's messages."""
-        return secret_values(self.kafka_config) + self.client_security.secrets()
+@dataclass(frozen=True)
+class SourceOptions:
+    """The source's options, parsed (:func:`parse_options`), in the groups their readers
+    read."""
 
-    def client_config(self) -> dict[str, Any]:
-        """The settings of a librdkafka client of this query: ``kafka_config`` with the key
-        stores' PEM files and the MSK IAM token callback (see
-        :func:`flinkish_kafka.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
-        return {**CLIENT_DEFAULTS, **client_config(self.kafka_config, self.client_security)}
+    kafka: KafkaClient
+    topics: TopicSelection
+    offsets: OffsetBounds = OffsetBounds()
+    admission: Admission = Admission()
+    event_time: EventTime = EventTime()
+    include_headers: bool = False  # the schema's headers column
+    # the generators' state directory (the group "state"); None without watermarks
+    state_location: str | None = None
+
+
+def _json_object(raw: str) -> dict[str, Any] | None:
+    """The JSON object ``raw`` holds (None: not JSON, or not an object)."""
+    try:
+        data = json.loads(raw)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[int, int]]:
     what = "earliest, latest" if allow_earliest else "latest"
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict):
+    data = _json_object(raw)
+    if data is None:
         raise OptionError(
             f"option {display(key)}: {raw!r} is not {what} or a JSON object like "
             '{"topic":{"0":23,"1":-2}} (-2 = earliest, -1 = latest)'
@@ -560,16 +555,13 @@ def _times(given: Given, one: Option[str], each: Option[str],
         return int(text)
     if each in given:
         raw = given.value(each)
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError:
-            data = None
-        ok = isinstance(data, dict) and all(
+        data = _json_object(raw)
+        ok = data is not None and all(
             isinstance(parts, dict) and all(
                 str(p).isdigit() and isinstance(v, int) and not isinstance(v, bool) and v >= 0
                 for p, v in parts.items())
             for parts in data.values())
-        if not ok:
+        if data is None or not ok:
             raise OptionError(
                 f"option {each.key}: {raw!r} is not a JSON object of epoch-millisecond "
                 'timestamps >= 0 per partition, like {"topic":{"0":1700000000000}}'
@@ -631,11 +623,8 @@ def _topics(given: Given) -> TopicSelection:
         except re.error as exc:
             raise OptionError(f"option subscribePattern: {raw!r} is not a regex: {exc}") from exc
         return TopicSelection(pattern=raw)
-    try:
-        data = json.loads(raw)
-    except json.JSONDecodeError:
-        data = None
-    if not isinstance(data, dict) or not all(
+    data = _json_object(raw)
+    if data is None or not all(
         isinstance(v, list) and all(isinstance(p, int) and p >= 0 for p in v)
         for v in data.values()
     ):
@@ -645,13 +634,81 @@ def _topics(given: Given) -> TopicSelection:
     return TopicSelection(assign=tuple(sorted((t, p) for t, ps in data.items() for p in ps)))
 
 
-def parse_options(raw: Mapping[str, str]) -> SourceOptions:
-    """Validate everything the source will ever read from its options."""
-    given = match(raw, SOURCE_OPTIONS, lambda key, declared: OptionError(
-        f"unknown option {key!r} for format flinkish{did_you_mean(key, declared)}"))
+_LOG = logging.getLogger(__name__)
 
-    collected_kafka = given.value(KAFKA)
-    kafka = dict(collected_kafka)
+#: options of earlier versions, by lower-case key: why each is gone and what to do
+_REMOVED = {
+    "kafkaconsumer.fetch": (
+        "option kafkaConsumer.fetch was removed in 0.3 with the experimental native fetch "
+        "path: read tasks always read with librdkafka, which reads every codec and every "
+        "security setting; drop the option"),
+}
+
+
+def _without_default_fetch(raw: Mapping[str, str]) -> Mapping[str, str]:
+    """0.2's ``kafkaConsumer.fetch=librdkafka`` asks for what every read does: accepted, with
+    a warning to drop it; any other value is refused as a removed option."""
+    keys = [k for k in raw if k.lower() == "kafkaconsumer.fetch"
+            and str(raw[k]).strip().lower() == "librdkafka"]
+    if not keys:
+        return raw
+    _LOG.warning("%s=librdkafka is what every read does since flinkish 0.3 (the native fetch "
+                 "path was removed); drop the option", keys[0])
+    return {k: v for k, v in raw.items() if k not in keys}
+
+
+def _unknown(key: str, declared: dict[str, Option[Any]]) -> OptionError:
+    return OptionError(_REMOVED.get(key) or
+                       f"unknown option {key!r} for format flinkish{did_you_mean(key, declared)}")
+
+
+def parse_options(raw: Mapping[str, str]) -> SourceOptions:
+    """Validate everything the source will ever read from its options.
+
+    Args:
+        raw: the options as the query gave them (keys in any case).
+
+    Returns:
+        The options, in the groups their readers read.
+
+    Raises:
+        OptionError: naming the first option that is unknown, malformed or in conflict with
+            another, and what to write instead.
+    """
+    given = match(_without_default_fetch(raw), SOURCE_OPTIONS, _unknown)
+    kafka = _kafka_client(given)
+    topics = _topics(given)
+    parsed = SourceOptions(
+        kafka=kafka,
+        topics=topics,
+        offsets=_offset_bounds(given, topics),
+        admission=_admission(given),
+        event_time=_event_time(given),
+        include_headers=given.value(INCLUDE_HEADERS),
+        state_location=given.value(STATE_LOCATION),
+    )
+    check_client_security(kafka.security)
+    if parsed.event_time.needs_state and not parsed.state_location:
+        raise OptionError(
+            "option checkpointing.location is required: per-partition watermarks carry the "
+            "max event time across micro-batches, kept in a directory (local path or a "
+            "pyarrow.fs URI such as s3://bucket/path) that the driver and the executors both "
+            "reach — e.g. a sub-directory of the query's checkpointLocation. (Not needed with "
+            "includeMarkers=false or watermark.strategy=none.)"
+        )
+    if parsed.state_location:
+        problem = local_location_problem(
+            "checkpointing.location", parsed.state_location, os.environ.get(MASTER_ENV),
+            "read tasks on the executors write the watermark state there and the driver reads "
+            "it back")
+        if problem:
+            raise OptionError(problem)
+    return parsed
+
+
+def _kafka_client(given: Given) -> KafkaClient:
+    collected: dict[str, str] = given.value(KAFKA)
+    kafka = dict(collected)
     for option in (BOOTSTRAP_SERVERS, GROUP_ID):  # declared apart for the docs and the errors
         if option in given:
             kafka[option.key[len("kafka."):]] = given.texts[option.key]
@@ -663,9 +720,11 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         if key in kafka:
             raise OptionError(f"option kafka.{key} is not supported: {why}")
     kafka, security = translate(kafka)
+    commit_group = _commit_group(given, kafka)
+    return KafkaClient(kafka, security, given.value(POLL_TIMEOUT), commit_group)
 
-    topics = _topics(given)
 
+def _offset_bounds(given: Given, topics: TopicSelection) -> OffsetBounds:
     # the keywords, like every other keyword value, in any case (Earliest, LATEST)
     starting_text = given.value(STARTING_OFFSETS).strip()
     starting: str | dict[str, dict[int, int]] = starting_text.lower()
@@ -682,7 +741,6 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
     starting_times = _times(given, STARTING_TIMESTAMP, STARTING_OFFSETS_BY_TIMESTAMP,
                             STARTING_OFFSETS)
     ending_times = _times(given, ENDING_TIMESTAMP, ENDING_OFFSETS_BY_TIMESTAMP, ENDING_OFFSETS)
-    starting_times_latest = given.value(STARTING_TIMESTAMP_STRATEGY)
     if topics.pattern is not None:
         checked: tuple[tuple[Option[Any], object], ...] = (
             (STARTING_OFFSETS, starting), (ENDING_OFFSETS, ending),
@@ -695,7 +753,12 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
                     "subscribePattern (the partitions are not known in advance); use "
                     "subscribe or assign"
                 )
+    return OffsetBounds(starting, ending, starting_times,
+                        given.value(STARTING_TIMESTAMP_STRATEGY), ending_times,
+                        given.value(FAIL_ON_DATA_LOSS))
 
+
+def _admission(given: Given) -> Admission:
     max_per_trigger = given.value(MAX_OFFSETS_PER_TRIGGER)
     min_per_trigger = given.value(MIN_OFFSETS_PER_TRIGGER)
     if max_per_trigger is not None and min_per_trigger is not None and (
@@ -709,10 +772,18 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "option maxTriggerDelay only applies with minOffsetsPerTrigger (how long a "
             "batch may wait for that many records)"
         )
-    max_delay = given.value(MAX_TRIGGER_DELAY)
+    max_tasks = given.value(MAX_READ_TASKS)
+    min_partitions = given.value(MIN_PARTITIONS)
+    if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
+        raise OptionError(
+            f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
+            "conflict: minPartitions asks for more read tasks than maxReadTasks allows"
+        )
+    return Admission(max_per_trigger, min_per_trigger, given.value(MAX_TRIGGER_DELAY),
+                     max_tasks, min_partitions)
 
-    commit_group = _commit_group(given, kafka)
 
+def _event_time(given: Given) -> EventTime:
     et_field = given.value(EVENT_TIME_FIELD)
     et_header = given.value(EVENT_TIME_HEADER)
     if et_field and et_header:
@@ -720,20 +791,16 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
             "options eventTime.field and eventTime.header conflict: name one place to take "
             "event time from (neither = the Kafka record timestamp)"
         )
-    unit_ms = given.value(EVENT_TIME_UNIT)
     if EVENT_TIME_UNIT in given and not (et_field or et_header):
         raise OptionError(
             "option eventTime.unit only applies with eventTime.field or eventTime.header"
         )
-    on_error = given.value(EVENT_TIME_ON_ERROR)
-
     strategy = given.value(WATERMARK_STRATEGY)
     if MAX_OUT_OF_ORDERNESS in given and strategy is not WatermarkKind.BOUNDED_OUT_OF_ORDERNESS:
         raise OptionError(
             "option watermark.maxOutOfOrderness only applies to watermark.strategy "
             f"boundedOutOfOrderness (the strategy is {strategy.value})"
         )
-    bound = given.value(MAX_OUT_OF_ORDERNESS)
     p_field = given.value(PUNCTUATION_FIELD)
     p_header = given.value(PUNCTUATION_HEADER)
     if strategy is WatermarkKind.PUNCTUATED:
@@ -747,74 +814,17 @@ def parse_options(raw: Mapping[str, str]) -> SourceOptions:
         raise OptionError(
             "options watermark.punctuation.* only apply to watermark.strategy punctuated"
         )
-
-    horizon = given.value(HORIZON)
+    include_markers = given.value(INCLUDE_MARKERS)
     drift = given.value(ALIGNMENT_MAX_DRIFT)
-    if drift is not None and (
-            strategy is WatermarkKind.NONE or not given.value(INCLUDE_MARKERS)):
+    if drift is not None and (strategy is WatermarkKind.NONE or not include_markers):
         raise OptionError(
             "option watermark.alignment.maxDrift needs per-partition watermarks: it does "
             "not apply with watermark.strategy=none or includeMarkers=false"
         )
-    idle = given.value(IDLE_TIMEOUT)
-    poll_timeout_ms = given.value(POLL_TIMEOUT)
-    fetch = given.value(FETCH)
-
-    max_tasks = given.value(MAX_READ_TASKS)
-    min_partitions = given.value(MIN_PARTITIONS)
-    if max_tasks is not None and min_partitions is not None and min_partitions > max_tasks:
-        raise OptionError(
-            f"options minPartitions ({min_partitions}) and maxReadTasks ({max_tasks}) "
-            "conflict: minPartitions asks for more read tasks than maxReadTasks allows"
-        )
-
-    parsed = SourceOptions(
-        kafka_config=kafka,
-        topics=topics,
-        starting=starting,
-        ending=ending,
-        max_offsets_per_trigger=max_per_trigger,
-        fail_on_data_loss=given.value(FAIL_ON_DATA_LOSS),
-        include_headers=given.value(INCLUDE_HEADERS),
-        include_markers=given.value(INCLUDE_MARKERS),
-        event_time_field=et_field,
-        event_time_header=et_header,
-        event_time_unit_ms=unit_ms,
-        event_time_on_error=on_error,
-        watermark=strategy,
-        max_out_of_orderness_ms=bound,
-        punctuation_field=p_field,
-        punctuation_header=p_header,
-        idle_timeout_ms=idle,
-        state_location=given.value(STATE_LOCATION),
-        poll_timeout_ms=poll_timeout_ms,
-        horizon_ms=horizon,
-        alignment_max_drift_ms=drift,
-        max_read_tasks=max_tasks,
-        min_partitions=min_partitions,
-        fetch_client=fetch,
-        min_offsets_per_trigger=min_per_trigger,
-        max_trigger_delay_ms=max_delay,
-        commit_group=commit_group,
-        starting_times=starting_times,
-        starting_times_latest=starting_times_latest,
-        ending_times=ending_times,
-        client_security=security,
-    )
-    check_client_security(security)
-    if parsed.needs_state and not parsed.state_location:
-        raise OptionError(
-            "option checkpointing.location is required: per-partition watermarks carry the "
-            "max event time across micro-batches, kept in a directory (local path or a "
-            "pyarrow.fs URI such as s3://bucket/path) that the driver and the executors both "
-            "reach — e.g. a sub-directory of the query's checkpointLocation. (Not needed with "
-            "includeMarkers=false or watermark.strategy=none.)"
-        )
-    if parsed.state_location:
-        problem = local_location_problem(
-            "checkpointing.location", parsed.state_location, os.environ.get(MASTER_ENV),
-            "read tasks on the executors write the watermark state there and the driver reads "
-            "it back")
-        if problem:
-            raise OptionError(problem)
-    return parsed
+    return EventTime(
+        include_markers=include_markers, field=et_field, header=et_header,
+        unit_ms=given.value(EVENT_TIME_UNIT), on_error=given.value(EVENT_TIME_ON_ERROR),
+        watermark=strategy, max_out_of_orderness_ms=given.value(MAX_OUT_OF_ORDERNESS),
+        punctuation_field=p_field, punctuation_header=p_header,
+        idle_timeout_ms=given.value(IDLE_TIMEOUT), horizon_ms=given.value(HORIZON),
+        alignment_max_drift_ms=drift)

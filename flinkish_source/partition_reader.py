@@ -16,7 +16,7 @@ import functools
 import gc
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -119,13 +119,7 @@ class _Batches:
 
     def records(self, msgs: Sequence[Any], event_ms: list[int | None] | None) -> pa.RecordBatch:
         n = len(msgs)
-        decoded = getattr(msgs, "columns", None)  # a RecordChunk of the native fetch path
-        if decoded is not None:
-            keys, values, offsets = decoded.keys, decoded.values, decoded.offsets
-            ts = decoded.timestamps.cast(_MS).cast(_US)
-            ts_type = decoded.timestamp_types
-        else:
-            keys, values, offsets, ts, ts_type = _message_columns(msgs)
+        keys, values, offsets, ts, ts_type = _message_columns(msgs)
         columns: list[pa.Array] = [
             keys,
             values,
@@ -136,12 +130,10 @@ class _Batches:
             ts_type,
         ]
         if self.headers:
-            columns.append(
-                decoded.headers if decoded is not None else pa.array(
-                    [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs],
-                    self.schema.field("headers").type,
-                )
-            )
+            columns.append(pa.array(
+                [[{"key": k, "value": v} for k, v in (m.headers() or ())] for m in msgs],
+                self.schema.field("headers").type,
+            ))
         columns.append(
             ts if event_ms is None
             else pa.array([None if e is None else e * 1000 for e in event_ms],
@@ -181,9 +173,9 @@ def _message_columns(msgs: Sequence[Any]) -> tuple[pa.Array, ...]:
 
 def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
     """Does this record carry a punctuated watermark (its own event time)?"""
-    if options.punctuation_header is not None:
+    if options.event_time.punctuation_header is not None:
         for name, raw in headers or ():
-            if name == options.punctuation_header:
+            if name == options.event_time.punctuation_header:
                 text = (raw or b"").decode("utf-8", "replace").strip().lower()
                 return text not in ("", "0", "false", "no")
         return False
@@ -192,7 +184,7 @@ def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
     except ValueError:
         return False
     flag: Any = document
-    for part in (options.punctuation_field or "").split("."):
+    for part in (options.event_time.punctuation_field or "").split("."):
         flag = flag.get(part) if isinstance(flag, dict) else None
     return bool(flag)
 
@@ -252,15 +244,15 @@ class _PieceReader:
         self.piece = piece
         self.plan = plan
         self.out = _Batches(plan, options.include_headers)
-        self.markers = options.include_markers
-        strategy = WatermarkStrategy.from_options(options)
+        self.markers = options.event_time.include_markers
+        strategy = WatermarkStrategy.from_options(options.event_time)
         self.generator = (
             strategy.create_generator(plan.base)
             if self.markers and plan.base is not None else None
         )
-        self.extractor = EventTimeExtractor(options)
+        self.extractor = EventTimeExtractor(options.event_time)
         self.punctuated = (self.generator is not None
-                           and options.watermark is WatermarkKind.PUNCTUATED)
+                           and options.event_time.watermark is WatermarkKind.PUNCTUATED)
         self.status = plan.start_status
         self.before: list[Marker] = []  # markers earlier pieces emitted for the slice
         self.ahead = 0  # records beyond the horizon (see SlicePlan.horizon)
@@ -300,19 +292,13 @@ class _PieceReader:
         plan, generator = self.plan, self.generator
         first: int | None = None
         chunk = CHUNK if with_event_times else 1
-        for msgs in kafka.read_range(self.options, plan.topic, plan.partition,
-                                            plan.start, self.piece.start, chunk):
+        for msgs in kafka.read_range(self.options, plan.topic, plan.partition, plan.start,
+                                     self.piece.start, chunk):
             if first is None:
                 first = msgs[0].offset()
             if not with_event_times:
                 break
             assert generator is not None
-            decoded = getattr(msgs, "columns", None)  # native chunks: every timestamp is set
-            if self.extractor.from_kafka_timestamp and decoded is not None:
-                extremes = _compute().min_max(decoded.timestamps)
-                self._saw(extremes["min"].as_py())
-                generator.on_max_event_time(extremes["max"].as_py())
-                continue
             if self.extractor.from_kafka_timestamp:
                 times = []
                 for m in msgs:
@@ -396,20 +382,27 @@ def read_slice(options: SourceOptions, plan: SlicePlan) -> Iterator[pa.RecordBat
     """Stream the slice: [ACTIVE] records/[punctuated watermarks] [watermark] [MAX] [IDLE];
     then record the generator state and the slice's markers at
     ``source/<topic>/<partition>/<end>``."""
-    from flinkish_source import kafka
-
-    reader = _PieceReader(options, SlicePiece.whole(plan))
-    yield from reader.begin()
-    for msgs in kafka.read_range(options, plan.topic, plan.partition, plan.start,
-                                        plan.end, CHUNK):
-        yield from reader.chunk(msgs)
-    yield from reader.finish()
-    record = reader.record()
+    record = yield from _read_piece(options, SlicePiece.whole(plan))
     if record is not None:
         assert options.state_location is not None
         SourceStateStore(options.state_location).save(
             plan.topic, plan.partition, record.state, record.outcome
         )
+
+
+def _read_piece(options: SourceOptions, piece: SlicePiece
+                ) -> Generator[pa.RecordBatch, None, SliceRecord | None]:
+    """Stream one piece of a slice; what its slice hands to the next batch, if it is the
+    slice's last piece."""
+    from flinkish_source import kafka
+
+    reader = _PieceReader(options, piece)
+    yield from reader.begin()
+    for msgs in kafka.read_range(options, piece.plan.topic, piece.plan.partition, piece.start,
+                                 piece.end, CHUNK):
+        yield from reader.chunk(msgs)
+    yield from reader.finish()
+    return reader.record()
 
 
 #: Output batches with fewer rows than this are merged with their neighbours (in order) before
@@ -478,14 +471,7 @@ def _read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatc
     records: list[SliceRecord] = []
     with kafka.reading(options, ranges, CHUNK):
         for piece in task.pieces:
-            reader = _PieceReader(options, piece)
-            yield from reader.begin()
-            for msgs in kafka.read_range(options, piece.plan.topic,
-                                                piece.plan.partition, piece.start, piece.end,
-                                                CHUNK):
-                yield from reader.chunk(msgs)
-            yield from reader.finish()
-            record = reader.record()
+            record = yield from _read_piece(options, piece)
             if record is not None:
                 records.append(record)
     if records:

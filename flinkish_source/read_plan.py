@@ -46,8 +46,8 @@ def default_read_tasks() -> int:
 
 def task_limit(options: SourceOptions) -> int:
     """At most this many read tasks per batch."""
-    limit = options.max_read_tasks or default_read_tasks()
-    return max(limit, options.min_partitions or 0)
+    limit = options.admission.max_read_tasks or default_read_tasks()
+    return max(limit, options.admission.min_partitions or 0)
 
 
 def _round(x: float) -> int:
@@ -118,5 +118,5 @@ def group(pieces: Sequence[SlicePiece], limit: int) -> list[ReadTask]:
 
 def plan_read_tasks(options: SourceOptions, slices: Sequence[SlicePlan]) -> list[ReadTask]:
     """The batch's read tasks for its slices (a pure function of the slices and options)."""
-    splittable = options.watermark is not WatermarkKind.PUNCTUATED
-    return group(split(slices, options.min_partitions, splittable), task_limit(options))
+    splittable = options.event_time.watermark is not WatermarkKind.PUNCTUATED
+    return group(split(slices, options.admission.min_partitions, splittable), task_limit(options))

@@ -64,12 +64,6 @@ from flinkish_source.watermark_strategy import GeneratorState
 logger = logging.getLogger(__name__)
 
 
-class SliceInputPartition(InputPartition):
-    def __init__(self, plan: SlicePlan) -> None:
-        super().__init__(plan)
-        self.plan = plan
-
-
 class ReadTaskInputPartition(InputPartition):
     """One read task: its pieces of slices, the batch's carrier watermark if it yields the
     carrier row, and in a closing batch the batch's end offset (the task that finishes last
@@ -120,6 +114,10 @@ def warn_missing_topics(options: SourceOptions, partitions: list[TopicPartitionK
                        options.topics.pattern)
 
 
+#: The reader's attributes that stay on the driver (None in the copy pickled to the executors)
+_DRIVER_ONLY = ("_prepared", "_initial", "_metadata", "_state_store", "_committer", "_notices")
+
+
 class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
@@ -143,14 +141,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._initial: dict | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        state["_prepared"] = None
-        state["_initial"] = None
-        state["_metadata"] = None
-        state["_state_store"] = None
-        state["_committer"] = None
-        state["_notices"] = None
-        return state
+        """What the read tasks get: none of the driver's clients, caches or listeners."""
+        return {**self.__dict__, **dict.fromkeys(_DRIVER_ONLY)}
 
     @property
     def _store(self) -> SourceStateStore:
@@ -185,16 +177,16 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         partitions, ranges = prepared if prepared is not None else self._cluster()
         if self._options.topics.assign:
             missing = sorted(set(self._options.topics.assign) - set(partitions))
-            if missing and self._options.fail_on_data_loss:
+            if missing and self._options.offsets.fail_on_data_loss:
                 from flinkish_source.kafka import DataLossError
 
                 raise DataLossError(
                     f"assigned partitions {missing} do not exist in Kafka; create them or fix "
                     "the assign option (failOnDataLoss=false starts without them)"
                 )
-        starts = self._offsets_at_times(self._options.starting_times, "starting", partitions,
-                                        ranges)
-        stops = self._offsets_at_times(self._options.ending_times, "ending", partitions, ranges)
+        bounds = self._options.offsets
+        starts = self._offsets_at_times(bounds.starting_times, "starting", partitions, ranges)
+        stops = self._offsets_at_times(bounds.ending_times, "ending", partitions, ranges)
         return to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
 
     def _offsets_at_times(
@@ -213,7 +205,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                             ranges).items():
             if offset is not None:
                 out[tp] = offset
-            elif which == "ending" or self._options.starting_times_latest:
+            elif which == "ending" or self._options.offsets.starting_times_latest:
                 out[tp] = ranges[tp].latest
             else:
                 raise OptionError(
@@ -224,7 +216,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self._options.max_offsets_per_trigger
+        n = self._options.admission.max_offsets_per_trigger
         return ReadMaxRows(n) if n is not None else ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
@@ -244,7 +236,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if start != self._initial:
             self._commit_to_group(start)
         offset = self._latest_offset(start, limit)
-        if self._options.commit_group is not None and offset != start:
+        if self._options.kafka.commit_group is not None and offset != start:
             self._expect_notice(offset)
         return offset
 
@@ -256,9 +248,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if self._options.state_location is not None:
             self._store.new_round()
         combined = combined_after(self._options, start, positions, self._store) if (
-            self._options.needs_state) else None
+            self._options.event_time.needs_state) else None
         hold = None
-        drift = self._options.alignment_max_drift_ms
+        drift = self._options.event_time.alignment_max_drift_ms
         if combined is not None and drift is not None:
             def hold(offsets: Any, available: Any, share: Any) -> Mapping[TopicPartitionKey, int]:
                 def pace(tp: TopicPartitionKey) -> float | None:
@@ -283,7 +275,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Commit the epoch that ends at ``end``, which Spark has in its commit log, to the
         query's consumer group, if it names one (:mod:`flinkish_source.kafka.group_offsets`:
         when Spark plans from ``end``, or when its listener's ``notice`` comes first)."""
-        if self._options.commit_group is None:
+        if self._options.kafka.commit_group is None:
             return
         self._group.epoch_committed(
             canonical(end), {tp: pos.offset for tp, pos in from_json(end).items()}, notice)
@@ -291,7 +283,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     @property
     def _group(self) -> GroupOffsetCommitter:
         if self._committer is None:
-            self._committer = GroupOffsetCommitter(self._options)
+            self._committer = GroupOffsetCommitter(self._options.kafka)
         return self._committer
 
     def _expect_notice(self, end: dict) -> None:
@@ -324,10 +316,10 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         than the minimum are admitted, until the delay since the last batch has passed; not
         under Trigger.AvailableNow (which reads to its target, as Spark's Kafka source does).
         Status and carrier-only batches wait too: they carry no records."""
-        minimum = self._options.min_offsets_per_trigger
+        minimum = self._options.admission.min_offsets_per_trigger
         if minimum is None or self._target is not None:
             return False
-        if now - self._last_trigger_ms >= self._options.max_trigger_delay_ms:
+        if now - self._last_trigger_ms >= self._options.admission.max_trigger_delay_ms:
             self._last_trigger_ms = now
             return False
         admitted = sum(pos.offset - positions[tp].offset if tp in positions else
@@ -394,7 +386,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         journaled = PlanningValve.from_offset(end)
         watermark = journaled.before.watermark if OFFSET_KEY in end else MIN_WATERMARK
         if watermark != MIN_WATERMARK:
-            horizon = horizon_limit(watermark, self._options.horizon_ms)
+            horizon = horizon_limit(watermark, self._options.event_time.horizon_ms)
             plans = [replace(plan, horizon=horizon) for plan in plans]
         tasks = plan_read_tasks(self._options, plans)
         carried = None if watermark == MIN_WATERMARK else watermark
@@ -409,17 +401,15 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, CarrierInputPartition):
             return iter([carrier(self._options.include_headers, partition.watermark,
-                                 self._options.horizon_ms)])
-        if isinstance(partition, ReadTaskInputPartition):
-            return self._read_task(partition)
-        assert isinstance(partition, SliceInputPartition)
-        return read_slice(self._options, partition.plan)
+                                 self._options.event_time.horizon_ms)])
+        assert isinstance(partition, ReadTaskInputPartition)
+        return self._read_task(partition)
 
     def _read_task(self, partition: ReadTaskInputPartition) -> Iterator[pa.RecordBatch]:
         yield from read_task(self._options, partition.task)
         if partition.carrier is not None:
             yield carrier(self._options.include_headers, partition.carrier,
-                          self._options.horizon_ms)
+                          self._options.event_time.horizon_ms)
         if partition.closing is not None:
             yield from closing_carrier(self._options, partition.closing, self._store)
 

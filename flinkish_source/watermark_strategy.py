@@ -8,11 +8,11 @@ time seen and the last watermark emitted) is carried from slice to slice through
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
-from flinkish_source.options import SourceOptions, WatermarkKind
+from flinkish_source.options import EventTime, WatermarkKind
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,6 @@ class WatermarkStrategy:
 
     kind: WatermarkKind
     max_out_of_orderness_ms: int = 0
-    idle_timeout_ms: int | None = None
 
     @classmethod
     def for_bounded_out_of_orderness(cls, max_out_of_orderness_ms: int) -> WatermarkStrategy:
@@ -73,8 +72,11 @@ class WatermarkStrategy:
         return cls(WatermarkKind.NONE)
 
     @classmethod
-    def from_options(cls, options: SourceOptions) -> WatermarkStrategy:
-        base = {
+    def from_options(cls, options: EventTime) -> WatermarkStrategy:
+        """The strategy ``watermark.strategy`` names, with its bound. (Idleness is judged
+        where batches are planned, from ``idleTimeout``: see
+        :class:`~flinkish_source.offset_planner.OffsetPlanner`.)"""
+        return {
             WatermarkKind.BOUNDED_OUT_OF_ORDERNESS: cls.for_bounded_out_of_orderness(
                 options.max_out_of_orderness_ms
             ),
@@ -82,14 +84,6 @@ class WatermarkStrategy:
             WatermarkKind.PUNCTUATED: cls.punctuated(),
             WatermarkKind.NONE: cls.no_watermarks(),
         }[options.watermark]
-        if options.idle_timeout_ms is not None:
-            return base.with_idleness(options.idle_timeout_ms)
-        return base
-
-    def with_idleness(self, idle_timeout_ms: int) -> WatermarkStrategy:
-        if idle_timeout_ms <= 0:
-            raise ValueError("idle timeout must be positive")
-        return replace(self, idle_timeout_ms=idle_timeout_ms)
 
     def create_generator(self, state: GeneratorState) -> WatermarkGenerator:
         return WatermarkGenerator(self, state)

@@ -13,17 +13,57 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from flinkish_source.kafka.protocol import (
-    _BATCH,
-    FetchConnection,
-    FetchWant,
-    _control_type,
-    _decompressed,
-    _varint,
-)
+from flinkish_kafka.connection import BrokerConnection, Reader, Writer
 
+_FETCH = 1  # Fetch v4: every broker since Kafka 0.11 answers it, Kafka 4 too
+_BATCH = struct.Struct(">qiibIhiqqqhii")  # the 61-byte record batch header
 _TRANSACTIONAL, _CONTROL = 0x10, 0x20
 COMMITTED, ABORTED, OPEN = "committed", "aborted", "open"
+
+
+@dataclass
+class _Fetched:
+    """One partition of a Fetch v4 response."""
+
+    error: int
+    high_watermark: int
+    last_stable_offset: int
+    records: bytes
+
+
+def _fetch(connection: BrokerConnection, topic: str, partition: int, offset: int,
+           max_bytes: int, read_committed: bool) -> _Fetched:
+    """One partition fetched from ``offset``, without waiting for records."""
+    body = (Writer().int32(-1).int32(100).int32(0).int32(max_bytes)
+            .int8(1 if read_committed else 0).int32(1).string(topic).int32(1)
+            .int32(partition).int64(offset).int32(max_bytes).getvalue())
+    answer: Reader = connection.call(_FETCH, 4, body)
+    answer.int32()  # throttle time
+    assert answer.int32() == 1 and answer.string() == topic and answer.int32() == 1
+    answer.int32()  # partition
+    error, high, stable = answer.int16(), answer.int64(), answer.int64()
+    for _ in range(max(answer.int32(), 0)):  # aborted transactions: read from the markers
+        answer.int64(), answer.int64()
+    return _Fetched(error, high, stable, answer.bytes_() or b"")
+
+
+def _varint(raw: bytes, pos: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        b = raw[pos]
+        pos += 1
+        value |= (b & 0x7F) << shift
+        if not b & 0x80:
+            return (value >> 1) ^ -(value & 1), pos
+        shift += 7
+
+
+def _control_type(records: bytes) -> int:
+    """The type of a control batch's record (0 abort, 1 commit), from its key."""
+    pos = _varint(records, 0)[1] + 1  # length, attributes
+    pos = _varint(records, _varint(records, pos)[1])[1]  # timestamp delta, offset delta
+    _, pos = _varint(records, pos)  # key length
+    return int(struct.unpack_from(">hh", records, pos)[1])
 
 
 @dataclass(frozen=True)
@@ -65,21 +105,22 @@ def _records(batch: bytes) -> list[tuple[int, bytes | None, bytes | None,
     return out
 
 
-def _connect(bootstrap: str, client: str) -> FetchConnection:
+def _connect(bootstrap: str) -> BrokerConnection:
     """A connection to the embedded brokers' one broker (the leader of every partition)."""
     host, _, port = bootstrap.split(",")[0].rpartition(":")
-    return FetchConnection(host, int(port), {}, 30, client, 1 << 28)
+    return BrokerConnection(host, int(port), {}, 30, speaks={_FETCH: (4, 4, 99, "Fetch")},
+                            client_id="txn-view", max_response=1 << 28)
 
 
 def partition_view(bootstrap: str, topic: str, partition: int = 0) -> list[Record]:
     """Every data record of the partition with its fate, read from the whole log."""
-    connection = _connect(bootstrap, "txn-view")
+    connection = _connect(bootstrap)
     batches: list[tuple[int, int, int, bytes]] = []  # base offset, attributes, producer, bytes
     try:
         offset, high = 0, None
         while high is None or offset < high:
-            (fetched,) = connection.fetch([FetchWant(topic, partition, offset, 8 << 20)], 100,
-                                          8 << 20, read_committed=False, min_bytes=0)
+            fetched = _fetch(connection, topic, partition, offset, 8 << 20,
+                             read_committed=False)
             assert fetched.error == 0, f"{topic}[{partition}]: Fetch error {fetched.error}"
             high = fetched.high_watermark
             data, pos = bytes(fetched.records), 0
@@ -89,9 +130,8 @@ def partition_view(bootstrap: str, topic: str, partition: int = 0) -> list[Recor
                 if pos + 12 + length > len(data):
                     break  # cut at the fetch's size: fetched again from its offset
                 assert magic == 2
+                assert not attributes & 0x07, "the producers here write uncompressed batches"
                 batch = data[pos:pos + 12 + length]
-                if attributes & 0x07:
-                    batch = _decompressed(batch, attributes & 0x07, base, 1 << 28)
                 if base >= offset:
                     batches.append((base, attributes, producer, batch))
                 offset = max(offset, base + last_delta + 1)
@@ -121,10 +161,9 @@ def partition_view(bootstrap: str, topic: str, partition: int = 0) -> list[Recor
 def stable_offsets(bootstrap: str, topic: str, partition: int = 0) -> tuple[int, int]:
     """The partition's (last stable offset, high watermark): equal when no transaction is
     open in it."""
-    connection = _connect(bootstrap, "txn-view")
+    connection = _connect(bootstrap)
     try:
-        (fetched,) = connection.fetch([FetchWant(topic, partition, 0, 1)], 100, 1,
-                                      read_committed=True, min_bytes=0)
+        fetched = _fetch(connection, topic, partition, 0, 1, read_committed=True)
     finally:
         connection.close()
     return fetched.last_stable_offset, fetched.high_watermark

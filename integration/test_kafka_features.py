@@ -155,7 +155,7 @@ def test_progress_shows_the_latest_offsets_and_the_lag_figures(
     # groupIdPrefix: the group is named after the query's checkpointing.location
     group = parse_options({"kafka.bootstrap.servers": kafka_bootstrap, "subscribe": name,
                            "checkpointing.location": state,
-                           "groupIdPrefix": "lag-watch"}).commit_group
+                           "groupIdPrefix": "lag-watch"}).kafka.commit_group
     assert group is not None and group.startswith("lag-watch-")
     last = max(p["batchId"] for p in query.recentProgress)
     assert GroupReader(kafka_bootstrap, group, name, 2).committed() == end_offsets(

@@ -1,8 +1,8 @@
-"""A fault-injecting Kafka-protocol server on loopback, for the read paths' conformance tests.
+"""A fault-injecting Kafka-protocol server on loopback, for the read path's conformance tests.
 
-It speaks what both read paths need, at the versions it advertises in ApiVersions: ApiVersions
-(v0-v3), Metadata (v1), ListOffsets (v1) and Fetch (v4), so librdkafka (confluent-kafka) and the
-native fetch path read the same logs from it. A log is a list of encoded entries (record
+It speaks what the read path needs, at the versions it advertises in ApiVersions: ApiVersions
+(v0-v3), Metadata (v1), ListOffsets (v1) and Fetch (v4), so librdkafka (confluent-kafka) reads
+its logs. A log is a list of encoded entries (record
 batches, or v0/v1 message sets) and the test steers the faults: an error code per Fetch
 answer, a high watermark other than the log's end, the partition's leader (one server object
 runs several brokers, each on its own port), the Fetch versions ApiVersions admits, and batches

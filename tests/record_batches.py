@@ -1,5 +1,5 @@
-"""Kafka record batches (KIP-98, magic 2) encoded by the format's specification, for the tests
-of the native fetch path."""
+"""Kafka record batches (KIP-98, magic 2) encoded by the format's specification, for the logs
+of tests/kafka_server.py."""
 
 from __future__ import annotations
 

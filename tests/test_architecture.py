@@ -12,13 +12,13 @@ NOT_PRODUCT = {"tests", "integration", "bench", "dev", "docs"}
 
 
 def product_modules() -> set[str]:
-    """The product's modules: the Python and C files of the packages at the project's root
-    (a package's ``__init__.py`` stands for the package, which the map's section rows name)
-    and the top-level modules (``pyspark_flinkish.py``, ``setup.py``)."""
+    """The product's modules: the Python files of the packages at the project's root (a
+    package's ``__init__.py`` stands for the package, which the map's section rows name) and
+    the top-level modules (``pyspark_flinkish.py``)."""
     modules = {path.name for path in ROOT.glob("*.py")}
     for package in (init.parent for init in ROOT.glob("*/__init__.py")
                     if init.parent.name not in NOT_PRODUCT):
-        for path in (*package.rglob("*.py"), *package.rglob("*.c")):
+        for path in package.rglob("*.py"):
             modules.add(path.relative_to(ROOT).as_posix())
     return modules
 
@@ -31,7 +31,7 @@ def mapped_modules() -> set[str]:
     named: set[str] = set()
     for row in table.splitlines():
         if row.startswith("| `"):
-            named |= set(re.findall(r"`([^`]+\.(?:py|c))`", row.split("|")[1]))
+            named |= set(re.findall(r"`([^`]+\.py)`", row.split("|")[1]))
     return named
 
 

@@ -20,10 +20,8 @@ from flinkish_source.kafka.base import ConsumerPool, pool_key
 from flinkish_source.kafka.librdkafka import RangeReader
 from flinkish_source.options import parse_options
 
-# the librdkafka reader is under test here (the native one: tests/test_fetch_reader.py)
 OPTIONS = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
-                         "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "2000",
-                         "kafkaConsumer.fetch": "librdkafka"})
+                         "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "2000"})
 
 
 @dataclass
@@ -216,7 +214,6 @@ def test_a_range_that_lost_records_fails_or_skips(
     assert 2 <= time.monotonic() - started < 4  # kafkaConsumer.pollTimeoutMs=2000
     lenient = parse_options({"kafka.bootstrap.servers": "b:1", "subscribe": "t",
                              "includeMarkers": "false", "failOnDataLoss": "false",
-                             "kafkaConsumer.fetch": "librdkafka",
                              "kafkaConsumer.pollTimeoutMs": "500"})
     assert offsets(read_range(lenient, "t", 0, 0, 5, 10)) == [0, 1]
 

@@ -15,7 +15,7 @@ BASE = {"kafka.bootstrap.servers": "b:1", "subscribe": "t", "checkpointing.locat
 
 
 def extractor(**extra: str) -> EventTimeExtractor:
-    return EventTimeExtractor(parse_options(BASE | extra))
+    return EventTimeExtractor(parse_options(BASE | extra).event_time)
 
 
 def field(path: str = "ts", unit: str | None = None, on_error: str = "fail") -> EventTimeExtractor:

@@ -44,7 +44,7 @@ class Recording(GroupOffsetCommitter):
     """The committer with Kafka's answer given by the test."""
 
     def __init__(self, answers: list[bool] | None = None) -> None:
-        super().__init__(parse_options(OPTIONS))
+        super().__init__(parse_options(OPTIONS).kafka)
         self.answers = answers
         self.sent: list[dict[TopicPartitionKey, int]] = []
 
@@ -191,6 +191,6 @@ def test_the_committer_connects_with_the_sources_translated_security_settings(
         **OPTIONS, "kafka.security.protocol": "SASL_SSL", "kafka.sasl.mechanism": "PLAIN",
         "kafka.sasl.jaas.config": "org.apache.kafka.common.security.plain.PlainLoginModule "
                                   'required username="etl" password="s3cret";'})
-    GroupOffsetCommitter(options)._client()
+    GroupOffsetCommitter(options.kafka)._client()
     assert (built["sasl.username"], built["sasl.password"]) == ("etl", "s3cret")
     assert built["group.id"] == "watch" and built["security.protocol"] == "SASL_SSL"

@@ -77,9 +77,9 @@ def test_event_hubs_connection_string_survives_whole() -> None:
     o = parse(**{"bootstrap.servers": "my-ns.servicebus.windows.net:9093",
                  "security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN",
                  "sasl.jaas.config": text})
-    assert o.kafka_config["sasl.username"] == "$ConnectionString"
-    assert o.kafka_config["sasl.password"] == connection
-    assert connection not in repr(o) and connection not in str(o.safe_kafka_config)
+    assert o.kafka.config["sasl.username"] == "$ConnectionString"
+    assert o.kafka.config["sasl.password"] == connection
+    assert connection not in repr(o) and connection not in str(o.kafka.safe_config)
 
 
 @pytest.mark.parametrize("mechanism", ["SCRAM-SHA-256", "scram-sha-512"])
@@ -202,8 +202,8 @@ def test_librdkafka_names_keep_working() -> None:
              "sasl.username": "u", "sasl.password": SECRET, "ssl.ca.location": "/etc/ca.pem",
              "ssl.endpoint.identification.algorithm": "none"}
     o = parse(**given)
-    assert o.kafka_config == {"bootstrap.servers": "b:9092", **given}
-    assert o.client_config() == {**CLIENT_DEFAULTS, **o.kafka_config}
+    assert o.kafka.config == {"bootstrap.servers": "b:9092", **given}
+    assert o.kafka.client_config() == {**CLIENT_DEFAULTS, **o.kafka.config}
 
 
 @pytest.mark.parametrize(("java", "librdkafka"), [("", "none"), ("HTTPS", "https"),
@@ -219,11 +219,11 @@ def test_secrets_are_masked_as_wholes_everywhere() -> None:
     text = jaas(PLAIN, username="alice", password=SECRET)
     o = parse(**{"sasl.jaas.config": text, "security.protocol": "SASL_SSL",
                  "sasl.mechanism": "PLAIN"})
-    for shown in (repr(o), str(o.safe_kafka_config), repr(o.client_security)):
+    for shown in (repr(o), str(o.kafka.safe_config), repr(o.kafka.security)):
         assert SECRET not in shown and text not in shown
-    assert o.safe_kafka_config["sasl.password"] == MASK
-    assert o.safe_kafka_config["sasl.mechanisms"] == "PLAIN"  # a method, not a secret
-    assert scrub(f"refused {text} and {SECRET}", o.kafka_secrets) == f"refused {MASK} and {MASK}"
+    assert o.kafka.safe_config["sasl.password"] == MASK
+    assert o.kafka.safe_config["sasl.mechanisms"] == "PLAIN"  # a method, not a secret
+    assert scrub(f"refused {text} and {SECRET}", o.kafka.secrets) == f"refused {MASK} and {MASK}"
 
 
 # --- key stores -----------------------------------------------------------------------------
@@ -244,7 +244,7 @@ def _certs(pem: str) -> list[x509.Certificate]:
 @pytest.mark.parametrize("kind", STORE_KINDS)
 def test_truststores_become_librdkafkas_in_memory_ca(pki: Pki, kind: str) -> None:
     o = parse(**{"security.protocol": "SSL", **pki.truststore(kind)})
-    config = o.client_config()
+    config = o.kafka.client_config()
     assert _certs(config["ssl.ca.pem"]) == [pki.ca]
     assert not any(k.startswith("ssl.truststore") or k.endswith(".location") for k in config)
 
@@ -253,7 +253,7 @@ def test_truststores_become_librdkafkas_in_memory_ca(pki: Pki, kind: str) -> Non
 def test_keystores_become_librdkafkas_in_memory_certificate_and_key(pki: Pki,
                                                                     kind: str) -> None:
     o = parse(**{"security.protocol": "SSL", **pki.keystore(kind)})
-    config = o.client_config()
+    config = o.kafka.client_config()
     assert _certs(config["ssl.certificate.pem"]) == [pki.client, pki.ca]  # the whole chain
     key = serialization.load_pem_private_key(config["ssl.key.pem"].encode(), None)
     assert key.public_key() == pki.client_key.public_key()
@@ -272,7 +272,7 @@ def test_a_trust_store_of_several_certificates_is_taken_whole(pki: Pki, tmp_path
     path = tmp_path / "two-cas.pem"
     path.write_bytes(Path(other.ca_pem).read_bytes() + Path(pki.ca_pem).read_bytes())
     config = parse(**{"ssl.truststore.type": "PEM",
-                      "ssl.truststore.location": str(path)}).client_config()
+                      "ssl.truststore.location": str(path)}).kafka.client_config()
     assert _certs(config["ssl.ca.pem"]) == [other.ca, pki.ca]
 
 
@@ -286,13 +286,13 @@ def test_a_store_type_not_given_is_told_from_the_content(pki: Pki, tmp_path: Pat
         path.write_text("Bag Attributes\n    friendlyName: ca\n"
                         + Path(given["ssl.truststore.location"]).read_text())
         given["ssl.truststore.location"] = str(path)
-    assert _certs(parse(**given).client_config()["ssl.ca.pem"]) == [pki.ca]
+    assert _certs(parse(**given).kafka.client_config()["ssl.ca.pem"]) == [pki.ca]
 
 
 def test_a_librdkafka_style_pkcs12_keystore_is_converted_too(pki: Pki) -> None:
     given = pki.keystore("PKCS12")
     given.pop("ssl.keystore.type")
-    config = parse(**given).client_config()
+    config = parse(**given).kafka.client_config()
     assert _certs(config["ssl.certificate.pem"])[0] == pki.client
 
 
@@ -300,7 +300,7 @@ def test_a_librdkafka_style_pkcs12_keystore_is_converted_too(pki: Pki) -> None:
 def test_a_pkcs12_file_given_as_jks_is_read_as_java_does(pki: Pki) -> None:
     given = pki.keystore("PKCS12")
     given["ssl.keystore.type"] = "JKS"
-    assert _certs(parse(**given).client_config()["ssl.certificate.pem"])[0] == pki.client
+    assert _certs(parse(**given).kafka.client_config()["ssl.certificate.pem"])[0] == pki.client
 
 
 @pytest.mark.parametrize(("kind", "option"), [
@@ -331,10 +331,10 @@ def test_a_missing_store_file_fails_at_load() -> None:
 
 def test_store_passwords_and_keys_are_masked(pki: Pki) -> None:
     o = parse(**{**pki.keystore("PEM-inline"), **pki.truststore("PKCS12")})
-    key_text = o.client_security.keystore.key  # type: ignore[union-attr]
-    assert key_text and key_text in o.kafka_secrets and KEY_PW in o.kafka_secrets
-    assert STORE_PW in o.kafka_secrets
-    for shown in (repr(o), repr(o.client_security), str(o.safe_kafka_config)):
+    key_text = o.kafka.security.keystore.key  # type: ignore[union-attr]
+    assert key_text and key_text in o.kafka.secrets and KEY_PW in o.kafka.secrets
+    assert STORE_PW in o.kafka.secrets
+    for shown in (repr(o), repr(o.kafka.security), str(o.kafka.safe_config)):
         assert KEY_PW not in shown and STORE_PW not in shown and "PRIVATE KEY" not in shown
 
 
@@ -346,7 +346,7 @@ from confluent_kafka import Consumer
 from flinkish_source.options import parse_options
 options = {"kafka.bootstrap.servers": "127.0.0.1:1", "subscribe": "t", "includeMarkers": "false"}
 options.update({"kafka." + k: v for k, v in %r.items()})
-config = parse_options(options).client_config()
+config = parse_options(options).kafka.client_config()
 Consumer({**config, "group.id": "g", "security.protocol": "SSL"}).close()
 Consumer({**config, "group.id": "g", "security.protocol": "SSL"})
 if sys.argv[1] == "kill":
@@ -379,8 +379,8 @@ def test_no_key_material_is_written_by_a_process_that_cannot_clean_up(
 
 def test_a_store_is_converted_once_per_process(pki: Pki) -> None:
     given = pki.keystore("PKCS12")
-    first = parse(**given).client_config()
-    again = parse(**given).client_config()
+    first = parse(**given).kafka.client_config()
+    again = parse(**given).kafka.client_config()
     assert again["ssl.key.pem"] is first["ssl.key.pem"]
 
 
@@ -388,12 +388,12 @@ def test_a_store_renewed_in_place_is_converted_again(pki: Pki, tmp_path: Path) -
     path = tmp_path / "rotating-ca.pem"
     path.write_bytes(Path(pki.ca_pem).read_bytes())
     given = {"ssl.truststore.type": "PEM", "ssl.truststore.location": str(path)}
-    before = parse(**given).client_config()["ssl.ca.pem"]
+    before = parse(**given).kafka.client_config()["ssl.ca.pem"]
     (tmp_path / "renewed").mkdir()
     renewed = Pki(tmp_path / "renewed")
     path.write_bytes(Path(renewed.ca_pem).read_bytes())
     os.utime(path, ns=(time.time_ns(), time.time_ns() + 1_000_000_000))
-    after = parse(**given).client_config()["ssl.ca.pem"]
+    after = parse(**given).kafka.client_config()["ssl.ca.pem"]
     assert _certs(after) == [renewed.ca] and _certs(before) == [pki.ca]
 
 
@@ -450,7 +450,7 @@ def test_a_key_store_whose_key_is_not_its_certificates_fails_at_load(pki: Pki) -
 def test_a_jks_truststore_without_a_password_is_read_as_java_reads_it(pki: Pki) -> None:
     given = pki.truststore("JKS")
     del given["ssl.truststore.password"]  # Java then skips the integrity check
-    assert _certs(parse(**given).client_config()["ssl.ca.pem"]) == [pki.ca]
+    assert _certs(parse(**given).kafka.client_config()["ssl.ca.pem"]) == [pki.ca]
 
 
 # --- AWS MSK IAM ----------------------------------------------------------------------------
@@ -503,10 +503,10 @@ def aws_oauthbearer(shaded: str, module: str = OAUTH) -> dict[str, str]:
 def test_awss_documented_oauthbearer_option_set_is_taken_verbatim(
         aws_env: None, shaded: str, module: str) -> None:
     o = parse(**aws_oauthbearer(shaded, module))
-    assert o.kafka_config["sasl.mechanisms"] == "OAUTHBEARER"
-    assert not any("callback" in k or "jaas" in k for k in o.kafka_config)
-    assert o.client_security.msk_iam == MskIam(region="eu-west-1")
-    assert callable(o.client_config()["oauth_cb"])
+    assert o.kafka.config["sasl.mechanisms"] == "OAUTHBEARER"
+    assert not any("callback" in k or "jaas" in k for k in o.kafka.config)
+    assert o.kafka.security.msk_iam == MskIam(region="eu-west-1")
+    assert callable(o.kafka.client_config()["oauth_cb"])
 
 
 @pytest.mark.parametrize(("change", "says"), [
@@ -561,7 +561,7 @@ def test_a_profiles_credentials_are_found_without_showing_them(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(credentials))
     o = parse(**{"bootstrap.servers": MSK_SERVERS, "sasl.mechanism": "AWS_MSK_IAM",
                  "sasl.jaas.config": f'{IAM_MODULE} required awsProfileName="analytics";'})
-    assert o.client_security.msk_iam == MskIam(region="eu-west-1", profile="analytics")
+    assert o.kafka.security.msk_iam == MskIam(region="eu-west-1", profile="analytics")
     shown = capsys.readouterr()
     assert "AKIAFLINKISHTEST0003" not in shown.out + shown.err
 
@@ -593,8 +593,8 @@ def test_msk_iam_token_callback_signs_locally(aws_env: None,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     o = parse(**{"bootstrap.servers": MSK_SERVERS, "security.protocol": "SASL_SSL",
                  "sasl.mechanism": "AWS_MSK_IAM", "sasl.jaas.config": f"{IAM_MODULE} required;"})
-    callback = o.client_config()["oauth_cb"]
-    assert o.client_config()["oauth_cb"] is callback  # one per process: pooled clients match
+    callback = o.kafka.client_config()["oauth_cb"]
+    assert o.kafka.client_config()["oauth_cb"] is callback  # one per process: pooled clients match
 
     def no_network(*args: object) -> None:
         raise AssertionError(f"the signer made a connection: {args}")

@@ -107,9 +107,9 @@ def test_a_read_task_warns_while_no_records_come(
 
 def test_the_bound_is_the_documented_option_and_warnings_are_paced() -> None:
     options = _options("127.0.0.1:1", **{"kafkaConsumer.pollTimeoutMs": "120000"})
-    wait = BrokerWait(options, "x")
+    wait = BrokerWait(options.kafka, "x")
     assert wait.bound == 120.0 and wait.step == 20.0  # a warning every sixth of the bound
-    small = BrokerWait(_options("127.0.0.1:1"), "x")
+    small = BrokerWait(_options("127.0.0.1:1").kafka, "x")
     assert small.step == 0.5
 
 
@@ -119,7 +119,8 @@ def test_a_wait_warns_every_sixth_of_the_bound_however_short_its_attempts(
     """Attempts are short while only refused connections are reported; warnings keep the
     documented cadence all the same."""
     caplog.set_level(logging.WARNING)
-    wait = BrokerWait(_options("127.0.0.1:1", **{"kafkaConsumer.pollTimeoutMs": "3000"}), "x")
+    wait = BrokerWait(_options("127.0.0.1:1", **{"kafkaConsumer.pollTimeoutMs": "3000"}).kafka,
+                      "x")
     with pytest.raises(KafkaUnavailableError):
         wait.call(lambda timeout: _unanswered(min(timeout, 0.1)))
     assert len([r for r in caplog.records if r.levelno == logging.WARNING]) == 5
@@ -216,11 +217,12 @@ def test_an_idle_consumer_of_a_cluster_that_is_gone_backs_off_as_kafkas_java_cli
     long as the pooled consumer lives, into whatever listens on the dead broker's port."""
     from flinkish_source.kafka.base import consumer_config
 
-    config = consumer_config(_options("unused:1"))
+    config = consumer_config(_options("unused:1").kafka)
     # backoff 100 ms doubling to 1 s: about 6 in 3 s (the first one at once)
     assert _connections_in(3, config) <= 9
     # a user's kafka.* settings still win
     config = consumer_config(_options("unused:1", **{
-        "kafka.metadata.recovery.strategy": "rebootstrap", "kafka.reconnect.backoff.max.ms": "5"}))
+        "kafka.metadata.recovery.strategy": "rebootstrap", "kafka.reconnect.backoff.max.ms": "5"}
+    ).kafka)
     assert config["metadata.recovery.strategy"] == "rebootstrap"
     assert str(config["reconnect.backoff.max.ms"]) == "5"

@@ -116,7 +116,9 @@ def test_initial_specific_offsets() -> None:
 
 def test_initial_specific_earliest_marker() -> None:
     # built directly: parse_options wrongly rejects -2 (see test_source_options)
-    options = dataclasses.replace(opts(), starting={"t": {0: EARLIEST, 1: LATEST}})
+    base = opts()
+    options = dataclasses.replace(base, offsets=dataclasses.replace(
+        base.offsets, starting={"t": {0: EARLIEST, 1: LATEST}}))
     positions = OffsetPlanner(options).initial(
         [T0, T1], {T0: OffsetRange(2, 10), T1: OffsetRange(1, 8)}, 0
     )

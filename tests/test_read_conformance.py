@@ -1,35 +1,25 @@
-"""Conformance of the two read paths: librdkafka (:class:`RangeReader`, the default) and the
-native fetch path (:class:`FetchRangeReader`, ``kafkaConsumer.fetch=native``) read the same
-logs from a fault-injecting Kafka-protocol server (tests/kafka_server.py, real confluent-kafka
-clients talking to it) and must give the same rows, or the same clear error.
-
-The server speaks Fetch v4 only, so two cases cannot show librdkafka at its best: a zstd batch
-(Apache Kafka answers Fetch below v10 with UNSUPPORTED_COMPRESSION_TYPE, and librdkafka would
-use v10+ on a real broker) and a broker that refuses Fetch v4 (librdkafka would use a newer
-version). There both paths must end in the same error: the native path hands the range to
-librdkafka (with a WARNING), which is what is asserted.
+"""The librdkafka read path (:class:`RangeReader`) against a fault-injecting Kafka-protocol
+server (tests/kafka_server.py, real confluent-kafka clients talking to it): the rows of logs
+in every message format, or a clear error, through retriable errors, a moving leader, retention
+and a short log.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kafka_server import FaultyKafka, Log
-from record_batches import BASE_TS, Rec, batch, legacy_set, plain
+from record_batches import BASE_TS, legacy_set, plain
 
 import flinkish_source.kafka.base as kafka_base
-import flinkish_source.kafka.native as native
-from flinkish_source.kafka import DataLossError, KafkaUnavailableError
+from flinkish_source.kafka import DataLossError
 from flinkish_source.kafka.base import ConsumerPool
 from flinkish_source.kafka.librdkafka import RangeReader
-from flinkish_source.kafka.native import FetchRangeReader
 from flinkish_source.options import parse_options
 
 Row = tuple[int, bytes | None, bytes | None, int]
-PATHS = ("librdkafka", "native")
 
 
 #: the bound of every wait, short where a case waits for it to pass (generous elsewhere: a
@@ -37,10 +27,10 @@ PATHS = ("librdkafka", "native")
 SHORT_WAIT = {"kafkaConsumer.pollTimeoutMs": "1500"}
 
 
-def options(server: FaultyKafka, fetch: str, **extra: str) -> Any:
+def options(server: FaultyKafka, **extra: str) -> Any:
     return parse_options({"kafka.bootstrap.servers": server.bootstrap, "subscribe": "t",
                           "includeMarkers": "false", "kafkaConsumer.pollTimeoutMs": "20000",
-                          "kafkaConsumer.fetch": fetch, **extra})
+                          **extra})
 
 
 @pytest.fixture(autouse=True)
@@ -48,38 +38,14 @@ def own_pool(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Real consumers, closed after each test (the process-wide pool would keep them)."""
     pool = ConsumerPool(evict_interval=0)
     monkeypatch.setattr(kafka_base, "POOL", pool)
-    monkeypatch.setattr(native, "_FELL_BACK", set())
     yield
     pool.clear()
 
 
-def read(server: FaultyKafka, fetch: str, start: int, end: int, **extra: str) -> list[Row]:
-    opts = options(server, fetch, **extra)
-    reader = (FetchRangeReader if fetch == "native" else RangeReader)(
-        opts, [("t", 0, start, end)], 1_000)
-    with reader:
+def read(server: FaultyKafka, start: int, end: int, **extra: str) -> list[Row]:
+    with RangeReader(options(server, **extra), [("t", 0, start, end)], 1_000) as reader:
         return [(m.offset(), m.key(), m.value(), m.timestamp()[1])
                 for chunk in reader.read("t", 0, start, end) for m in chunk]
-
-
-def quiet(server: FaultyKafka) -> None:
-    """No client of a path left, nor a request of one still being answered, before the next
-    path (a pooled consumer keeps fetching past the range, and its last request could reach a
-    fault the test re-armed)."""
-    kafka_base.POOL.clear()
-    server.disconnect()
-
-
-def both(server: FaultyKafka, start: int, end: int, reset: Callable[[], None] = lambda: None,
-         **extra: str) -> list[Row]:
-    """The rows both paths read (asserted equal); ``reset`` re-arms the faults between."""
-    rows = {}
-    for fetch in PATHS:
-        reset()
-        rows[fetch] = read(server, fetch, start, end, **extra)
-        quiet(server)
-    assert rows["native"] == rows["librdkafka"]
-    return rows["native"]
 
 
 def expected(offsets: range, timestamp: Callable[[int], int] = lambda o: BASE_TS + o % 10
@@ -98,13 +64,13 @@ def server() -> Iterator[FaultyKafka]:
 
 
 def test_plain_batches_cut_by_the_range(server: FaultyKafka) -> None:
-    assert both(server, 3, 47) == expected(range(3, 47))
+    assert read(server, 3, 47) == expected(range(3, 47))
 
 
 def test_batches_cut_at_the_fetch_size(server: FaultyKafka) -> None:
     """Each answer holds one whole batch and the next one cut at the partition byte limit."""
     size = len(plain(0, 10))
-    assert both(server, 0, 50, **{"kafka.max.partition.fetch.bytes": str(size + size // 2)}
+    assert read(server, 0, 50, **{"kafka.max.partition.fetch.bytes": str(size + size // 2)}
                 ) == expected(range(50))
 
 
@@ -118,7 +84,7 @@ def test_old_message_formats(magic: int, codec: int) -> None:
     log.append(10, 19, plain(10, 10))
     server = FaultyKafka({("t", 0): log})
     try:
-        rows = both(server, 2, 20)
+        rows = read(server, 2, 20)
     finally:
         server.close()
     # v0 has no timestamp (librdkafka says 0, "not available"); v1 carries BASE_TS
@@ -135,7 +101,7 @@ def test_retriable_errors_are_waited_out(server: FaultyKafka, code: int) -> None
         return code if offset >= 20 and answered["n"] <= 3 else None
 
     server.fault = fault
-    assert both(server, 0, 50, reset=lambda: answered.update(n=0)) == expected(range(50))
+    assert read(server, 0, 50) == expected(range(50))
 
 
 def test_a_high_watermark_below_the_read_position_is_waited_out(server: FaultyKafka) -> None:
@@ -151,8 +117,8 @@ def test_a_high_watermark_below_the_read_position_is_waited_out(server: FaultyKa
 
     server.fault = fault
     one_batch = str(len(plain(0, 10)))
-    assert both(server, 0, 50, reset=lambda: answered.update(n=0),
-                **{"kafka.max.partition.fetch.bytes": one_batch}) == expected(range(50))
+    assert read(server, 0, 50, **{"kafka.max.partition.fetch.bytes": one_batch}
+                ) == expected(range(50))
     assert answered["n"] > 3
 
 
@@ -168,58 +134,25 @@ def test_a_leader_that_moves_is_followed(server: FaultyKafka) -> None:
 
     server.fault = fault
     one_batch = str(len(plain(0, 10)))
-    for fetch in PATHS:
-        log.leader = 1
-        server.requests.clear()
-        assert read(server, fetch, 0, 50, **{"kafka.max.partition.fetch.bytes": one_batch}
-                    ) == expected(range(50))
-        assert {b for b, api, _ in server.requests if api == 1} == {1, 2}, fetch
-        quiet(server)
+    server.requests.clear()
+    assert read(server, 0, 50, **{"kafka.max.partition.fetch.bytes": one_batch}
+                ) == expected(range(50))
+    assert {b for b, api, _ in server.requests if api == 1} == {1, 2}
 
 
-def test_records_deleted_by_retention_are_lost_data_on_both(server: FaultyKafka) -> None:
+def test_records_deleted_by_retention_are_lost_data_on_read(server: FaultyKafka) -> None:
     server.logs[("t", 0)].earliest = 30
-    for fetch in PATHS:
-        with pytest.raises(DataLossError, match=r"t/0: offsets 10..29 .*retention"):
-            read(server, fetch, 10, 50)
-    assert both(server, 10, 50, failOnDataLoss="false") == expected(range(30, 50))
+    with pytest.raises(DataLossError, match=r"t/0: offsets 10..29 .*retention"):
+        read(server, 10, 50)
+    assert read(server, 10, 50, failOnDataLoss="false") == expected(range(30, 50))
 
 
-def test_a_log_shorter_than_the_plan_for_the_whole_wait_is_lost_data_on_both(
+def test_a_log_shorter_than_the_plan_for_the_whole_wait_is_lost_data(
     server: FaultyKafka
 ) -> None:
     server.logs[("t", 0)].high = 40
-    for fetch in PATHS:
-        with pytest.raises(DataLossError, match="offsets 40..49 .*high watermark stayed at 40"):
-            read(server, fetch, 0, 50, **SHORT_WAIT)
-
-
-def test_zstd_on_fetch_v4_ends_as_librdkafka_ends(
-    server: FaultyKafka, caplog: pytest.LogCaptureFixture
-) -> None:
-    """Apache Kafka answers Fetch v4 for a zstd batch with UNSUPPORTED_COMPRESSION_TYPE."""
-    log = server.logs[("t", 0)]
-    log.entries[2:] = [(20, 29, batch(20, [Rec(i, b"k", b"v") for i in range(10)], codec=4))]
-    caplog.set_level(logging.WARNING)
-    errors = {}
-    for fetch in PATHS:
-        with pytest.raises(KafkaUnavailableError) as failure:
-            read(server, fetch, 12, 30, **SHORT_WAIT)
-        errors[fetch] = str(failure.value)
-    assert errors["native"] == errors["librdkafka"]
-    assert "reading offsets 12..29 with librdkafka" in caplog.text
-    assert "UNSUPPORTED_COMPRESSION_TYPE (Kafka error code 76)" in caplog.text
-
-
-def test_a_broker_refusing_fetch_v4_ends_as_librdkafka_ends(
-    server: FaultyKafka, caplog: pytest.LogCaptureFixture
-) -> None:
-    server.fetch_versions = (12, 17)
-    caplog.set_level(logging.WARNING)
-    for fetch in PATHS:
-        with pytest.raises(KafkaUnavailableError, match="no records between offsets 0 and 10"):
-            read(server, fetch, 0, 10, **SHORT_WAIT)
-    assert "serves Fetch versions 12..17, not 4" in caplog.text
+    with pytest.raises(DataLossError, match="offsets 40..49 .*high watermark stayed at 40"):
+        read(server, 0, 50, **SHORT_WAIT)
 
 
 def test_planning_reads_the_offsets_from_listoffsets_and_the_fetch_high_watermark(
@@ -230,7 +163,7 @@ def test_planning_reads_the_offsets_from_listoffsets_and_the_fetch_high_watermar
     from flinkish_source.kafka import KafkaMetadata, OffsetRange
 
     server.logs[("t", 0)].earliest = 5
-    metadata = KafkaMetadata(options(server, "librdkafka"))
+    metadata = KafkaMetadata(options(server))
     try:
         assert metadata.partitions() == [("t", 0)]
         assert metadata.offset_ranges([("t", 0)]) == {("t", 0): OffsetRange(5, 50)}

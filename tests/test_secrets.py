@@ -126,8 +126,8 @@ def test_source_options_hide_kafka_secrets_in_repr_and_errors() -> None:
     raw = {"kafka.bootstrap.servers": "b:1", "kafka.ssl.key.password": SECRET,
            "kafka.sasl.jaas.config": jaas, "subscribe": "t", "includeMarkers": "false"}
     options = parse_options(raw)
-    assert SECRET not in repr(options) and SECRET not in repr(options.safe_kafka_config)
-    assert sorted(options.kafka_secrets) == sorted([SECRET, SECRET, "u", jaas])
+    assert SECRET not in repr(options) and SECRET not in repr(options.kafka.safe_config)
+    assert sorted(options.kafka.secrets) == sorted([SECRET, SECRET, "u", jaas])
     for bad in ({"startingOffsets": "soon"}, {"kafka.enable.auto.commit": "true"},
                 {"subscribe": ""}, {"kafkaConsumer.pollTimeoutMs": "x"},
                 {"idleTimeout": "1 fortnight"}):

@@ -101,7 +101,7 @@ def _options(listener: TlsListener, **kafka: str) -> SourceOptions:
 def test_converted_stores_complete_a_mutual_tls_handshake(pki: Pki, mutual_tls: TlsListener,
                                                           kind: str) -> None:
     options = _options(mutual_tls, **pki.truststore(kind), **pki.keystore(kind))
-    consumer = Consumer(consumer_config(options))
+    consumer = Consumer(consumer_config(options.kafka))
     try:
         deadline = time.monotonic() + 30
         while "flinkish-client" not in mutual_tls.handshakes and time.monotonic() < deadline:
@@ -197,7 +197,7 @@ def test_a_refused_login_ends_a_broker_wait_after_the_first_short_attempt() -> N
 
     started = time.monotonic()
     with pytest.raises(KafkaSecurityError) as failure:
-        BrokerWait(options, "could not list Kafka topics", lambda: refusal).call(attempt)
+        BrokerWait(options.kafka, "could not list Kafka topics", lambda: refusal).call(attempt)
     assert time.monotonic() - started < 3
     message = str(failure.value)
     assert "authentication failed with bootstrap servers 'b-1:9096,b-2:9096'" in message
@@ -207,15 +207,15 @@ def test_a_refused_login_ends_a_broker_wait_after_the_first_short_attempt() -> N
 
 def test_a_read_consumer_refusal_is_raised_in_the_thread_that_polled() -> None:
     options = _sasl_options()
-    raise_refusal(options, "nothing yet")  # no refusal: no error
+    raise_refusal(options.kafka, "nothing yet")  # no refusal: no error
     note_refusal(KafkaError(KafkaError._ALL_BROKERS_DOWN, "1/1 brokers are down"))
-    raise_refusal(options, "still nothing")
+    raise_refusal(options.kafka, "still nothing")
     note_refusal(KafkaError(KafkaError._AUTHENTICATION, "invalid credentials"))
     elsewhere: list[BaseException] = []
 
     def other_thread() -> None:
         try:
-            raise_refusal(options, "other")
+            raise_refusal(options.kafka, "other")
         except KafkaSecurityError as exc:
             elsewhere.append(exc)
 
@@ -224,5 +224,5 @@ def test_a_read_consumer_refusal_is_raised_in_the_thread_that_polled() -> None:
     thread.join()
     assert elsewhere == []
     with pytest.raises(KafkaSecurityError, match="could not read t/0: authentication failed"):
-        raise_refusal(options, "could not read t/0")
-    raise_refusal(options, "taken once")
+        raise_refusal(options.kafka, "could not read t/0")
+    raise_refusal(options.kafka, "taken once")

@@ -3,6 +3,7 @@ mistake names the option and what it accepts (without leaking Kafka secrets)."""
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import pytest
@@ -62,26 +63,26 @@ def error_with(**changes: Any) -> str:
 
 def test_defaults() -> None:
     o = parse()
-    assert o.kafka_config == {"bootstrap.servers": "broker1:9092,broker2:9092"}
+    assert o.kafka.config == {"bootstrap.servers": "broker1:9092,broker2:9092"}
     assert o.topics == TopicSelection(subscribe=("events",))
-    assert o.starting == "latest"
-    assert o.ending is None
-    assert o.max_offsets_per_trigger is None
-    assert o.fail_on_data_loss is True
+    assert o.offsets.starting == "latest"
+    assert o.offsets.ending is None
+    assert o.admission.max_offsets_per_trigger is None
+    assert o.offsets.fail_on_data_loss is True
     assert o.include_headers is False
-    assert o.include_markers is True
-    assert o.event_time_field is None
-    assert o.event_time_header is None
-    assert o.event_time_unit_ms == 1
-    assert o.event_time_on_error is OnError.FAIL
-    assert o.watermark is WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
-    assert o.max_out_of_orderness_ms == 0
-    assert o.punctuation_field is None
-    assert o.punctuation_header is None
-    assert o.idle_timeout_ms is None
+    assert o.event_time.include_markers is True
+    assert o.event_time.field is None
+    assert o.event_time.header is None
+    assert o.event_time.unit_ms == 1
+    assert o.event_time.on_error is OnError.FAIL
+    assert o.event_time.watermark is WatermarkKind.BOUNDED_OUT_OF_ORDERNESS
+    assert o.event_time.max_out_of_orderness_ms == 0
+    assert o.event_time.punctuation_field is None
+    assert o.event_time.punctuation_header is None
+    assert o.event_time.idle_timeout_ms is None
     assert o.state_location == "/tmp/flinkish-state"
-    assert o.poll_timeout_ms == 120_000
-    assert o.needs_state is True
+    assert o.kafka.poll_timeout_ms == 120_000
+    assert o.event_time.needs_state is True
 
 
 def test_bootstrap_servers_required() -> None:
@@ -110,16 +111,16 @@ def test_keys_are_case_insensitive() -> None:
             "Checkpointing.Location": "/x",
         }
     )
-    assert o.kafka_config == {"bootstrap.servers": "b:1"}
+    assert o.kafka.config == {"bootstrap.servers": "b:1"}
     assert o.topics == TopicSelection(pattern="ev.*")
-    assert o.starting == "earliest"
-    assert o.max_offsets_per_trigger == 7
-    assert o.fail_on_data_loss is False
+    assert o.offsets.starting == "earliest"
+    assert o.admission.max_offsets_per_trigger == 7
+    assert o.offsets.fail_on_data_loss is False
     assert o.include_headers is True
-    assert o.event_time_field == "a.b"
-    assert o.event_time_on_error is OnError.SKIP
-    assert o.max_out_of_orderness_ms == 2000
-    assert o.idle_timeout_ms == 60_000
+    assert o.event_time.field == "a.b"
+    assert o.event_time.on_error is OnError.SKIP
+    assert o.event_time.max_out_of_orderness_ms == 2000
+    assert o.event_time.idle_timeout_ms == 60_000
     assert o.state_location == "/x"
 
 
@@ -134,10 +135,10 @@ def test_lower_cased_keys_as_spark_passes_them() -> None:
         }
     )
     assert o.topics == TopicSelection(assign=(("t", 0), ("t", 1)))
-    assert o.max_offsets_per_trigger == 3
-    assert o.watermark is WatermarkKind.MONOTONOUS
-    assert o.include_markers is False
-    assert o.needs_state is False
+    assert o.admission.max_offsets_per_trigger == 3
+    assert o.event_time.watermark is WatermarkKind.MONOTONOUS
+    assert o.event_time.include_markers is False
+    assert o.event_time.needs_state is False
     assert o.state_location is None
 
 
@@ -167,6 +168,21 @@ def test_unknown_option_without_close_match_has_no_suggestion() -> None:
     assert "did you mean" not in message
 
 
+def test_the_removed_fetch_option_says_it_was_removed_and_what_reads_instead() -> None:
+    message = error({**BASE, "kafkaConsumer.Fetch": "native"})
+    assert "kafkaConsumer.fetch was removed in 0.3" in message
+    assert "librdkafka, which reads every codec and every security setting" in message
+    assert "drop the option" in message
+
+
+def test_the_fetch_option_naming_librdkafka_is_accepted_with_a_warning(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="flinkish_source.options"):
+        options = parse_options({**BASE, "kafkaConsumer.fetch": " LibRdKafka"})
+    assert options == parse_options(BASE)
+    assert "kafkaConsumer.fetch=librdkafka is what every read does" in caplog.text
+
+
 @pytest.mark.parametrize(
     "key", ["enable.auto.commit", "auto.offset.reset", "enable.partition.eof"]
 )
@@ -182,7 +198,7 @@ def test_forbidden_kafka_option_reasons() -> None:
 
 def test_other_kafka_options_pass_through_without_prefix() -> None:
     o = parse(**{"kafka.security.protocol": "SASL_SSL", "kafka.fetch.min.bytes": "1"})
-    assert o.kafka_config == {
+    assert o.kafka.config == {
         "bootstrap.servers": "broker1:9092,broker2:9092",
         "security.protocol": "SASL_SSL",
         "fetch.min.bytes": "1",
@@ -255,16 +271,16 @@ def test_bad_assign(raw: str) -> None:
 
 
 def test_starting_earliest_latest() -> None:
-    assert parse(startingOffsets="earliest").starting == "earliest"
-    assert parse(startingOffsets=" latest ").starting == "latest"
+    assert parse(startingOffsets="earliest").offsets.starting == "earliest"
+    assert parse(startingOffsets=" latest ").offsets.starting == "latest"
 
 
 @pytest.mark.parametrize(("raw", "keyword"), [("Earliest", "earliest"), ("LATEST", "latest"),
                                               (" eArLiEsT ", "earliest")])
 def test_offset_keywords_in_any_case(raw: str, keyword: str) -> None:
-    assert parse(startingOffsets=raw).starting == keyword
+    assert parse(startingOffsets=raw).offsets.starting == keyword
     if keyword == "latest":
-        assert parse(endingOffsets=raw).ending == "latest"
+        assert parse(endingOffsets=raw).offsets.ending == "latest"
     else:
         message = error_with(endingOffsets=raw)
         assert message == "option endingOffsets: earliest is not allowed; use latest or JSON"
@@ -272,12 +288,12 @@ def test_offset_keywords_in_any_case(raw: str, keyword: str) -> None:
 
 def test_starting_json_offsets() -> None:
     o = parse(startingOffsets='{"events":{"0":23,"1":-1,"2":0}}')
-    assert o.starting == {"events": {0: 23, 1: LATEST, 2: 0}}
+    assert o.offsets.starting == {"events": {0: 23, 1: LATEST, 2: 0}}
 
 
 def test_starting_json_accepts_minus_two_for_earliest() -> None:
     o = parse(startingOffsets='{"events":{"0":-2,"1":5}}')
-    assert o.starting == {"events": {0: EARLIEST, 1: 5}}
+    assert o.offsets.starting == {"events": {0: EARLIEST, 1: 5}}
 
 
 @pytest.mark.parametrize(
@@ -321,8 +337,8 @@ def test_starting_json_topic_not_an_object() -> None:
 
 
 def test_ending_offsets() -> None:
-    assert parse(endingOffsets="latest").ending == "latest"
-    assert parse(endingOffsets='{"events":{"0":10,"1":-1}}').ending == {
+    assert parse(endingOffsets="latest").offsets.ending == "latest"
+    assert parse(endingOffsets='{"events":{"0":10,"1":-1}}').offsets.ending == {
         "events": {0: 10, 1: LATEST}
     }
 
@@ -356,7 +372,7 @@ def test_per_partition_offsets_not_with_pattern(key: str) -> None:
 
 
 def test_max_offsets_per_trigger() -> None:
-    assert parse(maxOffsetsPerTrigger=" 1000 ").max_offsets_per_trigger == 1000
+    assert parse(maxOffsetsPerTrigger=" 1000 ").admission.max_offsets_per_trigger == 1000
 
 
 @pytest.mark.parametrize("raw", ["0", "-5", "1.5", "ten", "", "1e3"])
@@ -373,14 +389,14 @@ def test_max_offsets_per_trigger_positive_int(raw: str) -> None:
 @pytest.mark.parametrize(
     ("key", "attr"),
     [
-        ("failOnDataLoss", "fail_on_data_loss"),
+        ("failOnDataLoss", "offsets.fail_on_data_loss"),
         ("includeHeaders", "include_headers"),
-        ("includeMarkers", "include_markers"),
+        ("includeMarkers", "event_time.include_markers"),
     ],
 )
 def test_booleans(key: str, attr: str) -> None:
-    assert getattr(parse(**{key: "TRUE"}), attr) is True
-    assert getattr(parse(**{key: " false "}), attr) is False
+    assert operator.attrgetter(attr)(parse(**{key: "TRUE"})) is True
+    assert operator.attrgetter(attr)(parse(**{key: " false "})) is False
     message = error_with(**{key: "yes"})
     assert message == f"option {key}: 'yes' is not a boolean; use true or false"
 
@@ -394,14 +410,14 @@ def test_event_time_field_and_header_conflict() -> None:
 
 
 def test_event_time_unit() -> None:
-    assert parse(**{"eventTime.field": "ts", "eventTime.unit": "seconds"}).event_time_unit_ms == (
+    assert parse(**{"eventTime.field": "ts", "eventTime.unit": "seconds"}).event_time.unit_ms == (
         1000
     )
     assert (
-        parse(**{"eventTime.header": "ts", "eventTime.unit": "Microseconds"}).event_time_unit_ms
+        parse(**{"eventTime.header": "ts", "eventTime.unit": "Microseconds"}).event_time.unit_ms
         == 0.001
     )
-    assert parse(**{"eventTime.field": "ts"}).event_time_unit_ms == 1
+    assert parse(**{"eventTime.field": "ts"}).event_time.unit_ms == 1
 
 
 def test_event_time_unit_bad() -> None:
@@ -419,8 +435,8 @@ def test_event_time_unit_needs_field_or_header() -> None:
 
 
 def test_event_time_on_error() -> None:
-    assert parse(**{"eventTime.onError": "SKIP"}).event_time_on_error is OnError.SKIP
-    assert parse(**{"eventTime.onError": "fail"}).event_time_on_error is OnError.FAIL
+    assert parse(**{"eventTime.onError": "SKIP"}).event_time.on_error is OnError.SKIP
+    assert parse(**{"eventTime.onError": "fail"}).event_time.on_error is OnError.FAIL
     message = error_with(**{"eventTime.onError": "ignore"})
     assert message == "option eventTime.onError: 'ignore' is not fail or skip"
 
@@ -438,17 +454,17 @@ def test_event_time_on_error() -> None:
     ],
 )
 def test_watermark_strategy(raw: str, kind: WatermarkKind) -> None:
-    assert parse(**{"watermark.strategy": raw}).watermark is kind
+    assert parse(**{"watermark.strategy": raw}).event_time.watermark is kind
 
 
 def test_watermark_strategy_punctuated() -> None:
     o = parse(**{"watermark.strategy": "punctuated", "watermark.punctuation.field": "meta.wm"})
-    assert o.watermark is WatermarkKind.PUNCTUATED
-    assert o.punctuation_field == "meta.wm"
-    assert o.punctuation_header is None
+    assert o.event_time.watermark is WatermarkKind.PUNCTUATED
+    assert o.event_time.punctuation_field == "meta.wm"
+    assert o.event_time.punctuation_header is None
     o = parse(**{"watermark.strategy": "punctuated", "watermark.punctuation.header": "wm"})
-    assert o.punctuation_header == "wm"
-    assert o.punctuation_field is None
+    assert o.event_time.punctuation_header == "wm"
+    assert o.event_time.punctuation_field is None
 
 
 def test_watermark_strategy_bad() -> None:
@@ -473,7 +489,7 @@ def test_watermark_strategy_bad() -> None:
     ],
 )
 def test_max_out_of_orderness_durations(raw: str, ms: int) -> None:
-    assert parse(**{"watermark.maxOutOfOrderness": raw}).max_out_of_orderness_ms == ms
+    assert parse(**{"watermark.maxOutOfOrderness": raw}).event_time.max_out_of_orderness_ms == ms
 
 
 @pytest.mark.parametrize("raw", ["2", "seconds", "two seconds", "2 fortnights", "-1 s", ""])
@@ -486,7 +502,7 @@ def test_max_out_of_orderness_not_a_duration(raw: str) -> None:
 @pytest.mark.parametrize("raw", ["0", " 0 ", "0.0", "00"])
 def test_a_bare_zero_is_a_duration(raw: str) -> None:
     """The documented default of watermark.maxOutOfOrderness can be written as it is shown."""
-    assert parse(**{"watermark.maxOutOfOrderness": raw}).max_out_of_orderness_ms == 0
+    assert parse(**{"watermark.maxOutOfOrderness": raw}).event_time.max_out_of_orderness_ms == 0
     assert parse_duration_ms("x", raw) == 0
 
 
@@ -534,8 +550,8 @@ def test_punctuation_only_with_punctuated(key: str) -> None:
 
 
 def test_idle_timeout() -> None:
-    assert parse(idleTimeout="30 seconds").idle_timeout_ms == 30_000
-    assert parse(idleTimeout="250ms").idle_timeout_ms == 250
+    assert parse(idleTimeout="30 seconds").event_time.idle_timeout_ms == 30_000
+    assert parse(idleTimeout="250ms").event_time.idle_timeout_ms == 250
 
 
 def test_idle_timeout_not_a_duration() -> None:
@@ -553,7 +569,7 @@ def test_idle_timeout_positive(raw: str) -> None:
 
 
 def test_poll_timeout() -> None:
-    assert parse(**{"kafkaConsumer.pollTimeoutMs": "5000"}).poll_timeout_ms == 5000
+    assert parse(**{"kafkaConsumer.pollTimeoutMs": "5000"}).kafka.poll_timeout_ms == 5000
     message = error_with(**{"kafkaConsumer.pollTimeoutMs": "0"})
     assert message == "option kafkaConsumer.pollTimeoutMs: '0' is not a positive number of ms"
 
@@ -570,7 +586,7 @@ def test_checkpointing_location_required_with_markers_and_watermarks() -> None:
 @pytest.mark.parametrize("extra", [{"includeMarkers": "false"}, {"watermark.strategy": "none"}])
 def test_checkpointing_location_not_needed(extra: dict[str, str]) -> None:
     o = parse(**{"checkpointing.location": None, **extra})
-    assert o.needs_state is False
+    assert o.event_time.needs_state is False
     assert o.state_location is None
 
 
@@ -623,7 +639,7 @@ def test_secrets_never_in_error_messages(broken: dict[str, Any]) -> None:
 
 def test_safe_kafka_config_masks_secrets() -> None:
     o = parse(**SECRETS, **{"kafka.security.protocol": "SASL_SSL", "kafka.sasl.username": "me"})
-    safe = o.safe_kafka_config
+    safe = o.kafka.safe_config
     assert safe == {
         "bootstrap.servers": "broker1:9092,broker2:9092",
         "security.protocol": "SASL_SSL",
@@ -635,7 +651,7 @@ def test_safe_kafka_config_masks_secrets() -> None:
     }
     assert not any(secret in str(safe) for secret in SECRET_VALUES)
     # the real config still carries them for the consumer
-    assert o.kafka_config["sasl.password"] == "hunter2-sasl"
+    assert o.kafka.config["sasl.password"] == "hunter2-sasl"
 
 
 def test_redact_kafka_config() -> None:
@@ -705,9 +721,10 @@ def test_no_location_needed_is_not_judged(monkeypatch: pytest.MonkeyPatch) -> No
 
 def test_min_offsets_per_trigger_and_max_trigger_delay() -> None:
     o = parse(minOffsetsPerTrigger="500", maxTriggerDelay="30 seconds")
-    assert (o.min_offsets_per_trigger, o.max_trigger_delay_ms) == (500, 30_000)
-    assert parse().min_offsets_per_trigger is None
-    assert parse(minOffsetsPerTrigger="5").max_trigger_delay_ms == 15 * 60 * 1000  # Spark's
+    assert (o.admission.min_offsets_per_trigger, o.admission.max_trigger_delay_ms) == (500, 30_000)
+    assert parse().admission.min_offsets_per_trigger is None
+    # Spark's default
+    assert parse(minOffsetsPerTrigger="5").admission.max_trigger_delay_ms == 15 * 60 * 1000
     assert "positive whole number" in error({**BASE, "minOffsetsPerTrigger": "0"})
     assert "only applies with minOffsetsPerTrigger" in error({**BASE, "maxTriggerDelay": "1s"})
     assert "cannot hold more than the maximum" in error(
@@ -718,26 +735,27 @@ def test_min_offsets_per_trigger_and_max_trigger_delay() -> None:
 
 def test_the_commit_group_is_named_by_the_query_and_kept_from_read_consumers() -> None:
     o = parse(**{"kafka.group.id": "lag-watch"})
-    assert o.commit_group == "lag-watch" and "group.id" not in o.kafka_config
-    assert parse().commit_group is None
+    assert o.kafka.commit_group == "lag-watch" and "group.id" not in o.kafka.config
+    assert parse().kafka.commit_group is None
     a = parse(groupIdPrefix="etl", **{"checkpointing.location": "/ck/a/state"})
     b = parse(groupIdPrefix="etl", **{"checkpointing.location": "/ck/b/state"})
-    assert a.commit_group is not None and a.commit_group.startswith("etl-")
-    assert a.commit_group != b.commit_group  # one group per query
+    assert a.kafka.commit_group is not None and a.kafka.commit_group.startswith("etl-")
+    assert a.kafka.commit_group != b.kafka.commit_group  # one group per query
     again = parse(groupIdPrefix="etl", **{"checkpointing.location": "/ck/a/state"})
-    assert again.commit_group == a.commit_group  # the same across restarts
+    assert again.kafka.commit_group == a.kafka.commit_group  # the same across restarts
     off = parse(commitOffsetsOnCheckpoint="false", **{"kafka.group.id": "g"})
-    assert off.commit_group is None and "group.id" not in off.kafka_config
+    assert off.kafka.commit_group is None and "group.id" not in off.kafka.config
     assert "needs a consumer group" in error({**BASE, "commitOffsetsOnCheckpoint": "true"})
     assert "conflict" in error({**BASE, "kafka.group.id": "g", "groupIdPrefix": "p"})
 
 
 def test_starting_and_ending_times() -> None:
     o = parse(startingTimestamp="1700000000000", endingOffsetsByTimestamp='{"events":{"0":5}}')
-    assert o.starting_times == 1_700_000_000_000 and o.ending_times == {"events": {0: 5}}
-    assert o.bounded and not o.starting_times_latest
-    assert parse(startingOffsetsByTimestampStrategy="Latest").starting_times_latest
-    assert parse(endingTimestamp="7").bounded and not parse().bounded
+    assert o.offsets.starting_times == 1_700_000_000_000
+    assert o.offsets.ending_times == {"events": {0: 5}}
+    assert o.offsets.bounded and not o.offsets.starting_times_latest
+    assert parse(startingOffsetsByTimestampStrategy="Latest").offsets.starting_times_latest
+    assert parse(endingTimestamp="7").offsets.bounded and not parse().offsets.bounded
     assert "conflict" in error({**BASE, "startingTimestamp": "1", "startingOffsets": "earliest"})
     assert "conflict" in error({**BASE, "startingTimestamp": "1",
                                 "startingOffsetsByTimestamp": '{"events":{"0":1}}'})

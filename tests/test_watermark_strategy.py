@@ -35,21 +35,18 @@ def test_constants_are_flinks_long_range() -> None:
 
 def test_builders() -> None:
     assert WatermarkStrategy.for_bounded_out_of_orderness(250) == WatermarkStrategy(
-        WatermarkKind.BOUNDED_OUT_OF_ORDERNESS, 250, None
+        WatermarkKind.BOUNDED_OUT_OF_ORDERNESS, 250
     )
     assert WatermarkStrategy.for_monotonous_timestamps() == WatermarkStrategy(
-        WatermarkKind.MONOTONOUS, 0, None
+        WatermarkKind.MONOTONOUS, 0
     )
     assert WatermarkStrategy.punctuated() == WatermarkStrategy(WatermarkKind.PUNCTUATED)
     assert WatermarkStrategy.no_watermarks() == WatermarkStrategy(WatermarkKind.NONE)
-    assert WatermarkStrategy.for_monotonous_timestamps().with_idleness(500).idle_timeout_ms == 500
 
 
 def test_builders_reject_bad_arguments() -> None:
     with pytest.raises(ValueError, match="must not be negative"):
         WatermarkStrategy.for_bounded_out_of_orderness(-1)
-    with pytest.raises(ValueError, match="idle timeout must be positive"):
-        WatermarkStrategy.no_watermarks().with_idleness(0)
 
 
 @pytest.mark.parametrize(
@@ -57,9 +54,9 @@ def test_builders_reject_bad_arguments() -> None:
     [
         (
             {"watermark.maxOutOfOrderness": "2 seconds", "idleTimeout": "5 s"},
-            WatermarkStrategy(WatermarkKind.BOUNDED_OUT_OF_ORDERNESS, 2000, 5000),
+            WatermarkStrategy(WatermarkKind.BOUNDED_OUT_OF_ORDERNESS, 2000),
         ),
-        ({}, WatermarkStrategy(WatermarkKind.BOUNDED_OUT_OF_ORDERNESS, 0, None)),
+        ({}, WatermarkStrategy(WatermarkKind.BOUNDED_OUT_OF_ORDERNESS, 0)),
         ({"watermark.strategy": "monotonous"}, WatermarkStrategy(WatermarkKind.MONOTONOUS)),
         (
             {"watermark.strategy": "punctuated", "watermark.punctuation.header": "wm"},
@@ -67,7 +64,7 @@ def test_builders_reject_bad_arguments() -> None:
         ),
         (
             {"watermark.strategy": "none", "idleTimeout": "1 minute"},
-            WatermarkStrategy(WatermarkKind.NONE, 0, 60_000),
+            WatermarkStrategy(WatermarkKind.NONE, 0),
         ),
     ],
 )
@@ -75,7 +72,7 @@ def test_from_options(extra: dict[str, str], expected: WatermarkStrategy) -> Non
     options = parse_options(
         {"kafka.bootstrap.servers": "b:1", "subscribe": "t", "checkpointing.location": "/s"} | extra
     )
-    assert WatermarkStrategy.from_options(options) == expected
+    assert WatermarkStrategy.from_options(options.event_time) == expected
 
 
 # ---------------------------------------------------------------- bounded out-of-orderness

@@ -1,6 +1,6 @@
-"""What both read paths share: the interface of a task's range reader
-(:class:`PooledRangeReader`), the consumer pool it borrows from, the bounded waits for the
-brokers, and the rules for records that are gone (:func:`lost_offsets`, :class:`ShortLog`).
+"""What the read path and the driver's clients share: the consumer pool the range reader
+borrows from, the bounded waits for the brokers, and the rules for records that are gone
+(:func:`lost_offsets`, :class:`ShortLog`).
 
 librdkafka needs a ``group.id`` even for manually assigned consumers, so each consumer gets a
 throwaway one and never commits. Consumers come from a per-process :class:`ConsumerPool`, so
@@ -10,7 +10,6 @@ two tasks at once.
 
 from __future__ import annotations
 
-import abc
 import atexit
 import contextlib
 import logging
@@ -19,25 +18,19 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
 from flinkish_core.secrets import scrub
-from flinkish_source.options import SourceOptions
+from flinkish_source.options import KafkaClient, SourceOptions
 
 TopicPartitionKey = tuple[str, int]
 RangeKey = tuple[str, int, int, int]  # topic, partition, start, end
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
-_R = TypeVar("_R", bound="PooledRangeReader")
-_Opened = TypeVar("_Opened", bound="_Readable")
-
-
-class _Readable(Protocol):
-    opened: bool
 
 
 class KafkaUnavailableError(RuntimeError):
@@ -97,7 +90,7 @@ def security_failure(error: KafkaError | None) -> str | None:
     return None
 
 
-def security_error(options: SourceOptions, what: str, error: KafkaError
+def security_error(kafka: KafkaClient, what: str, error: KafkaError
                    ) -> KafkaSecurityError | None:
     """The error that ends a query whose client the brokers refused (see
     :func:`security_failure`), or None."""
@@ -112,9 +105,9 @@ def security_error(options: SourceOptions, what: str, error: KafkaError
         "kafka.ssl.endpoint.identification.algorithm), and, where the brokers require a "
         "client certificate, the key store (kafka.ssl.keystore.*)")
     return KafkaSecurityError(
-        f"{what}: {kind} with bootstrap servers {servers(options)!r}: "
-        f"{scrub(error.str(), options.kafka_secrets)}; check {check}; client settings: "
-        f"{options.safe_kafka_config}")
+        f"{what}: {kind} with bootstrap servers {servers(kafka)!r}: "
+        f"{scrub(error.str(), kafka.secrets)}; check {check}; client settings: "
+        f"{kafka.safe_config}")
 
 
 _refusals = threading.local()
@@ -128,27 +121,27 @@ def note_refusal(error: KafkaError) -> None:
         _refusals.error = error
 
 
-def raise_refusal(options: SourceOptions, what: str) -> None:
+def raise_refusal(kafka: KafkaClient, what: str) -> None:
     """Raise :class:`KafkaSecurityError` if this thread's last poll served a refusal."""
     error = getattr(_refusals, "error", None)
     if error is not None:
         _refusals.error = None
-        failure = security_error(options, what, error)
+        failure = security_error(kafka, what, error)
         assert failure is not None
         raise failure
 
 
-def servers(options: SourceOptions) -> str:
-    return str(options.kafka_config.get("bootstrap.servers"))
+def servers(kafka: KafkaClient) -> str:
+    return str(kafka.config.get("bootstrap.servers"))
 
 
-def error_hint(options: SourceOptions) -> str:
+def error_hint(kafka: KafkaClient) -> str:
     """What to check, with the client settings in use (secrets masked)."""
     return (
-        f"bootstrap servers {servers(options)!r}; check "
+        f"bootstrap servers {servers(kafka)!r}; check "
         "kafka.bootstrap.servers and the kafka.security.*/sasl.*/ssl.* settings "
         f"({WAIT_OPTION} sets how long to wait); client settings: "
-        f"{options.safe_kafka_config}"
+        f"{kafka.safe_config}"
     )
 
 
@@ -252,13 +245,13 @@ class BrokerWait:
     """
 
     def __init__(
-        self, options: SourceOptions, what: str,
+        self, kafka: KafkaClient, what: str,
         complaints: Callable[[], KafkaError | None] | None = None,
         refusals: RefusalWatch | None = None,
     ) -> None:
-        self._options = options
+        self._kafka = kafka
         self.what = what
-        self.bound = options.poll_timeout_ms / 1000
+        self.bound = kafka.poll_timeout_ms / 1000
         self.step = retry_step(self.bound)
         self.started = time.monotonic()
         self._next_warning = self.started + self.step
@@ -278,7 +271,7 @@ class BrokerWait:
         wrong port), and any while every report so far is a refused connection."""
         if self._refusals is not None and self._refusals.refusing():
             return True
-        protocol = str(self._options.kafka_config.get("security.protocol", "plaintext"))
+        protocol = str(self._kafka.config.get("security.protocol", "plaintext"))
         unreached = self._refusals is not None and not self._refusals.reached
         return first and (protocol.strip().lower() != "plaintext" or unreached)
 
@@ -295,16 +288,16 @@ class BrokerWait:
                 code = error.code() if isinstance(error, KafkaError) else None
                 reason = scrub(
                     error.str() if isinstance(error, KafkaError) else str(exc),
-                    self._options.kafka_secrets,
+                    self._kafka.secrets,
                 )
-                refused = (security_error(self._options, self.what, error)
+                refused = (security_error(self._kafka, self.what, error)
                            if isinstance(error, KafkaError) else None)
                 if refused is not None:
                     raise refused from exc
                 if code not in _UNANSWERED:
                     raise KafkaUnavailableError(
                         f"{self.what}: the brokers answered with an error: {reason}; "
-                        + error_hint(self._options)
+                        + error_hint(self._kafka)
                     ) from exc
             else:
                 if self._refusals is not None:
@@ -326,12 +319,12 @@ class BrokerWait:
         """Raise :class:`KafkaSecurityError` if the client's report says it was refused, or
         :class:`KafkaUnavailableError` if nothing listens at the bootstrap servers."""
         complaint = complaint if complaint is not None else self._complaint()
-        refused = (security_error(self._options, self.what, complaint)
+        refused = (security_error(self._kafka, self.what, complaint)
                    if complaint is not None else None)
         if refused is not None:
             raise refused
         if self._refusals is not None and self._refusals.refused_for() >= REFUSED_FOR_S:
-            raise self._refusals.error(self.what, servers(self._options))
+            raise self._refusals.error(self.what, servers(self._kafka))
 
     def unanswered(self, reason: str | None = None) -> None:
         """An attempt went unanswered: raise at the bound (at once when the client's report
@@ -339,15 +332,15 @@ class BrokerWait:
         complaint = self._complaint()
         self._refusal(complaint)
         detail = "; ".join(dict.fromkeys(
-            scrub(r, self._options.kafka_secrets)
+            scrub(r, self._kafka.secrets)
             for r in (complaint.str() if complaint is not None else None, reason) if r
         )) or "no answer"
         if self.remaining() <= 0:
             raise KafkaUnavailableError(
-                f"{self.what}: no answer from bootstrap servers {servers(self._options)!r} "
+                f"{self.what}: no answer from bootstrap servers {servers(self._kafka)!r} "
                 f"within {self.bound:g} s (option {WAIT_OPTION}="
-                f"{self._options.poll_timeout_ms} bounds this wait; last error: {detail}); "
-                + error_hint(self._options)
+                f"{self._kafka.poll_timeout_ms} bounds this wait; last error: {detail}); "
+                + error_hint(self._kafka)
             )
         if time.monotonic() < self._next_warning - 0.05:  # an attempt ends a little early
             return
@@ -355,8 +348,8 @@ class BrokerWait:
         logger.warning(
             "%s: still waiting for bootstrap servers %r after %.1f s, giving up in %.1f s "
             "(option %s=%d bounds the wait); last error: %s; client settings: %s",
-            self.what, servers(self._options), self.elapsed(), self.remaining(), WAIT_OPTION,
-            self._options.poll_timeout_ms, detail, self._options.safe_kafka_config,
+            self.what, servers(self._kafka), self.elapsed(), self.remaining(), WAIT_OPTION,
+            self._kafka.poll_timeout_ms, detail, self._kafka.safe_config,
         )
 
 
@@ -379,9 +372,9 @@ class ClientLog:
 CLIENT_LOG = ClientLog()
 
 
-def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
+def consumer_config(kafka: KafkaClient, **overrides: Any) -> dict[str, Any]:
     """librdkafka settings for a manually assigned, never-committing consumer."""
-    config: dict[str, Any] = options.client_config()
+    config: dict[str, Any] = kafka.client_config()
     config.update(
         {
             "group.id": f"flinkish-{uuid.uuid4().hex}",
@@ -389,7 +382,7 @@ def consumer_config(options: SourceOptions, **overrides: Any) -> dict[str, Any]:
             "enable.auto.commit": False,
             "enable.partition.eof": True,
             "auto.offset.reset": "error",
-            "socket.timeout.ms": min(60_000, max(1_000, options.poll_timeout_ms)),
+            "socket.timeout.ms": min(60_000, max(1_000, kafka.poll_timeout_ms)),
             "log_level": 3,
             "logger": CLIENT_LOG,
         }
@@ -574,7 +567,7 @@ POOL = ConsumerPool()
 atexit.register(POOL.clear)
 
 
-def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
+def read_consumer_config(kafka: KafkaClient) -> dict[str, Any]:
     """Settings of the consumers that read records (every read of one query shares them)."""
     prefetch = {
         # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
@@ -586,71 +579,8 @@ def read_consumer_config(options: SourceOptions) -> dict[str, Any]:
         "fetch.queue.backoff.ms": 10,
         "fetch.wait.max.ms": 50,
     }
-    overrides = {k: v for k, v in prefetch.items() if k not in options.kafka_config}
-    return consumer_config(options, **overrides)
-
-
-class PooledRangeReader(abc.ABC):
-    """The interface of a read task's range reader, and what both implementations share: the
-    task's announced ranges, each read once (:meth:`read`), and one consumer borrowed from
-    the pool (handed back on close, or closed if reading failed)."""
-
-    def __init__(self, options: SourceOptions, chunk: int, pool: ConsumerPool | None,
-                 lookahead: int | None) -> None:
-        self._options = options
-        self._chunk = chunk
-        self._pool = pool or POOL
-        self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
-        self._config: dict[str, Any] | None = None
-        self._consumer: Any = None
-
-    def __enter__(self: _R) -> _R:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
-
-    @abc.abstractmethod
-    def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[Sequence[Any]]:
-        """Records of one announced range, ``start <= offset < end``, in chunks (each a
-        sequence of ``Message``-like records), the end reached across transaction markers and
-        compacted offsets; lost offsets per ``failOnDataLoss``; every wait bounded by
-        ``kafkaConsumer.pollTimeoutMs``."""
-
-    def close(self, failed: bool = False) -> None:
-        """Hand the consumer back to the pool (closed instead if reading ``failed``)."""
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            assert self._config is not None
-            self._pool.release(self._config, consumer, clean=not failed)
-
-    def _client(self) -> Any:
-        if self._consumer is None:
-            self._config = read_consumer_config(self._options)
-            self._consumer = self._pool.acquire(self._config)
-        return self._consumer
-
-    def _offsets(self, topic: str, partition: int) -> tuple[int, int]:
-        """The partition's earliest and latest offset now, from one ListOffsets."""
-        consumer, tp = self._client(), TopicPartition(topic, partition)
-        low, high = BrokerWait(
-            self._options, f"could not read the offsets of {topic}/{partition}"
-        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
-        return int(low), int(high)
-
-    @staticmethod
-    def _open(by_key: Mapping[RangeKey, _Opened], topic: str, partition: int, start: int,
-              end: int) -> _Opened | None:
-        """The announced range about to be read (None: an empty one, nothing to read)."""
-        r = by_key.get((topic, partition, start, end))
-        if r is None:
-            if end > start:
-                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
-            return None
-        if r.opened:
-            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
-        r.opened = True
-        return r
+    overrides = {k: v for k, v in prefetch.items() if k not in kafka.config}
+    return consumer_config(kafka, **overrides)
 
 
 #: How long a reader pauses before fetching again from an offset the leader said was out of
@@ -675,12 +605,12 @@ class ShortLog:
              end: int) -> int | None:
         """None: keep waiting; else the bound passed and this is where reading resumes
         (:func:`lost_offsets`: raises unless ``failOnDataLoss`` is false)."""
-        waited, bound = time.monotonic() - self.since, options.poll_timeout_ms / 1000
+        waited, bound = time.monotonic() - self.since, options.kafka.poll_timeout_ms / 1000
         if waited >= bound:
             return lost_offsets(
                 options, topic, partition, position, end,
                 f"its high watermark stayed at {self.high}, below the planned offsets, for "
-                f"{waited:.1f} s (option {WAIT_OPTION}={options.poll_timeout_ms} bounds this "
+                f"{waited:.1f} s (option {WAIT_OPTION}={options.kafka.poll_timeout_ms} bounds this "
                 "wait): an unclean leader election truncated the log, or the topic was "
                 "recreated")
         if time.monotonic() >= self.next_warning:
@@ -709,7 +639,7 @@ def lost_offsets(
         f"{topic}/{partition}: offsets {first}..{resume - 1} planned for this micro-batch are no "
         f"longer in Kafka ({why})"
     )
-    if options.fail_on_data_loss:
+    if options.offsets.fail_on_data_loss:
         raise DataLossError(
             message + "; set failOnDataLoss=false to skip lost offsets and continue"
         )

@@ -4,7 +4,7 @@ Flink's ``KafkaSource`` commits the offsets of every completed checkpoint to its
 (``commit.offsets.on.checkpoint``, on ``notifyCheckpointComplete``) so that the tools Kafka users
 already run (lag exporters, ``kafka-consumer-groups``) show the job's progress; Spark's Kafka
 source never does (SPARK-27549). flinkish does what Flink does: when a query names a group
-(``SourceOptions.commit_group``), the driver-side reader commits the end offsets of each epoch
+(``KafkaClient.commit_group``), the driver-side reader commits the end offsets of each epoch
 once Spark has written that epoch to its commit log. The checkpoint stays the only truth: nothing
 ever reads these offsets back, and a failed commit is logged and tried again with the next
 epoch's offsets (or, for the same offsets, after ``RETRY_INTERVAL_S``), never failing the query.
@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from flinkish_source.kafka.base import TopicPartitionKey
-from flinkish_source.options import SourceOptions
+from flinkish_source.options import KafkaClient
 
 logger = logging.getLogger(__name__)
 
@@ -51,13 +51,13 @@ PLANNED_KEPT = 8
 
 
 class GroupOffsetCommitter:
-    """Commits offsets to ``options.commit_group`` with a consumer that never subscribes, so
-    it never joins the group or takes partitions from another member (Kafka accepts such
-    commits from a "simple" consumer: generation -1, no member id)."""
+    """Commits offsets to ``kafka.commit_group`` with a consumer that never subscribes, so it
+    never joins the group or takes partitions from another member (Kafka accepts such commits
+    from a "simple" consumer: generation -1, no member id)."""
 
-    def __init__(self, options: SourceOptions) -> None:
-        assert options.commit_group is not None
-        self._options = options
+    def __init__(self, kafka: KafkaClient) -> None:
+        assert kafka.commit_group is not None
+        self._kafka = kafka
         self._consumer: Any = None
         self.committed: dict[TopicPartitionKey, int] = {}
         # the offsets of the last failed commit and when it failed (monotonic seconds)
@@ -72,8 +72,8 @@ class GroupOffsetCommitter:
             from confluent_kafka import Consumer
 
             self._consumer = Consumer({
-                **self._options.client_config(),
-                "group.id": self._options.commit_group,
+                **self._kafka.client_config(),
+                "group.id": self._kafka.commit_group,
                 "enable.auto.commit": False,
                 "enable.auto.offset.store": False,
                 "log_level": 3,
@@ -131,7 +131,7 @@ class GroupOffsetCommitter:
             logger.warning(
                 "could not commit offsets of %s partitions to consumer group %s (monitoring "
                 "only; the next epoch commits again): %s", len(changed),
-                self._options.commit_group, exc)
+                self._kafka.commit_group, exc)
             return False
         failed = [r for r in results or [] if r.error is not None]
         for r in results or []:
@@ -140,7 +140,7 @@ class GroupOffsetCommitter:
         if failed:
             logger.warning(
                 "consumer group %s refused the offsets of %s (monitoring only; the next epoch "
-                "commits again): %s", self._options.commit_group,
+                "commits again): %s", self._kafka.commit_group,
                 ", ".join(f"{r.topic}/{r.partition}" for r in failed), failed[0].error)
             return False
         return True

@@ -1,5 +1,5 @@
-"""Range reads through confluent-kafka's consumer (``kafkaConsumer.fetch=librdkafka``, the
-default): one Message per record, on any cluster librdkafka reaches (TLS and SASL included).
+"""Range reads through confluent-kafka's consumer: one Message per record, on any cluster
+librdkafka reaches (TLS and SASL included).
 
 A task that reads several partitions announces its ranges first; :class:`RangeReader` then
 serves them, in the announced order, from one consumer that fetches the next ranges while the
@@ -15,20 +15,23 @@ import time
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from confluent_kafka import OFFSET_END, KafkaError, KafkaException, Message, TopicPartition
 
+from flinkish_source.kafka import base
 from flinkish_source.kafka.base import (
     OUT_OF_RANGE,
     SHORT_LOG_PAUSE_S,
     WAIT_OPTION,
+    BrokerWait,
     ConsumerPool,
     KafkaUnavailableError,
-    PooledRangeReader,
     RangeKey,
     ShortLog,
     error_hint,
     raise_refusal,
+    read_consumer_config,
     retention_loss,
     retry_step,
     servers,
@@ -50,7 +53,6 @@ class _Range:
     end: int
     position: int  # the next offset this range expects from the consumer
     chunks: deque[list[Message]] = field(default_factory=deque)  # read, not yet served
-    buffered: int = 0
     assigned: bool = False
     done: bool = False
     opened: bool = False  # read() was called
@@ -61,7 +63,7 @@ class _Range:
         return TopicPartition(self.topic, self.partition)
 
 
-class RangeReader(PooledRangeReader):
+class RangeReader:
     """Reads offset ranges of several partitions with one pooled consumer.
 
     :meth:`read` serves one range; it may be called for the ranges in any order, but the
@@ -74,13 +76,45 @@ class RangeReader(PooledRangeReader):
 
     def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
                  pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
-        super().__init__(options, chunk, pool, lookahead)
+        self._options = options
+        self._chunk = chunk
+        self._pool = pool or base.POOL  # the pool of the moment (a test may swap it)
+        self._lookahead = lookahead if lookahead is not None else max(2 * chunk, 50_000)
+        self._config: dict[str, Any] | None = None
+        self._consumer: Any = None
         self._ranges = [_Range(t, p, s, e, s) for t, p, s, e in ranges if e > s]
         self._by_key = {(r.topic, r.partition, r.start, r.end): r for r in self._ranges}
         self._assigned: dict[tuple[str, int], _Range] = {}
         self._cursor = 0  # ranges before it were assigned once (or are being read)
         self._buffered = 0  # messages read and not yet served, all ranges
         self._current: _Range | None = None
+
+    def __enter__(self) -> RangeReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close(failed=exc[0] is not None and exc[0] is not GeneratorExit)
+
+    def close(self, failed: bool = False) -> None:
+        """Hand the consumer back to the pool (closed instead if reading ``failed``)."""
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            assert self._config is not None
+            self._pool.release(self._config, consumer, clean=not failed)
+
+    def _client(self) -> Any:
+        if self._consumer is None:
+            self._config = read_consumer_config(self._options.kafka)
+            self._consumer = self._pool.acquire(self._config)
+        return self._consumer
+
+    def _offsets(self, topic: str, partition: int) -> tuple[int, int]:
+        """The partition's earliest and latest offset now, from one ListOffsets."""
+        consumer, tp = self._client(), TopicPartition(topic, partition)
+        low, high = BrokerWait(
+            self._options.kafka, f"could not read the offsets of {topic}/{partition}"
+        ).call(lambda t: consumer.get_watermark_offsets(tp, timeout=t, cached=False))
+        return int(low), int(high)
 
     def _assign(self, ranges: list[_Range]) -> None:
         """Assign ranges in one call (one call per range delays the later ones' first fetch),
@@ -142,11 +176,16 @@ class RangeReader(PooledRangeReader):
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[list[Message]]:
         """Records of one announced range, ``start <= offset < end``, in chunks (see
         :func:`read_range` for how the end, lost offsets and silence are handled)."""
-        r = self._open(self._by_key, topic, partition, start, end)
+        r = self._by_key.get((topic, partition, start, end))
         if r is None:
+            if end > start:
+                raise ValueError(f"{topic}/{partition} {start}..{end} was not announced")
             return
+        if r.opened:
+            raise ValueError(f"{topic}/{partition} {start}..{end} is read twice")
+        r.opened = True
         options = self._options
-        timeout = options.poll_timeout_ms / 1000
+        timeout = options.kafka.poll_timeout_ms / 1000
         step = retry_step(timeout)
         self._current = r
         last_progress = time.monotonic()
@@ -164,7 +203,7 @@ class RangeReader(PooledRangeReader):
                 self._finish_other(self._assigned[(r.topic, r.partition)])
             self._fetch_ahead()
             self._poll()
-            raise_refusal(options, f"could not read {topic}/{partition}")
+            raise_refusal(options.kafka, f"could not read {topic}/{partition}")
             if r.chunks or r.done:
                 continue
             fetch_pos = self._client().position([r.tp])[0].offset
@@ -180,14 +219,14 @@ class RangeReader(PooledRangeReader):
                 raise KafkaUnavailableError(
                     f"{topic}/{partition}: no records between offsets {r.position} and "
                     f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
-                    + error_hint(options)
+                    + error_hint(options.kafka)
                 )
             elif time.monotonic() >= next_warning:
                 logger.warning(
                     "%s/%d: still waiting for records between offsets %d and %d from "
                     "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
-                    "bounds the wait)", topic, partition, r.position, end, servers(options),
-                    waited, timeout - waited, WAIT_OPTION, options.poll_timeout_ms,
+                    "bounds the wait)", topic, partition, r.position, end, servers(options.kafka),
+                    waited, timeout - waited, WAIT_OPTION, options.kafka.poll_timeout_ms,
                 )
                 next_warning = time.monotonic() + step
         self._current = None
@@ -203,7 +242,6 @@ class RangeReader(PooledRangeReader):
         out = r.chunks.popleft()
         while r.chunks and len(out) + len(r.chunks[0]) <= self._chunk:
             out = out + r.chunks.popleft()
-        r.buffered -= len(out)
         self._buffered -= len(out)
         return out
 
@@ -297,5 +335,4 @@ class RangeReader(PooledRangeReader):
 
     def _keep(self, r: _Range, msgs: list[Message]) -> None:
         r.chunks.append(msgs)
-        r.buffered += len(msgs)
         self._buffered += len(msgs)

@@ -53,7 +53,7 @@ class KafkaMetadata:
         self._consumer: Consumer | None = None
         self._admin: AdminClient | None = None
         self._complaint: KafkaError | None = None
-        self._refusals = RefusalWatch(str(options.kafka_config.get("bootstrap.servers", "")))
+        self._refusals = RefusalWatch(str(options.kafka.config.get("bootstrap.servers", "")))
         # per partition: the latest offset ListOffsets reported, and the high watermark the
         # fetch probe found for it (see offset_ranges)
         self._probed: dict[TopicPartitionKey, tuple[int, int]] = {}
@@ -65,7 +65,7 @@ class KafkaMetadata:
         ``fetch.wait.max.ms`` after an unassign, and a broker answers a connection's requests
         in order, so a metadata request behind one would wait them out."""
         if self._consumer is None:
-            self._consumer = Consumer(consumer_config(self._options, **{
+            self._consumer = Consumer(consumer_config(self._options.kafka, **{
                 "fetch.wait.max.ms": 10, "error_cb": self._noticed,
                 "enable.sparse.connections": self._sparse(),
             }))
@@ -77,9 +77,9 @@ class KafkaMetadata:
         The first call also creates the probe's consumer, which then connects to the cluster
         while this client's requests are answered."""
         if self._admin is None:
-            config: dict[str, Any] = self._options.client_config()
+            config: dict[str, Any] = self._options.kafka.client_config()
             config.update({
-                "socket.timeout.ms": min(60_000, max(1_000, self._options.poll_timeout_ms)),
+                "socket.timeout.ms": min(60_000, max(1_000, self._options.kafka.poll_timeout_ms)),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
                 "logger": CLIENT_LOG,
                 "error_cb": self._noticed,
@@ -96,7 +96,7 @@ class KafkaMetadata:
         connection once the brokers are known and, about every other time, holds the request it
         had sent there until its next connection attempt, ``reconnect.backoff.ms`` / 2 (50 ms)
         later: measured on query starts."""
-        return self._options.kafka_config.get("enable.sparse.connections", False)
+        return self._options.kafka.config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
         """A client's ``error_cb``. A refusal (failed authentication, TLS verification) is
@@ -117,7 +117,7 @@ class KafkaMetadata:
         return complaint
 
     def _wait(self, what: str) -> BrokerWait:
-        return BrokerWait(self._options, what, self._complaints, self._refusals)
+        return BrokerWait(self._options.kafka, what, self._complaints, self._refusals)
 
     def close(self) -> None:
         if self._consumer is not None:
@@ -170,18 +170,21 @@ class KafkaMetadata:
             for tp, r in reported.items()
         }
 
+    def _isolation(self) -> IsolationLevel:
+        """The read consumers' isolation level (ListOffsets answers at it)."""
+        return (IsolationLevel.READ_COMMITTED if self._options.kafka.read_committed
+                else IsolationLevel.READ_UNCOMMITTED)
+
     def _list_offsets(
         self, partitions: list[TopicPartitionKey], timeout: float
     ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, int]]:
         """Earliest and latest offsets by ListOffsets for every partition at once, at the
         consumers' isolation level (a read_committed consumer cannot read past the last stable
         offset); both requests are in flight together (planning waits one round trip)."""
-        isolation = (IsolationLevel.READ_COMMITTED if self._options.read_committed
-                     else IsolationLevel.READ_UNCOMMITTED)
         asked = [
             self._admin_client().list_offsets(
                 {TopicPartition(t, p): spec for t, p in partitions},
-                isolation_level=isolation, request_timeout=timeout)
+                isolation_level=self._isolation(), request_timeout=timeout)
             for spec in (OffsetSpec.earliest(), OffsetSpec.latest())
         ]
         earliest, latest = (
@@ -197,14 +200,11 @@ class KafkaMetadata:
         timestamp is at or after the time, None where no record is (Kafka answers -1)."""
         if not times:
             return {}
-        isolation = (IsolationLevel.READ_COMMITTED if self._options.read_committed
-                     else IsolationLevel.READ_UNCOMMITTED)
-
         def attempt(timeout: float) -> dict[TopicPartitionKey, int | None]:
             futures = self._admin_client().list_offsets(
                 {TopicPartition(t, p): OffsetSpec.for_timestamp(ts)
                  for (t, p), ts in times.items()},
-                isolation_level=isolation, request_timeout=timeout)
+                isolation_level=self._isolation(), request_timeout=timeout)
             return {(tp.topic, tp.partition): (None if f.result().offset < 0
                                                else int(f.result().offset))
                     for tp, f in futures.items()}
@@ -242,7 +242,8 @@ class KafkaMetadata:
         found: dict[TopicPartitionKey, int] = {}
         # poll() serves error_cb itself, so the complaint is read without a poll
         wait = BrokerWait(
-            self._options, f"could not probe the high watermarks of {len(ranges)} partition(s)",
+            self._options.kafka,
+            f"could not probe the high watermarks of {len(ranges)} partition(s)",
             lambda: self._complaint,
         )
         next_warning = time.monotonic() + wait.step
