@@ -179,19 +179,36 @@ class RangeReader(PooledRangeReader):
             elif waited > timeout:
                 raise KafkaUnavailableError(
                     f"{topic}/{partition}: no records between offsets {r.position} and "
-                    f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
-                    + error_hint(options)
+                    f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait): "
+                    f"{self._stalled(r)}; " + error_hint(options)
                 )
             elif time.monotonic() >= next_warning:
                 logger.warning(
                     "%s/%d: still waiting for records between offsets %d and %d from "
                     "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
-                    "bounds the wait)", topic, partition, r.position, end, servers(options),
-                    waited, timeout - waited, WAIT_OPTION, options.poll_timeout_ms,
+                    "bounds the wait): %s", topic, partition, r.position, end,
+                    servers(options), waited, timeout - waited, WAIT_OPTION,
+                    options.poll_timeout_ms, self._stalled(r),
                 )
                 next_warning = time.monotonic() + step
         self._current = None
         self._fetch_ahead()
+
+    def _stalled(self, r: _Range) -> str:
+        """Why a range waits, from the high watermark of the partition's last fetch answer:
+        whether the broker answers at all, and whether it says the records exist."""
+        high = int(self._client().get_watermark_offsets(r.tp, cached=True)[1])
+        if high < 0:
+            return ("no fetch answer for the partition yet: the broker does not answer "
+                    "fetches (see the client's errors above)")
+        if high > r.position:
+            return (f"the broker reports high watermark {high}, above offset {r.position}, "
+                    f"yet its fetch answers from offset {r.position} bring no records: it "
+                    "has not made them readable (a broker stalled on its writes: a "
+                    "produce request it has not answered shows as a producer's "
+                    "'Timed out ProduceRequest')")
+        return (f"the broker's high watermark is {high}: it holds no records from offset "
+                f"{r.position} on (yet)")
 
     def _finish_other(self, other: _Range) -> None:
         """Another range of the same partition holds the assignment: it keeps what it has
