@@ -13,8 +13,8 @@ that needs a quiet partition, say) shows up here and nowhere else.
   plain``: ``SparkSession.builder...getOrCreate()`` and ``flinkish.register``), the demo's
   with ``--session demo``.
 * A producer thread writes ``--rate`` records per second round-robin over the partitions with
-  ``linger.ms=0``, noting when each record was handed to the producer (by partition and offset,
-  from its delivery report).
+  ``linger.ms=0``, noting when each record was handed to the producer and when the broker
+  acknowledged it (its delivery report: by partition and offset).
 * One query, the flinkish source (default options, ``startingOffsets=latest``) into the
   flinkish sink (``target=postgres``, exactly-once), trigger ``processingTime=0``.
 * A poller asks PostgreSQL every 20 ms for each partition's highest offset; every offset up
@@ -23,15 +23,20 @@ that needs a quiet partition, say) shows up here and nowhere else.
   stops with them).
 
 The last stdout line is one json object: ``p50_ms``, ``p99_ms``, ``max_ms`` over the measured
-records, ``records``, ``max_latest_offset_ms`` (the longest ``durationMs.latestOffset`` of the
+records (handed to the producer -> visible), ``ack_p50_ms``/``ack_p99_ms``/``ack_max_ms`` (handed
+-> acknowledged by the broker: the broker's share, nothing of flinkish's) and
+``after_ack_p50_ms``/``after_ack_p99_ms`` (acknowledged -> visible: the source, Spark and the
+sink), ``records``, ``max_latest_offset_ms`` (the longest ``durationMs.latestOffset`` of the
 query's planning over the measured window), ``batches`` and ``batch_ms_median`` (the median of
-each ``durationMs`` phase), the targets and whether they were met, and ``busy_machine`` (other
-Java processes were running: the figure is from a shared machine).
+each ``durationMs`` phase), the targets and whether they were met, ``busy_machine`` (other
+Java processes were running: the figure is from a shared machine) and ``load_1min`` (the
+machine's load average before and after the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -56,7 +61,9 @@ POLL_S = 0.02
 
 class SteadyProducer(threading.Thread):
     """``rate`` records per second, round-robin over the partitions, ``linger.ms=0``;
-    ``sent[(partition, offset)]`` is the monotonic time the record was handed over."""
+    ``sent[(partition, offset)]`` is the monotonic time the record was handed over,
+    ``acked[(partition, offset)]`` the time its delivery report came (the thread serves the
+    reports every millisecond)."""
 
     def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int) -> None:
         super().__init__(name="steady-producer", daemon=True)
@@ -64,6 +71,7 @@ class SteadyProducer(threading.Thread):
                                    "acks": "all"})
         self._topic, self._partitions, self._rate = topic, partitions, rate
         self.sent: dict[tuple[int, int], float] = {}
+        self.acked: dict[tuple[int, int], float] = {}
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -87,7 +95,9 @@ class SteadyProducer(threading.Thread):
 
     def _delivered(self, err: Any, msg: Any, handed: float) -> None:
         if err is None:
-            self.sent[(msg.partition(), msg.offset())] = handed
+            key = (msg.partition(), msg.offset())
+            self.sent[key] = handed
+            self.acked[key] = time.monotonic()
 
 
 class VisibilityPoller(threading.Thread):
@@ -153,6 +163,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     busy = java_processes()
+    load_before = os.getloadavg()[0]
     if busy:
         log(f"{busy} other Java process(es) running: the figures are from a shared machine")
     with bench_environment("flinkish-latency-", postgres=True) as env:
@@ -217,6 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             query.stop()
         latencies = [(poller.seen[k] - producer.sent[k]) * 1000 for k in wanted
                      if k in poller.seen]
+        acks = [(producer.acked[k] - producer.sent[k]) * 1000 for k in wanted]
+        after_ack = [(poller.seen[k] - producer.acked[k]) * 1000 for k in wanted
+                     if k in poller.seen]
         missing = len(wanted) - len(latencies)
         measured = [p for p in progress if _epoch_s(p["timestamp"]) >= wall_from]
         planning = [p["durationMs"].get("latestOffset", 0) for p in measured]
@@ -228,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p50, p99, worst = (percentile(latencies, 0.5), percentile(latencies, 0.99),
                        max(latencies))
     longest_planning = max(planning, default=0)
+    log(f"the broker's acknowledgement: p50 {percentile(acks, 0.5):.0f} ms, p99 "
+        f"{percentile(acks, 0.99):.0f} ms, max {max(acks):.0f} ms; acknowledged -> visible: p50 "
+        f"{percentile(after_ack, 0.5):.0f} ms, p99 {percentile(after_ack, 0.99):.0f} ms")
     log(f"{len(latencies):,} records: p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {worst:.0f} ms; "
         f"longest latestOffset {longest_planning} ms over {len(planning)} batches"
         + (f"; {missing} records never became visible" if missing else ""))
@@ -242,6 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "p50_ms": round(p50),
         "p99_ms": round(p99),
         "max_ms": round(worst),
+        "ack_p50_ms": round(percentile(acks, 0.5)),
+        "ack_p99_ms": round(percentile(acks, 0.99)),
+        "ack_max_ms": round(max(acks)),
+        "after_ack_p50_ms": round(percentile(after_ack, 0.5)),
+        "after_ack_p99_ms": round(percentile(after_ack, 0.99)),
         "max_latest_offset_ms": longest_planning,
         "batches": len(planning),
         "batch_ms_median": batch_ms,
@@ -250,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meets_targets": p99 <= TARGET_P99_MS and longest_planning <= TARGET_PLANNING_MS
         and not missing,
         "busy_machine": busy > 0,
+        "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     })
     return 0
 
