@@ -28,6 +28,7 @@ from flinkish_source.kafka.base import (
     RangeKey,
     ShortLog,
     error_hint,
+    no_records_reason,
     raise_refusal,
     retention_loss,
     retry_step,
@@ -195,20 +196,9 @@ class RangeReader(PooledRangeReader):
         self._fetch_ahead()
 
     def _stalled(self, r: _Range) -> str:
-        """Why a range waits, from the high watermark of the partition's last fetch answer:
-        whether the broker answers at all, and whether it says the records exist."""
+        """Why a range waits, from the high watermark of the partition's last fetch answer."""
         high = int(self._client().get_watermark_offsets(r.tp, cached=True)[1])
-        if high < 0:
-            return ("no fetch answer for the partition yet: the broker does not answer "
-                    "fetches (see the client's errors above)")
-        if high > r.position:
-            return (f"the broker reports high watermark {high}, above offset {r.position}, "
-                    f"yet its fetch answers from offset {r.position} bring no records: it "
-                    "has not made them readable (a broker stalled on its writes: a "
-                    "produce request it has not answered shows as a producer's "
-                    "'Timed out ProduceRequest')")
-        return (f"the broker's high watermark is {high}: it holds no records from offset "
-                f"{r.position} on (yet)")
+        return no_records_reason(self._options, r.position, high)
 
     def _finish_other(self, other: _Range) -> None:
         """Another range of the same partition holds the assignment: it keeps what it has

@@ -35,6 +35,7 @@ from flinkish_source.kafka.base import (
     PooledRangeReader,
     RangeKey,
     ShortLog,
+    no_records_reason,
     retention_loss,
 )
 from flinkish_source.kafka.librdkafka import RangeReader
@@ -309,6 +310,8 @@ class FetchRangeReader(PooledRangeReader):
                 continue
             if owner.decoder.position == before and not owner.chunks:
                 self._at_end_of_log(owner, fetched)
+                if owner is r and r.short is None:
+                    why = no_records_reason(self._options, before, fetched.high_watermark)
         return why
 
     def _keep(self, r: _FetchRange, columns: Any) -> None:
