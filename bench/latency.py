@@ -2,7 +2,7 @@
 PostgreSQL through the exactly-once sink.
 
 Run from the repository root: ``python bench/latency.py [--rate 1000] [--partitions 4]
-[--warmup 20] [--seconds 40] [--session plain|demo]``.
+[--warmup 20] [--seconds 40] [--linger-ms 0] [--session plain|demo]``.
 
 Why: a streaming source is judged by how soon a record reaches the sink under a steady
 producer, not only by throughput; planning that waits on the brokers (a high-watermark probe
@@ -13,8 +13,10 @@ that needs a quiet partition, say) shows up here and nowhere else.
   plain``: ``SparkSession.builder...getOrCreate()`` and ``flinkish.register``), the demo's
   with ``--session demo``.
 * A producer thread writes ``--rate`` records per second round-robin over the partitions with
-  ``linger.ms=0``, noting when each record was handed to the producer (by partition and offset,
-  from its delivery report).
+  ``linger.ms=0`` (``--linger-ms``: librdkafka's and Kafka 4's default is 5; at 0 every record
+  is a produce request of its own, which the embedded broker cannot keep up with at 10,000
+  records/s on 2 cores), noting when each record was handed to the producer and when the broker
+  acknowledged it (its delivery report: by partition and offset).
 * One query, the flinkish source (default options, ``startingOffsets=latest``) into the
   flinkish sink (``target=postgres``, exactly-once), trigger ``processingTime=0``.
 * A poller asks PostgreSQL every 20 ms for each partition's highest offset; every offset up
@@ -23,15 +25,20 @@ that needs a quiet partition, say) shows up here and nowhere else.
   stops with them).
 
 The last stdout line is one json object: ``p50_ms``, ``p99_ms``, ``max_ms`` over the measured
-records, ``records``, ``max_latest_offset_ms`` (the longest ``durationMs.latestOffset`` of the
+records (handed to the producer -> visible), ``ack_p50_ms``/``ack_p99_ms``/``ack_max_ms`` (handed
+-> acknowledged by the broker: the broker's share, nothing of flinkish's) and
+``after_ack_p50_ms``/``after_ack_p99_ms`` (acknowledged -> visible: the source, Spark and the
+sink), ``records``, ``max_latest_offset_ms`` (the longest ``durationMs.latestOffset`` of the
 query's planning over the measured window), ``batches`` and ``batch_ms_median`` (the median of
-each ``durationMs`` phase), the targets and whether they were met, and ``busy_machine`` (other
-Java processes were running: the figure is from a shared machine).
+each ``durationMs`` phase), the targets and whether they were met, ``busy_machine`` (other
+Java processes were running: the figure is from a shared machine) and ``load_1min`` (the
+machine's load average before and after the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -55,15 +62,19 @@ POLL_S = 0.02
 
 
 class SteadyProducer(threading.Thread):
-    """``rate`` records per second, round-robin over the partitions, ``linger.ms=0``;
-    ``sent[(partition, offset)]`` is the monotonic time the record was handed over."""
+    """``rate`` records per second, round-robin over the partitions, ``linger.ms`` as given;
+    ``sent[(partition, offset)]`` is the monotonic time the record was handed over,
+    ``acked[(partition, offset)]`` the time its delivery report came (the thread serves the
+    reports every millisecond)."""
 
-    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int) -> None:
+    def __init__(self, bootstrap: str, topic: str, partitions: int, rate: int,
+                 linger_ms: int) -> None:
         super().__init__(name="steady-producer", daemon=True)
-        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": 0,
+        self._producer = Producer({"bootstrap.servers": bootstrap, "linger.ms": linger_ms,
                                    "acks": "all"})
         self._topic, self._partitions, self._rate = topic, partitions, rate
         self.sent: dict[tuple[int, int], float] = {}
+        self.acked: dict[tuple[int, int], float] = {}
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -87,7 +98,9 @@ class SteadyProducer(threading.Thread):
 
     def _delivered(self, err: Any, msg: Any, handed: float) -> None:
         if err is None:
-            self.sent[(msg.partition(), msg.offset())] = handed
+            key = (msg.partition(), msg.offset())
+            self.sent[key] = handed
+            self.acked[key] = time.monotonic()
 
 
 class VisibilityPoller(threading.Thread):
@@ -141,18 +154,23 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--warmup", type=float, default=20, help="seconds not measured")
     parser.add_argument("--seconds", type=float, default=40, help="seconds measured")
+    parser.add_argument("--linger-ms", type=int, default=0,
+                        help="the producer's linger.ms (librdkafka's default: 5)")
     parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
     parser.add_argument("--session", choices=("plain", "demo"), default="plain",
                         help="plain: the README's session; demo: the demo's and the tests'")
     args = parser.parse_args(argv)
-    if min(args.rate, args.partitions, args.seconds) <= 0 or args.warmup < 0:
-        parser.error("--rate, --partitions, --seconds must be positive, --warmup >= 0")
+    if min(args.rate, args.partitions, args.seconds) <= 0 or min(args.warmup,
+                                                                  args.linger_ms) < 0:
+        parser.error("--rate, --partitions, --seconds must be positive, --warmup and "
+                     "--linger-ms >= 0")
     return args
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     busy = java_processes()
+    load_before = os.getloadavg()[0]
     if busy:
         log(f"{busy} other Java process(es) running: the figures are from a shared machine")
     with bench_environment("flinkish-latency-", postgres=True) as env:
@@ -180,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             .trigger(processingTime="0 seconds")
             .start()
         )
-        producer = SteadyProducer(env.bootstrap, topic, args.partitions, args.rate)
+        producer = SteadyProducer(env.bootstrap, topic, args.partitions, args.rate,
+                                  args.linger_ms)
         poller = VisibilityPoller(env.dsn)
         try:
             while query.lastProgress is None:  # the query planned its first batch
@@ -217,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             query.stop()
         latencies = [(poller.seen[k] - producer.sent[k]) * 1000 for k in wanted
                      if k in poller.seen]
+        acks = [(producer.acked[k] - producer.sent[k]) * 1000 for k in wanted]
+        after_ack = [(poller.seen[k] - producer.acked[k]) * 1000 for k in wanted
+                     if k in poller.seen]
         missing = len(wanted) - len(latencies)
         measured = [p for p in progress if _epoch_s(p["timestamp"]) >= wall_from]
         planning = [p["durationMs"].get("latestOffset", 0) for p in measured]
@@ -228,6 +250,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p50, p99, worst = (percentile(latencies, 0.5), percentile(latencies, 0.99),
                        max(latencies))
     longest_planning = max(planning, default=0)
+    log(f"the broker's acknowledgement: p50 {percentile(acks, 0.5):.0f} ms, p99 "
+        f"{percentile(acks, 0.99):.0f} ms, max {max(acks):.0f} ms; acknowledged -> visible: p50 "
+        f"{percentile(after_ack, 0.5):.0f} ms, p99 {percentile(after_ack, 0.99):.0f} ms")
     log(f"{len(latencies):,} records: p50 {p50:.0f} ms, p99 {p99:.0f} ms, max {worst:.0f} ms; "
         f"longest latestOffset {longest_planning} ms over {len(planning)} batches"
         + (f"; {missing} records never became visible" if missing else ""))
@@ -236,12 +261,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "session": args.session,
         "rate": args.rate,
         "partitions": args.partitions,
+        "linger_ms": args.linger_ms,
         "seconds": args.seconds,
         "records": len(latencies),
         "missing": missing,
         "p50_ms": round(p50),
         "p99_ms": round(p99),
         "max_ms": round(worst),
+        "ack_p50_ms": round(percentile(acks, 0.5)),
+        "ack_p99_ms": round(percentile(acks, 0.99)),
+        "ack_max_ms": round(max(acks)),
+        "after_ack_p50_ms": round(percentile(after_ack, 0.5)),
+        "after_ack_p99_ms": round(percentile(after_ack, 0.99)),
         "max_latest_offset_ms": longest_planning,
         "batches": len(planning),
         "batch_ms_median": batch_ms,
@@ -250,6 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meets_targets": p99 <= TARGET_P99_MS and longest_planning <= TARGET_PLANNING_MS
         and not missing,
         "busy_machine": busy > 0,
+        "load_1min": [round(load_before, 1), round(os.getloadavg()[0], 1)],
     })
     return 0
 

@@ -380,15 +380,18 @@ class CheckpointStorage:
             names = [i.base_name for i in infos if i.type == pafs.FileType.File]
         return sorted(n for n in names if not n.startswith(TEMP_PREFIX))
 
-    def delete(self, relpath: str) -> None:
-        """Remove the record at ``relpath``, durably; nothing to do if it is absent."""
+    def delete(self, relpath: str, durable: bool = True) -> None:
+        """Remove the record at ``relpath``; nothing to do if it is absent. ``durable``: the
+        removal survives a machine crash (a directory fsync on a local disk); without, a
+        crash may bring the record back, for callers to which a stale record is harmless."""
         path = self._path(relpath)
         if self._local:
             try:
                 os.unlink(path)
             except FileNotFoundError:
                 return
-            sync_local(os.path.dirname(path))
+            if durable:
+                sync_local(os.path.dirname(path))
         else:
             with contextlib.suppress(FileNotFoundError):
                 self._fs.delete_file(path)

@@ -153,11 +153,12 @@ class SourceStateStore:
         return state
 
     def prune(self, topic: str, partition: int, below: int) -> None:
-        """Forget states before ``below``: Spark will never plan from those offsets again."""
+        """Forget states before ``below``: Spark will never plan from those offsets again.
+        Not durably (see :meth:`prune_all`)."""
         directory = self._dir(topic, partition)
         for name in self.storage.list(directory):
             if name.isdigit() and int(name) < below:
-                self.storage.delete(f"{directory}/{name}")
+                self.storage.delete(f"{directory}/{name}", durable=False)
 
     # -- task records ----------------------------------------------------------------------
 
@@ -250,12 +251,16 @@ class SourceStateStore:
         """Forget what Spark will never plan from again, given each partition's ``base.at``:
         task records whose every slice ends before its partition's (or whose partitions left
         the query), and per-partition records before it (all partitions the first time, then
-        the ones the driver re-read). Returns how many task records were deleted."""
+        the ones the driver re-read). Returns how many task records were deleted.
+
+        The deletions are not made durable: this runs in every batch's ``walCommit`` (Spark
+        commits the source there), where an fsync per record is latency, and a record a crash
+        brings back is one Spark never plans from again, pruned at the next commit."""
         self.refresh()
         deleted = 0
         for name, slices in list(self._index.records.items()):
             if all(st.at < below.get((t, p), st.at + 1) for t, p, st, _ in slices):
-                self.storage.delete(f"{TASKS_DIR}/{name}")
+                self.storage.delete(f"{TASKS_DIR}/{name}", durable=False)
                 self._index.drop(name)
                 deleted += 1
         todo = set(below) if self._partition_files is None else self._partition_files

@@ -37,6 +37,9 @@ class Log:
     # at or after the time, -1 for none), or a fixed answer, as brokers that get it wrong give
     times: dict[int, int] = field(default_factory=dict)
     time_answer: int | None = None
+    # records from this offset on are counted in the high watermark but not served, as a
+    # broker stalled on its writes does
+    withheld: int | None = None
 
     def offset_for_time(self, timestamp: int) -> int:
         if self.time_answer is not None:
@@ -228,6 +231,8 @@ def _records(log: Log, offset: int, max_bytes: int) -> bytes:
     for first, last, raw in log.entries:
         if last < offset or first >= log.high_watermark:
             continue
+        if log.withheld is not None and first >= log.withheld:
+            break
         if out and len(out) + len(raw) > max_bytes:
             return out + raw[:max_bytes - len(out)]
         out += raw

@@ -6,6 +6,7 @@ and a short log.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -14,7 +15,7 @@ from kafka_server import FaultyKafka, Log
 from record_batches import BASE_TS, legacy_set, plain
 
 import flinkish_source.kafka.base as kafka_base
-from flinkish_source.kafka import DataLossError
+from flinkish_source.kafka import DataLossError, KafkaUnavailableError
 from flinkish_source.kafka.base import ConsumerPool
 from flinkish_source.kafka.librdkafka import RangeReader
 from flinkish_source.options import parse_options
@@ -120,6 +121,23 @@ def test_a_high_watermark_below_the_read_position_is_waited_out(server: FaultyKa
     assert read(server, 0, 50, **{"kafka.max.partition.fetch.bytes": one_batch}
                 ) == expected(range(50))
     assert answered["n"] > 3
+
+
+def test_records_the_broker_counts_but_does_not_serve_are_waited_for_saying_so(
+    server: FaultyKafka, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The broker's high watermark counts offsets 30..49 but its fetches serve nothing past 30
+    (the embedded Tansu broker stalled on its writes): the read task says so while it waits
+    and when the bound ends the wait."""
+    server.logs[("t", 0)].withheld = 30
+    caplog.set_level(logging.WARNING)
+    with pytest.raises(KafkaUnavailableError) as failure:
+        read(server, 0, 50, **SHORT_WAIT)
+    says = ("the broker reports high watermark 50, above offset 30, yet its fetch answers from "
+            "offset 30 bring no records")
+    assert says in str(failure.value)
+    assert any("still waiting" in r.getMessage() and says in r.getMessage()
+               for r in caplog.records)
 
 
 def test_a_leader_that_moves_is_followed(server: FaultyKafka) -> None:

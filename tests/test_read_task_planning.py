@@ -16,6 +16,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
+import checkpointing.storage
 import flinkish_source.kafka as kafka_source
 from flinkish_core.epoch_valve import EpochWatermark, advance, initial
 from flinkish_core.markers import KIND_CARRIER, MARKER_FIELDS, MARKER_KINDS, Marker
@@ -216,6 +217,28 @@ def test_the_driver_reads_one_record_per_task_and_prunes_them(
         assert store._index.reads - reads <= run.tasks[-2]
     # pruned as before: only records that hold a slice end at or after its partition's base
     assert len(list(records.iterdir())) <= 3 * 2 + 1
+
+
+def test_committing_a_batch_prunes_without_an_fsync(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Spark commits the source inside every batch's walCommit: the records it forgets there
+    are removed without waiting for the disk (a crash may bring one back, pruned next time)."""
+    run = start(tmp_path, maxReadTasks="2")
+    synced: list[str] = []
+    monkeypatch.setattr(checkpointing.storage, "sync_local", synced.append)
+    records = tmp_path / TASKS_DIR
+    pruned = 0
+    for round_ in range(4):
+        feed(cluster, round_)
+        cluster.now += 1_000
+        assert run.step()
+        before = len(list(records.iterdir()))
+        synced.clear()
+        run.reader.commit(run.offset)  # Spark, when it plans the next batch
+        assert synced == []
+        pruned += before - len(list(records.iterdir()))
+    assert pruned > 0
 
 
 def test_per_partition_records_of_an_older_checkpoint_still_count(

@@ -145,6 +145,25 @@ def error_hint(kafka: KafkaClient) -> str:
     )
 
 
+def no_records_reason(kafka: KafkaClient, position: int, high: int) -> str:
+    """Why fetches from ``position`` bring no records, given the high watermark of the
+    partition's last fetch answer (negative: none came). Above ``position``, the broker says
+    the records exist and does not serve them: under read_committed an open transaction holds
+    them back; otherwise the broker is stalled on its writes (the embedded Tansu broker, with
+    more produce requests than it keeps up with, answers them tens of seconds late)."""
+    if high < 0:
+        return ("no fetch answer for the partition yet: the broker does not answer fetches "
+                "(see the client's errors)")
+    if high <= position:
+        return f"the broker's high watermark is {high}: no records from offset {position} on yet"
+    held = ("under read_committed, a transaction still open holds them back (until its "
+            "producer commits or aborts it), or " if kafka.read_committed else "")
+    return (f"the broker reports high watermark {high}, above offset {position}, yet its fetch "
+            f"answers from offset {position} bring no records: {held}the broker has not made "
+            "them readable (stalled on its writes: its producers' requests time out too, "
+            "'Timed out ProduceRequest')")
+
+
 #: How long the first attempt of a wait for the brokers may take (see :class:`BrokerWait`).
 FIRST_ATTEMPT_S = 1.0
 

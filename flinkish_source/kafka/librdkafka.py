@@ -30,6 +30,7 @@ from flinkish_source.kafka.base import (
     RangeKey,
     ShortLog,
     error_hint,
+    no_records_reason,
     raise_refusal,
     read_consumer_config,
     retention_loss,
@@ -218,19 +219,25 @@ class RangeReader:
             elif waited > timeout:
                 raise KafkaUnavailableError(
                     f"{topic}/{partition}: no records between offsets {r.position} and "
-                    f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait); "
-                    + error_hint(options.kafka)
+                    f"{end} within {timeout:g} s (option {WAIT_OPTION} bounds this wait): "
+                    f"{self._stalled(r)}; " + error_hint(options.kafka)
                 )
             elif time.monotonic() >= next_warning:
                 logger.warning(
                     "%s/%d: still waiting for records between offsets %d and %d from "
                     "bootstrap servers %r after %.1f s, giving up in %.1f s (option %s=%d "
-                    "bounds the wait)", topic, partition, r.position, end, servers(options.kafka),
-                    waited, timeout - waited, WAIT_OPTION, options.kafka.poll_timeout_ms,
+                    "bounds the wait): %s", topic, partition, r.position, end,
+                    servers(options.kafka), waited, timeout - waited, WAIT_OPTION,
+                    options.kafka.poll_timeout_ms, self._stalled(r),
                 )
                 next_warning = time.monotonic() + step
         self._current = None
         self._fetch_ahead()
+
+    def _stalled(self, r: _Range) -> str:
+        """Why a range waits, from the high watermark of the partition's last fetch answer."""
+        high = int(self._client().get_watermark_offsets(r.tp, cached=True)[1])
+        return no_records_reason(self._options.kafka, r.position, high)
 
     def _finish_other(self, other: _Range) -> None:
         """Another range of the same partition holds the assignment: it keeps what it has
