@@ -15,14 +15,16 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from typing import Any, Protocol
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 
 from flinkish_core.locations import delete_file_if_present, sync_path
-from flinkish_sink.target import STAGING_DIR, TaskTransaction, TransactionId
+from flinkish_sink.target import STAGING_DIR, PreCommit, TransactionId
+from flinkish_sink.window_columns import table_batch
 
 
 def data_file_name(txn: TransactionId | None, token: str, n: int) -> str:
@@ -123,11 +125,114 @@ class Manifests:
         return {txn: age for _, txn, age in sorted(found)}
 
 
-class StagedFiles(TaskTransaction, Protocol):
-    """A transaction writing data files (see :class:`StagedFilesTarget`)."""
+class DataFile:
+    """One data file being written: its name, its rows' partition values, its writer and how
+    many rows it holds."""
+
+    def __init__(self, name: str, partition: dict[str, Any], writer: pq.ParquetWriter) -> None:
+        self.name, self.partition, self.writer, self.rows = name, partition, writer, 0
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self.writer.write_batch(batch)
+        self.rows += batch.num_rows
+
+
+class StagedFiles:
+    """One task attempt's data files, one per partition value, written as the batches arrive
+    (or, with no ``txn``, the files of a direct write). A table target's transaction says
+    which rows its table refuses, how it opens a file and how the commit names one.
+
+    Args:
+        target: the target whose files these are.
+        txn: the task attempt's transaction (None: a direct write).
+        schema: the files' schema (the table's columns as the files hold them).
+    """
+
+    #: the key of the files' descriptions in the pre-commit's detail
+    detail_key = "files"
+
+    def __init__(self, target: StagedFilesTarget, txn: TransactionId | None,
+                 schema: pa.Schema) -> None:
+        self._target = target
+        self._txn = txn
+        self._schema = schema
+        self._partitions = target.partition_columns()
+        self._open: dict[tuple[Any, ...], DataFile] = {}
+        self._files: list[str] = []
+        self._rows = 0
+        self._finished = False
+        self._token = uuid.uuid4().hex if txn is None else ""
+        if txn is not None:
+            # a re-run of the same task attempt id supersedes whatever an earlier run wrote
+            target.rollback(txn)
+
+    def _refuse(self, batch: pa.RecordBatch) -> None:
+        """Raise for rows the table refuses (a NULL in a NOT NULL column)."""
+
+    def _new_file(self, name: str, partition: dict[str, Any]) -> DataFile:
+        """Open data file ``name`` for rows of ``partition`` (column -> value)."""
+        raise NotImplementedError
+
+    def _described(self, data: DataFile, size: int) -> dict[str, Any]:
+        """What the table's commit needs to know of closed file ``data`` of ``size`` bytes."""
+        raise NotImplementedError
+
+    @property
+    def _gid(self) -> str:
+        return "direct" if self._txn is None else self._txn.gid
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._check_open()
+        batch = table_batch(batch)
+        self._refuse(batch)
+        for key, rows in split_by_partition(batch, self._partitions):
+            self._file(key).write(pa.RecordBatch.from_arrays(
+                [rows.column(f.name) for f in self._schema], schema=self._schema))
+            self._rows += rows.num_rows
+
+    def _file(self, key: dict[str, Any]) -> DataFile:
+        values = tuple(key[n] for n in self._partitions)
+        if values not in self._open:
+            name = data_file_name(self._txn, self._token, len(self._files))
+            self._files.append(name)
+            if self._txn is not None:
+                self._target.manifests.write(self._txn, self._files)
+            self._open[values] = self._new_file(name, key)
+        return self._open[values]
+
+    def pre_commit(self) -> PreCommit:
+        """Close and fsync the files; their descriptions go to the driver, which decides."""
+        assert self._txn is not None, "a direct write has no transaction to pre-commit"
+        return PreCommit(self._txn, self._rows, detail={self.detail_key: self.close_files()})
 
     def close_files(self) -> list[dict[str, Any]]:
         """Close and fsync the files: what the table's commit needs to know of each."""
+        self._check_open()
+        self._finished = True
+        filesystem, base = self._target.files()
+        for data in self._open.values():
+            data.writer.close()
+            sync_path(filesystem, f"{base}/{data.name}")
+        sizes = filesystem.get_file_info([f"{base}/{d.name}" for d in self._open.values()])
+        files = [self._described(data, info.size)
+                 for data, info in zip(self._open.values(), sizes, strict=True)]
+        self._open.clear()
+        sync_path(filesystem, base)
+        return files
+
+    def abort(self) -> None:
+        self._finished = True
+        try:
+            for data in self._open.values():
+                data.writer.close()
+            self._open.clear()
+        finally:
+            if self._txn is not None:
+                self._target.rollback(self._txn)
 
 
 class StagedFilesTarget:
@@ -146,13 +251,38 @@ class StagedFilesTarget:
         summary): the option, or the query's id, stable across restarts and one per query."""
         return self._app_id or query
 
+    #: the table in messages (``Delta table 'path'``)
+    title = ""
+    #: the table's own cleanup that could delete files a decided epoch names
+    cleanup = ""
+
+    def files(self) -> tuple[pafs.FileSystem, str]:
+        """The filesystem of the table's data files and their directory in it."""
+        raise NotImplementedError
+
+    def partition_columns(self) -> tuple[str, ...]:
+        """The table's partition columns."""
+        raise NotImplementedError
+
     @property
     def manifests(self) -> Manifests:
-        raise NotImplementedError
+        return Manifests(*self.files())
 
     def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema) -> StagedFiles:
         """The data files of task attempt ``txn`` or, with None, of a direct write."""
         raise NotImplementedError
+
+    def _check_present(self, names: list[str], epoch: int | None) -> None:
+        """Raise unless every one of the data files ``names`` an epoch's commit adds is there."""
+        filesystem, base = self.files()
+        infos = filesystem.get_file_info([f"{base}/{name}" for name in names])
+        lost = [name for name, info in zip(names, infos, strict=True)
+                if info.type == pafs.FileType.NotFound]
+        if lost:
+            raise RuntimeError(
+                f"cannot commit epoch {'-' if epoch is None else epoch} to {self.title}: its "
+                f"files {lost} are gone; they were removed outside flinkish ({self.cleanup} "
+                "with a retention shorter than the time the query was down?)")
 
     def _commit_direct(self, files: list[dict[str, Any]]) -> None:
         """Commit a direct write's ``files`` (from :meth:`StagedFiles.close_files`) at once,
