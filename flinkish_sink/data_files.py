@@ -14,7 +14,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -51,6 +51,38 @@ def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]
                     else pc.fill_null(pc.equal(column, pa.scalar(key[name], column.type)), False))
             mask = test if mask is None else pc.and_(mask, test)
         yield key, batch.filter(mask)
+
+
+def check_columns(option: str, names: Iterable[str], columns: pa.Schema) -> None:
+    """Raise unless ``names``, given by ``option``, are columns of the stream's rows."""
+    missing = [name for name in names if name not in columns.names]
+    if missing:
+        raise ValueError(
+            f"option {option}: {', '.join(map(repr, missing))} "
+            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of the stream's "
+            f"rows (their columns: {columns.names}; a window w is w_start and w_end)")
+
+
+def type_differences(
+    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
+    shown: Callable[[Any], str] = str,
+) -> list[str]:
+    """How the column types ``new`` (name -> type) differ from those ``existing`` in
+    ``where``: columns missing on either side, and types that are not equal (``shown`` as
+    text)."""
+    differences = []
+    missing = [name for name in existing if name not in new]
+    if missing:
+        differences.append(f"columns only in {where}: {missing}")
+    added = [name for name in new if name not in existing]
+    if added:
+        differences.append(f"columns only in the new schema: {added}")
+    differences.extend(
+        f"column {name!r} is {shown(existing[name])} in {where} but {shown(new[name])} now"
+        for name in existing
+        if name in new and existing[name] != new[name]
+    )
+    return differences
 
 
 class Manifests:
@@ -271,6 +303,25 @@ class StagedFilesTarget:
     def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema) -> StagedFiles:
         """The data files of task attempt ``txn`` or, with None, of a direct write."""
         raise NotImplementedError
+
+    def _check_fit(self, table: Mapping[str, Any], stream: Mapping[str, Any],
+                   shown: Callable[[Any], str] = str) -> None:
+        """Raise unless the table's column types (name -> type) are the stream's."""
+        problems = type_differences(table, stream, "the table", shown)
+        if problems:
+            raise ValueError(
+                f"{self.title} does not fit the stream's schema: " + "; ".join(problems)
+                + " (a window column w is stored as w_start and w_end). Write to a new "
+                "table, or change the query to produce the table's columns")
+
+    def _check_partitioning(self, table: tuple[str, ...], wanted: tuple[str, ...]) -> None:
+        """Raise unless the table is partitioned by option ``partitionBy``'s columns (if
+        given)."""
+        if wanted and table != wanted:
+            raise ValueError(
+                f"option partitionBy: {self.title} is partitioned by {list(table)}, not "
+                f"{list(wanted)}; give its partition columns (or leave the option out to take "
+                "the table's)")
 
     def _check_present(self, names: list[str], epoch: int | None) -> None:
         """Raise unless every one of the data files ``names`` an epoch's commit adds is there."""

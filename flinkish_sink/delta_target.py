@@ -65,7 +65,12 @@ from flinkish_core.config import Option, duration_ms, whole_number
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import delete_file_if_present, filesystem_of
 from flinkish_core.secrets import mask_uri
-from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget
+from flinkish_sink.data_files import (
+    DataFile,
+    StagedFiles,
+    StagedFilesTarget,
+    check_columns,
+)
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.options import (
     LATE_PATH,
@@ -76,7 +81,6 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.table_constraints import (
     Check,
     TableRules,
@@ -400,38 +404,16 @@ class DeltaTarget(StagedFilesTarget):
             existing = tuple(table.metadata().partition_columns)
             current = pa.schema(table.schema().to_arrow())
             rules = _rules_of(table, columns, self._where)
-        if self._wanted_partitions and existing != self._wanted_partitions:
-            raise ValueError(
-                f"option partitionBy: Delta table {self._where!r} is partitioned by "
-                f"{list(existing)}, not {list(self._wanted_partitions)}; give its partition "
-                "columns (or leave the option out to take the table's)"
-            )
+        self._check_partitioning(existing, self._wanted_partitions)
         self._partitions = _PARTITIONS_SEEN[self._uri] = existing
         self._check_partition_columns(columns)
-        missing = [name for name in self.upsert_key if name not in columns.names]
-        if missing:
-            raise ValueError(
-                f"option upsertKey: {missing} are not columns of the stream's rows (their "
-                f"columns: {columns.names}; a window w is w_start and w_end)"
-            )
-        problems = type_differences(_delta_types(current),
-                                    _delta_types(columns), "the table", _shown)
-        if problems:
-            raise ValueError(
-                f"Delta table {self._where!r} does not fit the stream's schema: "
-                + "; ".join(problems)
-                + " (a window column w is stored as w_start and w_end). Write to a new "
-                "table, or change the query to produce the table's columns"
-            )
+        check_columns("upsertKey", self.upsert_key, columns)
+        self._check_fit(_delta_types(current), _delta_types(columns), _shown)
         self._rules = _RULES_SEEN[self._uri] = rules
 
     def _check_partition_columns(self, columns: pa.Schema) -> None:
+        check_columns("partitionBy", self._partitions or (), columns)
         for name in self._partitions or ():
-            if name not in columns.names:
-                raise ValueError(
-                    f"option partitionBy: {name!r} is not a column of the stream's rows "
-                    f"(their columns: {columns.names}; a window w is w_start and w_end)"
-                )
             dtype = columns.field(name).type
             if not any(accepts(dtype) for accepts in _PARTITION_TYPES):
                 raise ValueError(
@@ -474,7 +456,7 @@ class DeltaTarget(StagedFilesTarget):
         from deltalake.exceptions import CommitFailedError
 
         app = self.app_id(record.query)
-        adds = [add for decided in pre_commits for add in _adds_of(decided)]
+        adds = [add for decided in pre_commits for add in decided.listed("adds", "DeltaTarget")]
         # one read of the table: the commit is made, and checked for conflicts, against the
         # version whose txn said the epoch is not in yet
         with self._latest() as table:
@@ -493,7 +475,7 @@ class DeltaTarget(StagedFilesTarget):
                         raise
         for decided in pre_commits:
             if self.upsert_key:  # the merge wrote the rows into files of its own
-                for add in _adds_of(decided):
+                for add in decided.listed("adds", "DeltaTarget"):
                     delete_file_if_present(self._fs, self._path(add["path"]))
             self.manifests.drop(decided.txn)
 
@@ -641,15 +623,6 @@ def _holds(table: Any, app: str, epoch: int) -> bool:
     done = table.transaction_version(app)
     return done is not None and done >= epoch
 
-
-def _adds_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
-    adds = (pre_commit.detail or {}).get("adds")
-    if not isinstance(adds, list):
-        raise ValueError(
-            f"pre-commit of {pre_commit.txn.gid} lists no add actions; it does not come from a "
-            "DeltaTarget"
-        )
-    return adds
 
 
 def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | None:

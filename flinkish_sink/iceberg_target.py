@@ -52,7 +52,7 @@ from flinkish_core.secrets import (
     redact_config,
     secret_values,
 )
-from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget
+from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
 from flinkish_sink.options import (
     LATE_TABLE,
     PARTITION_BY,
@@ -61,7 +61,6 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.table_constraints import refuse_nulls
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -232,11 +231,7 @@ class IcebergTarget(StagedFilesTarget):
         from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
         columns = pa.schema([f.with_nullable(True) for f in table_schema(schema)])
-        for name in self._wanted_partitions:
-            if name not in columns.names:
-                raise ValueError(
-                    f"option partitionBy: {name!r} is not a column of the stream's rows "
-                    f"(their columns: {columns.names}; a window w is w_start and w_end)")
+        check_columns("partitionBy", self._wanted_partitions, columns)
         wanted = Catalog._convert_schema_if_needed(columns)
         catalog = self._catalog()
         try:
@@ -255,20 +250,9 @@ class IcebergTarget(StagedFilesTarget):
                 pass
             table = catalog.load_table(self._table_name)
         layout = _layout_of(table)
-        if self._wanted_partitions and layout.partitions != self._wanted_partitions:
-            raise ValueError(
-                f"option partitionBy: Iceberg table {self._table_name!r} is partitioned by "
-                f"{list(layout.partitions)}, not {list(self._wanted_partitions)}; give its "
-                "partition columns (or leave the option out to take the table's)")
-        problems = type_differences(
-            {f.name: str(f.field_type) for f in table.schema().fields},
-            {f.name: str(f.field_type) for f in wanted.fields}, "the table")
-        if problems:
-            raise ValueError(
-                f"Iceberg table {self._table_name!r} does not fit the stream's schema: "
-                + "; ".join(problems)
-                + " (a window column w is stored as w_start and w_end). Write to a new "
-                "table, or change the query to produce the table's columns")
+        self._check_partitioning(layout.partitions, self._wanted_partitions)
+        self._check_fit({f.name: str(f.field_type) for f in table.schema().fields},
+                        {f.name: str(f.field_type) for f in wanted.fields})
         self._layout_seen = _LAYOUTS[self._key] = layout
 
     def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
@@ -296,7 +280,8 @@ class IcebergTarget(StagedFilesTarget):
         epoch and its record, unless the table holds the epoch already; then drop the
         manifests (the files are the table's now)."""
         app = self.app_id(record.query)
-        paths = [f["path"] for decided in pre_commits for f in _files_of(decided)]
+        paths = [f["path"] for decided in pre_commits
+                 for f in decided.listed("files", "IcebergTarget")]
         summary = {APP_ID_KEY: app, EPOCH_KEY: str(record.epoch), **_summary_of(record)}
         self._commit(paths, summary, (app, record.epoch))
         for decided in pre_commits:
@@ -421,14 +406,6 @@ def _record_of(summary: dict[str, str]) -> dict[str, Any] | None:
             record[name] = value
     return record
 
-
-def _files_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
-    files = (pre_commit.detail or {}).get("files")
-    if not isinstance(files, list):
-        raise ValueError(
-            f"pre-commit of {pre_commit.txn.gid} lists no data files; it does not come from "
-            "an IcebergTarget")
-    return files
 
 
 def _json_value(value: Any) -> Any:

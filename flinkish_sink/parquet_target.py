@@ -58,7 +58,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -68,6 +68,7 @@ import pyarrow.parquet as pq
 from flinkish_core.config import Option, size_bytes, whole_number
 from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
 from flinkish_core.secrets import mask_uri
+from flinkish_sink.data_files import type_differences
 from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
 from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -241,7 +242,7 @@ class ParquetTarget:
         delete, but the committed object still appears whole, never partially written.
         """
         txn = pre_commit.txn
-        names = _files_of(pre_commit)
+        names = [str(name) for name in pre_commit.listed("files", "ParquetTarget")]
         directory = self.staged_dir(txn)
         staged = [f"{directory}/{name}" for name in names]
         final = [self._path(name) for name in names]
@@ -480,36 +481,7 @@ def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
                             "the existing files")
 
 
-def type_differences(
-    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
-    shown: Callable[[Any], str] = str,
-) -> list[str]:
-    """How the column types ``new`` (name -> type) differ from those ``existing`` in
-    ``where``: columns missing on either side, and types that are not equal (``shown`` as
-    text)."""
-    differences = []
-    missing = [name for name in existing if name not in new]
-    if missing:
-        differences.append(f"columns only in {where}: {missing}")
-    added = [name for name in new if name not in existing]
-    if added:
-        differences.append(f"columns only in the new schema: {added}")
-    differences.extend(
-        f"column {name!r} is {shown(existing[name])} in {where} but {shown(new[name])} now"
-        for name in existing
-        if name in new and existing[name] != new[name]
-    )
-    return differences
 
-
-def _files_of(pre_commit: PreCommit) -> list[str]:
-    files = (pre_commit.detail or {}).get("files")
-    if not isinstance(files, list):
-        raise ValueError(
-            f"pre-commit of {pre_commit.txn.gid} lists no files; it does not come from a "
-            "ParquetTarget"
-        )
-    return [str(name) for name in files]
 
 
 def _create(options: TargetOptions, late: bool) -> ParquetTarget:

@@ -127,6 +127,18 @@ class PreCommit:
             "detail": self.detail or {},
         }
 
+    def listed(self, key: str, target: str) -> list[Any]:
+        """The list under ``key`` in the detail (a table target's files).
+
+        Raises:
+            ValueError: there is none: the pre-commit comes from another kind of ``target``.
+        """
+        found = (self.detail or {}).get(key)
+        if not isinstance(found, list):
+            raise ValueError(f"pre-commit of {self.txn.gid} lists no {key}; it does not come "
+                             f"from a {target}")
+        return found
+
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreCommit:
         txn = TransactionId.parse(data["gid"])
