@@ -292,9 +292,15 @@ class _Producer:
             "on_delivery": self.reports.on_delivery,
         })
 
-    @property
-    def failed(self) -> list[str]:
-        return self.reports.failed
+    def flush(self, what: str) -> None:
+        """Wait until every record is delivered; raise, naming ``what``, for those that were
+        not (the failures are reported once)."""
+        left = self.producer.flush(PRODUCER_TIMEOUT_S)
+        failed, self.reports.failed = self.reports.failed, []
+        if left or failed:
+            raise RuntimeError(f"{what}: {left} record(s) not delivered within "
+                               f"{format_duration(PRODUCER_TIMEOUT_S)}"
+                               + (f"; failures: {'; '.join(failed)}" if failed else ""))
 
     def fresh_eos(self, timeout_s: float) -> dict[str, Any]:
         """The ``eos`` part of the first statistics report made after this call began that
@@ -356,14 +362,7 @@ class KafkaTransaction:
                                    self._target.options.topic)
 
     def pre_commit(self) -> PreCommit:
-        producer = self._client.producer
-        left = producer.flush(PRODUCER_TIMEOUT_S)
-        if left or self._client.failed:
-            raise RuntimeError(
-                f"Kafka transaction {self._id}: {left} record(s) not delivered within "
-                f"{format_duration(PRODUCER_TIMEOUT_S)}"
-                + (f"; failures: {'; '.join(self._client.failed)}" if self._client.failed
-                   else ""))
+        self._client.flush(f"Kafka transaction {self._id}")
         eos = self._client.fresh_eos(PRODUCER_TIMEOUT_S)
         if eos.get("txn_state") != "InTransaction":
             raise RuntimeError(f"Kafka transaction {self._id} is {eos.get('txn_state')} after "
@@ -452,15 +451,9 @@ class KafkaTarget:
         if key not in _DIRECT:
             _DIRECT[key] = _Producer(self.producer_config())
         direct = _DIRECT[key]
-        producer = direct.producer
-        produce_rows(producer, batch, record_columns(batch.schema, self.options.topic),
+        produce_rows(direct.producer, batch, record_columns(batch.schema, self.options.topic),
                      self.options.topic)
-        left = producer.flush(PRODUCER_TIMEOUT_S)
-        if left or direct.failed:
-            failed, direct.reports.failed = direct.failed, []
-            raise RuntimeError(f"{self!r}: {left} record(s) not delivered within "
-                               f"{format_duration(PRODUCER_TIMEOUT_S)}"
-                               + (f"; failures: {'; '.join(failed)}" if failed else ""))
+        direct.flush(repr(self))
 
     def fence(self, transactional: str) -> int:
         """Initialise a producer on ``transactional``: fences its older producers and aborts
