@@ -36,6 +36,22 @@ def data_file_name(txn: TransactionId | None, token: str, n: int) -> str:
             f"{txn.attempt}-{txn.run or 'x'}-{n:03d}.parquet")
 
 
+def publish_file(filesystem: pafs.FileSystem, path: str, data: bytes) -> None:
+    """Write ``data`` at ``path`` whole or not at all, durably: into a temp file beside it
+    (``.<name>.<random>.tmp``), fsynced, renamed over ``path``, the directory fsynced."""
+    directory, name = path.rsplit("/", 1)
+    temp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
+    try:
+        with filesystem.open_output_stream(temp) as out:
+            out.write(data)
+        sync_path(filesystem, temp)
+        filesystem.move(temp, path)
+    except BaseException:
+        delete_file_if_present(filesystem, temp)
+        raise
+    sync_path(filesystem, directory)
+
+
 def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]
                        ) -> Iterator[tuple[dict[str, Any], pa.RecordBatch]]:
     """The batch's rows by their values of ``columns`` (NULL a value of its own)."""
@@ -98,19 +114,8 @@ class Manifests:
     def write(self, txn: TransactionId, files: list[str]) -> None:
         """List ``files`` (names under ``base``) as ``txn``'s, atomically and durably: call
         before creating a file, so a crash leaves it findable."""
-        manifest = self.path(txn)
-        directory = f"{self._base}/{STAGING_DIR}"
-        self._fs.create_dir(directory, recursive=True)
-        temp = f"{manifest}.{uuid.uuid4().hex}.tmp"
-        try:
-            with self._fs.open_output_stream(temp) as out:
-                out.write(json.dumps({"files": files}).encode())
-            sync_path(self._fs, temp)
-            self._fs.move(temp, manifest)
-        except BaseException:
-            delete_file_if_present(self._fs, temp)
-            raise
-        sync_path(self._fs, directory)
+        self._fs.create_dir(f"{self._base}/{STAGING_DIR}", recursive=True)
+        publish_file(self._fs, self.path(txn), json.dumps({"files": files}).encode())
 
     def rollback(self, txn: TransactionId) -> None:
         """Delete ``txn``'s files and its manifest (idempotent)."""

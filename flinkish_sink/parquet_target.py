@@ -68,7 +68,7 @@ import pyarrow.parquet as pq
 from flinkish_core.config import Option, size_bytes, whole_number
 from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
 from flinkish_core.secrets import mask_uri
-from flinkish_sink.data_files import type_differences
+from flinkish_sink.data_files import publish_file, type_differences
 from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
 from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -350,16 +350,7 @@ class ParquetTarget:
             "rows": rows,
             "late_rows": late_rows,
         }
-        temp = f"{directory}/.{epoch:09d}.json.{uuid.uuid4().hex}.tmp"
-        try:
-            with self._fs.open_output_stream(temp) as out:
-                out.write(json.dumps(record, sort_keys=True).encode())
-            self._sync(temp)
-            self._fs.move(temp, path)
-        except BaseException:
-            delete_file_if_present(self._fs, temp)
-            raise
-        self._sync(directory)
+        publish_file(self._fs, path, json.dumps(record, sort_keys=True).encode())
 
     def committed_watermark(self, query: str) -> int | None:
         """The largest watermark of any published epoch of ``query`` (None: none yet)."""
@@ -479,9 +470,6 @@ def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
     """
     return type_differences({f.name: f.type for f in existing}, {f.name: f.type for f in new},
                             "the existing files")
-
-
-
 
 
 def _create(options: TargetOptions, late: bool) -> ParquetTarget:
