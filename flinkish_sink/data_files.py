@@ -149,17 +149,25 @@ class Manifests:
         """The transactions of ``prefix``/``query`` with a manifest, oldest first, with their
         ages in seconds: since the manifest last changed (its last file was begun); None
         where the store keeps no time."""
-        selector = pafs.FileSelector(f"{self._base}/{STAGING_DIR}", allow_not_found=True)
-        now = time.time()
-        found: list[tuple[float, TransactionId, float | None]] = []
-        for info in self._fs.get_file_info(selector):
-            if not (info.is_file and info.base_name.endswith(".json")):
-                continue
-            txn = TransactionId.from_staged_name(info.base_name[:-5])
-            if txn is not None and txn.prefix == prefix and txn.query == query:
-                age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
-                found.append((-1.0 if age is None else -age, txn, age))
-        return {txn: age for _, txn, age in sorted(found)}
+        return staged_ages(self._fs, f"{self._base}/{STAGING_DIR}", pafs.FileType.File, ".json",
+                           prefix, query)
+
+
+def staged_ages(filesystem: pafs.FileSystem, directory: str, kind: pafs.FileType, suffix: str,
+                prefix: str, query: str) -> dict[TransactionId, float | None]:
+    """The transactions of ``prefix``/``query`` staged in ``directory`` (each an entry of
+    ``kind`` named by its :attr:`TransactionId.staged_name` and ``suffix``), oldest first,
+    with their ages in seconds (None where the store keeps no time)."""
+    now = time.time()
+    found: list[tuple[float, TransactionId, float | None]] = []
+    for info in filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
+        if info.type != kind or not info.base_name.endswith(suffix):
+            continue
+        txn = TransactionId.from_staged_name(info.base_name[:len(info.base_name) - len(suffix)])
+        if txn is not None and txn.prefix == prefix and txn.query == query:
+            age = None if info.mtime_ns is None else max(0.0, now - info.mtime_ns / 1e9)
+            found.append((-1.0 if age is None else -age, txn, age))
+    return {txn: age for _, txn, age in sorted(found)}
 
 
 class DataFile:

@@ -56,7 +56,6 @@ import json
 import logging
 import os
 import re
-import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -68,7 +67,7 @@ import pyarrow.parquet as pq
 from flinkish_core.config import Option, size_bytes, whole_number
 from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
 from flinkish_core.secrets import mask_uri
-from flinkish_sink.data_files import publish_file, type_differences
+from flinkish_sink.data_files import publish_file, staged_ages, type_differences
 from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
 from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -276,18 +275,8 @@ class ParquetTarget:
         """:meth:`pending` with each one's age in seconds: since its staging directory last
         changed (the last staged file was written there, i.e. the pre-commit), oldest first;
         None on object stores, whose directories have no modification time."""
-        selector = pafs.FileSelector(self._path(STAGING_DIR), allow_not_found=True)
-        now = time.time()
-        found: list[tuple[float, TransactionId, float | None]] = []
-        for info in self._fs.get_file_info(selector):
-            if info.type != pafs.FileType.Directory:
-                continue
-            txn = TransactionId.from_staged_name(info.base_name)
-            if txn is not None and txn.prefix == prefix and txn.query == query:
-                mtime_ns = info.mtime_ns
-                age = None if mtime_ns is None else max(0.0, now - mtime_ns / 1e9)
-                found.append((-1.0 if age is None else -age, txn, age))
-        return {txn: age for _, txn, age in sorted(found)}
+        return staged_ages(self._fs, self._path(STAGING_DIR), pafs.FileType.Directory, "",
+                           prefix, query)
 
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within one call."""
