@@ -104,56 +104,39 @@ class ParquetTarget:
     pending_consequence = "its staged files wait, taking space"
 
     def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None,
-                 compact_every: int = 0, target_file_size: int = DEFAULT_TARGET_FILE_SIZE):
+                 compact_every: int = 0, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
+                 filesystem: pafs.FileSystem | None = None):
         """``path`` is a local directory or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
-        (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a
-        transaction over to a new file after that many rows (None: one file per transaction).
-        ``compact_every``: merge a query's small committed files into files of up to
-        ``target_file_size`` bytes after every that many epochs (0: never; see
-        :mod:`flinkish_sink.parquet_compaction`)."""
+        (``file://``, ``s3://``, ``gs://``, ``hdfs://``), or, with ``filesystem``, a path in
+        it. ``max_rows_per_file`` rolls a transaction over to a new file after that many rows
+        (None: one file per transaction). ``compact_every``: merge a query's small committed
+        files into files of up to ``target_file_size`` bytes after every that many epochs (0:
+        never; see :mod:`flinkish_sink.parquet_compaction`)."""
         text = os.fspath(path)
-        filesystem, base = filesystem_of(text, "the Parquet target's path")
-        self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
-        self._compaction(compact_every, target_file_size)
-
-    @classmethod
-    def from_filesystem(
-        cls,
-        filesystem: pafs.FileSystem,
-        base_path: str,
-        *,
-        max_rows_per_file: int | None = None,
-        compact_every: int = 0,
-        target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-    ) -> ParquetTarget:
-        """A target on an already-built filesystem (tests, custom credentials)."""
-        target = cls.__new__(cls)
-        target._setup(
-            filesystem, base_path, f"{filesystem.type_name}:{base_path}", max_rows_per_file
-        )
-        target._compaction(compact_every, target_file_size)
-        return target
-
-    def _setup(
-        self, filesystem: pafs.FileSystem, base: str, where: str, max_rows_per_file: int | None
-    ) -> None:
-        base = base.rstrip("/")
-        if not base:
-            raise ValueError(f"Parquet target {where!r} is a filesystem root; name a directory")
+        if filesystem is None:
+            self._fs, base = filesystem_of(text, "the Parquet target's path")
+            self._where = mask_uri(text) or text
+        else:
+            self._fs, base, self._where = filesystem, text, f"{filesystem.type_name}:{text}"
+        self._base = base.rstrip("/")
+        if not self._base:
+            raise ValueError(f"Parquet target {self._where!r} is a filesystem root; name a "
+                             "directory")
         if max_rows_per_file is not None and max_rows_per_file < 1:
             raise ValueError(f"max_rows_per_file must be positive, got {max_rows_per_file}")
-        self._fs = filesystem
-        self._base = base
-        self._where = where
-        self._max_rows_per_file = max_rows_per_file
-
-    def _compaction(self, compact_every: int, target_file_size: int) -> None:
         if compact_every < 0 or target_file_size < 1:
             raise ValueError(
                 f"compact_every must be >= 0 and target_file_size positive, got "
                 f"{compact_every} and {target_file_size}")
+        self._max_rows_per_file = max_rows_per_file
         self._compact_every = compact_every
         self._target_file_size = target_file_size
+
+    @classmethod
+    def from_filesystem(cls, filesystem: pafs.FileSystem, base_path: str, **options: Any
+                        ) -> ParquetTarget:
+        """A target on an already-built filesystem (tests, custom credentials)."""
+        return cls(base_path, filesystem=filesystem, **options)
 
     def __repr__(self) -> str:
         return f"ParquetTarget({self._where!r})"
