@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flinkish_core.config import Option, optional_text
+from flinkish_core.config import Option, collected, optional_text
 from flinkish_core.durations import format_duration
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import fingerprint, redact_config, secret_values
@@ -71,10 +71,6 @@ PRODUCER_TIMEOUT_S = 60.0
 COMMIT_TIMEOUT_S = 60.0
 
 
-def _kafka(key: str, value: str) -> dict[str, str]:
-    raise AssertionError("a prefix option is collected, not read")  # pragma: no cover
-
-
 def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
     """The secrets among the ``kafka.*`` options: secret-looking values, and what the
     translation takes out of them (a JAAS string's password)."""
@@ -88,7 +84,7 @@ def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
 
 #: The producers' settings: the ``kafka.*`` options without the prefix.
 KAFKA: Option[dict[str, str]] = Option(
-    "kafka.*", _kafka, {}, shown_default="—", mask=redact_config, secrets=_kafka_secrets,
+    "kafka.*", collected, {}, shown_default="—", mask=redact_config, secrets=_kafka_secrets,
     doc="`kafka.bootstrap.servers` (required) and producer settings, as for the source: "
         "librdkafka's names, or the Java client's security settings (`kafka.sasl.jaas.config`, "
         "JKS / PKCS12 / PEM stores, AWS MSK IAM), translated the same way ([secured clusters]"
