@@ -53,16 +53,13 @@ from flinkish_kafka.transactions import (
     TransactionFencedError,
 )
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, TargetOptions
-from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.target import SOURCE_POSITION, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 
 logger = logging.getLogger(__name__)
 
 #: The columns a Kafka record is made of, as Spark's Kafka sink names them.
 VALUE, KEY, TOPIC, PARTITION, HEADERS = "value", "key", "topic", "partition", "headers"
-#: The flinkish source's position of an input record: rows with all three carry where they
-#: were read from (marker rows need them), never where to write.
-SOURCE_POSITION = frozenset({"topic", "partition", "offset"})
 #: How often librdkafka reports its statistics, where the producer id and epoch are read.
 STATS_INTERVAL_MS = 10
 #: How long a task waits for its producer (init, flush, statistics) before failing.

@@ -29,6 +29,11 @@ _GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 WATERMARK_VALVE = "valve"
 WATERMARK_SPARK = "spark"
 
+#: The flinkish source's position of an input record: rows with all three columns carry where
+#: they were read from (marker rows need them), never where to write; a stream with them but
+#: without the marker columns is the source's output with its markers dropped.
+SOURCE_POSITION = frozenset({"topic", "partition", "offset"})
+
 #: What to do when an epoch has more write tasks than prepared transactions can be held.
 FIX_WRITE_TASKS = (
     "each write task of an epoch keeps one prepared transaction until the driver commits the "
