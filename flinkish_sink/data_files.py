@@ -1,5 +1,6 @@
-"""The data files a write task stages for a table target (Delta, Iceberg), and the manifests
-that find them again.
+"""The data files a write task stages for a table target (Delta, Iceberg), the manifests
+that find them again, and what every file target shares (Parquet too): a durable
+write-then-rename, the ages of staged transactions, the comparison of column types.
 
 A table's data files are invisible until the table's log or snapshot references them, so a
 task writes them straight to where they will stay. Before it creates each one it lists it in
