@@ -37,8 +37,8 @@ These are transaction version 1's rules (EndTxn up to v4), the version librdkafk
 speak; Kafka 4's coordinator keeps them for such clients (``handleEndTxnRequest`` takes EndTxn
 v5 alone for version 2, which bumps the epoch at every end).
 
-How the producers behave around this, measured: docs/architecture.md ("Kafka transactions
-as measured").
+How librdkafka's producers and the test brokers behave around this, as measured: the guide
+"Exactly once into Kafka", section "What the sink relies on in Kafka's clients and brokers".
 """
 
 from __future__ import annotations
