@@ -300,22 +300,26 @@ class CheckpointStore:
         return _latest(*self._scan())
 
     def _read_pending(self, checkpoint_id: int) -> PendingCheckpoint | None:
-        relpath = record_path(PENDING_DIR, checkpoint_id)
-        try:
-            record = self._storage.read_json(relpath)
-        except FileNotFoundError:
-            return None
-        path = self._storage.full_path(relpath)
-        return _matching(PendingCheckpoint.from_record(record, path), checkpoint_id, path)
+        return self._read(PENDING_DIR, PendingCheckpoint, checkpoint_id)
 
     def _read_completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
-        relpath = record_path(COMPLETED_DIR, checkpoint_id)
+        return self._read(COMPLETED_DIR, CompletedCheckpoint, checkpoint_id)
+
+    def _read(self, directory: str, kind: type[_Checkpoint], checkpoint_id: int
+              ) -> _Checkpoint | None:
+        """Checkpoint ``checkpoint_id`` in ``directory``, or None; CorruptRecordError if its
+        record is damaged or names another checkpoint (a copied or renamed file)."""
+        relpath = record_path(directory, checkpoint_id)
         try:
             record = self._storage.read_json(relpath)
         except FileNotFoundError:
             return None
         path = self._storage.full_path(relpath)
-        return _matching(CompletedCheckpoint.from_record(record, path), checkpoint_id, path)
+        checkpoint = kind.from_record(record, path)
+        if checkpoint.checkpoint_id != checkpoint_id:
+            raise CorruptRecordError(
+                path, f"holds checkpoint {checkpoint.checkpoint_id}, expected {checkpoint_id}")
+        return checkpoint
 
     def _already_completed(self, checkpoint_id: int, action: str) -> AlreadyCompletedError:
         return AlreadyCompletedError(
@@ -339,12 +343,3 @@ class CheckpointStore:
 
 def _latest(pointer: int | None, ids: list[int]) -> int | None:
     return max(ids if pointer is None else [*ids, pointer], default=None)
-
-
-def _matching(checkpoint: _Checkpoint, checkpoint_id: int, path: str) -> _Checkpoint:
-    """``checkpoint`` if it is the one its path names (a copied or renamed file is not)."""
-    if checkpoint.checkpoint_id != checkpoint_id:
-        raise CorruptRecordError(
-            path, f"holds checkpoint {checkpoint.checkpoint_id}, expected {checkpoint_id}"
-        )
-    return checkpoint

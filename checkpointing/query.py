@@ -27,15 +27,20 @@ def query_id(checkpoint_location: str) -> str:
     """The streaming query's id, which Spark writes to ``<checkpointLocation>/metadata`` before
     the first batch and keeps across restarts: the identity transactions and fencing use."""
     try:
-        filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
-        with filesystem.open_input_stream(posixpath.join(base, "metadata")) as stream:
-            text = stream.read().decode("utf-8")
-        return str(json.loads(text.splitlines()[0])["id"])
+        return str(_journaled(checkpoint_location, "metadata", 0)["id"])
     except (OSError, ValueError, KeyError, IndexError) as exc:
         raise OptionError(
             f"cannot read the query id from {checkpoint_location}/metadata ({exc}); the "
             "flinkish sink must run as a streaming query with a checkpointLocation"
         ) from exc
+
+
+def _journaled(checkpoint_location: str, relpath: str, line: int) -> Any:
+    """The JSON on line ``line`` of the file Spark journals at ``relpath`` in the query's
+    checkpoint."""
+    filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
+    with filesystem.open_input_stream(posixpath.join(base, relpath)) as stream:
+        return json.loads(stream.read().decode("utf-8").splitlines()[line])
 
 
 def resolve_store(location: str) -> str:
@@ -58,10 +63,7 @@ def spark_batch_watermark(checkpoint_location: str, batch_id: int) -> int | None
     file cannot be read. Through ``flinkish.with_watermark`` it is the valve's combined
     watermark, one batch behind."""
     try:
-        filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
-        with filesystem.open_input_stream(posixpath.join(base, "offsets", str(batch_id))) as s:
-            metadata = json.loads(s.read().decode("utf-8").splitlines()[1])
-        value = int(metadata["batchWatermarkMs"])
+        value = int(_journaled(checkpoint_location, f"offsets/{batch_id}", 1)["batchWatermarkMs"])
     except (OSError, ValueError, KeyError, IndexError, TypeError):
         return None
     return value if value > 0 else None

@@ -33,15 +33,15 @@ import contextlib
 import json
 import os
 import posixpath
-import shutil
 import uuid
 import zlib
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pyarrow.fs as pafs
 
-from flinkish_core.locations import filesystem_of, sync_local
+from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_local, sync_path
 
 MAGIC = b"FLINKISH-RECORD"
 VERSION = 1
@@ -347,67 +347,42 @@ class CheckpointStorage:
 
     def read_json(self, relpath: str) -> Any:
         """The value at ``relpath``: FileNotFoundError if absent, CorruptRecordError if damaged."""
-        path = self._path(relpath)
-        if self._local:
-            with open(path, "rb") as f:
-                data = f.read()
-        else:
-            with self._fs.open_input_stream(path) as f:
-                data = f.read()
+        with self._fs.open_input_stream(self._path(relpath)) as f:
+            data = f.read()
         return decode_record(data, self.full_path(relpath))
 
     def exists(self, relpath: str) -> bool:
         """Whether a record is at ``relpath``."""
-        path = self._path(relpath)
-        if self._local:
-            return os.path.isfile(path)
-        return bool(self._fs.get_file_info(path).type == pafs.FileType.File)
+        return bool(self._fs.get_file_info(self._path(relpath)).type == pafs.FileType.File)
+
+    def _files(self, path: str, recursive: bool = False) -> list[pafs.FileInfo]:
+        selector = pafs.FileSelector(path, allow_not_found=True, recursive=recursive)
+        return [i for i in self._fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
     def list(self, reldir: str) -> list[str]:
         """Sorted names of the records directly in ``reldir`` ("" is the base); [] if absent.
 
         Temp files of unfinished writes are never listed."""
-        path = self._path(reldir, allow_root=True)
-        if self._local:
-            try:
-                with os.scandir(path) as entries:
-                    names = [e.name for e in entries if e.is_file()]
-            except FileNotFoundError:
-                return []
-        else:
-            selector = pafs.FileSelector(path, allow_not_found=True)
-            infos = self._fs.get_file_info(selector)
-            names = [i.base_name for i in infos if i.type == pafs.FileType.File]
+        names = (i.base_name for i in self._files(self._path(reldir, allow_root=True)))
         return sorted(n for n in names if not n.startswith(TEMP_PREFIX))
 
     def delete(self, relpath: str, durable: bool = True) -> None:
         """Remove the record at ``relpath``; nothing to do if it is absent. ``durable``: the
-        removal survives a machine crash (a directory fsync on a local disk); without, a
-        crash may bring the record back, for callers to which a stale record is harmless."""
-        path = self._path(relpath)
-        if self._local:
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                return
-            if durable:
-                sync_local(os.path.dirname(path))
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_file(path)
+        removal survives a machine crash (a directory fsync); without, a crash may bring the
+        record back, for callers to which a stale record is harmless."""
+        self._delete(self._fs.delete_file, self._path(relpath), durable)
 
     def delete_dir(self, reldir: str) -> None:
         """Remove ``reldir`` and everything in it; nothing to do if it is absent."""
-        path = self._path(reldir)
-        if self._local:
-            try:
-                shutil.rmtree(path)
-            except FileNotFoundError:
-                return
-            sync_local(os.path.dirname(path))
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                self._fs.delete_dir(path)
+        self._delete(self._fs.delete_dir, self._path(reldir))
+
+    def _delete(self, delete: Callable[[str], None], path: str, durable: bool = True) -> None:
+        try:
+            delete(path)
+        except FileNotFoundError:
+            return
+        if durable:
+            sync_path(self._fs, posixpath.dirname(path))
 
     def cleanup_temp(self, reldir: str = "", *, keep: tuple[str, ...] = ()) -> int:
         """Remove the temp files crashed writes left in ``reldir`` and below; how many.
@@ -415,31 +390,13 @@ class CheckpointStorage:
         Only call it while no write is running under ``reldir``, except writes of the records
         or directories in ``keep`` (relative to the base), whose temp files are left alone: it
         would remove a running write's temp file and make it fail."""
-        path = self._path(reldir, allow_root=True)
-        if self._local:
-            found = [
-                os.path.join(directory, name)
-                for directory, _, names in os.walk(path)
-                for name in names
-                if name.startswith(TEMP_PREFIX)
-            ]
-        else:
-            selector = pafs.FileSelector(path, allow_not_found=True, recursive=True)
-            found = [
-                i.path
-                for i in self._fs.get_file_info(selector)
-                if i.type == pafs.FileType.File and i.base_name.startswith(TEMP_PREFIX)
-            ]
-        temps = [t for t in found if not self._kept(t, keep)]
+        found = self._files(self._path(reldir, allow_root=True), recursive=True)
+        temps = [i.path for i in found
+                 if i.base_name.startswith(TEMP_PREFIX) and not self._kept(i.path, keep)]
         for temp in temps:
-            with contextlib.suppress(FileNotFoundError):
-                if self._local:
-                    os.unlink(temp)
-                else:
-                    self._fs.delete_file(temp)
-        if self._local:
-            for directory in {os.path.dirname(t) for t in temps}:
-                sync_local(directory)
+            delete_file_if_present(self._fs, temp)
+        for directory in {posixpath.dirname(t) for t in temps}:
+            sync_path(self._fs, directory)
         return len(temps)
 
     def _kept(self, temp: str, keep: tuple[str, ...]) -> bool:

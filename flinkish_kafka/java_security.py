@@ -56,12 +56,18 @@ _OIDC_HANDLERS = (
 _SCRAM_MECHANISMS = ("SCRAM-SHA-256", "SCRAM-SHA-512")
 _STORE_TYPES = ("JKS", "PKCS12", "PEM")
 
+_REFRESH = "librdkafka refreshes a token at 80% of its lifetime; remove it"
+_TLS_VERSION = ("librdkafka negotiates the highest TLS version both sides support (TLS 1.2 or "
+                "1.3); remove it")
+_TOKEN_ENDPOINT = "librdkafka has no separate timeout for the token endpoint; remove it"
+_TOKEN_RETRIES = "librdkafka retries the token endpoint itself; remove it"
+_CLAIMS = "librdkafka does not check the token's claims; remove it"
+_BROKER_ONLY = "a broker setting; remove it"
+_KINIT = "librdkafka renews tickets with sasl.kerberos.kinit.cmd; remove it"
 #: Java settings librdkafka has no equivalent for, and what to do instead.
 _JAVA_ONLY = {
-    "ssl.protocol": "librdkafka negotiates the highest TLS version both sides support "
-                    "(TLS 1.2 or 1.3); remove it",
-    "ssl.enabled.protocols": "librdkafka negotiates the highest TLS version both sides "
-                             "support (TLS 1.2 or 1.3); remove it",
+    "ssl.protocol": _TLS_VERSION,
+    "ssl.enabled.protocols": _TLS_VERSION,
     "ssl.provider": "librdkafka uses OpenSSL; remove it",
     "ssl.keymanager.algorithm": "a Java KeyManager setting; remove it",
     "ssl.trustmanager.algorithm": "a Java TrustManager setting; remove it",
@@ -70,32 +76,21 @@ _JAVA_ONLY = {
                                 "kafka.ssl.truststore.* / kafka.ssl.keystore.* or librdkafka's "
                                 "ssl.ca.location / ssl.certificate.location / ssl.key.location",
     "sasl.login.class": "a Java class cannot run here; remove it",
-    "sasl.login.refresh.window.factor": "librdkafka refreshes a token at 80% of its lifetime; "
-                                        "remove it",
-    "sasl.login.refresh.window.jitter": "librdkafka refreshes a token at 80% of its "
-                                        "lifetime; remove it",
-    "sasl.login.refresh.min.period.seconds": "librdkafka refreshes a token at 80% of its "
-                                             "lifetime; remove it",
-    "sasl.login.refresh.buffer.seconds": "librdkafka refreshes a token at 80% of its "
-                                         "lifetime; remove it",
-    "sasl.login.connect.timeout.ms": "librdkafka has no separate timeout for the token "
-                                     "endpoint; remove it",
-    "sasl.login.read.timeout.ms": "librdkafka has no separate timeout for the token "
-                                  "endpoint; remove it",
-    "sasl.login.retry.backoff.ms": "librdkafka retries the token endpoint itself; remove it",
-    "sasl.login.retry.backoff.max.ms": "librdkafka retries the token endpoint itself; "
-                                       "remove it",
-    "sasl.oauthbearer.scope.claim.name": "librdkafka does not check the token's claims; "
-                                         "remove it",
-    "sasl.oauthbearer.sub.claim.name": "librdkafka does not check the token's claims; "
-                                       "remove it",
-    "sasl.oauthbearer.expected.audience": "a broker setting; remove it",
-    "sasl.oauthbearer.expected.issuer": "a broker setting; remove it",
-    "sasl.oauthbearer.jwks.endpoint.url": "a broker setting; remove it",
-    "sasl.kerberos.ticket.renew.window.factor": "librdkafka renews tickets with "
-                                                "sasl.kerberos.kinit.cmd; remove it",
-    "sasl.kerberos.ticket.renew.jitter": "librdkafka renews tickets with "
-                                         "sasl.kerberos.kinit.cmd; remove it",
+    "sasl.login.refresh.window.factor": _REFRESH,
+    "sasl.login.refresh.window.jitter": _REFRESH,
+    "sasl.login.refresh.min.period.seconds": _REFRESH,
+    "sasl.login.refresh.buffer.seconds": _REFRESH,
+    "sasl.login.connect.timeout.ms": _TOKEN_ENDPOINT,
+    "sasl.login.read.timeout.ms": _TOKEN_ENDPOINT,
+    "sasl.login.retry.backoff.ms": _TOKEN_RETRIES,
+    "sasl.login.retry.backoff.max.ms": _TOKEN_RETRIES,
+    "sasl.oauthbearer.scope.claim.name": _CLAIMS,
+    "sasl.oauthbearer.sub.claim.name": _CLAIMS,
+    "sasl.oauthbearer.expected.audience": _BROKER_ONLY,
+    "sasl.oauthbearer.expected.issuer": _BROKER_ONLY,
+    "sasl.oauthbearer.jwks.endpoint.url": _BROKER_ONLY,
+    "sasl.kerberos.ticket.renew.window.factor": _KINIT,
+    "sasl.kerberos.ticket.renew.jitter": _KINIT,
 }
 
 

@@ -37,16 +37,8 @@ These are transaction version 1's rules (EndTxn up to v4), the version librdkafk
 speak; Kafka 4's coordinator keeps them for such clients (``handleEndTxnRequest`` takes EndTxn
 v5 alone for version 2, which bumps the epoch at every end).
 
-How a write task must leave its producer (measured with confluent-kafka 2.16 / librdkafka 2.16,
-``integration/test_kafka_transactions.py``): a producer that is destroyed with its transaction
-open (its object collected, or its process exiting, normally or by ``os._exit``) leaves the
-transaction open for the driver to commit; ``Producer.close()`` aborts it (an ABORT marker is
-written). The coordinator still aborts it at ``transaction.timeout.ms`` if the driver is late.
-
-The embedded broker (Tansu 0.6) differs from Kafka where an EndTxn is refused: it closes the
-connection instead of answering an error code, so there a fenced commit is retried until the
-timeout and raises :class:`TransactionTimeoutError`; it also answers success to an ABORT after
-a COMMIT (Kafka: ``INVALID_TXN_STATE``).
+How librdkafka's producers and the test brokers behave around this, as measured: the guide
+"Exactly once into Kafka", section "What the sink relies on in Kafka's clients and brokers".
 """
 
 from __future__ import annotations

@@ -52,7 +52,6 @@ import logging
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
@@ -64,13 +63,13 @@ import pyarrow.parquet as pq
 
 from flinkish_core.config import Option, duration_ms, whole_number
 from flinkish_core.errors import OptionError
-from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
+from flinkish_core.locations import delete_file_if_present, filesystem_of
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.data_files import (
-    Manifests,
+    DataFile,
+    StagedFiles,
     StagedFilesTarget,
-    data_file_name,
-    split_by_partition,
+    check_columns,
 )
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.options import (
@@ -82,7 +81,6 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.table_constraints import (
     Check,
     TableRules,
@@ -91,7 +89,7 @@ from flinkish_sink.table_constraints import (
 )
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
-from flinkish_sink.window_columns import table_batch, table_schema
+from flinkish_sink.window_columns import table_schema
 
 logger = logging.getLogger(__name__)
 
@@ -296,6 +294,8 @@ class DeltaTarget(StagedFilesTarget):
     as is; the delta-rs table handle is made where it is needed and not pickled.
     """
 
+    cleanup = "a VACUUM"
+
     def __init__(
         self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
         upsert_key: tuple[str, ...] = (), compact_every: int = 0,
@@ -321,6 +321,7 @@ class DeltaTarget(StagedFilesTarget):
         self._base = self._base.rstrip("/")
         self._uri, self._storage = delta_location(path)
         self._where = mask_uri(path) or path
+        self.title = f"Delta table {self._where!r}"
         self._wanted_partitions = tuple(partition_by)
         self._partitions: tuple[str, ...] | None = (
             tuple(partition_by) or _PARTITIONS_SEEN.get(self._uri))
@@ -328,7 +329,6 @@ class DeltaTarget(StagedFilesTarget):
         self.upsert_key = upsert_key
         self._compact_every = compact_every
         self._vacuum_hours = vacuum_retention_hours
-        self._manifests = Manifests(self._fs, self._base)
         self._rules: TableRules | None = _RULES_SEEN.get(self._uri)
 
     def __repr__(self) -> str:
@@ -376,9 +376,8 @@ class DeltaTarget(StagedFilesTarget):
                 self._rules = _rules_of(table, columns, self._where)
         return self._rules
 
-    @property
-    def manifests(self) -> Manifests:
-        return self._manifests
+    def files(self) -> tuple[pafs.FileSystem, str]:
+        return self._fs, self._base
 
     def _path(self, *parts: str) -> str:
         return "/".join((self._base, *parts))
@@ -405,38 +404,16 @@ class DeltaTarget(StagedFilesTarget):
             existing = tuple(table.metadata().partition_columns)
             current = pa.schema(table.schema().to_arrow())
             rules = _rules_of(table, columns, self._where)
-        if self._wanted_partitions and existing != self._wanted_partitions:
-            raise ValueError(
-                f"option partitionBy: Delta table {self._where!r} is partitioned by "
-                f"{list(existing)}, not {list(self._wanted_partitions)}; give its partition "
-                "columns (or leave the option out to take the table's)"
-            )
+        self._check_partitioning(existing, self._wanted_partitions)
         self._partitions = _PARTITIONS_SEEN[self._uri] = existing
         self._check_partition_columns(columns)
-        missing = [name for name in self.upsert_key if name not in columns.names]
-        if missing:
-            raise ValueError(
-                f"option upsertKey: {missing} are not columns of the stream's rows (their "
-                f"columns: {columns.names}; a window w is w_start and w_end)"
-            )
-        problems = type_differences(_delta_types(current),
-                                    _delta_types(columns), "the table", _shown)
-        if problems:
-            raise ValueError(
-                f"Delta table {self._where!r} does not fit the stream's schema: "
-                + "; ".join(problems)
-                + " (a window column w is stored as w_start and w_end). Write to a new "
-                "table, or change the query to produce the table's columns"
-            )
+        check_columns("upsertKey", self.upsert_key, columns)
+        self._check_fit(_delta_types(current), _delta_types(columns), _shown)
         self._rules = _RULES_SEEN[self._uri] = rules
 
     def _check_partition_columns(self, columns: pa.Schema) -> None:
+        check_columns("partitionBy", self._partitions or (), columns)
         for name in self._partitions or ():
-            if name not in columns.names:
-                raise ValueError(
-                    f"option partitionBy: {name!r} is not a column of the stream's rows "
-                    f"(their columns: {columns.names}; a window w is w_start and w_end)"
-                )
             dtype = columns.field(name).type
             if not any(accepts(dtype) for accepts in _PARTITION_TYPES):
                 raise ValueError(
@@ -479,12 +456,12 @@ class DeltaTarget(StagedFilesTarget):
         from deltalake.exceptions import CommitFailedError
 
         app = self.app_id(record.query)
-        adds = [add for decided in pre_commits for add in _adds_of(decided)]
+        adds = [add for decided in pre_commits for add in decided.listed("adds", "DeltaTarget")]
         # one read of the table: the commit is made, and checked for conflicts, against the
         # version whose txn said the epoch is not in yet
         with self._latest() as table:
             if not _holds(table, app, record.epoch):
-                self._check_present(adds, record.epoch)
+                self._check_present([a["path"] for a in adds], record.epoch)
                 metadata = {RECORD_KEY: {**record.to_json(), "app_id": app}}
                 try:
                     if self.upsert_key:
@@ -498,7 +475,7 @@ class DeltaTarget(StagedFilesTarget):
                         raise
         for decided in pre_commits:
             if self.upsert_key:  # the merge wrote the rows into files of its own
-                for add in _adds_of(decided):
+                for add in decided.listed("adds", "DeltaTarget"):
                     delete_file_if_present(self._fs, self._path(add["path"]))
             self.manifests.drop(decided.txn)
 
@@ -568,17 +545,6 @@ class DeltaTarget(StagedFilesTarget):
         for name in deleted:
             delete_file_if_present(self._fs, self._path(name))
         logger.info("Delta table %s vacuumed: %d files deleted", self._where, len(deleted))
-
-    def _check_present(self, adds: list[dict[str, Any]], epoch: int) -> None:
-        paths = [self._path(a["path"]) for a in adds]
-        lost = [a["path"] for a, info in zip(adds, self._fs.get_file_info(paths), strict=True)
-                if info.type == pafs.FileType.NotFound]
-        if lost:
-            raise RuntimeError(
-                f"cannot commit epoch {epoch} to Delta table {self._where!r}: its files {lost} "
-                "are gone; they were removed outside flinkish (a VACUUM with a retention "
-                "shorter than the time the query was down?)"
-            )
 
     def _commit_adds(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                      txn: tuple[str, int] | None = None) -> None:
@@ -658,15 +624,6 @@ def _holds(table: Any, app: str, epoch: int) -> bool:
     return done is not None and done >= epoch
 
 
-def _adds_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
-    adds = (pre_commit.detail or {}).get("adds")
-    if not isinstance(adds, list):
-        raise ValueError(
-            f"pre-commit of {pre_commit.txn.gid} lists no add actions; it does not come from a "
-            "DeltaTarget"
-        )
-    return adds
-
 
 def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | None:
     """The rows of ``tables`` (in order), only the last of each ``key``; None if none."""
@@ -679,106 +636,47 @@ def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | No
     return rows.take(pc.take(last, pc.sort_indices(last)))
 
 
-class _DataFile:
-    """One data file being written: its writer, statistics and partition values."""
+class _DataFile(DataFile):
+    """A data file with the statistics its add action carries."""
 
-    def __init__(self, target: DeltaTarget, name: str, schema: pa.Schema,
-                 values: dict[str, str | None]) -> None:
-        self.name = name
-        self.values = values
+    def __init__(self, name: str, partition: dict[str, Any], writer: pq.ParquetWriter,
+                 schema: pa.Schema) -> None:
+        super().__init__(name, partition, writer)
         self.stats = FileStats(schema)
-        self.writer = pq.ParquetWriter(target._path(name), schema, filesystem=target._fs)
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self.writer.write_batch(batch)
+        super().write(batch)
         self.stats.add(batch)
 
 
-class DeltaTransaction:
-    """One task attempt's data files, written as the batches arrive (one file per partition
-    value), or, with no ``txn``, the files of a direct write."""
+class DeltaTransaction(StagedFiles):
+    """One task attempt's data files (see :class:`StagedFiles`); pre-committed as add
+    actions."""
+
+    detail_key = "adds"
 
     def __init__(self, target: DeltaTarget, txn: TransactionId | None, schema: pa.Schema):
-        self._target = target
-        self._txn = txn
-        self._partitions = target.partition_columns()
         # a referenced file holds no partition column (its add action has the values); the
         # files an upsert merges from are only read by the driver, which needs them whole
-        dropped = () if target.upsert_key else self._partitions
+        dropped = () if target.upsert_key else target.partition_columns()
         columns = table_schema(schema)
-        self._schema = pa.schema([f for f in columns if f.name not in dropped])
+        super().__init__(target, txn, pa.schema([f for f in columns if f.name not in dropped]))
+        self._delta = target
         self._rules = target.rules(columns)
-        self._open: dict[tuple[str | None, ...], _DataFile] = {}
-        self._files: list[str] = []
-        self._rows = 0
-        self._finished = False
-        self._token = uuid.uuid4().hex if txn is None else ""
-        if txn is not None:
-            # a re-run of the same task attempt id supersedes whatever an earlier run wrote
-            target.rollback(txn)
 
-    def write(self, batch: pa.RecordBatch) -> None:
-        if self._finished:
-            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
-        batch = table_batch(batch)
+    def _refuse(self, batch: pa.RecordBatch) -> None:
         self._rules.refuse(batch, _DROP_NOT_NULL)
-        for key, rows in split_by_partition(batch, self._partitions):
-            values = tuple(partition_value(key[n]) for n in self._partitions)
-            data = pa.RecordBatch.from_arrays(
-                [rows.column(f.name) for f in self._schema], schema=self._schema)
-            self._file(values).write(data)
-            self._rows += rows.num_rows
 
-    @property
-    def _gid(self) -> str:
-        return "direct" if self._txn is None else self._txn.gid
+    def _new_file(self, name: str, partition: dict[str, Any]) -> DataFile:
+        values = {column: partition_value(value) for column, value in partition.items()}
+        writer = pq.ParquetWriter(self._delta._path(name), self._schema,
+                                  filesystem=self._delta._fs)
+        return _DataFile(name, values, writer, self._schema)
 
-    def _file(self, values: tuple[str | None, ...]) -> _DataFile:
-        if values not in self._open:
-            txn = self._txn
-            n = len(self._files)
-            name = data_file_name(txn, self._token, n)
-            self._files.append(name)
-            if txn is not None:
-                self._target.manifests.write(txn, self._files)
-            self._open[values] = _DataFile(
-                self._target, name, self._schema, dict(zip(self._partitions, values, strict=True)))
-        return self._open[values]
-
-    def pre_commit(self) -> PreCommit:
-        """Close and fsync the files; their add actions go to the driver, which decides."""
-        assert self._txn is not None, "a direct write has no transaction to pre-commit"
-        return PreCommit(self._txn, self._rows, detail={"adds": self.close_files()})
-
-    def close_files(self) -> list[dict[str, Any]]:
-        """Close and fsync the files: their add actions."""
-        if self._finished:
-            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
-        self._finished = True
-        target = self._target
-        now_ms = int(time.time() * 1000)
-        for data in self._open.values():
-            data.writer.close()
-            sync_path(target._fs, target._path(data.name))
-        sizes = target._fs.get_file_info([target._path(d.name) for d in self._open.values()])
-        adds = [
-            {"path": data.name, "size": info.size, "partition_values": data.values,
-             "modification_time": now_ms, "stats": data.stats.to_json()}
-            for data, info in zip(self._open.values(), sizes, strict=True)
-        ]
-        self._open.clear()
-        sync_path(target._fs, target._base)
-        return adds
-
-    def abort(self) -> None:
-        self._finished = True
-        try:
-            for data in self._open.values():
-                data.writer.close()
-            self._open.clear()
-        finally:
-            if self._txn is not None:
-                self._target.rollback(self._txn)
+    def _described(self, data: DataFile, size: int) -> dict[str, Any]:
+        assert isinstance(data, _DataFile)
+        return {"path": data.name, "size": size, "partition_values": data.partition,
+                "modification_time": int(time.time() * 1000), "stats": data.stats.to_json()}
 
 
 def _create(options: TargetOptions, late: bool) -> DeltaTarget:

@@ -35,7 +35,6 @@ import json
 import logging
 import random
 import time
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +44,7 @@ import pyarrow.parquet as pq
 
 from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
-from flinkish_core.locations import filesystem_of, sync_path
+from flinkish_core.locations import filesystem_of
 from flinkish_core.secrets import (
     dsn_secrets,
     fingerprint,
@@ -53,12 +52,7 @@ from flinkish_core.secrets import (
     redact_config,
     secret_values,
 )
-from flinkish_sink.data_files import (
-    Manifests,
-    StagedFilesTarget,
-    data_file_name,
-    split_by_partition,
-)
+from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
 from flinkish_sink.options import (
     LATE_TABLE,
     PARTITION_BY,
@@ -67,11 +61,10 @@ from flinkish_sink.options import (
     app_id,
     distinct,
 )
-from flinkish_sink.parquet_target import type_differences
 from flinkish_sink.table_constraints import refuse_nulls
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
-from flinkish_sink.window_columns import table_batch, table_schema
+from flinkish_sink.window_columns import table_schema
 
 logger = logging.getLogger(__name__)
 
@@ -142,6 +135,8 @@ class IcebergTarget(StagedFilesTarget):
     Holds only the catalog's properties, the table's name and layout (strings), so it ships
     to Spark tasks as is; the catalog, table and filesystem are made where they are needed."""
 
+    cleanup = "an orphan-file cleanup"
+
     def __init__(self, catalog: dict[str, str], table: str, *,
                  partition_by: tuple[str, ...] = (), app_id: str | None = None) -> None:
         """``catalog``: pyiceberg catalog properties (``uri``, ``warehouse``, ``type`` …,
@@ -163,6 +158,7 @@ class IcebergTarget(StagedFilesTarget):
         self._name = properties.pop("name", DEFAULT_CATALOG_NAME)
         self._properties = properties
         self._table_name = table
+        self.title = f"Iceberg table {table!r}"
         self._wanted_partitions = tuple(partition_by)
         self._app_id = app_id
         self._key = (fingerprint(self._name, sorted(properties.items())), table)
@@ -175,7 +171,7 @@ class IcebergTarget(StagedFilesTarget):
 
     def __getstate__(self) -> dict[str, Any]:
         # resolved where the catalog is (the driver): tasks never ask it, nor import pyiceberg
-        self._filesystem()
+        self.files()
         state = self.__dict__.copy()
         state["_catalog_handle"] = None
         return state
@@ -209,7 +205,7 @@ class IcebergTarget(StagedFilesTarget):
     def partition_columns(self) -> tuple[str, ...]:
         return self._layout().partitions
 
-    def _filesystem(self) -> tuple[pafs.FileSystem, str]:
+    def files(self) -> tuple[pafs.FileSystem, str]:
         """The filesystem of the data location (through pyiceberg's file IO, configured by
         the catalog's properties) and the location's path in it."""
         if self._fs_handle is None:
@@ -225,10 +221,6 @@ class IcebergTarget(StagedFilesTarget):
                 self._fs_handle = filesystem, path.rstrip("/")
         return self._fs_handle
 
-    @property
-    def manifests(self) -> Manifests:
-        return Manifests(*self._filesystem())
-
     # -- TargetBase ----------------------------------------------------------------------------
 
     def check(self, schema: pa.Schema) -> None:
@@ -239,11 +231,7 @@ class IcebergTarget(StagedFilesTarget):
         from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
         columns = pa.schema([f.with_nullable(True) for f in table_schema(schema)])
-        for name in self._wanted_partitions:
-            if name not in columns.names:
-                raise ValueError(
-                    f"option partitionBy: {name!r} is not a column of the stream's rows "
-                    f"(their columns: {columns.names}; a window w is w_start and w_end)")
+        check_columns("partitionBy", self._wanted_partitions, columns)
         wanted = Catalog._convert_schema_if_needed(columns)
         catalog = self._catalog()
         try:
@@ -262,20 +250,9 @@ class IcebergTarget(StagedFilesTarget):
                 pass
             table = catalog.load_table(self._table_name)
         layout = _layout_of(table)
-        if self._wanted_partitions and layout.partitions != self._wanted_partitions:
-            raise ValueError(
-                f"option partitionBy: Iceberg table {self._table_name!r} is partitioned by "
-                f"{list(layout.partitions)}, not {list(self._wanted_partitions)}; give its "
-                "partition columns (or leave the option out to take the table's)")
-        problems = type_differences(
-            {f.name: str(f.field_type) for f in table.schema().fields},
-            {f.name: str(f.field_type) for f in wanted.fields}, "the table")
-        if problems:
-            raise ValueError(
-                f"Iceberg table {self._table_name!r} does not fit the stream's schema: "
-                + "; ".join(problems)
-                + " (a window column w is stored as w_start and w_end). Write to a new "
-                "table, or change the query to produce the table's columns")
+        self._check_partitioning(layout.partitions, self._wanted_partitions)
+        self._check_fit({f.name: str(f.field_type) for f in table.schema().fields},
+                        {f.name: str(f.field_type) for f in wanted.fields})
         self._layout_seen = _LAYOUTS[self._key] = layout
 
     def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
@@ -303,7 +280,8 @@ class IcebergTarget(StagedFilesTarget):
         epoch and its record, unless the table holds the epoch already; then drop the
         manifests (the files are the table's now)."""
         app = self.app_id(record.query)
-        paths = [f["path"] for decided in pre_commits for f in _files_of(decided)]
+        paths = [f["path"] for decided in pre_commits
+                 for f in decided.listed("files", "IcebergTarget")]
         summary = {APP_ID_KEY: app, EPOCH_KEY: str(record.epoch), **_summary_of(record)}
         self._commit(paths, summary, (app, record.epoch))
         for decided in pre_commits:
@@ -321,7 +299,8 @@ class IcebergTarget(StagedFilesTarget):
             if epoch is not None and _holds(table, *epoch):
                 return
             if attempt == 1:
-                self._check_present(paths, epoch)
+                self._check_present([p.rsplit("/", 1)[-1] for p in paths],
+                                    None if epoch is None else epoch[1])
             _without_own_retries(table)
             transaction = table.transaction()
             try:
@@ -341,19 +320,6 @@ class IcebergTarget(StagedFilesTarget):
                 logger.info("commit to Iceberg table %s lost to another writer's (%s); trying "
                             "again on the table as it is now", self._table_name, exc)
                 time.sleep(random.uniform(0, min(2.0, 0.05 * 2 ** attempt)))
-
-    def _check_present(self, paths: list[str], epoch: tuple[str, int] | None) -> None:
-        filesystem, base = self._filesystem()
-        names = [p.rsplit("/", 1)[-1] for p in paths]
-        infos = filesystem.get_file_info([f"{base}/{n}" for n in names])
-        lost = [n for n, info in zip(names, infos, strict=True)
-                if info.type == pafs.FileType.NotFound]
-        if lost:
-            raise RuntimeError(
-                f"cannot commit epoch {epoch[1] if epoch else '-'} to Iceberg table "
-                f"{self._table_name!r}: its files {lost} are gone; they were removed outside "
-                "flinkish (an orphan-file cleanup with a retention shorter than the time the "
-                "query was down?)")
 
     def epoch_records(self, query: str | None = None, limit: int | None = None
                       ) -> list[dict[str, Any]]:
@@ -441,108 +407,38 @@ def _record_of(summary: dict[str, str]) -> dict[str, Any] | None:
     return record
 
 
-def _files_of(pre_commit: PreCommit) -> list[dict[str, Any]]:
-    files = (pre_commit.detail or {}).get("files")
-    if not isinstance(files, list):
-        raise ValueError(
-            f"pre-commit of {pre_commit.txn.gid} lists no data files; it does not come from "
-            "an IcebergTarget")
-    return files
-
 
 def _json_value(value: Any) -> Any:
     return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
-class IcebergTransaction:
-    """One task attempt's data files (one per partition value), or, with no ``txn``, the
-    files of a direct write."""
+class IcebergTransaction(StagedFiles):
+    """One task attempt's data files (see :class:`StagedFiles`); pre-committed as their
+    paths, sizes, rows and partition values."""
 
     def __init__(self, target: IcebergTarget, txn: TransactionId | None, schema: pa.Schema):
-        self._target = target
-        self._txn = txn
-        self._partitions = target.partition_columns()
         # a file's columns are required where the table's are: pyiceberg adds no file whose
         # schema differs from the table's
         self._required = target._layout().required
-        self._schema = pa.schema([f.with_nullable(f.name not in self._required)
-                                  for f in table_schema(schema)])
-        self._open: dict[tuple[Any, ...], tuple[str, dict[str, Any], pq.ParquetWriter]] = {}
-        self._files: list[str] = []
-        self._rows: dict[str, int] = {}
-        self._finished = False
-        self._token = uuid.uuid4().hex if txn is None else ""
-        if txn is not None:
-            # a re-run of the same task attempt id supersedes whatever an earlier run wrote
-            target.rollback(txn)
+        super().__init__(target, txn, pa.schema([f.with_nullable(f.name not in self._required)
+                                                 for f in table_schema(schema)]))
+        self._iceberg = target
 
-    @property
-    def _gid(self) -> str:
-        return "direct" if self._txn is None else self._txn.gid
-
-    def write(self, batch: pa.RecordBatch) -> None:
-        if self._finished:
-            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
-        batch = table_batch(batch)
-        refuse_nulls(batch, self._required, f"Iceberg table {self._target._table_name!r}",
+    def _refuse(self, batch: pa.RecordBatch) -> None:
+        refuse_nulls(batch, self._required, self._iceberg.title,
                      "ALTER TABLE … ALTER COLUMN … DROP NOT NULL")
-        for key, rows in split_by_partition(batch, self._partitions):
-            name, _, writer = self._file(key)
-            writer.write_batch(pa.RecordBatch.from_arrays(
-                [rows.column(f.name) for f in self._schema], schema=self._schema))
-            self._rows[name] += rows.num_rows
 
-    def _file(self, key: dict[str, Any]) -> tuple[str, dict[str, Any], pq.ParquetWriter]:
-        values = tuple(key[n] for n in self._partitions)
-        if values not in self._open:
-            filesystem, base = self._target._filesystem()
-            name = data_file_name(self._txn, self._token, len(self._files))
-            self._files.append(name)
-            if self._txn is not None:
-                self._target.manifests.write(self._txn, self._files)
-            else:
-                filesystem.create_dir(base, recursive=True)
-            self._rows[name] = 0
-            self._open[values] = (name, key, pq.ParquetWriter(
-                f"{base}/{name}", self._schema, filesystem=filesystem))
-        return self._open[values]
+    def _new_file(self, name: str, partition: dict[str, Any]) -> DataFile:
+        filesystem, base = self._iceberg.files()
+        if self._txn is None:
+            filesystem.create_dir(base, recursive=True)
+        return DataFile(name, partition, pq.ParquetWriter(
+            f"{base}/{name}", self._schema, filesystem=filesystem))
 
-    def pre_commit(self) -> PreCommit:
-        """Close and fsync the files; their paths go to the driver, which decides."""
-        assert self._txn is not None, "a direct write has no transaction to pre-commit"
-        return PreCommit(self._txn, sum(self._rows.values()),
-                         detail={"files": self.close_files()})
-
-    def close_files(self) -> list[dict[str, Any]]:
-        """Close and fsync the files: their paths (as the table names them), sizes, rows
-        and partition values."""
-        if self._finished:
-            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
-        self._finished = True
-        filesystem, base = self._target._filesystem()
-        location = self._target._layout().data_location.rstrip("/")
-        for name, _, writer in self._open.values():
-            writer.close()
-            sync_path(filesystem, f"{base}/{name}")
-        sizes = filesystem.get_file_info([f"{base}/{name}" for name, _, _ in self._open.values()])
-        files = [
-            {"path": f"{location}/{name}", "size": info.size, "records": self._rows[name],
-             "partition": {k: _json_value(v) for k, v in key.items()}}
-            for (name, key, _), info in zip(self._open.values(), sizes, strict=True)
-        ]
-        self._open.clear()
-        sync_path(filesystem, base)
-        return files
-
-    def abort(self) -> None:
-        self._finished = True
-        try:
-            for _, _, writer in self._open.values():
-                writer.close()
-            self._open.clear()
-        finally:
-            if self._txn is not None:
-                self._target.rollback(self._txn)
+    def _described(self, data: DataFile, size: int) -> dict[str, Any]:
+        location = self._iceberg._layout().data_location.rstrip("/")
+        return {"path": f"{location}/{data.name}", "size": size, "records": data.rows,
+                "partition": {k: _json_value(v) for k, v in data.partition.items()}}
 
 
 def _check(options: TargetOptions) -> None:

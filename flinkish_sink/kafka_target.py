@@ -42,7 +42,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flinkish_core.config import Option, optional_text
+from flinkish_core.config import Option, collected, optional_text
 from flinkish_core.durations import format_duration
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import fingerprint, redact_config, secret_values
@@ -53,26 +53,19 @@ from flinkish_kafka.transactions import (
     TransactionFencedError,
 )
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, TargetOptions
-from flinkish_sink.target import PreCommit, TransactionId
+from flinkish_sink.target import SOURCE_POSITION, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 
 logger = logging.getLogger(__name__)
 
 #: The columns a Kafka record is made of, as Spark's Kafka sink names them.
 VALUE, KEY, TOPIC, PARTITION, HEADERS = "value", "key", "topic", "partition", "headers"
-#: The flinkish source's position of an input record: rows with all three carry where they
-#: were read from (marker rows need them), never where to write.
-SOURCE_POSITION = frozenset({"topic", "partition", "offset"})
 #: How often librdkafka reports its statistics, where the producer id and epoch are read.
 STATS_INTERVAL_MS = 10
 #: How long a task waits for its producer (init, flush, statistics) before failing.
 PRODUCER_TIMEOUT_S = 60.0
 #: How long the driver's transaction client may take for one EndTxn, retries included.
 COMMIT_TIMEOUT_S = 60.0
-
-
-def _kafka(key: str, value: str) -> dict[str, str]:
-    raise AssertionError("a prefix option is collected, not read")  # pragma: no cover
 
 
 def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
@@ -88,7 +81,7 @@ def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
 
 #: The producers' settings: the ``kafka.*`` options without the prefix.
 KAFKA: Option[dict[str, str]] = Option(
-    "kafka.*", _kafka, {}, shown_default="—", mask=redact_config, secrets=_kafka_secrets,
+    "kafka.*", collected, {}, shown_default="—", mask=redact_config, secrets=_kafka_secrets,
     doc="`kafka.bootstrap.servers` (required) and producer settings, as for the source: "
         "librdkafka's names, or the Java client's security settings (`kafka.sasl.jaas.config`, "
         "JKS / PKCS12 / PEM stores, AWS MSK IAM), translated the same way ([secured clusters]"
@@ -292,9 +285,15 @@ class _Producer:
             "on_delivery": self.reports.on_delivery,
         })
 
-    @property
-    def failed(self) -> list[str]:
-        return self.reports.failed
+    def flush(self, what: str) -> None:
+        """Wait until every record is delivered; raise, naming ``what``, for those that were
+        not (the failures are reported once)."""
+        left = self.producer.flush(PRODUCER_TIMEOUT_S)
+        failed, self.reports.failed = self.reports.failed, []
+        if left or failed:
+            raise RuntimeError(f"{what}: {left} record(s) not delivered within "
+                               f"{format_duration(PRODUCER_TIMEOUT_S)}"
+                               + (f"; failures: {'; '.join(failed)}" if failed else ""))
 
     def fresh_eos(self, timeout_s: float) -> dict[str, Any]:
         """The ``eos`` part of the first statistics report made after this call began that
@@ -356,14 +355,7 @@ class KafkaTransaction:
                                    self._target.options.topic)
 
     def pre_commit(self) -> PreCommit:
-        producer = self._client.producer
-        left = producer.flush(PRODUCER_TIMEOUT_S)
-        if left or self._client.failed:
-            raise RuntimeError(
-                f"Kafka transaction {self._id}: {left} record(s) not delivered within "
-                f"{format_duration(PRODUCER_TIMEOUT_S)}"
-                + (f"; failures: {'; '.join(self._client.failed)}" if self._client.failed
-                   else ""))
+        self._client.flush(f"Kafka transaction {self._id}")
         eos = self._client.fresh_eos(PRODUCER_TIMEOUT_S)
         if eos.get("txn_state") != "InTransaction":
             raise RuntimeError(f"Kafka transaction {self._id} is {eos.get('txn_state')} after "
@@ -452,15 +444,9 @@ class KafkaTarget:
         if key not in _DIRECT:
             _DIRECT[key] = _Producer(self.producer_config())
         direct = _DIRECT[key]
-        producer = direct.producer
-        produce_rows(producer, batch, record_columns(batch.schema, self.options.topic),
+        produce_rows(direct.producer, batch, record_columns(batch.schema, self.options.topic),
                      self.options.topic)
-        left = producer.flush(PRODUCER_TIMEOUT_S)
-        if left or direct.failed:
-            failed, direct.reports.failed = direct.failed, []
-            raise RuntimeError(f"{self!r}: {left} record(s) not delivered within "
-                               f"{format_duration(PRODUCER_TIMEOUT_S)}"
-                               + (f"; failures: {'; '.join(failed)}" if failed else ""))
+        direct.flush(repr(self))
 
     def fence(self, transactional: str) -> int:
         """Initialise a producer on ``transactional``: fences its older producers and aborts

@@ -48,6 +48,7 @@ import pyarrow.parquet as pq
 
 from checkpointing.failpoints import failpoint
 from flinkish_core.locations import delete_file_if_present, sync_path
+from flinkish_sink.data_files import publish_file
 from flinkish_sink.target import EPOCHS_DIR
 
 logger = logging.getLogger(__name__)
@@ -147,12 +148,7 @@ class Compactor:
         fence()
         directory = self._path(COMPACTIONS_DIR)
         self._fs.create_dir(directory, recursive=True)
-        temp = f"{directory}/.{compaction_id}.{token}.tmp"
-        with self._fs.open_output_stream(temp) as out:
-            out.write(compaction.to_json())
-        sync_path(self._fs, temp)
-        self._fs.move(temp, f"{directory}/{compaction_id}.json")
-        sync_path(self._fs, directory)
+        publish_file(self._fs, f"{directory}/{compaction_id}.json", compaction.to_json())
         failpoint("compaction_decided", query=self._query, epoch=epoch)
         self._finish(compaction, epoch)
         logger.info("Parquet target %s: compacted %d files of query %s into %d",

@@ -56,9 +56,8 @@ import json
 import logging
 import os
 import re
-import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -68,6 +67,7 @@ import pyarrow.parquet as pq
 from flinkish_core.config import Option, size_bytes, whole_number
 from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_path
 from flinkish_core.secrets import mask_uri
+from flinkish_sink.data_files import publish_file, staged_ages, type_differences
 from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
 from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -104,56 +104,39 @@ class ParquetTarget:
     pending_consequence = "its staged files wait, taking space"
 
     def __init__(self, path: str | os.PathLike[str], *, max_rows_per_file: int | None = None,
-                 compact_every: int = 0, target_file_size: int = DEFAULT_TARGET_FILE_SIZE):
+                 compact_every: int = 0, target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
+                 filesystem: pafs.FileSystem | None = None):
         """``path`` is a local directory or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
-        (``file://``, ``s3://``, ``gs://``, ``hdfs://``). ``max_rows_per_file`` rolls a
-        transaction over to a new file after that many rows (None: one file per transaction).
-        ``compact_every``: merge a query's small committed files into files of up to
-        ``target_file_size`` bytes after every that many epochs (0: never; see
-        :mod:`flinkish_sink.parquet_compaction`)."""
+        (``file://``, ``s3://``, ``gs://``, ``hdfs://``), or, with ``filesystem``, a path in
+        it. ``max_rows_per_file`` rolls a transaction over to a new file after that many rows
+        (None: one file per transaction). ``compact_every``: merge a query's small committed
+        files into files of up to ``target_file_size`` bytes after every that many epochs (0:
+        never; see :mod:`flinkish_sink.parquet_compaction`)."""
         text = os.fspath(path)
-        filesystem, base = filesystem_of(text, "the Parquet target's path")
-        self._setup(filesystem, base, mask_uri(text) or text, max_rows_per_file)
-        self._compaction(compact_every, target_file_size)
-
-    @classmethod
-    def from_filesystem(
-        cls,
-        filesystem: pafs.FileSystem,
-        base_path: str,
-        *,
-        max_rows_per_file: int | None = None,
-        compact_every: int = 0,
-        target_file_size: int = DEFAULT_TARGET_FILE_SIZE,
-    ) -> ParquetTarget:
-        """A target on an already-built filesystem (tests, custom credentials)."""
-        target = cls.__new__(cls)
-        target._setup(
-            filesystem, base_path, f"{filesystem.type_name}:{base_path}", max_rows_per_file
-        )
-        target._compaction(compact_every, target_file_size)
-        return target
-
-    def _setup(
-        self, filesystem: pafs.FileSystem, base: str, where: str, max_rows_per_file: int | None
-    ) -> None:
-        base = base.rstrip("/")
-        if not base:
-            raise ValueError(f"Parquet target {where!r} is a filesystem root; name a directory")
+        if filesystem is None:
+            self._fs, base = filesystem_of(text, "the Parquet target's path")
+            self._where = mask_uri(text) or text
+        else:
+            self._fs, base, self._where = filesystem, text, f"{filesystem.type_name}:{text}"
+        self._base = base.rstrip("/")
+        if not self._base:
+            raise ValueError(f"Parquet target {self._where!r} is a filesystem root; name a "
+                             "directory")
         if max_rows_per_file is not None and max_rows_per_file < 1:
             raise ValueError(f"max_rows_per_file must be positive, got {max_rows_per_file}")
-        self._fs = filesystem
-        self._base = base
-        self._where = where
-        self._max_rows_per_file = max_rows_per_file
-
-    def _compaction(self, compact_every: int, target_file_size: int) -> None:
         if compact_every < 0 or target_file_size < 1:
             raise ValueError(
                 f"compact_every must be >= 0 and target_file_size positive, got "
                 f"{compact_every} and {target_file_size}")
+        self._max_rows_per_file = max_rows_per_file
         self._compact_every = compact_every
         self._target_file_size = target_file_size
+
+    @classmethod
+    def from_filesystem(cls, filesystem: pafs.FileSystem, base_path: str, **options: Any
+                        ) -> ParquetTarget:
+        """A target on an already-built filesystem (tests, custom credentials)."""
+        return cls(base_path, filesystem=filesystem, **options)
 
     def __repr__(self) -> str:
         return f"ParquetTarget({self._where!r})"
@@ -241,7 +224,7 @@ class ParquetTarget:
         delete, but the committed object still appears whole, never partially written.
         """
         txn = pre_commit.txn
-        names = _files_of(pre_commit)
+        names = [str(name) for name in pre_commit.listed("files", "ParquetTarget")]
         directory = self.staged_dir(txn)
         staged = [f"{directory}/{name}" for name in names]
         final = [self._path(name) for name in names]
@@ -275,18 +258,8 @@ class ParquetTarget:
         """:meth:`pending` with each one's age in seconds: since its staging directory last
         changed (the last staged file was written there, i.e. the pre-commit), oldest first;
         None on object stores, whose directories have no modification time."""
-        selector = pafs.FileSelector(self._path(STAGING_DIR), allow_not_found=True)
-        now = time.time()
-        found: list[tuple[float, TransactionId, float | None]] = []
-        for info in self._fs.get_file_info(selector):
-            if info.type != pafs.FileType.Directory:
-                continue
-            txn = TransactionId.from_staged_name(info.base_name)
-            if txn is not None and txn.prefix == prefix and txn.query == query:
-                mtime_ns = info.mtime_ns
-                age = None if mtime_ns is None else max(0.0, now - mtime_ns / 1e9)
-                found.append((-1.0 if age is None else -age, txn, age))
-        return {txn: age for _, txn, age in sorted(found)}
+        return staged_ages(self._fs, self._path(STAGING_DIR), pafs.FileType.Directory, "",
+                           prefix, query)
 
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within one call."""
@@ -349,16 +322,7 @@ class ParquetTarget:
             "rows": rows,
             "late_rows": late_rows,
         }
-        temp = f"{directory}/.{epoch:09d}.json.{uuid.uuid4().hex}.tmp"
-        try:
-            with self._fs.open_output_stream(temp) as out:
-                out.write(json.dumps(record, sort_keys=True).encode())
-            self._sync(temp)
-            self._fs.move(temp, path)
-        except BaseException:
-            delete_file_if_present(self._fs, temp)
-            raise
-        self._sync(directory)
+        publish_file(self._fs, path, json.dumps(record, sort_keys=True).encode())
 
     def committed_watermark(self, query: str) -> int | None:
         """The largest watermark of any published epoch of ``query`` (None: none yet)."""
@@ -478,38 +442,6 @@ def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:
     """
     return type_differences({f.name: f.type for f in existing}, {f.name: f.type for f in new},
                             "the existing files")
-
-
-def type_differences(
-    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
-    shown: Callable[[Any], str] = str,
-) -> list[str]:
-    """How the column types ``new`` (name -> type) differ from those ``existing`` in
-    ``where``: columns missing on either side, and types that are not equal (``shown`` as
-    text)."""
-    differences = []
-    missing = [name for name in existing if name not in new]
-    if missing:
-        differences.append(f"columns only in {where}: {missing}")
-    added = [name for name in new if name not in existing]
-    if added:
-        differences.append(f"columns only in the new schema: {added}")
-    differences.extend(
-        f"column {name!r} is {shown(existing[name])} in {where} but {shown(new[name])} now"
-        for name in existing
-        if name in new and existing[name] != new[name]
-    )
-    return differences
-
-
-def _files_of(pre_commit: PreCommit) -> list[str]:
-    files = (pre_commit.detail or {}).get("files")
-    if not isinstance(files, list):
-        raise ValueError(
-            f"pre-commit of {pre_commit.txn.gid} lists no files; it does not come from a "
-            "ParquetTarget"
-        )
-    return [str(name) for name in files]
 
 
 def _create(options: TargetOptions, late: bool) -> ParquetTarget:

@@ -95,27 +95,22 @@ class ColumnType:
     fixed: bool = False
 
 
+#: The fixed-width numbers and booleans: Arrow type, DDL, ``pg_type.typname``, numpy wire type.
+_FIXED_TYPES: tuple[tuple[Callable[[pa.DataType], bool], str, str, str], ...] = (
+    (lambda t: pa.types.is_int8(t) or pa.types.is_int16(t), "smallint", "int2", ">i2"),
+    (pa.types.is_int32, "integer", "int4", ">i4"),
+    (pa.types.is_int64, "bigint", "int8", ">i8"),
+    (pa.types.is_float32, "real", "float4", ">f4"),
+    (pa.types.is_float64, "double precision", "float8", ">f8"),
+    (pa.types.is_boolean, "boolean", "bool", "u1"),
+)
+
+
 def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     """The PostgreSQL type for an Arrow type; ValueError naming ``column`` if there is none."""
-    if pa.types.is_int8(dtype) or pa.types.is_int16(dtype):
-        return ColumnType("smallint", frozenset({"int2"}), partial(_encode_fixed, dtype=">i2"),
-                          True)
-    if pa.types.is_int32(dtype):
-        return ColumnType("integer", frozenset({"int4"}), partial(_encode_fixed, dtype=">i4"),
-                          True)
-    if pa.types.is_int64(dtype):
-        return ColumnType("bigint", frozenset({"int8"}), partial(_encode_fixed, dtype=">i8"),
-                          True)
-    if pa.types.is_float32(dtype):
-        return ColumnType("real", frozenset({"float4"}), partial(_encode_fixed, dtype=">f4"),
-                          True)
-    if pa.types.is_float64(dtype):
-        return ColumnType(
-            "double precision", frozenset({"float8"}), partial(_encode_fixed, dtype=">f8"), True
-        )
-    if pa.types.is_boolean(dtype):
-        return ColumnType("boolean", frozenset({"bool"}), partial(_encode_fixed, dtype="u1"),
-                          True)
+    for accepts, ddl, typname, wire in _FIXED_TYPES:
+        if accepts(dtype):
+            return ColumnType(ddl, frozenset({typname}), partial(_encode_fixed, dtype=wire), True)
     if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
         return ColumnType("text", frozenset({"text", "varchar", "bpchar"}), _encode_binary)
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
@@ -123,25 +118,17 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     if pa.types.is_timestamp(dtype) and dtype.unit in (*_US_PER_UNIT, "ns"):
         # Arrow timestamps count from the Unix epoch in UTC (also when they carry no zone, which
         # therefore land as UTC); an existing `timestamp` column takes the same binary value.
-        return ColumnType(
-            "timestamptz",
-            frozenset({"timestamptz", "timestamp"}),
-            partial(_encode_timestamp, unit=dtype.unit),
-            True,
-        )
+        return ColumnType("timestamptz", frozenset({"timestamptz", "timestamp"}),
+                          partial(_encode_timestamp, unit=dtype.unit), True)
     if pa.types.is_date32(dtype):
         return ColumnType("date", frozenset({"date"}), _encode_date, True)
     if pa.types.is_decimal(dtype):
         return ColumnType(
             f"numeric({dtype.precision}, {dtype.scale})", frozenset({"numeric"}), _encode_decimal
         )
-    if (
-        pa.types.is_list(dtype)
-        or pa.types.is_large_list(dtype)
-        or pa.types.is_fixed_size_list(dtype)
-        or pa.types.is_struct(dtype)
-        or pa.types.is_map(dtype)
-    ):
+    if any(kind(dtype) for kind in (pa.types.is_list, pa.types.is_large_list,
+                                    pa.types.is_fixed_size_list, pa.types.is_struct,
+                                    pa.types.is_map)):
         return ColumnType("jsonb", frozenset({"jsonb"}), _encode_jsonb)
     raise ValueError(
         f"unsupported type for column {column!r}: Arrow {dtype} has no PostgreSQL mapping "
@@ -483,8 +470,6 @@ class PostgresTarget:
         self._epochs = _identifier(self.epochs_table)
         self._conn: Connection | None = None
         self._epochs_ready = False
-        # the windows the table keeps as jsonb, once known (check sets it on the driver and
-        # it travels to the tasks with the pickled target; otherwise each looks it up)
         self._max_pending: int | None = None
 
     def __repr__(self) -> str:

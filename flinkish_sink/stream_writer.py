@@ -58,6 +58,7 @@ from flinkish_sink.options import (
 from flinkish_sink.outages import RetriedTransaction, RetryPolicy
 from flinkish_sink.target import (
     FIX_WRITE_TASKS,
+    SOURCE_POSITION,
     AnyTarget,
     PreCommit,
     ReusedIdsTarget,
@@ -93,10 +94,6 @@ SENSIBLE_WRITE_TASKS = 64
 #: Queries this process has warned about their number of write tasks (said once a query).
 _WARNED_TASKS: set[str] = set()
 
-#: Columns that identify the flinkish source's rows: a stream that has them but not the
-#: marker columns is the source's output with its markers dropped.
-_SOURCE_ROW_COLUMNS = frozenset({"topic", "partition", "offset"})
-
 
 def dropped_markers(schema: StructType) -> bool:
     """Whether ``schema`` looks like the flinkish source's rows with the marker columns
@@ -105,7 +102,7 @@ def dropped_markers(schema: StructType) -> bool:
     watermark."""
     names = set(schema.fieldNames())
     return (
-        names >= _SOURCE_ROW_COLUMNS and "kind" not in names
+        names >= SOURCE_POSITION and "kind" not in names
         and not any(SPARK_DELAY_KEY in (f.metadata or {}) for f in schema.fields)
     )
 

@@ -29,6 +29,11 @@ _GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 WATERMARK_VALVE = "valve"
 WATERMARK_SPARK = "spark"
 
+#: The flinkish source's position of an input record: rows with all three columns carry where
+#: they were read from (marker rows need them), never where to write; a stream with them but
+#: without the marker columns is the source's output with its markers dropped.
+SOURCE_POSITION = frozenset({"topic", "partition", "offset"})
+
 #: What to do when an epoch has more write tasks than prepared transactions can be held.
 FIX_WRITE_TASKS = (
     "each write task of an epoch keeps one prepared transaction until the driver commits the "
@@ -126,6 +131,18 @@ class PreCommit:
             "late_rows": self.late_rows,
             "detail": self.detail or {},
         }
+
+    def listed(self, key: str, target: str) -> list[Any]:
+        """The list under ``key`` in the detail (a table target's files).
+
+        Raises:
+            ValueError: there is none: the pre-commit comes from another kind of ``target``.
+        """
+        found = (self.detail or {}).get(key)
+        if not isinstance(found, list):
+            raise ValueError(f"pre-commit of {self.txn.gid} lists no {key}; it does not come "
+                             f"from a {target}")
+        return found
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> PreCommit:
