@@ -39,8 +39,9 @@ def register(spark: Any) -> None:
     """Make ``format("flinkish")`` usable on ``spark`` and safe for many concurrent queries.
 
     Call it once per driver before starting flinkish queries (idempotent). Spark's automatic
-    discovery of the installed ``pyspark_flinkish`` module registers the format by itself, but
-    only this call seeds the shared environment described in the module docstring, and tells
+    discovery of the installed ``pyspark_flinkish`` module registers the format by itself (this
+    call does that discovery in the driver when it can, ``flinkish.discovery``), but only this
+    call seeds the shared environment described in the module docstring, and tells
     the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
     a cluster fails at query start instead of losing the executors' watermark state, and adds
     the listener that has each completed epoch committed to the query's consumer group right
