@@ -53,13 +53,13 @@ def scala_object(spark: Any, name: str) -> Any:
     return spark._jvm.java.lang.Class.forName(f"{name}$").getField("MODULE$").get(None)
 
 
-def discover(spark: Any, name: str, entry: Callable[[], Any]) -> bool:
+def discover(spark: Any, name: str, entry: Callable[[], Any]) -> None:
     """Give Spark the installed Python data sources with ``entry()`` (a
-    ``UserDefinedPythonDataSource``) as the data source ``name``; False (nothing done) once
-    Spark has an answer of its own, or when its look-up fails (Spark logs why at its own)."""
+    ``UserDefinedPythonDataSource``) as the data source ``name``; nothing once Spark has an
+    answer of its own, or when its look-up fails (Spark's own then fails too, and logs why)."""
     builders = scala_object(spark, DATA_SOURCE_MANAGER)
     if not builders.dataSourceBuilders().isEmpty():
-        return False
+        return
     jvm = spark._jvm
     sources = jvm.java.util.HashMap()
     python_utils = scala_object(spark, PYTHON_UTILS)
@@ -69,14 +69,13 @@ def discover(spark: Any, name: str, entry: Callable[[], Any]) -> bool:
         try:
             found = scala_object(spark, PYTHON_DATA_SOURCE).lookupAllDataSourcesInPython()
         except Exception:  # noqa: BLE001 - Spark's own look-up then fails as it would, and says why
-            return False
+            return
         for found_name, pickled in zip(found.names(), found.dataSources(), strict=True):
             key = str(found_name).lower()
             sources.put(key, entry() if key == name else getattr(jvm, PYTHON_DATA_SOURCE)(
                 python_utils.createPythonFunction(pickled)))
     getattr(builders, "dataSourceBuilders_$eq")(
         jvm.scala.Some(python_utils.toScalaMap(sources)))
-    return True
 
 
 def only_flinkish_installed(python: str) -> bool:
