@@ -22,6 +22,7 @@ from typing import Any
 
 from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
+from flinkish.discovery import PYTHON_DATA_SOURCE, discover
 from flinkish.epoch_listener import listen
 from flinkish.warm_start import warm_start
 from flinkish.worker_launcher import worker_launcher
@@ -38,8 +39,9 @@ def register(spark: Any) -> None:
     """Make ``format("flinkish")`` usable on ``spark`` and safe for many concurrent queries.
 
     Call it once per driver before starting flinkish queries (idempotent). Spark's automatic
-    discovery of the installed ``pyspark_flinkish`` module registers the format by itself, but
-    only this call seeds the shared environment described in the module docstring, and tells
+    discovery of the installed ``pyspark_flinkish`` module registers the format by itself (this
+    call does that discovery in the driver when it can, ``flinkish.discovery``), but only this
+    call seeds the shared environment described in the module docstring, and tells
     the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
     a cluster fails at query start instead of losing the executors' watermark state, and adds
     the listener that has each completed epoch committed to the query's consumer group right
@@ -69,38 +71,36 @@ def register(spark: Any) -> None:
 
 
 def register_data_source(spark: Any, manager: Any) -> None:
-    """Register ``format("flinkish")`` on a classic session, with a local master through
-    ``flinkish.worker_launcher`` (the data source's processes then start faster); a source
-    already registered so, or Spark's discovered one on any other master, is left as it is."""
+    """Make ``format("flinkish")`` resolve to the source ``register`` builds (with a local
+    master through ``flinkish.worker_launcher``: its processes start faster): as one of the
+    installed data sources Spark discovers (``flinkish.discovery``), or registered when Spark's
+    discovery has no flinkish. Once Spark has discovered it by itself, its entry stays (see
+    ``flinkish.discovery``)."""
     name = FlinkishDataSource.name()
     sc = spark.sparkContext
     python = worker_launcher(sc.pythonExec) if sc.master.startswith("local") else None
-    if manager.dataSourceExists(name):
-        current = str(manager.lookupDataSource(name).dataSourceCls().pythonExec())
-        if python is None or current == python:
-            return
-    if python is None:
-        spark.dataSource.register(FlinkishDataSource)
-        return
-    # pyspark's DataSourceRegistration.register with the launcher as the interpreter
+
+    def entry() -> Any:
+        return flinkish_source(spark, python)
+
+    discover(spark, name, entry)
+    if not manager.dataSourceExists(name):  # Spark's discovery found no flinkish, or failed
+        spark._jsparkSession.dataSource().registerPython(name, entry())
+
+
+def flinkish_source(spark: Any, python: str | None) -> Any:
+    """The ``UserDefinedPythonDataSource`` of flinkish, as ``spark.dataSource.register`` builds
+    it, its processes run by the interpreter command ``python`` (the session's, ``pythonExec``,
+    when None)."""
     from pyspark.core.rdd import _prepare_for_python_RDD
 
+    sc = spark.sparkContext
     command, broadcasts, env, includes = _prepare_for_python_RDD(sc, FlinkishDataSource)
     jvm = spark._jvm
-    function = jvm.SimplePythonFunction(bytearray(command), env, includes, python,
-                                        sc.pythonVer, broadcasts, sc._javaAccumulator)
-    source = getattr(jvm, "org.apache.spark.sql.execution.datasources.v2.python."
-                          "UserDefinedPythonDataSource")(function)
-    # Spark warns that the source replaces the one it discovered (the installed
-    # pyspark_flinkish): the same class, registered again for its interpreter
-    logger = "org.apache.spark.sql.execution.datasources.DataSourceManager"
-    configurator = jvm.org.apache.logging.log4j.core.config.Configurator
-    level = jvm.org.apache.logging.log4j.LogManager.getLogger(logger).getLevel()
-    configurator.setLevel(logger, jvm.org.apache.logging.log4j.Level.ERROR)
-    try:
-        spark._jsparkSession.dataSource().registerPython(name, source)
-    finally:
-        configurator.setLevel(logger, level)
+    function = jvm.SimplePythonFunction(bytearray(command), env, includes,
+                                        python or sc.pythonExec, sc.pythonVer, broadcasts,
+                                        sc._javaAccumulator)
+    return getattr(jvm, PYTHON_DATA_SOURCE)(function)
 
 
 def seed_runner_environment(spark: Any) -> dict[str, str]:

@@ -10,7 +10,7 @@ after the other, on the way to the first commit: an interpreter importing PySpar
 worker importing the call's module (the read's planning imports pyarrow). The tasks' daemon
 (``flinkish.worker_daemon``, importing what the tasks need before it forks) starts
 between the writer's creation and the commit; with a local master it runs in the driver's JVM
-too, so it is started ahead as well.
+too, so it is started ahead as well (last: see :func:`plans`).
 
 ``SparkEnv`` keys its worker factories on the interpreter, the module and the worker's
 environment; a worker created and released under the same key is handed to the first call that
@@ -148,9 +148,12 @@ def call(spark: Any, target: Any, owner: str, method: str, returns: str,
 
 
 def plans(spark: Any, source: Any) -> list[tuple[str, str, dict[str, str]]]:
-    """(worker module, daemon module, environment) of each daemon to start ahead, in the order a
-    query first needs them: :data:`DRIVER_MODULES` and, with a local master (whose tasks run in
-    the driver's JVM), the tasks' own."""
+    """(worker module, daemon module, environment) of each daemon to start ahead, in the order
+    they are started: :data:`DRIVER_MODULES` (in the order a query first needs them) and, with
+    a local master (whose tasks run in the driver's JVM), the tasks' own last. Spark starts
+    each under one lock (``SparkEnv.createPythonWorker``), which the tasks' daemon holds the
+    longest (it imports the tasks' modules before its first fork); started before the commit's,
+    the query's first batch would wait for both after it."""
     conf = spark.sparkContext._jsc.sc().conf()
     if not conf.getBoolean("spark.python.use.daemon", True):
         return []
@@ -160,9 +163,8 @@ def plans(spark: Any, source: Any) -> list[tuple[str, str, dict[str, str]]]:
     master = spark.sparkContext.master
     tasks = task_environment(spark, source_env)
     if tasks is not None and (master == "local" or master.startswith("local[")):
-        found.insert(len(found) - 1, (conf.get("spark.python.worker.module", "pyspark.worker"),
-                                      conf.get("spark.python.daemon.module", DEFAULT_DAEMON),
-                                      tasks))
+        found.append((conf.get("spark.python.worker.module", "pyspark.worker"),
+                      conf.get("spark.python.daemon.module", DEFAULT_DAEMON), tasks))
     return found
 
 

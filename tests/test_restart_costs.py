@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,3 +118,35 @@ def test_the_task_workers_daemon_freezes_the_heap_its_forks_inherit() -> None:
     frozen, tracked = map(int, out[1].split())
     assert frozen > 10_000 > tracked
 
+
+
+def test_the_driver_answers_sparks_discovery_only_where_it_finds_what_spark_would(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    """``register`` lists the installed data sources itself (no Python process of Spark's)
+    only when Spark's look-up would run this interpreter in this environment and find
+    ``pyspark_flinkish`` alone; another interpreter, or another ``pyspark_*`` module on the
+    path or in the working directory, leaves the look-up to Spark."""
+    from flinkish.discovery import only_flinkish_installed, runs_this_interpreter
+    from flinkish.worker_launcher import worker_launcher
+
+    venv_bin = os.path.dirname(os.path.abspath(sys.executable))
+    monkeypatch.setenv("PATH", os.pathsep.join((venv_bin, os.environ.get("PATH", ""))))
+    for python in (sys.executable, "python3", worker_launcher(sys.executable)):
+        assert runs_this_interpreter(python), python
+    base = os.path.realpath(sys.executable)  # the same file, without the virtualenv's packages
+    assert os.path.dirname(base) == venv_bin or not runs_this_interpreter(base)
+    assert not runs_this_interpreter(str(tmp_path / "no-such-python"))
+    assert not runs_this_interpreter(worker_launcher(base))
+
+    monkeypatch.chdir(tmp_path)
+    assert only_flinkish_installed(sys.executable)
+    assert not only_flinkish_installed(str(tmp_path / "no-such-python"))
+    (tmp_path / "pyspark_other.py").write_text("")
+    assert not only_flinkish_installed(sys.executable)  # in the working directory
+    elsewhere = tmp_path / "lib"
+    elsewhere.mkdir()
+    (tmp_path / "pyspark_other.py").rename(elsewhere / "pyspark_other.py")
+    assert only_flinkish_installed(sys.executable)
+    monkeypatch.syspath_prepend(str(elsewhere))
+    assert not only_flinkish_installed(sys.executable)  # on the path
