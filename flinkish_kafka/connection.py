@@ -1,7 +1,6 @@
-"""A blocking connection to one Kafka broker, for the few requests librdkafka cannot send for
-us: EndTxn for another producer's transaction (:mod:`flinkish_kafka.transactions`) and the
-native fetch path's Fetch (:mod:`flinkish_source.kafka.protocol`). The project's one Kafka
-protocol connection.
+"""A blocking connection to one Kafka broker, for the request librdkafka cannot send for us:
+EndTxn for another producer's transaction (:mod:`flinkish_kafka.transactions`). The
+project's one Kafka protocol connection.
 
 What Kafka's clients do on a new connection, in order: TLS (``security.protocol`` ``SSL`` /
 ``SASL_SSL``), ApiVersions, then SASL (SaslHandshake v1 and SaslAuthenticate: PLAIN,
