@@ -97,7 +97,8 @@ def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> 
                          check=True, cwd=ROOT, timeout=120).stdout.split("\n")
     assert out[:2] == ["[]", "False"]
     assert {"pandas", "pyarrow", "confluent_kafka", "flinkish_source.partition_reader",
-            "flinkish_sink.stream_writer"} <= set(json.loads(out[2]))
+            "flinkish_sink.stream_writer", "flinkish_sink.postgres_target"} <= set(
+                json.loads(out[2]))
     assert out[3] == "1"
     # the background thread is there at the fork (else the fork checks nothing about it)
     assert out[4:7] == ["True", "4999950000 300 499500", "0"]
