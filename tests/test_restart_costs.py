@@ -118,3 +118,25 @@ def test_the_task_workers_daemon_freezes_the_heap_its_forks_inherit() -> None:
     frozen, tracked = map(int, out[1].split())
     assert frozen > 10_000 > tracked
 
+
+
+def test_a_driver_side_calls_worker_freezes_what_each_call_leaves() -> None:
+    """Spark calls the writer's creation and the commit once an epoch in a reused worker, and
+    PySpark's worker collects after each: what a call imported is frozen after it, so the next
+    collection walks only what the next call leaves; the tasks' daemon is left as it is."""
+    code = ("import gc, json, flinkish.worker_daemon as d\n"
+            "from pyspark import daemon\n"
+            "def call(sock, authenticated):\n"
+            "    import pyarrow, pyspark.sql.worker.python_streaming_sink_runner\n"
+            "    garbage = [[]]; garbage[0].append(garbage)\n"
+            "    return 0\n"
+            "daemon.worker = call\n"
+            "print(d.freeze_after_each_call(['-m', 'pyspark.worker']), daemon.worker is call)\n"
+            "print(d.freeze_after_each_call(['-m', "
+            "'pyspark.sql.worker.python_streaming_sink_runner']))\n"
+            "before = len(gc.get_objects())\n"
+            "print(daemon.worker(None, True), gc.get_freeze_count() > 10_000, before > 10_000)\n"
+            "print(len(gc.get_objects()) < 100)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    assert out[:4] == ["False True", "True", "0 True True", "True"]
