@@ -12,6 +12,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def python_lines(code: str) -> list[str]:
+    """What ``code`` prints, line by line, run by a fresh interpreter in the project's root."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+
+
 def test_discovering_the_data_source_leaves_pyarrow_out() -> None:
     """Spark's discovery of installed data sources (at the first ``format("flinkish")``) and
     its ``create_data_source`` process import ``pyspark_flinkish`` and ask for the schema's
@@ -93,8 +99,7 @@ def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> 
             "    print(total, square, frame, flush=True)\n"
             "    os._exit(0)\n"
             "print(os.waitpid(pid, 0)[1])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    out = python_lines(code)
     assert out[:2] == ["[]", "False"]
     assert {"pandas", "pyarrow", "confluent_kafka", "flinkish_source.partition_reader",
             "flinkish_sink.stream_writer", "flinkish_sink.postgres_target"} <= set(
@@ -112,8 +117,7 @@ def test_the_task_workers_daemon_freezes_the_heap_its_forks_inherit() -> None:
             "print(gc.get_freeze_count()); "
             "d.preload(['-m', 'pyspark.worker']); "
             "print(gc.get_freeze_count(), len(gc.get_objects()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    out = python_lines(code)
     assert out[0] == "0"
     frozen, tracked = map(int, out[1].split())
     assert frozen > 10_000 > tracked
@@ -137,6 +141,5 @@ def test_a_driver_side_calls_worker_freezes_what_each_call_leaves() -> None:
             "before = len(gc.get_objects())\n"
             "print(daemon.worker(None, True), gc.get_freeze_count() > 10_000, before > 10_000)\n"
             "print(len(gc.get_objects()) < 100)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    out = python_lines(code)
     assert out[:4] == ["False True", "True", "0 True True", "True"]
