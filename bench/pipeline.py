@@ -151,9 +151,10 @@ def postmaster(dsn: str) -> int | None:
         return None
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    with open(f"/proc/{row[0]}/stat", "rb") as f:
-        stat = f.read()
+        assert row is not None
+        # read while the session is open: its backend exits when it closes
+        with open(f"/proc/{row[0]}/stat", "rb") as f:
+            stat = f.read()
     return int(stat[stat.rfind(b")") + 2:].split()[1])
 
 
