@@ -41,6 +41,13 @@ What is measured, and how:
   a run (``_common.CpuMeter``: Spark's JVM, its Python workers, the driver, PostgreSQL's server
   and backends as ``postgres``; ``other_processes`` is the rest of the machine, on a shared
   machine mostly others' work), per million rows: where a target's extra cost goes.
+* ``batches_ms``: per sink, the median over its runs of each phase of Spark's ``durationMs``
+  summed over the query's batches (``addBatch`` holds the write tasks, the writer's creation
+  and the commit).
+* ``spark_submit_opts``: the JVM options the session started with. ``dev/test.sh``'s
+  ``-XX:TieredStopAtLevel=1`` (C1 only, for short test runs) roughly doubles what Spark's JVM
+  spends handing the rows to a Python sink as Arrow, a cost ``noop`` does not have; a user's
+  JVM compiles that loop with C2. The figures judged against the target run without it.
 * ``load_1m`` is the machine's 1-minute load average at the start and the end: the figures of
   a shared machine are only comparable within one run.
 
@@ -97,6 +104,8 @@ class Run:
     epochs: int
     commit_ms: list[int]
     cpu: dict[str, float]
+    #: each phase's milliseconds summed over the query's batches (Spark's ``durationMs``)
+    phases_ms: dict[str, int]
 
     @property
     def rps(self) -> float:
@@ -142,9 +151,10 @@ def postmaster(dsn: str) -> int | None:
         return None
     with psycopg.connect(dsn, autocommit=True) as conn:
         row = conn.execute("SELECT pg_backend_pid()").fetchone()
-    assert row is not None
-    with open(f"/proc/{row[0]}/stat", "rb") as f:
-        stat = f.read()
+        assert row is not None
+        # read while the session is open: its backend exits when it closes
+        with open(f"/proc/{row[0]}/stat", "rb") as f:
+            stat = f.read()
     return int(stat[stat.rfind(b")") + 2:].split()[1])
 
 
@@ -244,7 +254,11 @@ def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max
         if expected is not None and rows != expected:
             raise RuntimeError(f"{kind} wrote {rows:,} rows, expected {expected:,}")
     shutil.rmtree(run, ignore_errors=True)
-    return Run(kind, result.seconds, rows, epochs, spans, seconds)
+    phases: dict[str, int] = {}
+    for progress in result.progress:
+        for phase, ms in progress["durationMs"].items():
+            phases[phase] = phases.get(phase, 0) + int(ms)
+    return Run(kind, result.seconds, rows, epochs, spans, seconds, phases)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -278,6 +292,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sinks = ["noop", FLOOR, *args.targets]
     runs: dict[str, list[Run]] = {kind: [] for kind in sinks}
     load_start = os.getloadavg()[0]
+    if "TieredStopAtLevel" in os.environ.get("SPARK_SUBMIT_OPTS", ""):
+        log("SPARK_SUBMIT_OPTS limits the JVM's JIT (as dev/test.sh does for tests): the "
+            "Python sinks' ratios come out lower than a user's JVM gives them")
     with bench_environment("flinkish-pipeline-", postgres="postgres" in args.targets) as env:
         topic, warmup_topic = "bench-pipeline", "bench-pipeline-warmup"
         env.prepare_topics(args.partitions, args.value_bytes, (topic, args.rows),
@@ -293,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               name=name, expected=expected, server=server)
             log(f"  {kind}: {result.rows:,} rows in {result.seconds:.2f} s = "
                 f"{result.rps:,.0f} rows/s; {result.epochs} epochs; decision->completion ms "
-                f"{result.commit_ms}; CPU s {result.cpu}")
+                f"{result.commit_ms}; CPU s {result.cpu}; batches' ms {result.phases_ms}")
             return result
 
         for kind in sinks:
@@ -323,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "repeat": args.repeat,
         "spark_cores": args.cores,
         "load_1m": [round(load_start, 1), round(os.getloadavg()[0], 1)],
+        "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),
         "noop_rps": round(rps["noop"]),
     }
     for kind in (FLOOR, *args.targets):
@@ -340,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         kind: {what: round(median([r.cpu.get(what, 0.0) for r in runs[kind]]) * 1e6 / args.rows,
                            2)
                for what in sorted({w for r in runs[kind] for w in r.cpu})}
+        for kind in sinks}
+    result["batches_ms"] = {
+        kind: {phase: median([r.phases_ms.get(phase, 0) for r in runs[kind]])
+               for phase in sorted({p for r in runs[kind] for p in r.phases_ms})}
         for kind in sinks}
     result["target_ratio"] = TARGET_RATIO
     result["excluded_from_rps"] = (

@@ -573,3 +573,31 @@ def test_upsert_key_must_name_columns_with_a_unique_index(env: Env) -> None:
     with pytest.raises(ValueError, match=r"\['window_start'\] are not columns"):
         PostgresTarget(env.dsn, env.table, upsert_key=("k", "window_start")).check(PANES)
     target.close()
+
+
+def test_a_transaction_takes_over_the_write_tasks_idle_connection(env: Env) -> None:
+    """A write task looks for leftovers on the target's connection, then begins its
+    transaction: on that same session (one login per task and epoch, not two), named by its
+    gid; after PREPARE the session is closed and the target opens a new one when asked."""
+    target = env.target()
+    target.check(SCHEMA)
+    assert target.pending("flinkish", env.query) == []
+    row = target._connection().execute("SELECT pg_backend_pid()").fetchone()
+    assert row is not None
+    looked_on = row[0]
+    txn = target.begin_transaction(env.txn(5), SCHEMA)
+    txn.write(batch(0, 3))
+    assert query_all(env.dsn, "SELECT pid FROM pg_stat_activity WHERE application_name = %s",
+                     env.txn(5).gid) == [(looked_on,)]
+    pre_commit = txn.pre_commit()
+    assert target.pending("flinkish", env.query) == [env.txn(5)]
+    target.commit(pre_commit)
+    assert env.count() == 3
+    # a connection inside a transaction is not taken over: the transaction opens its own
+    busy = target._connection()
+    busy.execute("BEGIN")
+    other = target.begin_transaction(env.txn(6), SCHEMA)
+    assert busy.closed
+    other.write(batch(3, 2))
+    target.commit(other.pre_commit())
+    assert env.count() == 5

@@ -13,6 +13,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def python_lines(code: str) -> list[str]:
+    """What ``code`` prints, line by line, run by a fresh interpreter in the project's root."""
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+
+
 def test_discovering_the_data_source_leaves_pyarrow_out() -> None:
     """Spark's discovery of installed data sources (at the first ``format("flinkish")``) and
     its ``create_data_source`` process import ``pyspark_flinkish`` and ask for the schema's
@@ -94,11 +100,11 @@ def test_the_task_workers_daemon_preloads_their_imports_and_its_forks_work() -> 
             "    print(total, square, frame, flush=True)\n"
             "    os._exit(0)\n"
             "print(os.waitpid(pid, 0)[1])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    out = python_lines(code)
     assert out[:2] == ["[]", "False"]
     assert {"pandas", "pyarrow", "confluent_kafka", "flinkish_source.partition_reader",
-            "flinkish_sink.stream_writer"} <= set(json.loads(out[2]))
+            "flinkish_sink.stream_writer", "flinkish_sink.postgres_target"} <= set(
+                json.loads(out[2]))
     assert out[3] == "1"
     # the background thread is there at the fork (else the fork checks nothing about it)
     assert out[4:7] == ["True", "4999950000 300 499500", "0"]
@@ -112,8 +118,7 @@ def test_the_task_workers_daemon_freezes_the_heap_its_forks_inherit() -> None:
             "print(gc.get_freeze_count()); "
             "d.preload(['-m', 'pyspark.worker']); "
             "print(gc.get_freeze_count(), len(gc.get_objects()))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True, cwd=ROOT, timeout=120).stdout.split("\n")
+    out = python_lines(code)
     assert out[0] == "0"
     frozen, tracked = map(int, out[1].split())
     assert frozen > 10_000 > tracked
@@ -150,3 +155,49 @@ def test_the_driver_answers_sparks_discovery_only_where_it_finds_what_spark_woul
     assert only_flinkish_installed(sys.executable)
     monkeypatch.syspath_prepend(str(elsewhere))
     assert not only_flinkish_installed(sys.executable)  # on the path
+
+
+def test_a_driver_side_calls_worker_freezes_what_each_call_leaves() -> None:
+    """Spark calls the writer's creation and the commit once an epoch in a reused worker, and
+    PySpark's worker collects after each: what a call imported is frozen after it, so the next
+    collection walks only what the next call leaves; the tasks' daemon is left as it is."""
+    code = ("import gc, json, flinkish.worker_daemon as d\n"
+            "from pyspark import daemon\n"
+            "def call(sock, authenticated):\n"
+            "    import pyarrow, pyspark.sql.worker.python_streaming_sink_runner\n"
+            "    garbage = [[]]; garbage[0].append(garbage)\n"
+            "    return 0\n"
+            "daemon.worker = call\n"
+            "print(d.freeze_after_each_call(['-m', 'pyspark.worker']), daemon.worker is call)\n"
+            "print(d.freeze_after_each_call(['-m', "
+            "'pyspark.sql.worker.python_streaming_sink_runner']))\n"
+            "before = len(gc.get_objects())\n"
+            "print(daemon.worker(None, True), gc.get_freeze_count() > 10_000, before > 10_000)\n"
+            "print(len(gc.get_objects()) < 100)\n")
+    out = python_lines(code)
+    assert out[:4] == ["False True", "True", "0 True True", "True"]
+
+
+def test_a_driver_side_calls_worker_reclaims_a_dropped_cycle_at_its_next_full_collection() -> None:
+    """What one call keeps and a later call drops in a reference cycle is frozen in between;
+    the full collection every ``FULL_COLLECTION_EVERY`` calls reclaims it, so a long-running
+    query's driver-side workers do not keep such objects for ever."""
+    code = ("import gc, weakref, flinkish.worker_daemon as d\n"
+            "from pyspark import daemon\n"
+            "class Claim: pass\n"
+            "kept = {}\n"
+            "def call(sock, authenticated):\n"
+            "    if 'claim' in kept:\n"
+            "        kept.pop('claim')\n"
+            "    else:\n"
+            "        claim = Claim(); claim.me = claim; kept['claim'] = claim\n"
+            "        kept['ref'] = weakref.ref(claim)\n"
+            "    return 0\n"
+            "daemon.worker = call\n"
+            "d.FULL_COLLECTION_EVERY = 4\n"
+            "d.freeze_after_each_call(['-m', 'pyspark.sql.worker.python_streaming_sink_runner'])\n"
+            "alive = []\n"
+            "for _ in range(4):\n"
+            "    daemon.worker(None, True); alive.append(kept['ref']() is not None)\n"
+            "print(alive)\n")
+    assert python_lines(code)[0] == "[True, True, True, False]"
