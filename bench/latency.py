@@ -2,7 +2,7 @@
 PostgreSQL through the exactly-once sink.
 
 Run from the repository root: ``python bench/latency.py [--rate 1000] [--partitions 4]
-[--warmup 20] [--seconds 40] [--linger-ms 0] [--session plain|demo]``.
+[--warmup 20] [--seconds 40] [--linger-ms 5] [--session plain|demo]``.
 
 Why: a streaming source is judged by how soon a record reaches the sink under a steady
 producer, not only by throughput; planning that waits on the brokers (a high-watermark probe
@@ -13,9 +13,10 @@ that needs a quiet partition, say) shows up here and nowhere else.
   plain``: ``SparkSession.builder...getOrCreate()`` and ``flinkish.register``), the demo's
   with ``--session demo``.
 * A producer thread writes ``--rate`` records per second round-robin over the partitions with
-  ``linger.ms=0`` (``--linger-ms``: librdkafka's and Kafka 4's default is 5; at 0 every record
-  is a produce request of its own, which the embedded broker cannot keep up with at 10,000
-  records/s on 2 cores), noting when each record was handed to the producer and when the broker
+  ``linger.ms=5``, the default of librdkafka and of Kafka 4's Java producer, so what a user's
+  producer sends (``--linger-ms 0``: every record a produce request of its own, which the
+  embedded broker sharing the 2 cores answers more slowly at 1,000 records/s and cannot keep
+  up with at 10,000), noting when each record was handed to the producer and when the broker
   acknowledged it (its delivery report: by partition and offset).
 * One query, the flinkish source (default options, ``startingOffsets=latest``) into the
   flinkish sink (``target=postgres``, exactly-once), trigger ``processingTime=0``.
@@ -154,8 +155,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--partitions", type=int, default=4)
     parser.add_argument("--warmup", type=float, default=20, help="seconds not measured")
     parser.add_argument("--seconds", type=float, default=40, help="seconds measured")
-    parser.add_argument("--linger-ms", type=int, default=0,
-                        help="the producer's linger.ms (librdkafka's default: 5)")
+    parser.add_argument("--linger-ms", type=int, default=5,
+                        help="the producer's linger.ms (librdkafka's and Kafka 4's default)")
     parser.add_argument("--cores", type=int, default=2, help="Spark's local[N]")
     parser.add_argument("--session", choices=("plain", "demo"), default="plain",
                         help="plain: the README's session; demo: the demo's and the tests'")
