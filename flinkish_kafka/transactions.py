@@ -1,52 +1,15 @@
 """Committing or aborting another producer's Kafka transaction, as Flink's KafkaSink committer
-does (``FlinkKafkaInternalProducer.resumeTransaction`` + ``commitTransaction``).
-
-A write task produces with librdkafka in a transaction it leaves open and hands the driver a
-:class:`KafkaCommittable`: the transactional id and the producer id and epoch the coordinator
-gave it (librdkafka's statistics show them under ``eos``). The driver ends it here with the two
-requests the Java producer would send: FindCoordinator (key type 1, transaction) to learn which
-broker coordinates the transactional id, then EndTxn(transactional id, producer id, epoch,
-committed) to that broker. librdkafka has no way to resume a transaction, hence this client.
-
-The rules of Kafka's ``TransactionCoordinator.handleEndTransaction`` (core's
-``kafka.coordinator.transaction.TransactionCoordinator``) this relies on:
-
-* an EndTxn from any connection ends the transaction if the producer id and epoch are the
-  transactional id's current ones: the coordinator keeps no tie to the producer's connection;
-* ending a transaction that is already complete the same way (COMMIT on ``CompleteCommit``,
-  ABORT on ``CompleteAbort``) with the same epoch answers ``NONE``: a retried or replayed
-  commit succeeds (a commit after Spark's replay of a batch, say);
-* while the markers are being written (``PrepareCommit`` / ``PrepareAbort``) the same request
-  answers ``CONCURRENT_TRANSACTIONS``: retried here until it completes;
-* the other outcome (ABORT after a completed COMMIT, or the reverse) answers
-  ``INVALID_TXN_STATE``;
-* a transaction that outlives ``transaction.timeout.ms`` is aborted by the coordinator itself
-  (``abortTimedOutTransactions`` → ``prepareFenceProducerEpoch``), which bumps the epoch, so
-  the old epoch then answers ``PRODUCER_FENCED`` (``INVALID_PRODUCER_EPOCH`` below EndTxn v2);
-  so does a newer ``InitProducerId`` on the transactional id (a producer's
-  ``init_transactions()``), which aborts the open transaction first. Both raise
-  :class:`TransactionFencedError`: the records are lost to the committed view;
-* an unknown transactional id (never used, or expired after ``transactional.id.expiration.ms``)
-  or another producer id answers ``INVALID_PRODUCER_ID_MAPPING``;
-* a retried COMMIT succeeds only while the transactional id has begun nothing newer: once its
-  producer (or a new one with the same id and epoch) has started another transaction, a late
-  retry with the same epoch would end that one. The sink commits each committable before the
-  id is used again, as Flink's does.
-
-These are transaction version 1's rules (EndTxn up to v4), the version librdkafka's producers
-speak; Kafka 4's coordinator keeps them for such clients (``handleEndTxnRequest`` takes EndTxn
-v5 alone for version 2, which bumps the epoch at every end).
-
-How librdkafka's producers and the test brokers behave around this, as measured: the guide
-"Exactly once into Kafka", section "What the sink relies on in Kafka's clients and brokers".
+does: a write task leaves its librdkafka transaction open and hands the driver a
+:class:`KafkaCommittable`; the driver ends it with FindCoordinator and EndTxn, since librdkafka
+cannot resume a transaction. The coordinator's rules this relies on: the guide "Exactly once
+into Kafka", section "What the sink relies on in Kafka's clients and brokers".
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,10 +30,8 @@ __all__ = ["KafkaCommittable", "KafkaTransactionError", "TransactionClient",
 FIND_COORDINATOR = 10
 END_TXN = 26
 #: api key -> (lowest, highest version spoken, first flexible version, name). FindCoordinator
-#: v0 has no key type (groups only). EndTxn stops at v4: v5 is transaction version 2
-#: (KIP-890 part 2), whose coordinator bumps the epoch at every EndTxn and judges retries by
-#: that bump; the producers whose transactions end here (librdkafka's) run version 1, whose
-#: rules (the same epoch ends, and retries, a transaction) are the ones this module relies on.
+#: v0 has no key type. EndTxn stops at v4: v5 is transaction version 2 (KIP-890), which bumps
+#: the epoch at every EndTxn; librdkafka's producers run version 1.
 SPEAKS = {FIND_COORDINATOR: (1, 6, 3, "FindCoordinator"), END_TXN: (0, 4, 3, "EndTxn")}
 TRANSACTION_KEY_TYPE = 1
 
@@ -89,6 +50,8 @@ FIND_AGAIN = {COORDINATOR_NOT_AVAILABLE, NOT_COORDINATOR}
 FENCED = {INVALID_PRODUCER_EPOCH, PRODUCER_FENCED}
 
 _FIRST_BACKOFF_S, _MAX_BACKOFF_S = 0.05, 1.0
+
+
 @dataclass(frozen=True)
 class KafkaCommittable:
     """An open transaction a write task hands the driver to commit (Flink's
@@ -125,15 +88,13 @@ class KafkaTransactionError(Exception):
 
 
 class TransactionFencedError(KafkaTransactionError):
-    """The transaction can no longer be ended with these ids: the coordinator aborted it at its
-    ``transaction.timeout.ms`` (bumping the epoch), or a newer producer initialised the
-    transactional id. Kafka's ``INVALID_PRODUCER_EPOCH`` (47) or ``PRODUCER_FENCED`` (90)."""
+    """The coordinator aborted the transaction at its ``transaction.timeout.ms``, or a newer
+    producer initialised the transactional id: its records are lost to the committed view."""
 
 
 class TransactionTimeoutError(KafkaTransactionError):
-    """The transaction could not be ended within the client's timeout: the coordinator kept
-    answering a retriable error, or no broker could be reached. Its outcome is unknown; ending it
-    again later is safe (see the module's rules)."""
+    """The transaction could not be ended within the client's timeout; its outcome is unknown,
+    and ending it again later is safe."""
 
 
 def encode_find_coordinator(version: int, keys: list[str]) -> bytes:
@@ -153,7 +114,6 @@ def encode_find_coordinator(version: int, keys: list[str]) -> bytes:
 
 @dataclass(frozen=True)
 class Coordinator:
-    """One key's answer to FindCoordinator."""
 
     key: str
     error: int
@@ -185,30 +145,22 @@ def decode_find_coordinator(version: int, reader: Reader, keys: list[str]) -> li
 
 
 def encode_end_txn(version: int, committable: KafkaCommittable, committed: bool) -> bytes:
-    """An EndTxn request body."""
     return (Writer(flexible=version >= 3).string(committable.transactional_id)
             .int64(committable.producer_id).int16(committable.producer_epoch)
             .boolean(committed).tags().getvalue())
 
 
 def decode_end_txn(version: int, reader: Reader) -> int:
-    """An EndTxn response body's error code (v5's producer id and epoch are not read: this
-    client stops at v4)."""
+    """An EndTxn response body's error code."""
     reader.int32()  # throttle time
     return reader.int16()
 
 
 class TransactionClient:
-    """Ends transactions of a cluster: ``config`` is a librdkafka-style client config
-    (``bootstrap.servers``, ``security.protocol``, ``sasl.*``, ``ssl.*``, ``oauth_cb``), as
+    """Ends transactions of a cluster, given a librdkafka client config as
     :func:`flinkish_kafka.java_security.client_config` makes it; ``timeout_s`` bounds each
-    :meth:`commit` / :meth:`abort`, retries included.
-
-    Connections are kept, one per coordinator, and coordinators remembered per transactional
-    id until a broker says it no longer is one. Retried, with backoff, is what Kafka's producer
-    retries: ``COORDINATOR_LOAD_IN_PROGRESS``, ``CONCURRENT_TRANSACTIONS``, a lost connection,
-    and ``COORDINATOR_NOT_AVAILABLE`` / ``NOT_COORDINATOR`` after finding the coordinator
-    again. Thread-safe (one request at a time).
+    :meth:`commit` / :meth:`abort`, retries (what Kafka's producer retries) included.
+    Thread-safe, one request at a time, a connection kept per coordinator.
     """
 
     def __init__(self, config: Mapping[str, Any], timeout_s: float = 60.0) -> None:
@@ -228,19 +180,6 @@ class TransactionClient:
     def abort(self, committable: KafkaCommittable) -> None:
         """Abort the transaction (idempotent: aborting an aborted one succeeds)."""
         self._end(committable, committed=False)
-
-    def commit_all(self, committables: Iterable[KafkaCommittable]) -> None:
-        """Commit each transaction, their coordinators found with one request where the
-        brokers speak FindCoordinator v4 (batched keys)."""
-        todo = list(committables)
-        with self._lock:
-            deadline = time.monotonic() + self._timeout_s
-            unknown = [c.transactional_id for c in todo
-                       if c.transactional_id not in self._coordinators]
-            with contextlib.suppress(BrokerUnavailable):  # each commit below retries
-                self._find(sorted(set(unknown)), deadline)
-        for committable in todo:
-            self.commit(committable)
 
     def close(self) -> None:
         """Close every broker connection."""
@@ -300,30 +239,22 @@ class TransactionClient:
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     def _coordinator(self, transactional_id: str, deadline: float) -> tuple[str, int]:
-        """The coordinator of ``transactional_id``, found once and remembered; raises
-        :class:`BrokerUnavailable` for what is worth retrying."""
-        if transactional_id not in self._coordinators:
-            self._find([transactional_id], deadline)
-        return self._coordinators[transactional_id]
-
-    def _find(self, keys: list[str], deadline: float) -> None:
-        """FindCoordinator for ``keys`` on any broker that answers (the connected ones first,
-        then the bootstrap servers); remembers the coordinators found."""
-        if not keys:
-            return
+        """The coordinator of ``transactional_id``, found once (on any broker that answers, the
+        connected ones first) and remembered; raises :class:`BrokerUnavailable` for what is
+        worth retrying."""
+        if transactional_id in self._coordinators:
+            return self._coordinators[transactional_id]
         problems = []
         for address in [*self._connections, *self._bootstrap]:
             try:
                 connection = self._connection(address, deadline)
                 version = connection.version(FIND_COORDINATOR)
-                batches = [keys] if version >= 4 else [[key] for key in keys]
-                for batch in batches:
-                    reader = connection.call(FIND_COORDINATOR, version,
-                                             encode_find_coordinator(version, batch),
-                                             _remaining(deadline))
-                    for found in decode_find_coordinator(version, reader, batch):
-                        self._found(found, connection.address)
-                return
+                reader = connection.call(FIND_COORDINATOR, version,
+                                         encode_find_coordinator(version, [transactional_id]),
+                                         _remaining(deadline))
+                for found in decode_find_coordinator(version, reader, [transactional_id]):
+                    self._found(found, connection.address)
+                return self._coordinators[transactional_id]
             except BrokerUnavailable as exc:
                 self._drop_broken()
                 problems.append(str(exc))
@@ -353,7 +284,6 @@ class TransactionClient:
         return connection
 
     def _drop_broken(self) -> None:
-        """Forgets connections a failed call closed."""
         for address, connection in list(self._connections.items()):
             if connection.closed:
                 del self._connections[address]

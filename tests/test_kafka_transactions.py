@@ -207,17 +207,6 @@ def test_no_common_version_names_the_api_and_both_ranges() -> None:
         client.commit(TXN)
 
 
-def test_commit_all_finds_coordinators_in_one_request_from_v4() -> None:
-    others = [KafkaCommittable(f"sink-{i}", 10 + i, 0) for i in range(3)]
-    with FakeCoordinator() as broker, \
-            TransactionClient({"bootstrap.servers": broker.bootstrap}, 5) as client:
-        client.commit_all(others)
-        (found,) = broker.of(FIND_COORDINATOR)
-        assert found.fields["keys"] == ["sink-0", "sink-1", "sink-2"]
-        assert [r.fields["transactional_id"] for r in broker.of(END_TXN)] == [
-            "sink-0", "sink-1", "sink-2"]
-
-
 # --- retries and errors ---------------------------------------------------------------------
 
 def test_abort_sends_committed_false_to_the_coordinator() -> None:
