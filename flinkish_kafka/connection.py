@@ -1,25 +1,11 @@
 """A blocking connection to one Kafka broker, for the request librdkafka cannot send for us:
-EndTxn for another producer's transaction (:mod:`flinkish_kafka.transactions`). The
-project's one Kafka protocol connection.
+EndTxn for another producer's transaction (:mod:`flinkish_kafka.transactions`).
 
-What Kafka's clients do on a new connection, in order: TLS (``security.protocol`` ``SSL`` /
-``SASL_SSL``), ApiVersions, then SASL (SaslHandshake v1 and SaslAuthenticate: PLAIN,
-SCRAM-SHA-256/512, OAUTHBEARER). Each request's version is the highest both sides speak
-(:meth:`BrokerConnection.version`); Kafka 4 dropped old versions (KIP-896), so nothing is
-assumed. Requests use header v1, or v2 with tagged fields for an API's flexible versions
-(KIP-482); responses header v0, or v1 with tagged fields (ApiVersions' is always v0, so that a
-client can read an answer to a version the broker does not speak).
-
-Settings are librdkafka's, as :func:`flinkish_kafka.java_security.client_config` builds them:
-``security.protocol``; ``ssl.ca.location`` / ``ssl.ca.pem``, ``ssl.certificate.location`` +
-``ssl.key.location`` (+ ``ssl.key.password``) or ``ssl.certificate.pem`` + ``ssl.key.pem``,
-``ssl.endpoint.identification.algorithm``, ``enable.ssl.certificate.verification``;
-``sasl.mechanisms``, ``sasl.username`` / ``sasl.password``; for OAUTHBEARER the ``oauth_cb``
-callable (confluent-kafka's: ``oauth_cb(sasl.oauthbearer.config) -> (token, expiry_s[,
-principal, extensions])``, what the MSK IAM translation supplies), librdkafka's unsecured JWT
-(``enable.sasl.oauthbearer.unsecure.jwt`` + ``sasl.oauthbearer.config``), or OIDC client
-credentials (``sasl.oauthbearer.method=oidc``). Every socket operation has a timeout; errors
-name the broker and never carry a secret of the config.
+A new connection does what Kafka's clients do: TLS, ApiVersions (each request then at the
+highest version both sides speak: Kafka 4 dropped old ones, KIP-896), then SASL (PLAIN, SCRAM,
+OAUTHBEARER). Settings are librdkafka's, as :func:`flinkish_kafka.java_security.client_config`
+builds them, ``oauth_cb`` included. Every socket operation has a timeout; errors name the broker
+and never carry a secret of the config.
 """
 
 from __future__ import annotations
@@ -45,8 +31,8 @@ from flinkish_core.errors import OptionError
 from flinkish_core.secrets import scrub, secret_values
 
 __all__ = ["API_VERSIONS", "AuthenticationError", "BrokerConnection", "BrokerUnavailable",
-           "Reader", "ResponseTooLarge", "Security", "UnsupportedVersionError", "Writer",
-           "broker_addresses", "error_name"]
+           "Reader", "Security", "UnsupportedVersionError", "Writer", "broker_addresses",
+           "error_name"]
 
 API_VERSIONS = 18
 SASL_HANDSHAKE = 17
@@ -85,15 +71,6 @@ def error_name(code: int) -> str:
 class BrokerUnavailable(ConnectionError):
     """The broker could not be reached, or the connection broke or timed out: worth retrying
     on a new connection."""
-
-
-class ResponseTooLarge(BrokerUnavailable):
-    """The broker's answer is larger than the connection accepts (``max_response``); the
-    connection is closed, the rest of the answer unread."""
-
-    def __init__(self, message: str, size: int, limit: int) -> None:
-        super().__init__(message)
-        self.size, self.limit = size, limit
 
 
 class UnsupportedVersionError(Exception):
@@ -177,29 +154,25 @@ class Reader:
     def __init__(self, data: bytes | bytearray | memoryview, flexible: bool = False) -> None:
         self.data, self.pos, self.flexible = memoryview(data), 0, flexible
 
-    def _fixed(self, fmt: str, size: int) -> Any:
-        if self.pos + size > len(self.data):
-            raise ValueError(f"the response ends at byte {len(self.data)}, inside a field")
-        value = struct.unpack_from(fmt, self.data, self.pos)[0]
-        self.pos += size
-        return value
+    def _fixed(self, fmt: str) -> int:
+        return int(struct.unpack(fmt, self._raw(struct.calcsize(fmt)))[0])
 
     def int8(self) -> int:
-        return int(self._fixed(">b", 1))
+        return self._fixed(">b")
 
     def int16(self) -> int:
-        return int(self._fixed(">h", 2))
+        return self._fixed(">h")
 
     def int32(self) -> int:
-        return int(self._fixed(">i", 4))
+        return self._fixed(">i")
 
     def int64(self) -> int:
-        return int(self._fixed(">q", 8))
+        return self._fixed(">q")
 
     def uvarint(self) -> int:
         value, shift = 0, 0
         while True:
-            byte = self._fixed(">B", 1)
+            byte = self._fixed(">B")
             value |= (byte & 0x7F) << shift
             if not byte & 0x80:
                 return value
@@ -207,11 +180,9 @@ class Reader:
             if shift > 28:
                 raise ValueError("a varint longer than 5 bytes")
 
-    def _length(self, legacy: str, size: int) -> int:
+    def _length(self, legacy: str) -> int:
         """A length, -1 for null."""
-        if self.flexible:
-            return self.uvarint() - 1
-        return int(self._fixed(legacy, size))
+        return self.uvarint() - 1 if self.flexible else self._fixed(legacy)
 
     def _raw(self, length: int) -> bytes:
         if self.pos + length > len(self.data):
@@ -221,15 +192,15 @@ class Reader:
         return raw
 
     def string(self) -> str | None:
-        length = self._length(">h", 2)
+        length = self._length(">h")
         return None if length < 0 else self._raw(length).decode("utf-8")
 
     def bytes_(self) -> bytes | None:
-        length = self._length(">i", 4)
+        length = self._length(">i")
         return None if length < 0 else self._raw(length)
 
     def array_length(self) -> int:
-        return max(self._length(">i", 4), 0)
+        return max(self._length(">i"), 0)
 
     def tags(self) -> None:
         """Skips a tagged-field section (flexible versions only): every tag is unknown here."""
@@ -531,8 +502,7 @@ class BrokerConnection:
     """One authenticated connection to one broker, one request in flight at a time.
 
     ``speaks`` adds the APIs the caller will send (api key -> (min, max, first flexible
-    version, name)); connecting negotiates each of them against the broker's ApiVersions.
-    ``max_response`` bounds an answer's size (:class:`ResponseTooLarge` beyond it).
+    version, name)); ``max_response`` bounds an answer's size.
     """
 
     def __init__(self, host: str, port: int, config: Mapping[str, Any], timeout_s: float,
@@ -608,19 +578,16 @@ class BrokerConnection:
         try:
             self._sock.sendall(frame)
             (size,) = struct.unpack(">i", self._read(4))
-            if size > self._max_response:
-                raise ResponseTooLarge(self._say(
-                    f"answered with {size} bytes, more than the {self._max_response} this "
-                    f"client accepts"), size, self._max_response)
-            if size < 4:
-                raise BrokerUnavailable(self._say(f"answered a frame of {size} bytes"))
-            payload = self._read(size)
+            payload = self._read(size) if 4 <= size <= self._max_response else None
         except (OSError, ssl.SSLError) as exc:  # socket.timeout is an OSError
             self.close()
-            if isinstance(exc, ResponseTooLarge):
-                raise
             raise BrokerUnavailable(self._say(
                 f"{self._names.get(api, api)} failed: {exc.__class__.__name__}: {exc}")) from None
+        if payload is None:
+            self.close()
+            raise BrokerUnavailable(self._say(
+                f"answered a frame of {size} bytes (this client accepts 4 to "
+                f"{self._max_response})"))
         reader = Reader(payload, flexible and api != API_VERSIONS)
         correlation = reader.int32()
         if correlation != self._correlation:
@@ -632,7 +599,6 @@ class BrokerConnection:
         return reader
 
     def _read(self, n: int) -> bytearray:
-        """``n`` bytes, received into one buffer (a Fetch answer is large: no copies)."""
         buf = bytearray(n)
         view, got = memoryview(buf), 0
         while got < n:
@@ -644,10 +610,8 @@ class BrokerConnection:
 
     def _negotiate(self) -> None:
         """ApiVersions at our highest version; a broker that does not speak it answers
-        ``UNSUPPORTED_VERSION`` in v0's layout with its own range (KIP-511), and is asked again
-        at that. An answer that cannot be read so (librdkafka's mock cluster answers in the
-        flexible layout, its array miscounted) means asking again at v0, which every broker
-        speaks."""
+        ``UNSUPPORTED_VERSION`` with its own range (KIP-511), asked again at that (at v0 when
+        that answer is unreadable, as librdkafka's mock cluster's is)."""
         version = SPOKEN[API_VERSIONS][1]
         while True:
             body = Writer(self.flexible(API_VERSIONS, version))
