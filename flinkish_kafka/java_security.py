@@ -1,24 +1,11 @@
 """The Java Kafka client's security settings, translated into librdkafka's, so that the
-``kafka.*`` options a Spark user wrote for ``format("kafka")`` work unchanged here.
+``kafka.*`` options a Spark user wrote for ``format("kafka")`` work unchanged here (what maps to
+what: docs/secured-clusters.md).
 
-librdkafka refuses the Java names (``sasl.jaas.config``: "Java JAAS configuration is not
-supported"; ``ssl.truststore.location``: "Java TrustStores are not supported"), cannot read JKS
-and has no AWS MSK IAM mechanism. :func:`translate` runs once, when the options are parsed (at
-``load()``), and turns them into:
-
-* librdkafka settings: ``sasl.username`` / ``sasl.password`` from a PLAIN or SCRAM login
-  module, ``sasl.oauthbearer.*`` from an OAUTHBEARER one, ``sasl.mechanisms`` from
-  ``sasl.mechanism``, ``ssl.endpoint.identification.algorithm`` with Java's ``""`` as
-  ``none``;
-* a :class:`ClientSecurity`: key stores to convert into the PEM text librdkafka takes in
-  memory, and the AWS MSK IAM token callback. Neither is in the options as a client takes it: a
-  store's file is read on each machine and a callback is a Python object, so
-  :func:`client_config` adds them where a client is built, on the driver and in every read
-  task (converted once per process, never written to a file).
-
-librdkafka's own names keep working. A Java name given together with its librdkafka twin, or a
-Java setting librdkafka has no equivalent for, fails with an :class:`OptionError` naming the
-setting and what to write instead.
+:func:`translate` runs once, at ``load()``. Key stores and the AWS MSK IAM callback are kept
+apart, in a :class:`ClientSecurity`: a store's file is read on each machine and a callback is a
+Python object, so :func:`client_config` adds them where a client is built. A Java name given
+with its librdkafka twin, or one librdkafka has no equivalent for, fails naming the fix.
 """
 
 from __future__ import annotations

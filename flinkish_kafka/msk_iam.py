@@ -1,16 +1,6 @@
 """AWS MSK IAM authentication for librdkafka: OAUTHBEARER with a token the AWS signer library
-(``aws-msk-iam-sasl-signer-python``, the ``flinkish[msk]`` extra) makes from the process's AWS
-credentials. The Java client's ``AWS_MSK_IAM`` mechanism and its OAUTHBEARER callback handler
-both become this (MSK's IAM listeners take either).
-
-The token is a SigV4-presigned ``kafka-cluster:Connect`` request, signed locally: no AWS call
-is made unless credentials must first be fetched (an assumed role, a profile's SSO, instance
-metadata). The signer reports the expiry in milliseconds; confluent-kafka's ``oauth_cb`` wants
-seconds.
-
-:func:`check_credentials` resolves, at ``load()`` on the driver, the credentials the signer will
-use (botocore's chain, or the named profile), so that a machine without any fails there rather
-than in the first read task; nothing of them is shown.
+(the ``flinkish[msk]`` extra) signs locally from the process's AWS credentials. The Java
+client's ``AWS_MSK_IAM`` mechanism and its OAUTHBEARER callback handler both become this.
 """
 
 from __future__ import annotations

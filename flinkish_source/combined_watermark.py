@@ -1,36 +1,10 @@
 """The combined watermark at planning time, and the carrier row that hands it to Spark.
 
-When the driver plans batch N+1 it needs W_N, the valve's combined watermark after epoch N. It
-gets it the way the sink does (the same :func:`flinkish_core.epoch_valve.advance`): the valve as
-it was before epoch N, fed with epoch N's markers. Both come from the offset that ends epoch N,
-which Spark journals, so a replay carries the identical watermark:
-
-* ``valve``: the valve before the last batch that read anything (watermark, status, channels
-  and the valve's snapshot), and
-* ``slices``: that batch's slices, whose markers the read tasks recorded beside their
-  generator state (:class:`~flinkish_source.source_state.SliceOutcome`); a slice nobody
-  recorded (a status change only, or a task whose rows were not all consumed) is re-read here.
-
-Each batch carries one *carrier* row (``kind = 'carrier'``) whose event time is the combined
-watermark W plus the horizon H (``watermark.horizon``). ``flinkish.with_watermark`` declares
-``withWatermark(eventTime, H)``, so Spark's own watermark, max(event time) - H, becomes W for
-the next batch as long as no record is more than H ahead of W (the read tasks warn about any
-that is). The carrier of batch N+1 holds W_N: Spark's watermark trails the combined watermark by
-one micro-batch, which only makes Spark more lenient than Flink's valve, never stricter.
-
-Where the input ends for now (``Trigger.AvailableNow``'s target, ``endingOffsets``) that trail
-would cost a micro-batch at the end of every run: the batch that reaches the end would be
-followed by one holding only the carrier of its watermark (and, in a stateful query, by Spark's
-no-data batch after that). So the batch that reaches the end is *closing* (journaled in its end
-offset): each of its read tasks, once it has recorded its slices' markers, looks whether every
-read task of the batch has, and the one that finds them all computes W_N itself and yields its
-carrier (:func:`closing_carrier`). A task's look starts after its own record is written, so
-the task whose record is written last finds them all: no task waits, and at least one carries
-W_N (two that finish together both do, with the same row). The carrying task records what it
-delivered; the driver clears that record whenever it runs the batch (a replay included), and
-the next planning, seeing that Spark already has W_N, plans no carrier-only batch. If no task
-finds every record (a read task whose rows were not all consumed), nothing is recorded, and the
-next planning hands W_N over the usual way.
+The valve before the last batch that read anything and that batch's slices are journaled in the
+end offset, so a replay carries the identical watermark; the batch that reaches the end of the
+input for now is *closing*, and its last read task carries the watermark after it
+(:func:`closing_carrier`). How and why: docs/semantics.md, "Spark's own operators on the combined
+watermark".
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""Notices of completed epochs, from the query's listener to its driver-side reader.
+"""Notices of completed epochs, from the query's listener to its driver-side readers on the same
+machine, through Unix sockets in a directory only the user can enter (``notice_dir``).
 
-Spark writes epoch N's commit log, then posts the query's progress (whose per-source
-``endOffset`` is the reader's end offset of N), and only at the next trigger asks the reader to
-plan from there. With a ``processingTime`` interval that is a whole interval later, and a query
-stopped with ``stop()`` in between never asks at all; the reader's ``commit`` and ``stop`` come
-later still or not at all. ``flinkish.register`` therefore adds a ``StreamingQueryListener``
-(``flinkish.epoch_listener``) that hands each progress report's flinkish end offsets to the
-driver-side readers on the same machine, through Unix sockets in a directory only the user can
-enter (``notice_dir``). A reader that commits to a consumer group listens there
-(``NoticeListener``) and commits an end offset it is told about only if it planned that very
-offset itself, so a notice cannot make it commit another query's epoch, and carries nothing
-but offsets: the Kafka settings (and their secrets) never leave the reader's process.
-
-The listener runs where the session's listeners run: in the driver's Python process on a
-classic session, in a Python process of the Connect server on a Connect one; both on the host
-of the readers. A notice that finds no reader (it stopped, or the listener was never added) is
-dropped: the reader commits the epoch when it next plans from it (see
-``flinkish_source.kafka.group_offsets``).
+Spark asks a reader to plan from epoch N's end only at the next trigger (never, for a query
+stopped in between), so a reader that commits to a consumer group learns of N here. A notice
+carries only offsets, and counts only for an end offset the reader planned itself; one that
+finds no reader is dropped (docs/semantics.md, "Consumer-group offsets").
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Where a record's event time comes from: the Kafka timestamp, a JSON field or a header.
-
-A value that cannot be read as a time is never guessed at: ``eventTime.onError=fail`` stops the
-query naming the partition and offset; ``skip`` emits the record without an event time (it then
-does not move the watermark) and counts it.
+"""Where a record's event time comes from: the Kafka timestamp, a JSON field or a header. A value
+that is not a time is never guessed at: ``eventTime.onError`` fails or skips it.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Plans micro-batches: which offsets each Kafka partition reads, and its idle/active status.
 
-Pure functions of (journaled start offset, what the cluster holds, the clock). Everything a read
-task needs to reproduce its records and markers on replay goes into the end offset, which Spark
-journals verbatim: the partition's position, its status, when it last saw new data (for
-Flink-style idleness, a processing-time decision), and the watermark generator's state at the
-slice's start.
+Pure functions of (journaled start offset, what the cluster holds, the clock): everything a read
+task needs to reproduce its records and markers on replay goes into the end offset.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """Parse and validate the source's options once, at query start, so every mistake is reported
-with the option's name and what it accepts instead of surfacing later inside a Spark task.
-
-Option names follow Spark's own Kafka source (``kafka.*``, ``subscribe``, ``startingOffsets``,
-``maxOffsetsPerTrigger`` …) so that switching is a change of format; the Flink-specific ones
-(``watermark.*``, ``idleTimeout``, ``eventTime.*``) are named after Flink's ``WatermarkStrategy``.
+with the option's name and what it accepts. Names follow Spark's Kafka source (switching is a
+change of format) and, for event time, Flink's ``WatermarkStrategy``.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Reads one Kafka partition's slice of a micro-batch into Arrow batches, interleaving the
 partition's watermark and status markers exactly where its generator emits them.
 
-Everything a slice emits is a function of its :class:`SlicePlan` (journaled offsets) and of the
-records in Kafka, so replaying a batch yields the same records and the same markers.
-
-Marker rows carry ``offset`` = the partition position they apply at (every record before the
-marker has a smaller offset), so a consumer can restore their order after a shuffle by sorting
-on (offset, status ACTIVE < watermark < status IDLE, watermark value).
+What a slice emits is a function of its :class:`SlicePlan` and of the records in Kafka, so a
+replay yields the same rows. Marker rows carry ``offset`` = the position they apply at, so their
+order survives a shuffle (sort on offset, status ACTIVE < watermark < status IDLE, watermark).
 """
 
 from __future__ import annotations
@@ -71,9 +68,8 @@ def _one() -> pa.Scalar:
 
 @functools.cache
 def _compute() -> ModuleType:
-    """``pyarrow.compute``, imported on first use (~30 ms): Spark starts a fresh driver-side
-    reader process for every streaming query, which imports this module only for its plans;
-    the read tasks are what compute."""
+    """``pyarrow.compute``, imported on first use (~30 ms): the driver-side reader never needs
+    it."""
     import pyarrow.compute
 
     return pyarrow.compute
@@ -149,8 +145,7 @@ class _Batches:
 
 def _message_columns(msgs: Sequence[Any]) -> tuple[pa.Array, ...]:
     """Key, value, offset, timestamp and timestamp type columns of librdkafka's messages: one
-    comprehension per field and Arrow's kernels for the rest (the per-record Python work is
-    what separates a Python source from Spark's own ceiling)."""
+    comprehension per field and Arrow's kernels for the rest (the per-record cost that counts)."""
     n = len(msgs)
     stamps = [m.timestamp() for m in msgs]
     kinds = [kind for kind, _ in stamps]
@@ -191,14 +186,10 @@ def _flagged(options: SourceOptions, value: bytes | None, headers: Any) -> bool:
 
 @dataclass(frozen=True)
 class SlicePiece:
-    """Offsets ``start..end-1`` of a slice, read by one task: the whole slice, or one of the
-    pieces ``minPartitions`` split a large slice into (see :mod:`flinkish_source.read_plan`).
-
-    Pieces emit between them exactly what the whole slice emits: the first piece announces a
-    new partition; a resuming partition's ACTIVE comes before the slice's first record,
-    whichever piece holds it; only the last piece emits the slice's end markers and records
-    the generator state and the slice's markers, after folding in the event times of the
-    pieces before it (it reads them again, without building rows)."""
+    """Offsets ``start..end-1`` of a slice, read by one task: the whole slice, or a piece of a
+    large one ``minPartitions`` split (:mod:`flinkish_source.read_plan`). The pieces emit between
+    them what the whole slice emits: the last one emits the end markers and records the state,
+    after re-reading the earlier pieces' event times."""
 
     plan: SlicePlan
     start: int
@@ -435,11 +426,8 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 
 
 def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
-    """Stream a read task's pieces one after the other (each exactly as :func:`read_slice`
-    streams it, minus what the piece leaves to the other pieces of its slice), with one
-    consumer that fetches ahead; then record, in one record for the whole task, the
-    generator state and markers of each slice it finished (:meth:`SourceStateStore.save_task`).
-    """
+    """Stream a read task's pieces one after the other with one consumer that fetches ahead;
+    then record the generator state and markers of each slice it finished, in one record."""
     with _young_collections_spaced():
         yield from _coalesced(_read_task(options, task))
 
@@ -451,11 +439,9 @@ READ_GC_THRESHOLD = 50_000
 
 @contextlib.contextmanager
 def _young_collections_spaced() -> Iterator[None]:
-    """A read task allocates a few objects per record (the consumer's messages, their timestamp
-    tuples, lists of fields), almost none of which form cycles: reference counting frees them.
-    At Python's default threshold the cyclic collector runs every 700 allocations and its older
-    generations rescan every long-lived object of the worker (pyspark, pyarrow, pooled
-    consumers), which took ~40% of a task's CPU. The thresholds are restored afterwards."""
+    """A read task allocates a few objects per record, almost none in cycles; at Python's
+    default threshold the cyclic collector rescanned the worker's long-lived objects, ~40% of a
+    task's CPU. The thresholds are restored afterwards."""
     thresholds = gc.get_threshold()
     gc.set_threshold(max(thresholds[0], READ_GC_THRESHOLD), *thresholds[1:])
     try:

@@ -1,24 +1,9 @@
-"""Which read tasks a micro-batch runs: Flink's model of a few readers, each owning many splits.
+"""Which read tasks a micro-batch runs: Flink's model of a few readers, each owning many splits,
+instead of Spark's task per partition (docs/architecture.md, "Offset planning").
 
-The planner gives one :class:`~flinkish_source.partition_reader.SlicePlan` per partition with
-work. Spark's own Kafka source runs one task per partition; with hundreds of partitions and
-little data, each batch then pays hundreds of task launches, consumers and state files. Here a
-batch runs at most ``maxReadTasks`` tasks (default: :func:`default_read_tasks`), each reading
-the slices of several partitions one after the other with one consumer that fetches ahead
-(:func:`flinkish_source.kafka.reading`), like a Flink source reader owning many splits.
-
-``minPartitions`` keeps the meaning of Spark's Kafka option of that name (Spark's
-``KafkaOffsetRangeCalculator``): when fewer slices than ``minPartitions`` have records, the
-large ones are split into pieces, so a batch can be read by at least that many tasks. It also
-raises the task limit to at least ``minPartitions``. A split slice emits exactly the records
-and markers it emits whole (see :class:`~flinkish_source.partition_reader.SlicePiece`); its
-last piece re-reads the pieces before it for their event times, so splitting costs extra
-reading and pays off for large slices only. Slices under ``watermark.strategy=punctuated`` are
-never split: where a punctuated watermark goes depends on every flagged record before it.
-
-Everything here is a pure function of the slices and the options, so a replayed batch gets the
-same tasks; and since every slice (or piece) emits the same rows whichever task reads it, a
-different grouping (other options after a restart) still gives the same records and markers.
+With ``minPartitions`` large slices are split into pieces, as Spark's Kafka source splits them;
+never under ``watermark.strategy=punctuated``, where a watermark depends on every flagged record
+before it. Pure functions of the slices and the options, so a replayed batch gets the same tasks.
 """
 
 from __future__ import annotations

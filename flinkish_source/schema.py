@@ -1,11 +1,8 @@
-"""The source's output columns: Spark's Kafka source columns plus the marker columns.
+"""The source's output columns: Spark's Kafka source columns plus the marker columns, as a Spark
+DDL string and as the Arrow schema ``read()`` must match exactly.
 
-Kept in one place as both a Spark DDL string (what ``DataSource.schema`` returns) and the Arrow
-schema ``read()`` must match exactly (int32 vs int64, ``binary`` not ``large_binary``).
-
-pyarrow is imported only for the Arrow schema: Spark's discovery of installed data sources and
-its ``create_data_source`` process import this module for the DDL alone, both on the way of a
-query's (re)start, and pyarrow with numpy costs each ~0.2 s.
+pyarrow is imported only for the Arrow schema: the processes that need the DDL alone (~0.2 s
+saved) are on the way of every query's (re)start.
 """
 
 from __future__ import annotations

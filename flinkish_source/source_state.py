@@ -1,24 +1,10 @@
 """Per-partition watermark-generator state and markers, handed from one micro-batch's read task
-to the next batch's planning.
+to the next batch's planning, through storage both sides reach (``checkpointing.location``):
+Spark gives a read task no way to report back to the driver.
 
-Spark gives a read task no way to report back to the driver, and a partition's watermark needs
-the max event time over everything read before. So each task records the generator state at its
-slice's end offset in storage both sides reach (a ``checkpointing.location`` on a cluster is a
-shared filesystem); the driver puts it into the next batch's offsets, where it is journaled by
-Spark and replayed verbatim. With the state goes the slice's :class:`SliceOutcome`: the markers
-the task emitted, which the driver feeds into the valve to know the combined watermark when it
-plans the next batch.
-
-A read task reads the slices of many partitions, so it records them all in one record,
-``source/~tasks/<name>`` (:meth:`SourceStateStore.save_task`): a batch writes one record per
-read task, not one per partition, and the driver reads each record once. The driver keeps an
-index of the records it has read (:meth:`SourceStateStore.find_state`,
-:meth:`SourceStateStore.find_outcomes`), refreshed by listing the directory when it looks for
-something it has not seen, and falls back to the per-partition records
-``source/<topic>/<partition>/<offset>`` that :func:`~flinkish_source.partition_reader.read_slice`
-writes when the driver re-reads a slice a read task did not finish (and which checkpoints of
-0.1 builds from before task records hold).
-``~`` cannot appear in a Kafka topic name, so the directory never clashes with a topic's.
+A read task writes one record for all its slices, ``source/~tasks/<name>`` (``~`` cannot appear
+in a topic name); the driver indexes the records it has read, and falls back to the
+per-partition records ``source/<topic>/<partition>/<offset>`` of a slice it re-read.
 """
 
 from __future__ import annotations

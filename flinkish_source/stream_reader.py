@@ -1,14 +1,7 @@
 """The Spark adapter: PySpark's ``DataSourceStreamReader`` over the pure planner and reader.
 
-Driver-side calls (offsets, planning) run in one long-lived Python process per query; ``read``
-runs in executor workers on a separately pickled copy, so Kafka clients are created lazily and
-never pickled.
-
-A batch runs at most ``maxReadTasks`` read tasks (:mod:`flinkish_source.read_plan`), each
-reading the slices of several partitions with one consumer; the first one also yields the
-batch's carrier row. In the batch that reaches the end of the input for now
-(Trigger.AvailableNow's target, ``endingOffsets``), the read task that finishes last also
-carries the watermark after the batch (see :mod:`flinkish_source.combined_watermark`).
+Driver-side calls run in one long-lived Python process per query; ``read`` runs in executor
+workers on a separately pickled copy, so Kafka clients are created lazily and never pickled.
 """
 
 from __future__ import annotations
@@ -272,9 +265,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return offset
 
     def _commit_to_group(self, end: dict, notice: bool = False) -> None:
-        """Commit the epoch that ends at ``end``, which Spark has in its commit log, to the
-        query's consumer group, if it names one (:mod:`flinkish_source.kafka.group_offsets`:
-        when Spark plans from ``end``, or when its listener's ``notice`` comes first)."""
+        """Commit the epoch that ends at ``end`` to the query's consumer group, if it names one
+        (:mod:`flinkish_source.kafka.group_offsets`)."""
         if self._options.kafka.commit_group is None:
             return
         self._group.epoch_committed(
@@ -312,10 +304,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return bool(end) and all(done(tp, pos) for tp, pos in end.items())
 
     def _delay_batch(self, positions: Positions, end: Positions, now: int) -> bool:
-        """Spark's ``minOffsetsPerTrigger``/``maxTriggerDelay``: no batch while fewer records
-        than the minimum are admitted, until the delay since the last batch has passed; not
-        under Trigger.AvailableNow (which reads to its target, as Spark's Kafka source does).
-        Status and carrier-only batches wait too: they carry no records."""
+        """Spark's ``minOffsetsPerTrigger``/``maxTriggerDelay`` (not under Trigger.AvailableNow,
+        which reads to its target); status and carrier-only batches wait too."""
         minimum = self._options.admission.min_offsets_per_trigger
         if minimum is None or self._target is not None:
             return False
@@ -331,11 +321,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _planning_valve(self, start: dict, positions: Positions, end: Positions,
                         combined: EpochWatermark, closing: bool) -> dict:
-        """The planning-time valve entry of the end offset: ``combined``, the combined
-        watermark after the batch ``start`` ends, with this batch's slices; or, when this batch
-        reads nothing and Spark has ``combined`` already (it did not move, or the batch that
-        ``start`` ends was closing and carried it), ``start``'s own entry, so a quiet topic
-        plans no batch (the valve state it would have journaled is derived again next time)."""
+        """The planning-time valve entry of the end offset: the combined watermark after the batch
+        ``start`` ends, with this batch's slices; or, when this batch reads nothing and Spark has
+        that watermark already, ``start``'s own entry, so a quiet topic plans no batch."""
         slices = OffsetPlanner.slices(positions, end)
         journaled = PlanningValve.from_offset(start)
         if not slices and OFFSET_KEY in start and (
@@ -345,9 +333,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return journal(combined, slices, closing=closing and bool(slices))
 
     def reportLatestOffset(self) -> dict | None:
-        """What Kafka holds, as of the last planning, in Spark's Kafka source's shape
-        (``{"topic": {"0": 123}}``): the query progress shows it beside the end offset, so a
-        listener sees how far each partition is behind (see ``flinkish.lag``)."""
+        """What Kafka holds, as of the last planning, in Spark's Kafka source's shape, so a
+        listener sees each partition's lag (see ``flinkish.lag``)."""
         if not self._latest:
             return None
         out: dict[str, dict[str, int]] = {}
@@ -377,11 +364,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     def partitions(self, start: dict, end: dict) -> list[InputPartition]:
-        """The batch's read tasks (:func:`~flinkish_source.read_plan.plan_read_tasks`, a pure
-        function of the two journaled offsets and the options); the first also yields the
-        carrier row, or a partition of its own does when nothing is read. In a closing batch
-        every task learns the batch's end, and what an earlier run of the batch delivered is
-        forgotten (see :func:`~flinkish_source.combined_watermark.closing_carrier`)."""
+        """The batch's read tasks; the first also yields the carrier row (a partition of its own
+        does when nothing is read). In a closing batch every task learns the batch's end, and what
+        an earlier run of the batch delivered is forgotten."""
         plans = OffsetPlanner.slices(from_json(start), from_json(end))
         journaled = PlanningValve.from_offset(end)
         watermark = journaled.before.watermark if OFFSET_KEY in end else MIN_WATERMARK
@@ -414,11 +399,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             yield from closing_carrier(self._options, partition.closing, self._store)
 
     def commit(self, end: dict) -> None:
-        """Spark has durably committed the epoch that ``end`` ends and will never plan from
-        before it again: forget older generator states (the task records whose slices all end
-        before their partitions' ``base``, and per-partition records before it). The consumer
-        group has that epoch already: Spark calls this only after ``latestOffset`` planned
-        from ``end`` (see ``_commit_to_group``)."""
+        """Spark will never plan from before ``end`` again: forget older generator states. The
+        consumer group has that epoch already (``latestOffset`` planned from ``end`` first)."""
         if self._options.state_location is None:
             return
         positions: Positions = from_json(end)

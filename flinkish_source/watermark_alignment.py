@@ -1,30 +1,9 @@
 """Watermark alignment (Flink's FLIP-182 / FLIP-217): hold back partitions that run ahead.
 
-A partition whose watermark is more than ``watermark.alignment.maxDrift`` ahead of the
-partitions still catching up gets no new records in the next micro-batch, so the batch's
-budget (``maxOffsetsPerTrigger``) goes to the partitions that hold the combined watermark back,
-and the windows of the fast ones do not pile up in Spark's state. Flink's update interval is
-our micro-batch: the decision is taken when a batch is planned, from the per-partition
-watermarks the valve knows then, and journaled in the offset, so a replay plans the same batch.
-
-The reference is the minimum watermark over the partitions that are ACTIVE *and still have
-records to read*. That is the combined watermark, except that a partition with nothing left to
-read, an idle one, or a finished bounded one holds nothing back: Flink's known alignment hangs
-(a subtask without splits, alignment with idleness never resuming, finished subtasks holding the
-group) all come from waiting on a split that cannot advance. A held partition keeps its backlog,
-so it never turns idle while held, and its records are never late because of it: its watermark
-is ahead, not behind (Flink's FLIP-471 marked paused splits idle and dropped their rows).
-
-A micro-batch is a coarse update interval: a partition just within the drift could read a whole
-batch's share and land far beyond it (Flink's readers pause within a fetch of crossing it). So
-the partitions that are not held are read up to a common event-time *level*, each by its
-*pace* (the event time its last slice covered per offset, recorded by the read task): when
-``maxOffsetsPerTrigger`` binds, the highest level the budget reaches, so the budget goes where
-the combined watermark is held back instead of being shared by backlog; otherwise the drift past
-where the first of them runs out of records. The level never passes the held partitions by
-more than the drift, and the slowest partition always reads, so the group always advances.
-While some pace is not known yet (a partition's first slice), a partition with a pace reads at
-most what keeps it within the drift of where the slowest is expected after the batch.
+Decided when a batch is planned, from the valve's per-partition watermarks, and journaled in
+the offset, so a replay plans the same batch. The reference leaves out the partitions that cannot
+advance, and the partitions not held read up to a common event-time *level*, each by its *pace*:
+docs/semantics.md, "Watermark alignment (FLIP-182 / FLIP-217)".
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Flink's ``WatermarkStrategy`` and per-partition ``WatermarkGenerator``s (Flink 1.11:
-``flink-core/src/main/java/org/apache/flink/api/common/eventtime/``).
-
-A generator lives for one Kafka partition slice inside a read task; its state (the max event
-time seen and the last watermark emitted) is carried from slice to slice through
-:class:`GeneratorState`, so a partition's watermarks never go back across micro-batches.
+"""Flink's ``WatermarkStrategy`` and per-partition ``WatermarkGenerator``s; a generator's state is
+carried from slice to slice (:class:`GeneratorState`), so watermarks never go back.
 """
 
 from __future__ import annotations

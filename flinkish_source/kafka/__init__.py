@@ -1,9 +1,5 @@
 """The Kafka read path: a read task's announced offset ranges, each read once, ``start <= offset
-< end``, in chunks, by :class:`~flinkish_source.kafka.librdkafka.RangeReader` (on the pooled
-consumers of :mod:`~flinkish_source.kafka.base`). The driver's view of the cluster is
-:mod:`~flinkish_source.kafka.metadata`.
-
-Modules import downwards only: base <- librdkafka <- this package's functions.
+< end``, in chunks. Modules import downwards only: base <- librdkafka <- this package.
 """
 
 from __future__ import annotations
@@ -65,13 +61,10 @@ def read_range(
 ) -> Iterator[Sequence[Message]]:
     """Records of ``topic/partition`` with ``start <= offset < end``, in chunks of messages.
 
-    Stops at ``end`` even when the last offsets are transaction markers or compacted away: the
-    consumer's position and the end-of-partition event tell us when ``end`` is passed. Records
-    that vanished (retention, a recreated topic) raise :class:`DataLossError` unless
-    ``failOnDataLoss`` is false, in which case reading resumes at the earliest offset left.
-    A range announced with :func:`reading` is served by that task's consumer; any other by a
-    consumer of the pool, for this range alone.
-    """
+    Stops at ``end`` even when the last offsets are transaction markers or compacted away. Records
+    that vanished raise :class:`DataLossError` unless ``failOnDataLoss`` is false (reading then
+    resumes at the earliest offset left). A range announced with :func:`reading` is served by that
+    task's consumer; any other by a pooled consumer, for this range alone."""
     announced = _registry().get((topic, partition, start, end))
     if announced is not None:
         yield from announced.read(topic, partition, start, end)

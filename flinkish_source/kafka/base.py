@@ -1,11 +1,6 @@
-"""What the read path and the driver's clients share: the consumer pool the range reader
-borrows from, the bounded waits for the brokers, and the rules for records that are gone
-(:func:`lost_offsets`, :class:`ShortLog`).
-
-librdkafka needs a ``group.id`` even for manually assigned consumers, so each consumer gets a
-throwaway one and never commits. Consumers come from a per-process :class:`ConsumerPool`, so
-the tasks a reused Python worker runs share them (as Spark's Kafka consumer cache does), never
-two tasks at once.
+"""What the read path and the driver's clients share: the per-process consumer pool (as
+Spark's Kafka consumer cache), the bounded waits for the brokers, and the rules for records
+that are gone (:func:`lost_offsets`, :class:`ShortLog`).
 """
 
 from __future__ import annotations
@@ -51,10 +46,8 @@ class DataLossError(RuntimeError):
 OUT_OF_RANGE = frozenset({KafkaError.OFFSET_OUT_OF_RANGE, KafkaError._AUTO_OFFSET_RESET})
 
 
-#: The option that bounds every wait for the brokers (see :class:`BrokerWait`).
 WAIT_OPTION = "kafkaConsumer.pollTimeoutMs"
-#: Errors that mean "no broker answered (yet)": waited out up to the bound, with a warning per
-#: slice. Anything else (authentication, an unknown partition …) fails at once.
+#: Errors that mean "no broker answered (yet)": waited out up to the bound; others fail at once.
 _UNANSWERED = frozenset({
     KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN, KafkaError._TIMED_OUT,
     KafkaError._TIMED_OUT_QUEUE, KafkaError._RESOLVE, KafkaError._WAIT_COORD,
@@ -69,9 +62,8 @@ _AUTHENTICATION = frozenset({
     KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED,
     KafkaError.UNSUPPORTED_SASL_MECHANISM, KafkaError.ILLEGAL_SASL_STATE,
 })
-#: A TLS handshake that failed on a certificate: librdkafka reports the client's own check as
-#: _SSL, and the broker's refusal of the client's certificate (a TLS alert, seen at the first
-#: read under TLS 1.3) as a transport error carrying OpenSSL's reason.
+#: A TLS handshake that failed on a certificate: the client's own check is _SSL, the broker's
+#: refusal of the client's certificate a transport error carrying OpenSSL's TLS alert.
 _TLS_REFUSED = re.compile(
     r"SSL handshake failed|certificate verify failed|alert (?:certificate required|"
     r"bad certificate|unknown ca|certificate unknown|certificate revoked|certificate expired|"
@@ -79,8 +71,7 @@ _TLS_REFUSED = re.compile(
 
 
 def security_failure(error: KafkaError | None) -> str | None:
-    """What ``error`` says about the brokers refusing this client: "authentication failed",
-    "TLS verification failed", or None when it is no such refusal (e.g. no answer yet)."""
+    """"authentication failed", "TLS verification failed", or None (no refusal)."""
     if error is None:
         return None
     if error.code() in _AUTHENTICATION:
@@ -92,8 +83,7 @@ def security_failure(error: KafkaError | None) -> str | None:
 
 def security_error(kafka: KafkaClient, what: str, error: KafkaError
                    ) -> KafkaSecurityError | None:
-    """The error that ends a query whose client the brokers refused (see
-    :func:`security_failure`), or None."""
+    """The error that ends a query whose client the brokers refused, or None."""
     kind = security_failure(error)
     if kind is None:
         return None
@@ -114,9 +104,8 @@ _refusals = threading.local()
 
 
 def note_refusal(error: KafkaError) -> None:
-    """A read consumer's ``error_cb``: keeps a refusal (:func:`security_failure`) for the thread
-    whose poll served it (callbacks run in the polling thread), see :func:`raise_refusal`. One
-    function for every consumer, so consumers of one query stay interchangeable in the pool."""
+    """A read consumer's ``error_cb``: keeps a refusal for the polling thread (see
+    :func:`raise_refusal`); one function for all, so pooled consumers stay interchangeable."""
     if security_failure(error) is not None:
         _refusals.error = error
 
@@ -147,10 +136,7 @@ def error_hint(kafka: KafkaClient) -> str:
 
 def no_records_reason(kafka: KafkaClient, position: int, high: int) -> str:
     """Why fetches from ``position`` bring no records, given the high watermark of the
-    partition's last fetch answer (negative: none came). Above ``position``, the broker says
-    the records exist and does not serve them: under read_committed an open transaction holds
-    them back; otherwise the broker is stalled on its writes (the embedded Tansu broker, with
-    more produce requests than it keeps up with, answers them tens of seconds late)."""
+    partition's last fetch answer (negative: none came)."""
     if high < 0:
         return ("no fetch answer for the partition yet: the broker does not answer fetches "
                 "(see the client's errors)")
@@ -164,21 +150,17 @@ def no_records_reason(kafka: KafkaClient, position: int, high: int) -> str:
             "'Timed out ProduceRequest')")
 
 
-#: How long the first attempt of a wait for the brokers may take (see :class:`BrokerWait`).
 FIRST_ATTEMPT_S = 1.0
 
 
 def retry_step(bound_s: float) -> float:
-    """How long one attempt may wait before the source says, in the log, that it is waiting:
-    a sixth of the bound, at least 0.5 s (five warnings, then the error)."""
+    """How long one attempt waits before a warning: a sixth of the bound, at least 0.5 s."""
     return max(0.5, bound_s / 6)
 
 
 #: How long every bootstrap server must have refused the connection, in a row, before a wait
 #: for a cluster the client never reached ends (see :class:`RefusalWatch`).
 REFUSED_FOR_S = 4.0
-#: librdkafka's report of a refused connection: ``<broker name>: Connect to <address> failed:
-#: Connection refused``, where a bootstrap server's name is ``host:port/bootstrap``
 _CONNECTION_REFUSED = re.compile(r"^(?P<name>\S+)/bootstrap: Connect to \S+ failed: "
                                  r"Connection refused")
 
@@ -194,12 +176,10 @@ def bootstrap_names(bootstrap_servers: str) -> frozenset[str]:
 
 
 class RefusalWatch:
-    """Whether nothing listens at the bootstrap servers: each of them refused the connection
-    (ECONNREFUSED) and no other report came in between, for :data:`REFUSED_FOR_S` in a row,
-    before any broker ever answered. A wrong host or port then fails in seconds instead of at
-    ``kafkaConsumer.pollTimeoutMs``; a timeout, a DNS failure, or a cluster that answered once
-    (a broker restarting) still gets the whole wait. Fed by the clients' ``error_cb``, served
-    by their polls, so a refusal counts from the poll that saw it."""
+    """Whether nothing listens at the bootstrap servers: each refused the connection, with no
+    other report in between, for :data:`REFUSED_FOR_S`, before any broker ever answered. A
+    wrong host or port then fails in seconds; a cluster that answered once gets the whole
+    wait. Fed by the clients' ``error_cb``."""
 
     def __init__(self, bootstrap_servers: str,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -210,7 +190,6 @@ class RefusalWatch:
         self._reached = False
 
     def note(self, error: KafkaError) -> None:
-        """One report of the clients' ``error_cb``."""
         found = _CONNECTION_REFUSED.match(error.str() or "")
         if found is not None and found.group("name") in self._names:
             self._refused.add(found.group("name"))
@@ -220,12 +199,10 @@ class RefusalWatch:
             self._refused, self._since = set(), None
 
     def answered(self) -> None:
-        """A broker answered: the cluster exists, any later refusal is its being away."""
         self._reached = True
 
     @property
     def reached(self) -> bool:
-        """Whether a broker ever answered."""
         return self._reached
 
     def refusing(self) -> bool:
@@ -246,21 +223,13 @@ class RefusalWatch:
 
 
 class BrokerWait:
-    """One bounded wait for the brokers (``kafkaConsumer.pollTimeoutMs``), in attempts.
+    """One bounded wait for the brokers (``kafkaConsumer.pollTimeoutMs``), in attempts: a
+    warning every sixth of the bound, :class:`KafkaUnavailableError` at it.
 
-    Every sixth of the bound without an answer logs a warning saying what the source waits for,
-    from which servers (client settings masked), how long it has waited and how long it will
-    still wait; at the bound it raises :class:`KafkaUnavailableError` naming the servers and the
-    option. Errors that are not "no answer yet" (e.g. failed authentication) raise at once.
-    ``complaints`` returns the client's latest own report (its ``error_cb``, e.g. ``Connect to
-    ipv4#127.0.0.1:1 failed: Connection refused``), more telling than the call's error; when
-    it says the brokers refused the client (:func:`security_failure`), the wait ends at once
-    with :class:`KafkaSecurityError`, and when ``refusals`` (fed by the same reports) finds that
-    nothing listens at the bootstrap servers, after :data:`REFUSED_FOR_S`. librdkafka reports
-    either only there, while the call itself waits out its timeout, so attempts are short
-    (:data:`FIRST_ATTEMPT_S`) until a broker answers or something other than a refused
-    connection is reported: a wrong password, an untrusted certificate or a wrong port fails
-    within seconds.
+    ``complaints`` gives the client's latest ``error_cb`` report, more telling than the call's
+    error. librdkafka reports a refused login or connection only there while the call waits
+    out its timeout, so attempts stay short (:data:`FIRST_ATTEMPT_S`) until a broker answers:
+    a wrong password, an untrusted certificate or a wrong port fails within seconds.
     """
 
     def __init__(
@@ -285,9 +254,8 @@ class BrokerWait:
         return max(0.0, self.bound - self.elapsed())
 
     def _short(self, first: bool) -> bool:
-        """Whether the next attempt is short: the first one of a client that may be refused
-        (TLS or SASL: a plaintext client is never refused) or that no broker answered yet (a
-        wrong port), and any while every report so far is a refused connection."""
+        """Short: the first attempt of a client that may be refused (not plaintext) or that no
+        broker answered yet, and any while every report is a refused connection."""
         if self._refusals is not None and self._refusals.refusing():
             return True
         protocol = str(self._kafka.config.get("security.protocol", "plaintext"))
@@ -334,22 +302,16 @@ class BrokerWait:
             self._latest = latest
         return self._latest
 
-    def _refusal(self, complaint: KafkaError | None = None) -> None:
-        """Raise :class:`KafkaSecurityError` if the client's report says it was refused, or
-        :class:`KafkaUnavailableError` if nothing listens at the bootstrap servers."""
-        complaint = complaint if complaint is not None else self._complaint()
+    def unanswered(self, reason: str | None = None) -> None:
+        """An attempt went unanswered: raise at the bound (at once when the client was refused,
+        or nothing listens), log a warning every sixth of the bound."""
+        complaint = self._complaint()
         refused = (security_error(self._kafka, self.what, complaint)
                    if complaint is not None else None)
         if refused is not None:
             raise refused
         if self._refusals is not None and self._refusals.refused_for() >= REFUSED_FOR_S:
             raise self._refusals.error(self.what, servers(self._kafka))
-
-    def unanswered(self, reason: str | None = None) -> None:
-        """An attempt went unanswered: raise at the bound (at once when the client's report
-        says it was refused), log a warning every sixth of the bound."""
-        complaint = self._complaint()
-        self._refusal(complaint)
         detail = "; ".join(dict.fromkeys(
             scrub(r, self._kafka.secrets)
             for r in (complaint.str() if complaint is not None else None, reason) if r
@@ -373,10 +335,9 @@ class BrokerWait:
 
 
 class ClientLog:
-    """Where the Kafka clients' own log lines go (their ``logger`` setting): to the Python
-    logger ``flinkish_source.kafka.client`` at DEBUG, never raw to stderr. Their errors (``%3|…|
-    FAIL|…``, one per connection attempt) reach the source through ``error_cb`` too, and the
-    waits for the brokers report them once, with what they wait for."""
+    """The Kafka clients' ``logger``: their lines go to the Python logger
+    ``flinkish_source.kafka.client`` at DEBUG, not stderr (their errors reach the waits through
+    ``error_cb``)."""
 
     _logger = logging.getLogger("flinkish_source.kafka.client")
 
@@ -387,7 +348,6 @@ class ClientLog:
         return "ClientLog()"
 
 
-#: Every client's ``logger`` setting
 CLIENT_LOG = ClientLog()
 
 
@@ -410,11 +370,10 @@ def consumer_config(kafka: KafkaClient, **overrides: Any) -> dict[str, Any]:
     return config
 
 
-#: Idle consumers a process keeps per client configuration, and for how long: Spark's Kafka
-#: consumer cache closes consumers idle for ``spark.kafka.consumer.cache.timeout`` (5 min).
+#: Idle consumers kept per client configuration, for as long as Spark's Kafka consumer cache
+#: keeps them (``spark.kafka.consumer.cache.timeout``), evicted as often.
 POOL_CAPACITY = 4
 POOL_IDLE_TIMEOUT_S = 300.0
-#: How often the pool's daemon thread closes expired idle consumers (Spark: 1 min).
 POOL_EVICT_INTERVAL_S = 60.0
 
 PoolKey = tuple[tuple[str, str], ...]
@@ -427,14 +386,9 @@ def pool_key(config: dict[str, Any]) -> PoolKey:
 
 @dataclass
 class ConsumerPool:
-    """Idle consumers of this process, keyed by client configuration (:func:`pool_key`).
-
-    :meth:`borrow` hands out an idle consumer of the same configuration or a new one, and takes
-    it back when the borrower is done, with its assignment cleared; one that saw an error is
-    closed instead. A borrowed consumer is in no idle list, so no two borrowers ever share
-    one. Idle consumers are closed after ``idle_timeout`` seconds, and beyond ``capacity`` per
-    configuration. A forked child starts with an empty pool (a client's threads do not
-    survive a fork, so the parent's consumers are left alone, never closed in the child).
+    """Idle consumers of this process, keyed by client configuration (:func:`pool_key`); a
+    borrowed one is in no idle list, so never shared. A forked child starts with an empty pool:
+    a client's threads do not survive a fork, so the parent's consumers are never closed there.
     """
 
     capacity: int = POOL_CAPACITY
@@ -458,8 +412,7 @@ class ConsumerPool:
             self._lock = threading.Lock()
 
     def acquire(self, config: dict[str, Any]) -> Any:
-        """An idle consumer of this configuration, or a new one; hand it back with
-        :meth:`release`."""
+        """An idle consumer of this configuration, or a new one (see :meth:`release`)."""
         consumer = self._take(pool_key(config))
         if consumer is None:
             consumer = self.factory(config)
@@ -476,14 +429,13 @@ class ConsumerPool:
         return new
 
     def _discard(self, consumer: Any) -> None:
-        """Close a consumer the pool lets go of, and forget its topics."""
         self._topics.pop(id(consumer), None)
         with contextlib.suppress(Exception):
             consumer.close()
 
     def release(self, config: dict[str, Any], consumer: Any, clean: bool = True) -> None:
-        """Take a consumer back: kept for the next borrower with its assignment cleared, or
-        closed if the borrower failed (``clean`` false) or the reset fails."""
+        """Kept for the next borrower with its assignment cleared, or closed if the borrower
+        failed (``clean`` false)."""
         if clean and _reset(consumer):
             self._give_back(pool_key(config), consumer)
         else:
@@ -563,7 +515,6 @@ class ConsumerPool:
             return sum(len(v) for v in self._idle.values())
 
     def clear(self) -> None:
-        """Close every idle consumer."""
         with self._lock:
             self._check_fork()
             idle = [c for v in self._idle.values() for c, _ in v]
@@ -573,7 +524,6 @@ class ConsumerPool:
 
 
 def _reset(consumer: Any) -> bool:
-    """Clear a consumer's assignment so the next borrower starts clean; False if it failed."""
     try:
         consumer.unassign()
         return True
@@ -581,19 +531,15 @@ def _reset(consumer: Any) -> bool:
         return False
 
 
-#: This process's consumers (a Python worker runs one task at a time, and Spark reuses it).
 POOL = ConsumerPool()
 atexit.register(POOL.clear)
 
 
 def read_consumer_config(kafka: KafkaClient) -> dict[str, Any]:
-    """Settings of the consumers that read records (every read of one query shares them)."""
+    """Settings of the consumers that read records (a user's kafka.* settings win)."""
     prefetch = {
-        # Keep a few chunks queued and refill as soon as a chunk is taken. When the queue
-        # reaches queued.min.messages, librdkafka postpones the partition's next fetch by
-        # fetch.queue.backoff.ms (1 s by default), which stalls a reader that drains the queue
-        # a chunk at a time; and a fetch held at most 50 ms (librdkafka: 500). A user's
-        # kafka.* setting of any of them wins.
+        # a full queue postpones the next fetch by fetch.queue.backoff.ms (1 s by default),
+        # which stalls a reader that drains the queue a chunk at a time
         "queued.min.messages": 100_000,
         "fetch.queue.backoff.ms": 10,
         "fetch.wait.max.ms": 50,
@@ -609,12 +555,10 @@ SHORT_LOG_PAUSE_S = 0.05
 
 @dataclass
 class ShortLog:
-    """A partition whose log ends (``high``: its high watermark) before offsets a range still
-    needs, seen first at ``since``. After a leader change the new leader may briefly report a
-    high watermark below offsets already read (what KIP-320's leader epochs exist for), so
-    Kafka's consumer waits, and so do the readers: up to ``kafkaConsumer.pollTimeoutMs``, with
-    a warning per slice, before the offsets count as lost (an unclean leader election
-    truncated the log, or the topic was recreated)."""
+    """A partition whose log ends (``high``) before offsets a range still needs, seen first at
+    ``since``. A new leader may briefly report a high watermark below offsets already read, so
+    the readers wait, as Kafka's consumer does, up to ``kafkaConsumer.pollTimeoutMs`` before
+    the offsets count as lost."""
 
     high: int
     since: float = field(default_factory=time.monotonic)
@@ -644,8 +588,7 @@ class ShortLog:
 
 def retention_loss(options: SourceOptions, topic: str, partition: int, position: int,
                    earliest: int, end: int) -> int:
-    """The partition's earliest offset passed ``position``: records the query still needs
-    were deleted (the only case Spark's Kafka source, too, reports as data loss at once)."""
+    """The partition's earliest offset passed ``position``: records still needed were deleted."""
     return min(end, lost_offsets(options, topic, partition, position, min(earliest, end),
                                  "deleted by retention or the topic was recreated"))
 

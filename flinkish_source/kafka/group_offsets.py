@@ -1,28 +1,11 @@
-"""Completed epochs' end offsets committed to a Kafka consumer group, for monitoring only.
+"""Completed epochs' end offsets committed to a Kafka consumer group, for monitoring only
+(Flink's ``commit.offsets.on.checkpoint``; Spark's Kafka source never commits).
 
-Flink's ``KafkaSource`` commits the offsets of every completed checkpoint to its consumer group
-(``commit.offsets.on.checkpoint``, on ``notifyCheckpointComplete``) so that the tools Kafka users
-already run (lag exporters, ``kafka-consumer-groups``) show the job's progress; Spark's Kafka
-source never does (SPARK-27549). flinkish does what Flink does: when a query names a group
-(``KafkaClient.commit_group``), the driver-side reader commits the end offsets of each epoch
-once Spark has written that epoch to its commit log. The checkpoint stays the only truth: nothing
-ever reads these offsets back, and a failed commit is logged and tried again with the next
-epoch's offsets (or, for the same offsets, after ``RETRY_INTERVAL_S``), never failing the query.
-
-When: as soon as Spark has the epoch in its commit log, at whichever of these comes first:
-
-- Spark plans from the epoch's end: it calls the reader's ``latestOffset(end_N)`` only after
-  N's commit log is written (a restart replays an uncommitted epoch before it plans again):
-  at once with the default trigger, at the next trigger with ``processingTime``, and, under
-  ``Trigger.AvailableNow``, for the run's last epoch too, before the query ends;
-- the session's listener passes on the epoch's progress event (``flinkish.epoch_listener``,
-  ``flinkish_source.epoch_notices``): right after the epoch whatever the trigger, and for the
-  last epoch of a query stopped while it waits for its next trigger.
-
-A notice counts only for an epoch this reader planned and has not committed (``planned``,
-``epoch_committed``), so the group never runs ahead of the commit log nor back behind it.
-The reader's own ``commit(end_N)`` comes later (when epoch N+1 is journaled) and ``stop()`` is
-not called on a graceful stop, so neither is used.
+Committed once Spark has the epoch in its commit log: when Spark plans from the epoch's end, or
+when the session's listener passes on its progress (:mod:`flinkish_source.epoch_notices`),
+whichever comes first, and only for an epoch this reader planned and has not committed. Nothing
+reads these offsets back; a failed commit is logged and tried again, never failing the query.
+See docs/semantics.md, "Consumer-group offsets".
 """
 
 from __future__ import annotations

@@ -1,10 +1,5 @@
-"""Range reads through confluent-kafka's consumer: one Message per record, on any cluster
-librdkafka reaches (TLS and SASL included).
-
-A task that reads several partitions announces its ranges first; :class:`RangeReader` then
-serves them, in the announced order, from one consumer that fetches the next ranges while the
-current one is read (a fetch round trip per partition otherwise: ~50 ms each on a loopback
-broker).
+"""Range reads through confluent-kafka's consumer: :class:`RangeReader` serves a task's announced
+ranges in order from one consumer that fetches the next ranges while the current one is read.
 """
 
 from __future__ import annotations
@@ -65,15 +60,10 @@ class _Range:
 
 
 class RangeReader:
-    """Reads offset ranges of several partitions with one pooled consumer.
-
-    :meth:`read` serves one range; it may be called for the ranges in any order, but the
-    consumer fetches ahead in the announced order: while a range is read, the next ones are
-    assigned as long as the offsets still to serve before them stay within ``lookahead``, so
-    a task of many small ranges fetches them all in one round trip, and a large range does not
-    pile up in memory. A finished range's partition is unassigned at once, so nothing is
-    fetched past its end. Ranges of one partition are read one after the other.
-    """
+    """Reads offset ranges of several partitions with one pooled consumer, fetching ahead in the
+    announced order as long as the offsets still to serve before a range stay within
+    ``lookahead``: many small ranges take one round trip, and a large one does not pile up in
+    memory. A finished range's partition is unassigned at once, so nothing is fetched past it."""
 
     def __init__(self, options: SourceOptions, ranges: Sequence[RangeKey], chunk: int,
                  pool: ConsumerPool | None = None, lookahead: int | None = None) -> None:
@@ -118,15 +108,9 @@ class RangeReader:
         return int(low), int(high)
 
     def _assign(self, ranges: list[_Range]) -> None:
-        """Assign ranges in one call (one call per range delays the later ones' first fetch),
-        then ask for the leaders of topics the consumer was never assigned before.
-
-        A pooled consumer is connected already, so assigning a topic it has not read before
-        does not refresh the metadata: librdkafka finds the partitions' leaders only at its
-        next scan of unavailable topics, up to a second later, and fetches nothing until then
-        (measured: the first records of a new topic ~0.9 s after the assignment, against
-        ~20 ms for a topic the consumer knew). Asking right away costs one metadata round trip
-        per consumer and topic; if it fails, librdkafka's own scan still finds the leaders."""
+        """Assign ranges in one call, then ask for the leaders of topics the consumer never
+        had: a connected consumer finds a new topic's leaders only at its next scan of unavailable
+        topics, up to a second later, and fetches nothing until then."""
         todo = []
         for r in ranges:
             if not (r.assigned or r.done or (r.topic, r.partition) in self._assigned):

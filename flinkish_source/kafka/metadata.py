@@ -1,18 +1,9 @@
 """Driver-side view of the cluster: which partitions exist and which offsets they hold.
 
 "Latest offset" is ListOffsets' answer, raised to the high watermark a fetch response carries
-where that is higher: some Kafka-protocol brokers (Tansu, the broker ``flinkish.demo`` embeds
-when there is no Docker, is one) answer ListOffsets "latest" with the last record batch's base
-offset + 1, which would hide the tail of a multi-record batch. On Kafka both agree.
-
-The fetch probe costs a round trip per planning and, on a busy broker, far more (Tansu's grows
-with the log: 30 ms at first, 250 ms and up after a minute of 1,000 records/s, seconds when the
-machine is loaded). A running query plans batches back to back, so it probes only the
-partitions that stood still since the last planning: a tail hidden behind a partition that keeps
-growing is revealed by its next record batch, and one behind a partition that stopped is probed
-the next time (one planning later). Where one answer must be the whole truth at once (the
-target of ``Trigger.AvailableNow``, ``startingOffsets``/``endingOffsets=latest``) every
-partition is probed (``exact=True``).
+where that is higher (Tansu answers ListOffsets with the last batch's base offset + 1). The
+probe is slow on a busy broker, so a running query probes only the partitions that stood still
+since the last planning; ``exact=True`` probes all, where one answer must be the whole truth.
 """
 
 from __future__ import annotations
@@ -43,10 +34,7 @@ class OffsetRange:
 
 
 class KafkaMetadata:
-    """Driver-side view of the cluster: which partitions exist and which offsets they hold.
-
-    Every call waits for the brokers at most ``kafkaConsumer.pollTimeoutMs`` (see
-    :class:`BrokerWait`), logging a warning per unanswered slice of the wait."""
+    """Driver-side view of the cluster; every call waits at most ``kafkaConsumer.pollTimeoutMs``."""
 
     def __init__(self, options: SourceOptions) -> None:
         self._options = options
@@ -72,10 +60,8 @@ class KafkaMetadata:
         return self._consumer
 
     def _admin_client(self) -> AdminClient:
-        """For metadata and ListOffsets (one request per broker for all partitions: a
-        consumer's ``get_watermark_offsets`` costs a round trip per partition, ~1.5 ms each).
-        The first call also creates the probe's consumer, which then connects to the cluster
-        while this client's requests are answered."""
+        """For metadata and ListOffsets (one request per broker for all partitions). The first
+        call also creates the probe's consumer, which connects meanwhile."""
         if self._admin is None:
             config: dict[str, Any] = self._options.kafka.client_config()
             config.update({
@@ -90,12 +76,9 @@ class KafkaMetadata:
         return self._admin
 
     def _sparse(self) -> Any:
-        """librdkafka's ``enable.sparse.connections`` for these two clients: off unless the
-        user's ``kafka.*`` options say otherwise. They ask every leader of the query's
-        partitions anyway; sparse, a new client (librdkafka 2.10 and later) drops its bootstrap
-        connection once the brokers are known and, about every other time, holds the request it
-        had sent there until its next connection attempt, ``reconnect.backoff.ms`` / 2 (50 ms)
-        later: measured on query starts."""
+        """``enable.sparse.connections`` off unless the user's options say otherwise: sparse, a new
+        client (librdkafka >= 2.10) drops its bootstrap connection once the brokers are known and
+        may hold a request sent there until its next connection attempt."""
         return self._options.kafka.config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
@@ -106,9 +89,7 @@ class KafkaMetadata:
             self._complaint = error
 
     def _complaints(self) -> KafkaError | None:
-        """The clients' latest own error report since the last call (served by a poll: the
-        consumer has no assignment outside :meth:`_probe_high_watermarks`, so a poll takes no
-        records)."""
+        """The clients' latest own error report since the last call."""
         if self._consumer is not None:
             self._consumer.poll(0)
         if self._admin is not None:
@@ -144,9 +125,9 @@ class KafkaMetadata:
     def offset_ranges(
         self, partitions: list[TopicPartitionKey], *, exact: bool = True
     ) -> dict[TopicPartitionKey, OffsetRange]:
-        """Earliest and latest offset of each partition (see the module docstring). With
-        ``exact``, the true latest of every partition; without, a partition whose reported
-        latest offset moved since the previous call is taken at its reported latest."""
+        """Earliest and latest offset of each partition. With ``exact``, the true latest of every
+        partition; without, a partition whose reported latest offset moved since the previous call
+        is taken at its reported latest."""
         if not partitions:
             return {}
         wait = self._wait(f"could not read the offsets of {len(partitions)} partition(s)")
@@ -179,8 +160,7 @@ class KafkaMetadata:
         self, partitions: list[TopicPartitionKey], timeout: float
     ) -> tuple[dict[TopicPartitionKey, int], dict[TopicPartitionKey, int]]:
         """Earliest and latest offsets by ListOffsets for every partition at once, at the
-        consumers' isolation level (a read_committed consumer cannot read past the last stable
-        offset); both requests are in flight together (planning waits one round trip)."""
+        consumers' isolation level; both requests are in flight together."""
         asked = [
             self._admin_client().list_offsets(
                 {TopicPartition(t, p): spec for t, p in partitions},
@@ -215,21 +195,12 @@ class KafkaMetadata:
     def _probe_high_watermarks(
         self, consumer: Consumer, ranges: dict[TopicPartitionKey, OffsetRange]
     ) -> dict[TopicPartitionKey, int]:
-        """Fetch from the reported latest offset; the fetch response carries the high
-        watermark. Where the broker reported the true high watermark (Kafka), the answer is
-        the end-of-partition event and no record is transferred; where it reported less (the
-        tail of its last record batch hidden), the records from there on.
-
-        librdkafka caches the high watermark of each fetch response
-        (``get_watermark_offsets(cached=True)``). The first message of a partition (a record or
-        the end-of-partition event) comes from a fetch response, so its cached value is the
-        answer (waiting for the end-of-partition event instead stalls planning under a steady
-        producer, whose records keep every fetch non-empty). Any other partition is answered
-        as soon as its cached value changed since the assignment and reached the reported
-        latest offset: it came from a response to this assignment (the partition was probed
-        because its reported latest offset moved, so its high watermark moved too), and the
-        partition's records need not be taken first (one message of each partition, behind
-        the other partitions' thousands, took milliseconds)."""
+        """Fetch from the reported latest offset: the fetch response carries the high watermark,
+        which librdkafka caches (``get_watermark_offsets(cached=True)``). A partition's first
+        message comes from a fetch response, so its cached value is the answer; another partition is
+        answered as soon as its cached value changed since the assignment and reached the reported
+        latest offset, without taking its records first. Waiting for the end-of-partition event
+        instead stalls planning under a steady producer."""
 
         def cached(tp: TopicPartitionKey) -> int:
             return int(consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1])

@@ -1,13 +1,8 @@
-"""Offsets for a time (Spark's ``startingTimestamp`` family, Flink's
-``OffsetsInitializer.timestamp``): per partition the earliest offset whose record timestamp is
-at or after the time, as Kafka's ListOffsets answers it.
+"""Offsets for a time (Spark's ``startingTimestamp`` family): per partition the earliest offset
+whose record timestamp is at or after the time, as Kafka's ListOffsets answers it.
 
-Not every Kafka-protocol broker answers that right: the embedded broker (Tansu) answers 0 for
-every time, librdkafka's mock cluster -1. So each answer is checked against the records around
-it (the record at the answer is at or after the time, the one before it is not; for "none", the
-partition's last record is before the time), two single-record reads per partition at query
-start. An answer that fails the check is replaced by a scan of the partition from its earliest
-offset, with a warning: correct on any broker, and never needed on Kafka.
+Tansu answers 0 for every time, librdkafka's mock cluster -1, so each answer is checked against
+the records around it, and one that fails is replaced by a scan, with a warning.
 """
 
 from __future__ import annotations
