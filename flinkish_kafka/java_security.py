@@ -109,19 +109,13 @@ NO_SECURITY = ClientSecurity()
 def client_config(kafka_config: Mapping[str, Any], security: ClientSecurity
                   ) -> dict[str, Any]:
     """The librdkafka settings of a client: the translated options, plus the key stores as
-    librdkafka's in-memory PEM settings (``ssl.ca.pem``, ``ssl.certificate.pem``,
-    ``ssl.key.pem``; converted on first use in this process) and the MSK IAM token
-    callback."""
+    in-memory PEM (converted on first use in this process) and the MSK IAM token callback."""
     config: dict[str, Any] = dict(kafka_config)
-    if not security.active:
-        return config
-    if security.truststore is not None or security.keystore is not None:
-        if security.truststore is not None:
-            config["ssl.ca.pem"] = store_pem(security.truststore).ca
-        if security.keystore is not None:
-            pem = store_pem(security.keystore)
-            config["ssl.certificate.pem"] = pem.certificate
-            config["ssl.key.pem"] = pem.key
+    if security.truststore is not None:
+        config["ssl.ca.pem"] = store_pem(security.truststore).ca
+    if security.keystore is not None:
+        pem = store_pem(security.keystore)
+        config["ssl.certificate.pem"], config["ssl.key.pem"] = pem.certificate, pem.key
     if security.msk_iam is not None:
         config["oauth_cb"] = token_callback(security.msk_iam)
     return config
@@ -131,10 +125,9 @@ def check_client_security(security: ClientSecurity) -> None:
     """Read the stores, load the MSK signer and find its AWS credentials now, at ``load()``,
     so that a wrong password, a damaged store, a missing library or missing credentials fail
     there, naming the option."""
-    if security.truststore is not None or security.keystore is not None:
-        for store in (security.truststore, security.keystore):
-            if store is not None:
-                read_store(store)
+    for store in (security.truststore, security.keystore):
+        if store is not None:
+            read_store(store)
     if security.msk_iam is not None:
         token_callback(security.msk_iam)
         check_credentials(security.msk_iam)
@@ -371,10 +364,10 @@ def _oauth(kafka: dict[str, str], out: dict[str, str], entry: JaasEntry, short: 
         f"kafka.sasl.oauthbearer.token.endpoint.url) and {_IAM_OAUTH_HANDLER} (AWS MSK IAM)")
 
 
-def _store_type(kafka: dict[str, str], kind: str, default: str | None) -> str | None:
+def _store_type(kafka: dict[str, str], kind: str) -> str | None:
     raw = kafka.pop(f"ssl.{kind}.type", None)
     if raw is None:
-        return default
+        return None
     value = raw.strip().upper()
     if value not in _STORE_TYPES:
         raise OptionError(f"option kafka.ssl.{kind}.type: {raw!r} is not one of "
@@ -394,7 +387,7 @@ def _truststore(kafka: dict[str, str]) -> StoreSpec | None:
     location = kafka.pop("ssl.truststore.location", None)
     certificates = kafka.pop("ssl.truststore.certificates", None)
     password = kafka.pop("ssl.truststore.password", None)
-    store_type = _store_type(kafka, "truststore", None)
+    store_type = _store_type(kafka, "truststore")
     if (location is None) == (certificates is None):
         raise OptionError(
             "give the trust store as kafka.ssl.truststore.location (a JKS, PKCS12 or PEM "
@@ -423,7 +416,7 @@ def _keystore(kafka: dict[str, str]) -> StoreSpec | None:
     key = kafka.pop("ssl.keystore.key", None)
     password = kafka.pop("ssl.keystore.password", None)
     key_password = kafka.pop("ssl.key.password", None)
-    store_type = _store_type(kafka, "keystore", None)
+    store_type = _store_type(kafka, "keystore")
     if location is not None and (chain is not None or key is not None):
         raise OptionError(
             "give the key store as kafka.ssl.keystore.location or as "

@@ -110,10 +110,9 @@ def journal(before: EpochWatermark, slices: Iterable[SlicePlan], *,
 
 def closing_carrier(options: SourceOptions, end: Mapping[str, Any], store: SourceStateStore
                     ) -> Iterator[pa.RecordBatch]:
-    """Called by each read task of the closing batch that ``end`` (the batch's end offset)
-    ends, after it recorded its markers: the carrier of the combined watermark after the batch,
-    W, if every read task of the batch has recorded its markers by now (recorded as delivered,
-    for :func:`delivered`); nothing otherwise (a task that finishes later carries it)."""
+    """Called by each read task of the closing batch ``end`` ends, after it recorded its
+    markers: the carrier of the combined watermark after the batch if every read task has
+    recorded its markers by now (recorded as delivered); nothing otherwise."""
     store.new_round()
     combined = _combined_after(options, end, from_json(end), store, reread=False)
     if combined is None or combined.watermark == MIN_WATERMARK:

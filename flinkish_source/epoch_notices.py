@@ -67,8 +67,7 @@ def canonical(offset: Any) -> str:
 
 def send(ends: Iterable[Any]) -> int:
     """Tell every listening reader of this machine that Spark committed the epochs ending at
-    ``ends``; returns how many readers were told. Sockets of readers that are gone are
-    removed."""
+    ``ends``; how many were told (sockets of readers that are gone are removed)."""
     directory = notice_dir()
     ends = list(ends)
     if directory is None or not ends:

@@ -176,12 +176,9 @@ class OffsetPlanner:
         load_state: StateLoader | None = None,
         hold: HoldDecider | None = None,
     ) -> Positions:
-        """The end offset of the next batch (equal to ``start`` when there is nothing to do).
-
-        ``limit`` caps the records admitted (maxOffsetsPerTrigger), shared out in proportion to
-        each partition's backlog; ``target`` caps each partition for Trigger.AvailableNow;
-        ``hold`` (watermark alignment) limits partitions in this batch (see ``HoldDecider``).
-        """
+        """The end offset of the next batch (``start`` when there is nothing to do): ``limit``
+        (maxOffsetsPerTrigger) shared by backlog, ``target`` per partition (Trigger.AvailableNow),
+        ``hold`` from watermark alignment."""
         options = self._options
         current = set(partitions)
         vanished = sorted(tp for tp in start if tp not in current)
@@ -254,12 +251,9 @@ class OffsetPlanner:
         """What each partition's read task does for the batch (start, end]; a pure function of
         the two journaled offsets, as Spark requires for replay.
 
-        A partition not announced downstream yet (no status: nothing read from it) starts at
-        its ``first`` offset as ``end`` journals it, not at ``start``'s: Spark calls
-        ``initialOffset`` again for the first batch's start when it runs that batch (and again
-        after a restart, ``MicroBatchExecution``'s ``getOrElse(stream.initialOffset)``), and
-        under ``startingOffsets=latest`` that answer has moved on past records the batch was
-        planned to read."""
+        A partition nothing was read from yet starts at its ``first`` offset as ``end`` journals it:
+        Spark asks ``initialOffset`` again for the first batch's start when it runs it (and after a
+        restart), and under ``startingOffsets=latest`` that answer has moved on."""
         plans = []
         for tp, pos in sorted(end.items()):
             before = start.get(tp)

@@ -277,16 +277,10 @@ ALIGNMENT_MAX_DRIFT = Option(
     doc="Duration. Watermark alignment (Flink's FLIP-182/217): a partition whose watermark is "
         "more than this ahead of the partitions still catching up (active, with records left "
         "to read) gets no records in the next batch, so the batch's budget goes to the "
-        "partitions that hold the combined watermark back. A partition with nothing left to "
-        "read, an idle one or a finished one holds nothing back; a held partition is never "
-        "marked idle. The partitions not held are read up to a common event-time level, "
-        "judged by the event time each one's last slice covered per offset: with "
-        "`maxOffsetsPerTrigger`, the highest level the budget reaches (so the budget goes to "
-        "the partitions holding the watermark back; one above that level reads nothing in the "
-        "batch), otherwise the drift past where the first runs out of records (`\"capped\": "
-        "true` when a partition reads less than its share). The decisions are journaled per "
-        "partition (`\"held\": true`, `\"capped\": true` in Spark's `offsets/N`) and listed by "
-        "`flinkish inspect`.")
+        "partitions that hold the combined watermark back; the others are read up to a common "
+        "event-time level ([how](../semantics.md#watermark-alignment-flip-182-flip-217)). "
+        "The decisions are journaled per partition (`\"held\": true`, `\"capped\": true` in "
+        "Spark's `offsets/N`) and listed by `flinkish inspect`.")
 POLL_TIMEOUT = Option(
     "kafkaConsumer.pollTimeoutMs", whole_number(1, "a positive number of ms"), 120_000,
     owner=CLIENT,
@@ -343,8 +337,7 @@ def display(key: str) -> str:
 
 
 def reference() -> str:
-    """The docs' source option reference (Markdown), generated from the declarations: a
-    table for each group of options, named by their owner."""
+    """The docs' source option reference (Markdown): a table for each group of options."""
     groups = dict.fromkeys(o.owner for o in SOURCE_OPTIONS)
     return "\n".join(
         f"## {group[0].upper()}{group[1:]}\n\n"
@@ -352,13 +345,9 @@ def reference() -> str:
         for group in groups)
 
 
-#: librdkafka settings every client of a query starts from (its ``kafka.*`` options win). When
-#: no broker answers, librdkafka's default ``metadata.recovery.strategy`` (``rebootstrap``)
-#: starts again from ``bootstrap.servers`` and so resets its reconnect backoff: a client of a
-#: cluster that is down, idle in the consumer pool included, would connect every ~50 ms for as
-#: long as it lives, and a process that later listens on one of those ports would get those
-#: connections. Without re-bootstrapping the backoff grows as in Kafka's Java client, capped at
-#: 1 s (``reconnect.backoff.max.ms``).
+#: librdkafka settings every client of a query starts from (its ``kafka.*`` options win).
+#: Re-bootstrapping (librdkafka's default) resets the reconnect backoff: a client of a cluster
+#: that is down would connect every ~50 ms for as long as it lives.
 CLIENT_DEFAULTS: dict[str, Any] = {
     "metadata.recovery.strategy": "none",
     "reconnect.backoff.max.ms": 1000,
@@ -366,8 +355,7 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 
 
 def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked (the
-    rule is :func:`flinkish_core.secrets.redact_config`, shared with the sink)."""
+    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
     return redact_config(config)
 
 
@@ -392,22 +380,18 @@ class KafkaClient:
     """How the query's clients reach Kafka (the options of the group "kafka client")."""
 
     config: dict[str, str] = field(repr=False)  # librdkafka's names; may hold secrets
-    # key stores and the MSK IAM callback, added where each client is built (client_config)
     security: ClientSecurity = field(default=NO_SECURITY, repr=False)
     poll_timeout_ms: int = 120_000
-    # the consumer group each completed epoch's end offsets are committed to (monitoring only;
-    # None: no commits); never in config, so read consumers never join or commit to it
+    # never in config, so read consumers never join or commit to it
     commit_group: str | None = None
 
     @property
     def read_committed(self) -> bool:
-        """Reads stop at the last stable offset and skip aborted transactions (librdkafka's
-        ``isolation.level``, read_committed unless set to read_uncommitted)."""
+        """librdkafka's ``isolation.level``: read_committed unless set otherwise."""
         return self.config.get("isolation.level") != "read_uncommitted"
 
     @property
     def safe_config(self) -> dict[str, Any]:
-        """``config`` with its secrets masked, to log or put in an error."""
         return redact_kafka_config(self.config)
 
     @property
@@ -416,9 +400,8 @@ class KafkaClient:
         return secret_values(self.config) + self.security.secrets()
 
     def client_config(self) -> dict[str, Any]:
-        """The settings of a librdkafka client of this query: ``config`` with the key stores'
-        PEM files and the MSK IAM token callback (see
-        :func:`flinkish_kafka.java_security.client_config`), over :data:`CLIENT_DEFAULTS`."""
+        """The settings of a librdkafka client of this query, key stores and MSK IAM callback
+        included, over :data:`CLIENT_DEFAULTS`."""
         return {**CLIENT_DEFAULTS, **client_config(self.config, self.security)}
 
 
@@ -428,12 +411,10 @@ class OffsetBounds:
 
     starting: str | dict[str, dict[int, int]] = "latest"
     ending: str | dict[str, dict[int, int]] | None = None
-    # Spark's startingTimestamp / startingOffsetsByTimestamp (one time for every partition, or
-    # per partition; epoch ms), and the ending pair: resolved to offsets when the query starts
+    # startingTimestamp (one for all) or startingOffsetsByTimestamp (epoch ms), and the ending
+    # pair: resolved to offsets when the query starts
     starting_times: int | dict[str, dict[int, int]] | None = None
-    # startingOffsetsByTimestampStrategy: no record at or after the time fails ("error") or
-    # starts at the partition's end ("latest")
-    starting_times_latest: bool = False
+    starting_times_latest: bool = False  # startingOffsetsByTimestampStrategy=latest
     ending_times: int | dict[str, dict[int, int]] | None = None
     fail_on_data_loss: bool = True
 
@@ -448,18 +429,15 @@ class Admission:
     """How much a micro-batch reads and in how many tasks (the group "admission")."""
 
     max_offsets_per_trigger: int | None = None
-    # Spark's trigger pacing: no batch before this many new records, unless the delay passed
     min_offsets_per_trigger: int | None = None
     max_trigger_delay_ms: int = DEFAULT_MAX_TRIGGER_DELAY_MS
-    # read tasks per batch at most; None: the driver's cores (see read_plan.default_read_tasks)
-    max_read_tasks: int | None = None
+    max_read_tasks: int | None = None  # None: the driver's cores (read_plan.default_read_tasks)
     min_partitions: int | None = None  # Spark's Kafka minPartitions: split large slices
 
 
 @dataclass(frozen=True)
 class EventTime:
-    """Where event time comes from and how watermarks follow it (the group "event time and
-    watermarks")."""
+    """Where event time comes from and how watermarks follow it."""
 
     include_markers: bool = True
     field: str | None = None  # a dotted path into the JSON value
@@ -482,8 +460,7 @@ class EventTime:
 
 @dataclass(frozen=True)
 class SourceOptions:
-    """The source's options, parsed (:func:`parse_options`), in the groups their readers
-    read."""
+    """The source's options, parsed (:func:`parse_options`), in the groups their readers read."""
 
     kafka: KafkaClient
     topics: TopicSelection
@@ -491,12 +468,10 @@ class SourceOptions:
     admission: Admission = Admission()
     event_time: EventTime = EventTime()
     include_headers: bool = False  # the schema's headers column
-    # the generators' state directory (the group "state"); None without watermarks
-    state_location: str | None = None
+    state_location: str | None = None  # the generators' state directory
 
 
 def _json_object(raw: str) -> dict[str, Any] | None:
-    """The JSON object ``raw`` holds (None: not JSON, or not an object)."""
     try:
         data = json.loads(raw)
     except json.JSONDecodeError:
@@ -538,8 +513,8 @@ def _offsets_json(key: str, raw: str, allow_earliest: bool) -> dict[str, dict[in
 
 def _times(given: Given, one: Option[str], each: Option[str],
            offsets: Option[Any]) -> int | dict[str, dict[int, int]] | None:
-    """``startingTimestamp`` (one time for every partition) or ``startingOffsetsByTimestamp``
-    (per partition), or the ending pair; at most one of them and of the offsets option."""
+    """``one`` time for every partition or ``each`` per partition; at most one of them and of
+    the ``offsets`` option."""
     named = [o.key for o in (one, each, offsets) if o in given]
     if len(named) > 1:
         raise OptionError(
@@ -572,11 +547,9 @@ def _times(given: Given, one: Option[str], each: Option[str],
 
 
 def _commit_group(given: Given, kafka: dict[str, str]) -> str | None:
-    """The consumer group completed epochs' offsets are committed to: ``kafka.group.id``, or
-    ``groupIdPrefix`` plus a digest of ``checkpointing.location`` (one group per query, the same
-    across restarts, as Spark's Kafka source names its groups from the query's checkpoint);
-    None when the query names no group or sets ``commitOffsetsOnCheckpoint=false``. Takes
-    ``group.id`` out of ``kafka``: the read consumers must not carry it."""
+    """The consumer group completed epochs' offsets are committed to (None: none), taken out of
+    ``kafka``: the read consumers must not carry it. ``groupIdPrefix`` names one group per query,
+    the same across restarts, as Spark's Kafka source names its groups."""
     group = kafka.pop("group.id", None)
     prefix = given.value(GROUP_ID_PREFIX) if GROUP_ID_PREFIX in given else None
     if group is not None and prefix is not None:
@@ -726,7 +699,6 @@ def _kafka_client(given: Given) -> KafkaClient:
 
 
 def _offset_bounds(given: Given, topics: TopicSelection) -> OffsetBounds:
-    # the keywords, like every other keyword value, in any case (Earliest, LATEST)
     starting_text = given.value(STARTING_OFFSETS).strip()
     starting: str | dict[str, dict[int, int]] = starting_text.lower()
     if starting not in ("earliest", "latest"):

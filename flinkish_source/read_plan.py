@@ -21,11 +21,9 @@ SLICE_COST = 200
 
 
 def default_read_tasks() -> int:
-    """The default of ``maxReadTasks``: the cores of the machine the driver-side reader runs
-    on. PySpark runs the reader in a Python process of its own, with no SparkContext, so Spark's
-    default parallelism cannot be asked for; under ``local[*]`` (and ``local[N]`` with N the
-    machine's cores) the two agree. On a cluster, set ``maxReadTasks`` to the executors' total
-    cores (``spark.sparkContext.defaultParallelism``)."""
+    """The default of ``maxReadTasks``: the driver machine's cores. PySpark's driver-side
+    reader has no SparkContext to ask for Spark's default parallelism (they agree under
+    ``local[*]``)."""
     return max(1, os.cpu_count() or 1)
 
 
@@ -47,9 +45,8 @@ def _part_count(size: int, total: int, min_parts: int) -> int:
 def split(slices: Sequence[SlicePlan], min_partitions: int | None,
           splittable: bool = True) -> list[SlicePiece]:
     """Spark's ``KafkaOffsetRangeCalculator.getRanges`` on slices: with fewer slices with
-    records than ``min_partitions``, the slices large relative to the total are split into
-    about ``size / total * min_partitions`` pieces of nearly equal size (never more pieces than
-    records); slices without records (a status change) stay whole."""
+    records than ``min_partitions``, large slices are split into about ``size / total *
+    min_partitions`` nearly equal pieces."""
     pieces = [SlicePiece.whole(s) for s in slices]
     with_records = [s for s in slices if s.end > s.start]
     if not splittable or min_partitions is None or len(with_records) >= min_partitions:

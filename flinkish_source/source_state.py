@@ -234,14 +234,9 @@ class SourceStateStore:
             self._partition_files.add((topic, partition))
 
     def prune_all(self, below: Mapping[tuple[str, int], int]) -> int:
-        """Forget what Spark will never plan from again, given each partition's ``base.at``:
-        task records whose every slice ends before its partition's (or whose partitions left
-        the query), and per-partition records before it (all partitions the first time, then
-        the ones the driver re-read). Returns how many task records were deleted.
-
-        The deletions are not made durable: this runs in every batch's ``walCommit`` (Spark
-        commits the source there), where an fsync per record is latency, and a record a crash
-        brings back is one Spark never plans from again, pruned at the next commit."""
+        """Forget what Spark will never plan from again, given each partition's ``base.at``;
+        returns how many task records were deleted. Not made durable: this runs in every batch's
+        ``walCommit``, and a record a crash brings back is pruned at the next commit."""
         self.refresh()
         deleted = 0
         for name, slices in list(self._index.records.items()):

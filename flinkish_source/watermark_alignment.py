@@ -40,10 +40,9 @@ def decide(
     pace: Pace | None = None,
     share: Share | None = None,
 ) -> AlignmentDecision:
-    """The partitions to hold back when planning from ``offsets`` (each partition's position)
-    with ``available`` (how far each could read), given the valve state ``combined``; with
-    ``pace`` and ``share`` (how the planner shares the batch's budget), the limits of the
-    partitions that are not held (see the module docstring)."""
+    """The partitions to hold back when planning from ``offsets`` with ``available`` (how far
+    each could read), given the valve state ``combined``; with ``pace`` and ``share``, the limits
+    of the partitions that are not held."""
     snapshot = combined.valve
     if snapshot is None:
         return AlignmentDecision(None, frozenset())
@@ -91,11 +90,9 @@ def _levelled(
     admitted: Mapping[TopicPartitionKey, int],
     max_drift_ms: int,
 ) -> dict[TopicPartitionKey, int]:
-    """Every pace known: the partitions that are not held read up to one common event-time
-    level. When the budget binds, the level is the highest it reaches, so the budget goes where
-    the combined watermark is held back; when it does not, the level is the drift past where
-    the first of them runs out of records. Either way the level stays within the drift of the
-    held partitions (they do not move), and the slowest always reads at least one record."""
+    """Every pace known: the partitions not held read up to one common event-time level, the
+    highest the budget reaches when it binds, else the drift past where the first runs out of
+    records; within the drift of the held ones, and the slowest always reads."""
     def records_to(level: int, tp: TopicPartitionKey) -> int:
         return min(lags[tp], max(0, int((level - free[tp]) // paces[tp])))
 
@@ -144,9 +141,8 @@ def _within_drift(
     admitted: Mapping[TopicPartitionKey, int],
     max_drift_ms: int,
 ) -> dict[TopicPartitionKey, int]:
-    """Some pace unknown: each partition with a pace reads at most what keeps it within the
-    drift of where the slowest is expected after the batch, a partition without one being
-    expected where it is now (the cautious guess); those without a pace are not limited."""
+    """Some pace unknown: a partition with a pace reads at most what keeps it within the drift
+    of where the slowest is expected after the batch (one without a pace: where it is now)."""
     after = min(wm + admitted.get(tp, 0) * (paces.get(tp) or 0)
                 for tp, wm in watermarks.items())
     most = {}
@@ -157,9 +153,8 @@ def _within_drift(
 
 
 def pace_at(store: SourceStateStore, tp: TopicPartitionKey, at: int) -> float | None:
-    """Event-time milliseconds per offset over the partition's last slice (the one that ended
-    at ``at``), from what its read task recorded; None when unknown (nothing read yet, no
-    event time, or a checkpoint from before slices recorded their earliest event time)."""
+    """Event-time milliseconds per offset over the partition's last slice (ending at ``at``);
+    None when unknown."""
     topic, partition = tp
     state = store.find_state(topic, partition, at)
     if state is None:

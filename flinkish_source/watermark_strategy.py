@@ -13,11 +13,8 @@ from flinkish_source.options import EventTime, WatermarkKind
 
 @dataclass(frozen=True)
 class GeneratorState:
-    """What a partition's generator knows after reading up to offset ``at``.
-
-    ``event_time_errors`` counts records whose event time could not be parsed and were emitted
-    without one (``eventTime.onError=skip``): skipped for watermarks, never dropped.
-    """
+    """What a partition's generator knows after reading up to offset ``at``
+    (``event_time_errors``: records emitted without an event time, ``eventTime.onError=skip``)."""
 
     at: int
     max_timestamp: int = MIN_WATERMARK
@@ -69,9 +66,8 @@ class WatermarkStrategy:
 
     @classmethod
     def from_options(cls, options: EventTime) -> WatermarkStrategy:
-        """The strategy ``watermark.strategy`` names, with its bound. (Idleness is judged
-        where batches are planned, from ``idleTimeout``: see
-        :class:`~flinkish_source.offset_planner.OffsetPlanner`.)"""
+        """The strategy ``watermark.strategy`` names, with its bound (idleness is judged where
+        batches are planned)."""
         return {
             WatermarkKind.BOUNDED_OUT_OF_ORDERNESS: cls.for_bounded_out_of_orderness(
                 options.max_out_of_orderness_ms
@@ -86,13 +82,10 @@ class WatermarkStrategy:
 
 
 class WatermarkGenerator:
-    """One partition's generator: Flink's ``onEvent`` / ``onPeriodicEmit`` split.
-
-    Bounded out-of-orderness emits ``max event time - bound - 1`` (Flink's formula: the
-    watermark promises no more events at or *below* it); monotonous timestamps is the same with
-    a bound of zero; punctuated emits a record's own event time when the record is flagged.
-    Watermarks are only ever emitted when they advance.
-    """
+    """One partition's generator (Flink's ``onEvent`` / ``onPeriodicEmit``): bounded
+    out-of-orderness emits ``max event time - bound - 1`` (no more events at or below it),
+    monotonous the same with no bound, punctuated a flagged record's own event time; only ever
+    advancing."""
 
     def __init__(self, strategy: WatermarkStrategy, state: GeneratorState) -> None:
         self._strategy = strategy

@@ -75,10 +75,8 @@ class GroupOffsetCommitter:
 
     def epoch_committed(self, epoch: str, offsets: Mapping[TopicPartitionKey, int],
                         notice: bool = False) -> bool:
-        """Spark has committed the epoch ``epoch``, which ends at ``offsets``: commit them, and
-        forget the epochs up to it. A ``notice`` (from the query's listener, which may lag
-        behind the planning) counts only for an epoch still planned: never a later epoch's
-        offsets replaced with an earlier one's, nor one this reader did not plan."""
+        """Spark has committed ``epoch``, which ends at ``offsets``: commit them, and forget the
+        epochs up to it. A ``notice`` counts only for an epoch still planned."""
         with self._lock:
             if epoch in self._planned:
                 while self._planned.popleft() != epoch:
@@ -88,9 +86,8 @@ class GroupOffsetCommitter:
             return self._commit_changed(offsets)
 
     def _commit_changed(self, offsets: Mapping[TopicPartitionKey, int]) -> bool:
-        """Commit ``offsets`` (the next offset to read, per partition), unless the group holds
-        them already; False, with a warning, when Kafka refused or could not be reached (the
-        next epoch's offsets are tried at once, the same ones after ``RETRY_INTERVAL_S``)."""
+        """Commit ``offsets`` unless the group holds them already; False, with a warning, when Kafka
+        refused or could not be reached."""
         changed = {tp: o for tp, o in offsets.items() if self.committed.get(tp) != o}
         if not changed:
             return True
