@@ -1,15 +1,10 @@
-"""Java key stores and trust stores (JKS, PKCS12, PEM) converted into the PEM text librdkafka
-takes in memory (``ssl.ca.pem``, ``ssl.certificate.pem``, ``ssl.key.pem``).
+"""Java key stores and trust stores (JKS, PKCS12, PEM) converted, once per process where a client
+is built, into the PEM text librdkafka takes in memory. Nothing is written: a file holding the
+unencrypted key would outlive a process that cannot clean up (PySpark's workers leave with
+``os._exit``), and its path would show in librdkafka's errors.
 
-A store is converted once per process (:func:`store_pem`), where the client is built: the
-store's path names a file on that machine, executors included. Nothing is written: a file
-holding the unencrypted key would outlive a process that cannot clean up (PySpark's
-daemon-forked workers leave with ``os._exit``, a SIGKILL leaves at once), and its path would
-show in librdkafka's errors.
-
-JKS is read here (its format is small and fixed: Sun's ``JavaKeyStore``, keys protected by
-``KeyProtector``); PKCS12 and PEM by ``cryptography``. Errors name the option and the problem,
-never a password.
+JKS is read here (its format is small and fixed: Sun's ``JavaKeyStore`` and ``KeyProtector``);
+PKCS12 and PEM by ``cryptography``. Errors name the option and the problem, never a password.
 """
 
 from __future__ import annotations
@@ -27,8 +22,7 @@ from flinkish_core.errors import OptionError
 
 @dataclass(frozen=True)
 class StoreSpec:
-    """A Java key store or trust store, as the options name it (converted per process by
-    :func:`store_pem`)."""
+    """A Java key store or trust store, as the options name it."""
 
     kind: str  # "truststore" or "keystore"
     store_type: str | None  # JKS, PKCS12, PEM; None: told by the file's content
@@ -60,9 +54,8 @@ class StoreContent:
 
 @dataclass(frozen=True)
 class StorePem:
-    """One store as librdkafka takes it in memory: ``ca`` (``ssl.ca.pem``) for a trust store,
-    ``certificate`` (``ssl.certificate.pem``, the chain) and ``key`` (``ssl.key.pem``) for a
-    key store."""
+    """One store as librdkafka's ``ssl.ca.pem`` (trust store), or ``ssl.certificate.pem`` and
+    ``ssl.key.pem`` (key store)."""
 
     ca: str | None = None
     certificate: str | None = None
@@ -224,11 +217,9 @@ def _read_pem(spec: StoreSpec, data: bytes | None) -> StoreContent:
 
 
 def read_store(spec: StoreSpec) -> StoreContent:
-    """The certificates (and key) of a store, of the type it is given as, or when no type is
-    given, the type its content shows (JKS, PKCS12 or PEM, as Java's keystore.type.compat
-    reads a PKCS12 file given as JKS). Whatever a client could not use fails here, at
-    ``load()``: an unreadable or damaged file, a wrong password, no certificate, a key that is
-    not the certificate's."""
+    """The certificates (and key) of a store, of its given type, else of the type its content
+    shows (as Java's keystore.type.compat reads a PKCS12 file given as JKS). Whatever a client
+    could not use fails here, at ``load()``."""
     content = _read(spec)
     if not content.certificates:
         raise _bad(spec, "holds no certificate; put the "
@@ -275,9 +266,8 @@ _converted: dict[StoreSpec, tuple[int | None, StorePem]] = {}
 
 
 def store_pem(spec: StoreSpec) -> StorePem:
-    """The PEM text of ``spec`` in this process, converted on first use (and again when the
-    store's file changed: a store renewed in place, a rotated certificate, reaches the clients
-    built after it)."""
+    """The PEM text of ``spec`` in this process, converted on first use and again when the
+    store's file changed (a rotated certificate reaches the clients built after it)."""
     from cryptography.hazmat.primitives.serialization import (
         Encoding,
         NoEncryption,

@@ -74,7 +74,6 @@ class PlanningValve:
         return hashlib.sha1(json.dumps(self.to_json(), sort_keys=True).encode()).hexdigest()
 
 
-
 def combined_after(options: SourceOptions, offset: Mapping[str, Any],
                    positions: Positions, store: SourceStateStore | None = None
                    ) -> EpochWatermark:

@@ -46,22 +46,11 @@ class PartitionPosition:
     capped: bool = False  # read less than its share then, to stay within the alignment drift
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "offset": self.offset,
-            "first": self.first,
-            "progressAt": self.progress_at,
-            "seen": self.seen,
-        }
-        if self.status is not None:
-            out["status"] = self.status
-        if self.base is not None:
-            out["base"] = self.base.to_json()
-        if self.stop is not None:
-            out["stop"] = self.stop
-        if self.held:
-            out["held"] = True
-        if self.capped:
-            out["capped"] = True
+        out: dict[str, Any] = {"offset": self.offset, "first": self.first,
+                               "progressAt": self.progress_at, "seen": self.seen}
+        optional = {"status": self.status, "base": self.base.to_json() if self.base else None,
+                    "stop": self.stop, "held": self.held or None, "capped": self.capped or None}
+        out.update((k, v) for k, v in optional.items() if v is not None)
         return out
 
     @classmethod
@@ -193,8 +182,6 @@ class OffsetPlanner:
                 # discovered after the query started: read from its beginning, as Spark does
                 stop = ranges[tp].latest if options.offsets.bounded else None
                 positions[tp] = self._new(ranges[tp].earliest, ranges[tp].latest, now_ms, stop)
-            elif tp not in positions:
-                continue
 
         available: dict[TopicPartitionKey, int] = {}
         for tp, pos in positions.items():
@@ -225,12 +212,8 @@ class OffsetPlanner:
             status = ACTIVE if (pos.status is None or offset > pos.offset) else pos.status
             idle_timeout = options.event_time.idle_timeout_ms
             finished = pos.stop is not None and offset >= pos.stop
-            if (
-                idle_timeout is not None
-                and not finished
-                and offset == available[tp]
-                and now_ms - progress_at >= idle_timeout
-            ):
+            if (idle_timeout is not None and not finished and offset == available[tp]
+                    and now_ms - progress_at >= idle_timeout):
                 status = IDLE
             base = pos.base
             has_slice = offset > pos.offset or status != pos.status
@@ -263,10 +246,8 @@ class OffsetPlanner:
             start_status = before.status if before is not None else None
             if pos.offset == first and pos.status == start_status:
                 continue
-            plans.append(
-                SlicePlan(tp[0], tp[1], first, pos.offset, start_status, pos.status or ACTIVE,
-                          pos.base, pos.stop)
-            )
+            plans.append(SlicePlan(tp[0], tp[1], first, pos.offset, start_status,
+                                   pos.status or ACTIVE, pos.base, pos.stop))
         return plans
 
 
