@@ -22,11 +22,9 @@ from flinkish_source.options import KafkaClient
 
 logger = logging.getLogger(__name__)
 
-#: How long the same offsets wait before they are tried again after a failed commit: Spark asks
-#: for new data every few milliseconds while there is none, and an unreachable coordinator
-#: would otherwise be asked (and warned about) on every one of those plannings.
+#: How long the same offsets wait before they are tried again after a failed commit: Spark
+#: plans every few milliseconds while there is no data, each planning a warning otherwise.
 RETRY_INTERVAL_S = 30.0
-
 
 #: How many planned epochs are remembered for completed-epoch notices: Spark runs one batch at a
 #: time, and a notice arrives before the next few are planned.
