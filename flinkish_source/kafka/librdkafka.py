@@ -160,7 +160,7 @@ class RangeReader:
 
     def read(self, topic: str, partition: int, start: int, end: int) -> Iterator[list[Message]]:
         """Records of one announced range, ``start <= offset < end``, in chunks (see
-        :func:`read_range` for how the end, lost offsets and silence are handled)."""
+        :func:`read_range`)."""
         r = self._by_key.get((topic, partition, start, end))
         if r is None:
             if end > start:
@@ -183,9 +183,9 @@ class RangeReader:
                 continue
             if r.done:
                 break
-            if (r.topic, r.partition) in self._assigned and self._assigned[
-                    (r.topic, r.partition)] is not r:
-                self._finish_other(self._assigned[(r.topic, r.partition)])
+            holder = self._assigned.get((r.topic, r.partition))
+            if holder is not None and holder is not r:
+                self._unassign(holder)  # it keeps what it read, fetched again in its turn
             self._fetch_ahead()
             self._poll()
             raise_refusal(options.kafka, f"could not read {topic}/{partition}")
@@ -222,11 +222,6 @@ class RangeReader:
         """Why a range waits, from the high watermark of the partition's last fetch answer."""
         high = int(self._client().get_watermark_offsets(r.tp, cached=True)[1])
         return no_records_reason(self._options.kafka, r.position, high)
-
-    def _finish_other(self, other: _Range) -> None:
-        """Another range of the same partition holds the assignment: it keeps what it has
-        read so far and is fetched again when its turn comes."""
-        self._unassign(other)
 
     def _serve(self, r: _Range) -> list[Message]:
         """The range's next chunk: its buffered chunks merged up to ``chunk`` messages."""

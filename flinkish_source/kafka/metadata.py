@@ -82,8 +82,8 @@ class KafkaMetadata:
         return self._options.kafka.config.get("enable.sparse.connections", False)
 
     def _noticed(self, error: KafkaError) -> None:
-        """A client's ``error_cb``. A refusal (failed authentication, TLS verification) is
-        kept over the reports that follow it ("1/1 brokers are down"): it is the cause."""
+        """A client's ``error_cb``; a refusal is kept over the reports that follow it: it is the
+        cause."""
         self._refusals.note(error)
         if security_failure(self._complaint) is None:
             self._complaint = error
@@ -115,9 +115,8 @@ class KafkaMetadata:
         )
         found: list[TopicPartitionKey] = []
         for name, topic in metadata.topics.items():
-            if not selection.matches(name) or topic.error is not None:
-                continue
-            found.extend((name, p) for p in topic.partitions)
+            if selection.matches(name) and topic.error is None:
+                found.extend((name, p) for p in topic.partitions)
         if selection.assign:
             found = [tp for tp in found if tp in set(selection.assign)]
         return sorted(found)
@@ -146,10 +145,8 @@ class KafkaMetadata:
             for tp, high in found.items():
                 self._probed[tp] = (reported[tp].latest, high)
             true_high.update(found)
-        return {
-            tp: OffsetRange(r.earliest, max(r.latest, true_high.get(tp, r.latest)))
-            for tp, r in reported.items()
-        }
+        return {tp: OffsetRange(r.earliest, max(r.latest, true_high.get(tp, r.latest)))
+                for tp, r in reported.items()}
 
     def _isolation(self) -> IsolationLevel:
         """The read consumers' isolation level (ListOffsets answers at it)."""
@@ -206,17 +203,12 @@ class KafkaMetadata:
             return int(consumer.get_watermark_offsets(TopicPartition(*tp), cached=True)[1])
 
         before = {tp: cached(tp) for tp in ranges}
-        consumer.assign(
-            [TopicPartition(t, p, r.latest) for (t, p), r in ranges.items()]
-        )
+        consumer.assign([TopicPartition(t, p, r.latest) for (t, p), r in ranges.items()])
         waiting = set(ranges)
         found: dict[TopicPartitionKey, int] = {}
         # poll() serves error_cb itself, so the complaint is read without a poll
-        wait = BrokerWait(
-            self._options.kafka,
-            f"could not probe the high watermarks of {len(ranges)} partition(s)",
-            lambda: self._complaint,
-        )
+        wait = BrokerWait(self._options.kafka, f"could not probe the high watermarks of "
+                          f"{len(ranges)} partition(s)", lambda: self._complaint)
         next_warning = time.monotonic() + wait.step
         try:
             while waiting:
