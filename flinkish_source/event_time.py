@@ -85,7 +85,7 @@ class EventTimeExtractor:
             return millis if _MIN_MS <= millis <= _MAX_MS else None
         return None
 
-    def raw_value(self, key: bytes | None, value: bytes | None, headers: Any) -> Any:
+    def _raw(self, value: bytes | None, headers: Any) -> Any:
         if self._path is not None:
             if value is None:
                 return None
@@ -110,9 +110,7 @@ class EventTimeExtractor:
                 "without an event time and count them"
             )
 
-    def extract(
-        self, key: bytes | None, value: bytes | None, headers: Any
-    ) -> tuple[int | None, Any]:
+    def extract(self, value: bytes | None, headers: Any) -> tuple[int | None, Any]:
         """(event time in ms or None, the raw value it was read from)."""
-        raw = self.raw_value(key, value, headers)
+        raw = self._raw(value, headers)
         return self._parse(raw), raw

@@ -482,7 +482,7 @@ def _event_times(
 ) -> list[int | None]:
     times: list[int | None] = []
     for m in msgs:
-        event_time, raw = extractor.extract(m.key(), m.value(), m.headers())
+        event_time, raw = extractor.extract(m.value(), m.headers())
         if event_time is None:
             extractor.failed(plan.topic, plan.partition, m.offset(), raw)
             if generator is not None:

@@ -251,10 +251,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
                 return alignment.decide(combined, offsets, available, drift, pace, share).limits
         now = _now_ms()
-        end = self._planner.latest(
-            positions, partitions, ranges, now, max_rows, self._target, self._load_state,
-            hold,
-        )
+        end = self._planner.latest(positions, partitions, ranges, now, max_rows, self._target,
+                                   self._load_state, hold)
         self._latest = {tp: r.latest for tp, r in ranges.items()}
         if self._delay_batch(positions, end, now):
             return start
@@ -342,9 +340,7 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             out.setdefault(topic, {})[str(part)] = latest
         return out
 
-    def _load_state(
-        self, tp: TopicPartitionKey, at: int, base: GeneratorState
-    ) -> GeneratorState:
+    def _load_state(self, tp: TopicPartitionKey, at: int, base: GeneratorState) -> GeneratorState:
         """The generator state a read task recorded at ``at``; if it is missing (a sink that
         did not consume the whole slice), rebuild it by re-reading the slice here."""
         store = self._store

@@ -32,7 +32,7 @@ def doc(value: Any) -> bytes:
 def test_kafka_timestamp_is_the_default() -> None:
     ex = extractor()
     assert ex.from_kafka_timestamp
-    assert ex.extract(b"k", b'{"ts": 5}', [("ts", b"7")]) == (None, None)
+    assert ex.extract(b'{"ts": 5}', [("ts", b"7")]) == (None, None)
 
 
 def test_field_or_header_is_not_kafka_timestamp() -> None:
@@ -58,17 +58,17 @@ def test_field_or_header_is_not_kafka_timestamp() -> None:
     ],
 )
 def test_json_number_in_unit(unit: str | None, value: Any, ms: int) -> None:
-    assert field(unit=unit).extract(None, doc(value), None) == (ms, value)
+    assert field(unit=unit).extract(doc(value), None) == (ms, value)
 
 
 @pytest.mark.parametrize(("value", "ms"), [(1.001, 1001), (1091837578.11, 1091837578110)])
 def test_fractional_seconds_are_exact_to_the_millisecond(value: float, ms: int) -> None:
-    assert field(unit="seconds").extract(None, doc(value), None)[0] == ms
+    assert field(unit="seconds").extract(doc(value), None)[0] == ms
 
 
 def test_dotted_path() -> None:
     value = json.dumps({"meta": {"time": {"at": 1234}}, "ts": 1}).encode()
-    assert field("meta.time.at").extract(None, value, None) == (1234, 1234)
+    assert field("meta.time.at").extract(value, None) == (1234, 1234)
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_dotted_path() -> None:
     ],
 )
 def test_iso_8601_with_zone(text: str, ms: int) -> None:
-    assert field().extract(None, doc(text), None) == (ms, text)
+    assert field().extract(doc(text), None) == (ms, text)
 
 
 @pytest.mark.parametrize(
@@ -94,7 +94,7 @@ def test_iso_8601_with_zone(text: str, ms: int) -> None:
     ],
 )
 def test_iso_8601_milliseconds_are_exact(text: str, ms: int) -> None:
-    assert field().extract(None, doc(text), None)[0] == ms
+    assert field().extract(doc(text), None)[0] == ms
 
 
 @pytest.mark.parametrize(
@@ -112,23 +112,23 @@ def test_iso_8601_milliseconds_are_exact(text: str, ms: int) -> None:
     ],
 )
 def test_unreadable_values_give_none(value: Any) -> None:
-    assert field().extract(None, doc(value), None) == (None, value)
+    assert field().extract(doc(value), None) == (None, value)
 
 
 def test_missing_field_and_non_json_value() -> None:
     ex = field("a.b")
-    assert ex.extract(None, b'{"a": {"c": 1}}', None) == (None, None)
-    assert ex.extract(None, b'{"a": 5}', None) == (None, None)
-    assert ex.extract(None, b"not json", None) == (None, None)
-    assert ex.extract(None, None, None) == (None, None)
-    assert ex.extract(None, b"\xff\xfe", None) == (None, None)
+    assert ex.extract(b'{"a": {"c": 1}}', None) == (None, None)
+    assert ex.extract(b'{"a": 5}', None) == (None, None)
+    assert ex.extract(b"not json", None) == (None, None)
+    assert ex.extract(None, None) == (None, None)
+    assert ex.extract(b"\xff\xfe", None) == (None, None)
 
 
 @pytest.mark.parametrize(
     "raw", [b'{"ts": "inf"}', b'{"ts": "Infinity"}', b'{"ts": 1e400}', b'{"ts": NaN}']
 )
 def test_non_finite_numbers_are_unreadable(raw: bytes) -> None:
-    assert field(on_error="skip").extract(None, raw, None)[0] is None
+    assert field(on_error="skip").extract(raw, None)[0] is None
 
 
 # ---------------------------------------------------------------- header
@@ -137,17 +137,17 @@ def test_non_finite_numbers_are_unreadable(raw: bytes) -> None:
 def test_header() -> None:
     ex = extractor(**{"eventTime.header": "event-ts"})
     headers = [("other", b"1"), ("event-ts", b"1700000000123")]
-    assert ex.extract(None, b"ignored", headers) == (1_700_000_000_123, b"1700000000123")
-    assert ex.extract(None, None, [("event-ts", b"2024-01-01T00:00:00Z")])[0] == 1_704_067_200_000
-    assert ex.extract(None, None, None) == (None, None)
-    assert ex.extract(None, None, [("other", b"5")]) == (None, None)
-    assert ex.extract(None, None, [("event-ts", None)]) == (None, None)
-    assert ex.extract(None, None, [("event-ts", b"\xff")]) == (None, b"\xff")
+    assert ex.extract(b"ignored", headers) == (1_700_000_000_123, b"1700000000123")
+    assert ex.extract(None, [("event-ts", b"2024-01-01T00:00:00Z")])[0] == 1_704_067_200_000
+    assert ex.extract(None, None) == (None, None)
+    assert ex.extract(None, [("other", b"5")]) == (None, None)
+    assert ex.extract(None, [("event-ts", None)]) == (None, None)
+    assert ex.extract(None, [("event-ts", b"\xff")]) == (None, b"\xff")
 
 
 def test_header_in_seconds() -> None:
     ex = extractor(**{"eventTime.header": "ts", "eventTime.unit": "seconds"})
-    assert ex.extract(None, None, [("ts", b"1700000000")])[0] == 1_700_000_000_000
+    assert ex.extract(None, [("ts", b"1700000000")])[0] == 1_700_000_000_000
 
 
 # ---------------------------------------------------------------- policy
