@@ -237,10 +237,8 @@ class _PieceReader:
         self.out = _Batches(plan, options.include_headers)
         self.markers = options.event_time.include_markers
         strategy = WatermarkStrategy.from_options(options.event_time)
-        self.generator = (
-            strategy.create_generator(plan.base)
-            if self.markers and plan.base is not None else None
-        )
+        self.generator = (strategy.create_generator(plan.base)
+                          if self.markers and plan.base is not None else None)
         self.extractor = EventTimeExtractor(options.event_time)
         self.punctuated = (self.generator is not None
                            and options.event_time.watermark is WatermarkKind.PUNCTUATED)

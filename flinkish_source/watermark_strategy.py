@@ -22,19 +22,14 @@ class GeneratorState:
     event_time_errors: int = 0
 
     def to_json(self) -> dict[str, int]:
-        return {
-            "at": self.at,
-            "maxTs": self.max_timestamp,
-            "wm": self.watermark,
-            "errors": self.event_time_errors,
-        }
+        return {"at": self.at, "maxTs": self.max_timestamp, "wm": self.watermark,
+                "errors": self.event_time_errors}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> GeneratorState:
         try:
-            return cls(
-                int(data["at"]), int(data["maxTs"]), int(data["wm"]), int(data.get("errors", 0))
-            )
+            return cls(int(data["at"]), int(data["maxTs"]), int(data["wm"]),
+                       int(data.get("errors", 0)))
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a watermark generator state: {data!r}") from exc
 
@@ -69,9 +64,8 @@ class WatermarkStrategy:
         """The strategy ``watermark.strategy`` names, with its bound (idleness is judged where
         batches are planned)."""
         return {
-            WatermarkKind.BOUNDED_OUT_OF_ORDERNESS: cls.for_bounded_out_of_orderness(
-                options.max_out_of_orderness_ms
-            ),
+            WatermarkKind.BOUNDED_OUT_OF_ORDERNESS:
+                cls.for_bounded_out_of_orderness(options.max_out_of_orderness_ms),
             WatermarkKind.MONOTONOUS: cls.for_monotonous_timestamps(),
             WatermarkKind.PUNCTUATED: cls.punctuated(),
             WatermarkKind.NONE: cls.no_watermarks(),
@@ -95,10 +89,8 @@ class WatermarkGenerator:
 
     @property
     def periodic(self) -> bool:
-        return self._strategy.kind in (
-            WatermarkKind.BOUNDED_OUT_OF_ORDERNESS,
-            WatermarkKind.MONOTONOUS,
-        )
+        return self._strategy.kind in (WatermarkKind.BOUNDED_OUT_OF_ORDERNESS,
+                                       WatermarkKind.MONOTONOUS)
 
     def on_max_event_time(self, max_ts: int | None) -> None:
         """Fold in a chunk's maximum event time (periodic strategies read whole chunks)."""
