@@ -126,12 +126,9 @@ def servers(kafka: KafkaClient) -> str:
 
 def error_hint(kafka: KafkaClient) -> str:
     """What to check, with the client settings in use (secrets masked)."""
-    return (
-        f"bootstrap servers {servers(kafka)!r}; check "
-        "kafka.bootstrap.servers and the kafka.security.*/sasl.*/ssl.* settings "
-        f"({WAIT_OPTION} sets how long to wait); client settings: "
-        f"{kafka.safe_config}"
-    )
+    return (f"bootstrap servers {servers(kafka)!r}; check kafka.bootstrap.servers and the "
+            f"kafka.security.*/sasl.*/ssl.* settings ({WAIT_OPTION} sets how long to wait); "
+            f"client settings: {kafka.safe_config}")
 
 
 def no_records_reason(kafka: KafkaClient, position: int, high: int) -> str:
@@ -353,21 +350,15 @@ CLIENT_LOG = ClientLog()
 
 def consumer_config(kafka: KafkaClient, **overrides: Any) -> dict[str, Any]:
     """librdkafka settings for a manually assigned, never-committing consumer."""
-    config: dict[str, Any] = kafka.client_config()
-    config.update(
-        {
-            "group.id": f"flinkish-{uuid.uuid4().hex}",
-            "error_cb": note_refusal,
-            "enable.auto.commit": False,
-            "enable.partition.eof": True,
-            "auto.offset.reset": "error",
-            "socket.timeout.ms": min(60_000, max(1_000, kafka.poll_timeout_ms)),
-            "log_level": 3,
-            "logger": CLIENT_LOG,
-        }
-    )
-    config.update(overrides)
-    return config
+    return {**kafka.client_config(), "group.id": f"flinkish-{uuid.uuid4().hex}",
+            "error_cb": note_refusal, "enable.auto.commit": False, "enable.partition.eof": True,
+            "auto.offset.reset": "error", "socket.timeout.ms": socket_timeout_ms(kafka),
+            "log_level": 3, "logger": CLIENT_LOG, **overrides}
+
+
+def socket_timeout_ms(kafka: KafkaClient) -> int:
+    """librdkafka's ``socket.timeout.ms``: ``kafkaConsumer.pollTimeoutMs`` clamped to 1-60 s."""
+    return min(60_000, max(1_000, kafka.poll_timeout_ms))
 
 
 #: Idle consumers kept per client configuration, for as long as Spark's Kafka consumer cache
@@ -593,17 +584,13 @@ def retention_loss(options: SourceOptions, topic: str, partition: int, position:
                                  "deleted by retention or the topic was recreated"))
 
 
-def lost_offsets(
-    options: SourceOptions, topic: str, partition: int, first: int, resume: int, why: str
-) -> int:
+def lost_offsets(options: SourceOptions, topic: str, partition: int, first: int, resume: int,
+                 why: str) -> int:
     """Offsets ``first..resume-1`` are gone: fail, or (failOnDataLoss=false) say so and skip."""
-    message = (
-        f"{topic}/{partition}: offsets {first}..{resume - 1} planned for this micro-batch are no "
-        f"longer in Kafka ({why})"
-    )
+    message = (f"{topic}/{partition}: offsets {first}..{resume - 1} planned for this "
+               f"micro-batch are no longer in Kafka ({why})")
     if options.offsets.fail_on_data_loss:
-        raise DataLossError(
-            message + "; set failOnDataLoss=false to skip lost offsets and continue"
-        )
+        raise DataLossError(message + "; set failOnDataLoss=false to skip lost offsets and "
+                            "continue")
     logger.warning("%s; skipping them because failOnDataLoss=false", message)
     return resume

@@ -23,6 +23,7 @@ from flinkish_source.kafka.base import (
     TopicPartitionKey,
     consumer_config,
     security_failure,
+    socket_timeout_ms,
 )
 from flinkish_source.options import SourceOptions
 
@@ -65,7 +66,7 @@ class KafkaMetadata:
         if self._admin is None:
             config: dict[str, Any] = self._options.kafka.client_config()
             config.update({
-                "socket.timeout.ms": min(60_000, max(1_000, self._options.kafka.poll_timeout_ms)),
+                "socket.timeout.ms": socket_timeout_ms(self._options.kafka),
                 "log_level": 3,  # consumer settings among kafka.* only draw warnings here
                 "logger": CLIENT_LOG,
                 "error_cb": self._noticed,
