@@ -226,9 +226,7 @@ def broker_addresses(servers: str) -> list[tuple[str, int]]:
     prefixes like ``SASL_SSL://`` are dropped, as librdkafka does)."""
     out = []
     for item in servers.split(","):
-        item = item.strip()
-        if "://" in item:
-            item = item.split("://", 1)[1]
+        item = item.strip().rpartition("://")[2]
         if not item:
             continue
         host, sep, port = item.rpartition(":")
