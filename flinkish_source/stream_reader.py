@@ -119,16 +119,11 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._target: dict[TopicPartitionKey, int] | None = None
         self._state_store: SourceStateStore | None = None
         self._committer: GroupOffsetCommitter | None = None
-        # where the query's listener says Spark committed an epoch (flinkish_source.epoch_notices)
         self._notices: NoticeListener | None = None
-        # processing time (ms) of the last batch planned (Spark's lastTriggerMillis: 0 lets
-        # the first planning through whatever minOffsetsPerTrigger says)
-        self._last_trigger_ms = 0
+        self._last_trigger_ms = 0  # Spark's lastTriggerMillis: 0 never delays the first batch
         self._latest: dict[TopicPartitionKey, int] = {}
-        # prepareForTriggerAvailableNow's view of the cluster, for initialOffset, which Spark
-        # calls right after it on a new query: the same instant, one round of requests
-        self._prepared: tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]] | None = (
-            None)
+        # prepareForTriggerAvailableNow's view of the cluster, for the initialOffset after it
+        self._prepared: tuple[list[TopicPartitionKey], dict[TopicPartitionKey, Any]] | None = None
         # the first answer of initialOffset: Spark asks again when it runs the first batch
         # (and at each trigger until it plans one), and the query starts where it first said
         self._initial: dict | None = None

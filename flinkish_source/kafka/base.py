@@ -268,21 +268,15 @@ class BrokerWait:
             try:
                 answer = attempt(max(0.001, min(limit, self.remaining())))
             except KafkaException as exc:
-                error = exc.args[0] if exc.args else None
-                code = error.code() if isinstance(error, KafkaError) else None
-                reason = scrub(
-                    error.str() if isinstance(error, KafkaError) else str(exc),
-                    self._kafka.secrets,
-                )
-                refused = (security_error(self._kafka, self.what, error)
-                           if isinstance(error, KafkaError) else None)
+                error = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                reason = scrub(str(exc) if error is None else error.str(), self._kafka.secrets)
+                refused = None if error is None else security_error(self._kafka, self.what, error)
                 if refused is not None:
                     raise refused from exc
-                if code not in _UNANSWERED:
+                if error is None or error.code() not in _UNANSWERED:
                     raise KafkaUnavailableError(
                         f"{self.what}: the brokers answered with an error: {reason}; "
-                        + error_hint(self._kafka)
-                    ) from exc
+                        + error_hint(self._kafka)) from exc
             else:
                 if self._refusals is not None:
                     self._refusals.answered()
