@@ -285,18 +285,9 @@ POLL_TIMEOUT = Option(
     "kafkaConsumer.pollTimeoutMs", whole_number(1, "a positive number of ms"), 120_000,
     owner=CLIENT,
     doc="Positive ms. Upper bound on each metadata, offset or fetch wait, and on a read task "
-        "making no progress. While the brokers do not answer, the source logs a warning every "
-        "sixth of this bound (what it waits for, which servers, the client's reason, time "
-        "waited and left), then fails naming the servers and this option. A read task "
-        "waiting for records says why, from the high watermark of the partition's last fetch "
-        "answer: no answer yet, records the broker counts but does not serve (an open "
-        "transaction under read_committed, or a broker stalled on its writes), or none "
-        "written yet. A connection "
-        "refused by every bootstrap server (nothing listens there: a wrong host or port) "
-        "fails after 4 s instead, unless a broker answered before (a cluster that restarts "
-        "gets the whole wait). The clients' own log lines go to the Python logger "
-        "`flinkish_source.kafka.client` at DEBUG, not to stderr. The consumer's "
-        "`socket.timeout.ms` is this value clamped to 1–60 s.")
+        "making no progress, with a warning every sixth of it; a connection refused by every "
+        "bootstrap server fails after 4 s ([when the brokers do not answer]"
+        "(../guides/recover-after-crash.md#when-the-brokers-do-not-answer)).")
 MAX_READ_TASKS = Option(
     "maxReadTasks", _positive, None, owner=ADMISSION, shown_default="the driver's cores",
     doc="Positive integer. At most this many Spark read tasks per micro-batch; each reads the "
