@@ -39,15 +39,13 @@ SASL_HANDSHAKE = 17
 SASL_AUTHENTICATE = 36
 UNSUPPORTED_VERSION = 35
 
-#: The versions this client speaks of each API it sends, and from which one it is flexible.
-SPOKEN: dict[int, tuple[int, int]] = {
-    API_VERSIONS: (0, 3),
-    SASL_HANDSHAKE: (1, 1),  # v0 (bare SASL tokens after it) is Kafka < 1.0's; removed in 4.0
-    SASL_AUTHENTICATE: (0, 2),
+#: The APIs this client sends: api key -> (lowest, highest version, first flexible one, name).
+SPOKEN: dict[int, tuple[int, int, int, str]] = {
+    API_VERSIONS: (0, 3, 3, "ApiVersions"),
+    # v0 (bare SASL tokens after it) is Kafka < 1.0's; removed in 4.0
+    SASL_HANDSHAKE: (1, 1, 99, "SaslHandshake"),
+    SASL_AUTHENTICATE: (0, 2, 2, "SaslAuthenticate"),
 }
-FLEXIBLE_FROM: dict[int, int] = {API_VERSIONS: 3, SASL_HANDSHAKE: 99, SASL_AUTHENTICATE: 2}
-API_NAMES: dict[int, str] = {API_VERSIONS: "ApiVersions", SASL_HANDSHAKE: "SaslHandshake",
-                             SASL_AUTHENTICATE: "SaslAuthenticate"}
 
 #: Kafka's names for the error codes this package reports (``Errors.java``)
 ERROR_NAMES: dict[int, str] = {
@@ -512,11 +510,7 @@ class BrokerConnection:
         self._client_id = client_id
         self._timeout_s = timeout_s
         self._correlation = 0
-        self._spoken = {api: (low, high) for api, (low, high) in SPOKEN.items()}
-        self._flexible = dict(FLEXIBLE_FROM)
-        self._names = dict(API_NAMES)
-        for api, (low, high, flexible, name) in (speaks or {}).items():
-            self._spoken[api], self._flexible[api], self._names[api] = (low, high), flexible, name
+        self._speaks = {**SPOKEN, **(speaks or {})}
         self.broker_versions: dict[int, tuple[int, int]] = {}
         security = Security.of(config)
         context = _tls_context(config) if security.tls else None
@@ -552,18 +546,18 @@ class BrokerConnection:
 
     def version(self, api: int) -> int:
         """The highest version of ``api`` both this client and the broker speak."""
-        low, high = self._spoken[api]
+        low, high, _, name = self._speaks[api]
         broker_low, broker_high = self.broker_versions.get(api, (0, -1))
         if max(low, broker_low) > min(high, broker_high):
             broker = (f"versions {broker_low}..{broker_high}" if api in self.broker_versions
                       else "no version")
             raise UnsupportedVersionError(self._say(
-                f"the broker speaks {broker} of {self._names.get(api, api)} (API key {api}); "
+                f"the broker speaks {broker} of {name} (API key {api}); "
                 f"this client speaks {low}..{high}"))
         return min(high, broker_high)
 
     def flexible(self, api: int, version: int) -> bool:
-        return version >= self._flexible[api]
+        return version >= self._speaks[api][2]
 
     def call(self, api: int, version: int, body: bytes, timeout_s: float | None = None
              ) -> Reader:
@@ -580,7 +574,7 @@ class BrokerConnection:
         except (OSError, ssl.SSLError) as exc:  # socket.timeout is an OSError
             self.close()
             raise BrokerUnavailable(self._say(
-                f"{self._names.get(api, api)} failed: {exc.__class__.__name__}: {exc}")) from None
+                f"{self._speaks[api][3]} failed: {exc.__class__.__name__}: {exc}")) from None
         if payload is None:
             self.close()
             raise BrokerUnavailable(self._say(
