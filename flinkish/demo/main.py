@@ -33,7 +33,7 @@ from rich.text import Text
 
 from flinkish.demo.processes import kill_tree
 from flinkish.demo.windows import Comparison, WindowCount, WindowQuery
-from flinkish.inspect import EpochRow, format_watermark, load_epochs
+from flinkish.inspect import EpochRow, format_watermark, load_epochs, number_ranges
 
 PARTITIONS = 4
 LAGGING, SILENT = 3, 2
@@ -148,17 +148,6 @@ def _all_idle(epochs: list[EpochRow]) -> list[int]:
     """Completed epochs with every partition IDLE (the valve released the maximum)."""
     return [r.epoch for r in epochs if r.state == "completed"
             and len(r.idle_partitions) == PARTITIONS]
-
-
-def _span(numbers: list[int]) -> str:
-    """``3, 4, 5, 9`` as ``3-5, 9``."""
-    parts: list[str] = []
-    for n in numbers:
-        if parts and n == int(parts[-1].rsplit("-", 1)[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
-        else:
-            parts.append(str(n))
-    return ", ".join(parts) or "none"
 
 
 class QueryProcess:
@@ -321,7 +310,7 @@ def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int
     summary.add_row("flinkish combined watermark",
                     format_watermark(latest.watermark if latest else None, False),
                     "valve: min over active partitions" + _idle_note(idle))
-    summary.add_row(f"partition {SILENT} IDLE in epochs", _span(_idle_alone(epochs, topic)),
+    summary.add_row(f"partition {SILENT} IDLE in epochs", number_ranges(_idle_alone(epochs, topic)),
                     f"idleTimeout {IDLE_TIMEOUT_MS / 1000:g} s")
     summary.add_row("rows flinkish committed", str(committed),
                     f"late {late} (kept, counted); dropped 0")
@@ -693,8 +682,9 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     for count in run.counts:
         _say(console, _window_line(count.label, results[count.name], lagging) + (
             "" if read_all[count.name] else "; did NOT read every event"))
-    _say(console, f"partition {SILENT} (silent) IDLE in epochs {_span(_idle_alone(epochs, topic))}"
-         f"; every partition IDLE in epochs {_span(_all_idle(epochs))}")
+    _say(console, f"partition {SILENT} (silent) IDLE in epochs "
+         f"{number_ranges(_idle_alone(epochs, topic))}; every partition IDLE in epochs "
+         f"{number_ranges(_all_idle(epochs))}")
     if spark.progress.dropped < spark.dropped:
         _say(console, "(numRowsDroppedByWatermark counts what reaches Spark's state store after "
              "partial aggregation, not input rows: the output shows the rows lost)")
