@@ -48,9 +48,6 @@ class CompletedEpochListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         send(end_offsets(json.loads(event.progress.json)))
 
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
     def onQueryTerminated(self, event: Any) -> None:
         error = event.exception or ""
         if OPERATOR_MISMATCH in error and WINDOW_OPERATOR_0_1 in error:

@@ -1,23 +1,7 @@
 """How far a flinkish query is behind, from its progress reports: Spark's Kafka source's names
-for offsets, Flink's for time.
-
-Every micro-batch's ``StreamingQueryProgress`` holds, per source, the batch's end offset (the
-flinkish offset: per partition the next offset to read, its status and the time it last got
-records, the generator's watermark at its last slice's start, and the valve's combined
-watermark) and what Kafka held at planning (``latestOffset``, from the source's
-``reportLatestOffset``). From these:
-
-* ``min/max/avgOffsetsBehindLatest`` — Spark's Kafka source's metrics: records in Kafka the
-  query has not planned yet, per partition (from ``latestOffset``; from the journaled offset's
-  own ``seen``, the latest offset planning saw, where there is none, as in Spark's offsets
-  log, which ``flinkish inspect`` reads);
-* ``watermarkLag`` — Flink's ``KafkaSource`` metric: processing time minus the watermark (here
-  the valve's combined watermark journaled with the batch, and per partition its generator's);
-* ``sourceIdleTime`` — Flink's: how long an IDLE partition has gone without records.
-
-Python sources cannot add custom metrics to Spark's progress (yet), so :class:`LagListener`
-logs these per batch; ``kafka.group.id`` / ``groupIdPrefix`` also put the committed offsets where
-Kafka's own lag tools look (see ``flinkish_source.kafka.group_offsets``).
+for offsets (``min/max/avgOffsetsBehindLatest``), Flink's for time (``watermarkLag``,
+``sourceIdleTime``). Python sources cannot add custom metrics to Spark's progress, so
+:func:`log_lag` logs them (docs/guides/monitor-lag.md).
 """
 
 from __future__ import annotations
@@ -183,9 +167,6 @@ def log_lag(spark: Any, level: int = logging.INFO) -> Any:
                 logger.log(level, "query %s batch %s: %s",
                            progress.get("name") or progress.get("id"), lag.batch_id,
                            lag.describe())
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
 
         def onQueryTerminated(self, event: Any) -> None:
             pass

@@ -165,9 +165,6 @@ def _listener() -> Any:
             if message is not None:
                 logger.error(message)
 
-        def onQueryIdle(self, event: Any) -> None:
-            pass
-
         def onQueryTerminated(self, event: Any) -> None:
             self.monitor.forget(str(event.runId))
 

@@ -92,9 +92,6 @@ class ProgressFiles:
             def onQueryProgress(self, event: Any) -> None:
                 files.write(str(event.progress.id), event.progress.json)
 
-            def onQueryIdle(self, event: Any) -> None:
-                pass
-
             def onQueryTerminated(self, event: Any) -> None:
                 pass
 
