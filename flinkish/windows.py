@@ -196,16 +196,9 @@ def window(
     ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
     ``.process(...)``) with ``sideOutputLateData``.
 
-    ``df`` comes from :func:`flinkish.with_watermark`: its ``event_time`` column must carry
-    the watermark. Each element handed to the window function is the ``value`` column's value
-    (None without one). The returned DataFrame (output mode append) has the key columns,
-    ``kind`` (``'result'`` or ``'late'``), the firing's ``window_start``, ``window_end``
-    (null for global windows), ``result`` (``result_type``), ``pane_index``, ``pane_timing``
-    (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows the element's
-    ``event_time`` column and ``value`` column. See :func:`split`.
-
     Args:
-        df: the output of :func:`flinkish.with_watermark` (or a row-wise transformation of it).
+        df: the output of :func:`flinkish.with_watermark` (or a row-wise transformation of it),
+            its ``event_time`` column carrying the watermark.
         key: the key column, or several.
         assigner: which windows an element belongs to (:func:`tumbling`, :func:`sliding`,
             :func:`session`, :func:`global_windows`).
@@ -230,7 +223,10 @@ def window(
 
     Returns:
         The windows' results and late elements as one streaming DataFrame (output mode
-        append), columns as above.
+        append): the key columns, ``kind`` (``'result'`` or ``'late'``), the firing's
+        ``window_start``, ``window_end`` (null for global windows), ``result``, ``pane_index``,
+        ``pane_timing`` (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows
+        the element's ``event_time`` and ``value`` columns. See :func:`split`.
 
     Raises:
         OptionError: not exactly one of ``aggregate`` and ``process``, a processing-time
