@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
@@ -85,7 +86,7 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
     """
     if now_ms is None:
         stamp = progress.get("timestamp")
-        now_ms = int(time.time() * 1000) if stamp is None else _parse_ms(str(stamp))
+        now_ms = int(time.time() * 1000) if stamp is None else timestamp_ms(str(stamp))
     out = []
     for source, end in _flinkish_sources(progress):
         latest = _json(source.get("latestOffset"))
@@ -138,10 +139,13 @@ def combined(lags: list[SourceLag]) -> SourceLag | None:
     )
 
 
-def _parse_ms(text: str) -> int:
-    from datetime import datetime
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+def timestamp_ms(text: str) -> int:
+    """A progress report's ISO time as epoch milliseconds, exactly (a float's would not be)."""
+    return (datetime.fromisoformat(text.replace("Z", "+00:00")) - EPOCH) // timedelta(
+        milliseconds=1)
 
 
 def log_lag(spark: Any, level: int = logging.INFO) -> Any:

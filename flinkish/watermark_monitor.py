@@ -17,9 +17,10 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any
 
+from flinkish.lag import EPOCH, timestamp_ms
 from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
@@ -43,16 +44,8 @@ def _horizons(observed: Mapping[str, Any]) -> list[int]:
     return [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _parse_ms(text: str) -> int:
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return (moment - _EPOCH) // timedelta(milliseconds=1)  # exact where floats are not
-
-
 def _iso(ms: int) -> str:
-    return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+    return (EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
 
 
 def _journaled_watermark(sources: list[Mapping[str, Any]]) -> int | None:
@@ -101,7 +94,7 @@ class WatermarkMonitor:
         text = (progress.get("eventTime") or {}).get("watermark")
         if expected is None or text is None:
             return None
-        spark = _parse_ms(text)
+        spark = timestamp_ms(text)
         if spark >= expected:
             query.behind, query.reported = 0, False
             return None

@@ -14,9 +14,10 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from flinkish.lag import timestamp_ms
 
 WINDOW_MS = 10_000
 
@@ -45,10 +46,6 @@ class Progress:
         return self.batch is not None
 
 
-def _ms(text: str) -> int:
-    return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
 def read_progress(path: Path, topic: str) -> Progress:
     if not path.exists():
         return Progress()
@@ -72,8 +69,8 @@ def read_progress(path: Path, topic: str) -> Progress:
             end = json.loads(end)
         for p, entry in ((end or {}).get("topics", {}).get(topic, {})).items():
             ends[int(p)] = int(entry["offset"])
-    return Progress(len(reports), int(last["batchId"]), _ms(text) if text else None, dropped,
-                    ends)
+    return Progress(len(reports), int(last["batchId"]),
+                    timestamp_ms(text) if text else None, dropped, ends)
 
 
 class WindowOutput:
