@@ -1,10 +1,6 @@
 """The valve for any sink: a ``foreachBatch`` wrapper that applies the valve to each
-micro-batch, keeps its state in the checkpoint store, and hands the user function the batch's
-records together with the combined watermark and the late-data split.
-
-Records of epoch N whose event time is at or below the combined watermark epoch N-1 committed
-are *late* (Flink's ``sideOutputLateData``): they are never dropped here, only classified, so the
-user decides where they go.
+micro-batch and hands the user function its records with the combined watermark and the late
+ones (at or below the epoch before's watermark) split off, never dropped.
 """
 
 from __future__ import annotations
@@ -39,9 +35,9 @@ class WatermarkedBatch:
     """
 
     epoch: int
-    records: Any  # DataFrame: the batch's record rows, marker columns dropped
-    on_time: Any  # DataFrame: records after the previous combined watermark
-    late: Any  # DataFrame: records at or below it
+    records: Any  # DataFrames, these three
+    on_time: Any
+    late: Any
     watermark: EpochWatermark
     rows: int
     late_rows: int

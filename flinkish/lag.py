@@ -42,6 +42,14 @@ class SourceLag:
         )
 
 
+def _source_lag(batch_id: int, behind: dict[str, int], watermark_lag_ms: int | None,
+                partition_watermark_lag_ms: dict[str, int], idle_ms: dict[str, int]
+                ) -> SourceLag:
+    values = list(behind.values()) or [0]
+    return SourceLag(batch_id, behind, min(values), max(values), sum(values) / len(values),
+                     watermark_lag_ms, partition_watermark_lag_ms, idle_ms)
+
+
 def _json(value: Any) -> Any:
     if isinstance(value, str):
         try:
@@ -106,17 +114,8 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
                 if pos.get("status") == "IDLE":
                     idle[name] = max(0, now_ms - int(pos["progressAt"]))
         valve: Mapping[str, Any] = end["valve"] if isinstance(end.get("valve"), Mapping) else {}
-        values = list(behind.values()) or [0]
-        out.append(SourceLag(
-            batch_id=int(progress.get("batchId", -1)),
-            offsets_behind_latest=behind,
-            min_offsets_behind_latest=min(values),
-            max_offsets_behind_latest=max(values),
-            avg_offsets_behind_latest=sum(values) / len(values),
-            watermark_lag_ms=_lag(now_ms, valve.get("watermark")),
-            partition_watermark_lag_ms=watermarks,
-            idle_ms=idle,
-        ))
+        out.append(_source_lag(int(progress.get("batchId", -1)), behind,
+                               _lag(now_ms, valve.get("watermark")), watermarks, idle))
     return out
 
 
@@ -125,18 +124,12 @@ def combined(lags: list[SourceLag]) -> SourceLag | None:
     largest watermark lag."""
     if not lags:
         return None
-    behind = {k: v for lag in lags for k, v in lag.offsets_behind_latest.items()}
-    values = list(behind.values()) or [0]
     watermark_lags = [lag.watermark_lag_ms for lag in lags if lag.watermark_lag_ms is not None]
-    return SourceLag(
-        batch_id=lags[0].batch_id, offsets_behind_latest=behind,
-        min_offsets_behind_latest=min(values), max_offsets_behind_latest=max(values),
-        avg_offsets_behind_latest=sum(values) / len(values),
-        watermark_lag_ms=max(watermark_lags) if watermark_lags else None,
-        partition_watermark_lag_ms={k: v for lag in lags
-                                    for k, v in lag.partition_watermark_lag_ms.items()},
-        idle_ms={k: v for lag in lags for k, v in lag.idle_ms.items()},
-    )
+    return _source_lag(
+        lags[0].batch_id, {k: v for lag in lags for k, v in lag.offsets_behind_latest.items()},
+        max(watermark_lags) if watermark_lags else None,
+        {k: v for lag in lags for k, v in lag.partition_watermark_lag_ms.items()},
+        {k: v for lag in lags for k, v in lag.idle_ms.items()})
 
 
 EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)

@@ -26,19 +26,14 @@ RUNNER_ENV_KEYS = (
 def register(spark: Any) -> None:
     """Make ``format("flinkish")`` usable on ``spark`` and safe for many concurrent queries.
 
-    Call it once per driver before starting flinkish queries (idempotent). Spark's automatic
-    discovery of the installed ``pyspark_flinkish`` module registers the format by itself (this
-    call does that discovery in the driver when it can, ``flinkish.discovery``), but only this
-    call seeds the shared environment queries starting together would corrupt, and tells
-    the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
-    a cluster fails at query start instead of losing the executors' watermark state, and adds
-    the listener that has each completed epoch committed to the query's consumer group right
-    away (``flinkish.epoch_listener``), and starts the Python daemons of the data source's calls
-    in the background so a (re)started query finds them running (``flinkish.warm_start``); with
-    a local master the source's Python processes start through ``flinkish.worker_launcher``
-    (the installed pyspark, the tasks' imports done before the daemon forks). It first
-    checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
-    On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
+    Call it once per driver before starting flinkish queries (idempotent). Spark's discovery
+    of the installed ``pyspark_flinkish`` registers the format by itself, but only this call
+    checks that Spark's Python workers can import flinkish, seeds the shared environment that
+    queries starting together would corrupt, tells the source the Spark master (a local
+    ``checkpointing.location`` on a cluster then fails at query start), adds the listener that
+    commits each completed epoch to the query's consumer group, and starts the data source's
+    Python processes ahead, faster, so a (re)started query finds them running. It works on a
+    Spark Connect session too.
 
     Args:
         spark: the driver's ``SparkSession``, classic or Spark Connect.

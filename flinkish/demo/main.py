@@ -616,10 +616,6 @@ def _count_cell(window: WindowCount) -> Text:
     return Text(f"{window.counted}{times}", style="green" if window.exact else "bold red")
 
 
-def _clock(ms: int) -> str:
-    return format_watermark(ms, False)[:8]
-
-
 def _window_table(results: list[Comparison], labels: list[str]) -> Table:
     table = Table(title="10 s windows: rows produced, and counted by each query",
                   caption="–: never emitted (every row dropped); open: the watermark has not "
@@ -629,7 +625,7 @@ def _window_table(results: list[Comparison], labels: list[str]) -> Table:
     for start, partition in sorted({k for r in results for k in r.windows},
                                    key=lambda k: (k[1], k[0])):
         cells = [r.windows.get((start, partition)) for r in results]
-        table.add_row(_clock(start), str(partition),
+        table.add_row(format_watermark(start, False)[:8], str(partition),
                       str(max(w.produced for w in cells if w is not None)),
                       *(_count_cell(w) if w is not None else Text("-", style="dim")
                         for w in cells))
