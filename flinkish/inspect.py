@@ -98,14 +98,12 @@ def load_epochs(location: str) -> list[EpochRow]:
 
 
 def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
-    """Batch id -> the partitions watermark alignment held back in it (read nothing), from
-    Spark's offsets log of the query. Empty when the location is not a query's checkpoint."""
+    """Batch id -> the partitions watermark alignment held back in it (read nothing)."""
     return _alignment(checkpoint_location, "held")
 
 
 def capped_partitions(checkpoint_location: str) -> dict[int, list[str]]:
-    """Batch id -> the partitions watermark alignment let read less than their share in it, to
-    stay within the drift, from Spark's offsets log of the query."""
+    """Batch id -> the partitions watermark alignment let read less than their share in it."""
     return _alignment(checkpoint_location, "capped")
 
 
@@ -122,8 +120,7 @@ def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
 
 def reading_batches(checkpoint_location: str) -> dict[int, int]:
     """Batch id -> how many records its flinkish sources planned to read, for the batches that
-    read any, from Spark's offsets log (each batch reads from the previous one's end offsets,
-    the first from where each partition entered the query)."""
+    read any (from the previous batch's end offsets, or where the partition entered)."""
     out: dict[int, int] = {}
     before: dict[tuple[str, int], int] = {}
     for batch, _, offsets in _offsets_log(checkpoint_location):
@@ -308,9 +305,7 @@ def format_watermark(value: int | None, with_date: bool = True) -> str:
 
 def _short(names: tuple[str, ...], topics: set[str]) -> str:
     """Idle partitions as numbers when the query reads one topic."""
-    if len(topics) == 1:
-        return ", ".join(n.rsplit("/", 1)[1] for n in names) or "-"
-    return ", ".join(names) or "-"
+    return ", ".join(n.rsplit("/", 1)[1] if len(topics) == 1 else n for n in names) or "-"
 
 
 def table(rows: list[EpochRow]) -> Any:

@@ -100,26 +100,17 @@ def _remembered(key: str) -> Path:
     return Path(tempfile.gettempdir()) / f"flinkish-worker-check-{key}.json"
 
 
-def _unchanged(files: list[FileStamp]) -> bool:
-    """Every recorded file is still there, with the same modification time and size."""
-    for path, mtime_ns, size in files:
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False
-        if (stat.st_mtime_ns, stat.st_size) != (mtime_ns, size):
-            return False
-    return bool(files)
-
-
 def _known_good(key: str | None) -> bool:
+    """A success remembered under ``key`` whose files are all there, with the same stamps."""
     if key is None:
         return False
     try:
         files = json.loads(_remembered(key).read_text())
+        stamps = [os.stat(str(path)) for path, _, _ in files]
     except (OSError, ValueError):
         return False
-    return _unchanged([(str(p), int(m), int(n)) for p, m, n in files])
+    return bool(files) and all((s.st_mtime_ns, s.st_size) == (int(m), int(n))
+                               for s, (_, m, n) in zip(stamps, files, strict=True))
 
 
 def _remember(key: str, files: list[FileStamp]) -> None:
