@@ -85,10 +85,8 @@ class ValveForEachBatch:
 
     def _open(self) -> CheckpointStore:
         if self._store is None:
-            self._store = CheckpointStore(
-                CheckpointStorage.open(self._location),
-                owner=query_id(self._checkpoint), retain=self._retain,
-            )
+            self._store = CheckpointStore(CheckpointStorage.open(self._location),
+                                          owner=query_id(self._checkpoint), retain=self._retain)
         return self._store
 
     def __call__(self, df: Any, epoch: int) -> None:
@@ -127,16 +125,11 @@ class ValveForEachBatch:
             ).first()
             total = int(counts["rows"]) if counts else 0
             late_rows = int(counts["late"] or 0) if counts else 0
-            self._func(
-                WatermarkedBatch(
-                    epoch, records, records.filter(~is_late), records.filter(is_late), result,
-                    total, late_rows,
-                )
-            )
+            self._func(WatermarkedBatch(epoch, records, records.filter(~is_late),
+                                        records.filter(is_late), result, total, late_rows))
             if done is None:
-                store.complete(
-                    epoch, {STATE_KEY: result.to_json(), "rows": total, "late_rows": late_rows}
-                )
+                store.complete(epoch, {STATE_KEY: result.to_json(), "rows": total,
+                                       "late_rows": late_rows})
                 failpoint("foreach_batch_completed", query=store.owner, epoch=epoch)
         finally:
             df.unpersist()

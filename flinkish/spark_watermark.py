@@ -23,18 +23,15 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
     """The record rows of a flinkish source DataFrame, with Spark's event-time watermark on
     ``event_time`` equal to the valve's combined watermark (one micro-batch behind it).
 
-    ``event_time`` is the source's ``eventTime`` or a timestamp column derived from the record
-    (the carrier's event time is put into it). ``horizon`` must equal the source's
-    ``watermark.horizon`` (default one day); it is the delay Spark sees, so it must exceed the
-    largest skew between partitions, and it is also the window of
-    ``dropDuplicatesWithinWatermark``. A mismatch fails the query at its first carrier row.
-
     Args:
         df: the flinkish source's DataFrame, marker rows and columns still in it (row-wise
             transformations that keep them are fine).
-        event_time: the timestamp column Spark's watermark goes on.
+        event_time: the timestamp column Spark's watermark goes on: the source's ``eventTime``
+            or one derived from the record (the carrier's event time is put into it).
         horizon: the source's ``watermark.horizon`` (a duration such as ``'1d'``; None: the
-            default, one day).
+            default, one day); a mismatch fails the query at its first carrier row. It is the
+            delay Spark sees, so it must exceed the largest skew between partitions, and the
+            window of ``dropDuplicatesWithinWatermark``.
 
     Returns:
         The DataFrame's record rows (marker rows and the carrier dropped), with Spark's
