@@ -266,8 +266,7 @@ def window(
             raise OptionError(
                 f"window: column {name!r} is {type_name}; key and value columns must be "
                 f"numbers, strings or booleans ({', '.join(sorted(_JSON_TYPES))}): cast it")
-    if key_groups is None:
-        key_groups = DEFAULT_KEY_GROUPS
+    key_groups = DEFAULT_KEY_GROUPS if key_groups is None else key_groups
     if key_groups < 1:
         raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
     lateness = ms(allowed_lateness)
@@ -298,8 +297,7 @@ def window(
     def column(name: str) -> Any:
         out = F.timestamp_millis(F.col(name)) if name in times else F.col(name)
         # null in every result row: a sink splitting results from late rows leaves it out
-        return out.alias(name, metadata={LATE_COLUMN: True}) if name in late_only else (
-            out.alias(name))
+        return out.alias(name, metadata={LATE_COLUMN: True} if name in late_only else None)
 
     return rows.select(*(column(c) for c in rows.columns))
 
