@@ -85,6 +85,7 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
         "row says otherwise: set the source option watermark.horizon and with_watermark's "
         "horizon to the same duration"
     )
+    # false for every other row, yet it references the event time (docs/semantics.md, 5.)
     keep_records = (
         F.when(kind == KIND_RECORD, F.lit(True))
         .when((kind == KIND_CARRIER) & (t != expected), F.raise_error(F.lit(mismatch)))

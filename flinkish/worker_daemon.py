@@ -1,9 +1,8 @@
-"""PySpark's Python worker daemon with what flinkish's read and write tasks import loaded, and
-frozen, before it forks its workers; ``flinkish.worker_launcher`` runs it in place of
-``pyspark.daemon`` for the flinkish data source's processes. A driver-side call's worker freezes
-what each call leaves. Both spare PySpark's full collection after each task or call the walk
-over every imported module (docs/guides/recover-after-crash.md, why forking after these imports
-is safe included).
+"""PySpark's Python worker daemon with what flinkish's read and write tasks import loaded and
+frozen before it forks its workers (``flinkish.worker_launcher`` runs it in place of
+``pyspark.daemon`` for the data source's processes); a driver-side call's worker freezes what
+each call leaves. PySpark's full collection after each task or call then skips those objects
+(docs/guides/recover-after-crash.md, with why forking after these imports is safe).
 """
 
 from __future__ import annotations
