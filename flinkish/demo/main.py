@@ -367,6 +367,13 @@ def _say(console: Console, text: str) -> None:
     console.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
+def _live_display(console: Console, live: bool, render: Callable[[], Group]) -> Live | None:
+    """On a terminal only: elsewhere a Live prints just its last frame, without a newline."""
+    if not (live and console.is_terminal):
+        return None
+    return Live(render(), console=console, refresh_per_second=4)
+
+
 def _exit_on(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through the clean-up below
 
@@ -540,9 +547,7 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
                                  epochs, _spark_batches(checkpoint, topic), counts, results, n,
                                  run.crashes)
 
-                # on a terminal only: elsewhere a Live prints just its last frame, unterminated
-                display = (Live(refresh(), console=console, refresh_per_second=4)
-                           if live and console.is_terminal else None)
+                display = _live_display(console, live, refresh)
                 with display if display is not None else contextlib.nullcontext():
                     last_log, last_phase = 0.0, ""
                     while not run.done:
