@@ -1,16 +1,8 @@
 """flinkish: Flink's per-partition watermarks, idleness, StatusWatermarkValve and
-two-phase-commit sinks for Spark Structured Streaming.
-
-- ``spark.readStream.format("flinkish")``: the Kafka source (records plus per-partition
-  watermark and status markers, and a carrier row per batch);
-- :func:`with_watermark`: Spark's own stateful operators on the valve's combined watermark;
-- ``df.writeStream.format("flinkish")``: the two-phase-commit sink (its targets:
-  ``flinkish_sink.targets``: PostgreSQL, Parquet, Delta Lake, Apache Iceberg,
-  Kafka);
-- :class:`ValveForEachBatch`: the valve for any other sink; :func:`stoppable` for a plain
-  ``foreachBatch`` function (a stop() while it runs a Spark job ends the query cleanly);
-- :mod:`flinkish.windows`: Flink's window operator (triggers, lateness, late output, panes);
-- :func:`register`: call once per driver before starting flinkish queries.
+two-phase-commit sinks for Spark Structured Streaming: ``format("flinkish")`` reads Kafka and
+writes exactly once; :func:`with_watermark`, :class:`ValveForEachBatch` and
+:mod:`flinkish.windows` run on the valve's combined watermark; call :func:`register` once per
+driver first.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """What a ``foreachBatch`` function's failure hands Spark: short enough for Spark's stop check.
 
-When a query is stopped while its ``foreachBatch`` function runs a Spark job, the job fails
-with a ``Py4JJavaError`` whose text carries the whole Java stack trace (some 9,000 characters
-for a ``collect()``), and py4j hands Spark the Python traceback as the error's message. Spark
-then asks whether the failure came from the stop by matching that message against
-``StreamExecution.PROXY_ERROR``, ``py4j.protocol.Py4JJavaError: An error occurred while
-calling((.|\\r\\n|\\r|\\n)*)(java.lang.InterruptedException|…)``: ``java.util.regex`` recurses
-about five frames per character after the prefix, and overflows a default 1 MB thread stack at
-about 2,000 characters. The ``StackOverflowError`` ends Spark's stream execution thread without
-its cleanup (the sources are not stopped, no termination event is posted).
-
-:func:`spark_safe_errors` replaces such a failure, as it leaves the function, by one whose
-message keeps every exception's class and message (the Java stack frames dropped) and says, in
-one short closing line that matches ``PROXY_ERROR``, whether an interruption caused it: Spark
-decides as it would have (a stop ends the query quietly, any other failure is reported), over
-a few hundred characters. :class:`~flinkish.ValveForEachBatch` does this itself;
-:func:`stoppable` wraps a user's own ``foreachBatch`` function.
+A query stopped while its ``foreachBatch`` function runs a Spark job fails it with a
+``Py4JJavaError`` whose message carries the whole Java stack trace. Spark matches it against
+``StreamExecution.PROXY_ERROR``, and ``java.util.regex`` recurses about five frames per
+character after its prefix: a default 1 MB thread stack overflows at about 2,000, ending Spark's
+stream thread without its cleanup. :func:`spark_safe_errors` replaces such a failure by one with
+every exception's class and message, no Java frames, and a short closing line that matches
+``PROXY_ERROR`` when an interruption caused it, so Spark decides as it would have.
 """
 
 from __future__ import annotations
@@ -59,8 +50,7 @@ class BatchFunctionError(Exception):
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or during, oldest first (as a traceback
-    prints them)."""
+    """``exc`` and the exceptions it was raised from or during, oldest first."""
     chain: list[BaseException] = []
     seen: set[int] = set()
     current: BaseException | None = exc

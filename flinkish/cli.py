@@ -72,46 +72,33 @@ def _dev(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from flinkish.inspect import (
-        SPARK_EVENT_TIME_NOTE,
-        LocationNotFoundError,
-        capped_partitions,
-        held_partitions,
-        lag_table,
-        lags,
-        load_epochs,
-        nothing_to_draw,
-        plot,
-        reading_batches,
-        table,
-        with_source_journal,
-    )
+    from flinkish import inspect
     from flinkish_sink.target import WATERMARK_SPARK
 
     try:
-        rows = load_epochs(args.location)
-    except LocationNotFoundError as exc:
+        rows = inspect.load_epochs(args.location)
+    except inspect.LocationNotFoundError as exc:
         raise SystemExit(f"flinkish inspect: {exc}") from None
     console = Console()
     if not rows:
         console.print(f"no epochs recorded in {args.location}")
         return 1
-    rows = with_source_journal(rows, args.location)
-    console.print(table(rows))
+    rows = inspect.with_source_journal(rows, args.location)
+    console.print(inspect.table(rows))
     if any(r.watermark_source == WATERMARK_SPARK for r in rows):
-        console.print(SPARK_EVENT_TIME_NOTE)
-    lag = lags(args.location)
+        console.print(inspect.SPARK_EVENT_TIME_NOTE)
+    lag = inspect.lags(args.location)
     if lag:
-        console.print(lag_table(lag))
-    for batch, names in held_partitions(args.location).items():
+        console.print(inspect.lag_table(lag))
+    for batch, names in inspect.held_partitions(args.location).items():
         console.print(f"batch {batch}: watermark alignment held back {', '.join(names)}")
-    for batch, names in capped_partitions(args.location).items():
+    for batch, names in inspect.capped_partitions(args.location).items():
         console.print(f"batch {batch}: watermark alignment capped {', '.join(names)} "
                       "(read less than their share to stay within the drift)")
     if args.plot:
-        read = reading_batches(args.location)
-        plot(rows, args.plot, lag, read)
-        empty = nothing_to_draw(rows, read)
+        read = inspect.reading_batches(args.location)
+        inspect.plot(rows, args.plot, lag, read)
+        empty = inspect.nothing_to_draw(rows, read)
         console.print(f"plot written to {args.plot}" + (f": {empty}" if empty else ""))
     return 0
 

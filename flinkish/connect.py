@@ -1,23 +1,10 @@
-"""flinkish on a Spark Connect session (``SparkSession.builder.remote(...)``).
+"""flinkish on a Spark Connect session (``SparkSession.builder.remote(...)``), which has no JVM.
 
-A Connect client has no JVM (``_jsparkSession``, ``sparkContext`` and ``_jvm`` raise), so the two
-things ``flinkish.register`` does through the JVM on a classic session are done otherwise:
-
-- **The Spark master** (``MASTER_ENV``, for the check that refuses a local
-  ``checkpointing.location`` on a cluster) is read with ``spark.conf.get("spark.master")`` and
-  travels to the server inside the registered data source class: a subclass made here is pickled
-  by value (cloudpickle pickles a class defined in a function by value), and it puts the master
-  into each Python process's environment before the options are checked.
-- **The shared environment map** (see ``flinkish.session``) cannot be seeded from the client.
-  Spark's own streaming source runner inserts its keys when a flinkish streaming query starts, so
-  ``register`` runs one tiny flinkish query (a reader with nothing to read, ``availableNow``,
-  ``noop`` sink) to its end: the keys go in once, from one thread, before any user query starts,
-  and the runners of the queries that follow only overwrite them. Registering on Connect gives
-  the session a data source of its own, with a map of its own (``SparkConnectPlanner`` creates an
-  empty one per registration); every later ``format("flinkish")`` of the session uses it.
-- **The completed-epoch listener** (``flinkish.epoch_listener``) is added with
-  ``spark.streams.addListener``, which on Connect runs it in a Python process of the server,
-  on the host of the queries' source readers it talks to.
+``register`` does there what it does through the JVM on a classic session: the Spark master
+travels to the server inside the registered data source class (a class defined in a function is
+pickled by value); the shared environment map, which the client cannot reach, gets its keys from
+one tiny flinkish query run to its end before any user query (docs/guides/spark-connect.md);
+the completed-epoch listener runs in a Python process of the server.
 """
 
 from __future__ import annotations
@@ -54,9 +41,8 @@ _prepared: set[str] = set()
 
 def is_connect(spark: Any) -> bool:
     """Whether ``spark`` is a Spark Connect session. ``is_remote()`` first, so a classic-only
-    install never imports the Connect client (it needs grpcio); then the session's class, because
-    ``is_remote()`` is true for every session of a process that ever opened a Connect one (the
-    process that hosts a local Connect server also holds its classic session)."""
+    install never imports the Connect client (it needs grpcio); it is true for every session of a
+    process that ever opened a Connect one, hence the class."""
     from pyspark.sql.utils import is_remote
 
     if not is_remote():
@@ -86,8 +72,8 @@ class _WarmupReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 def connect_source(master: str) -> type[FlinkishDataSource]:
-    """``FlinkishDataSource`` carrying the Spark ``master`` to the server (see the module
-    docstring), and serving the warm-up query."""
+    """``FlinkishDataSource`` carrying the Spark ``master`` to the server, and serving the
+    warm-up query."""
 
     class FlinkishConnectSource(FlinkishDataSource):
         spark_master = master
@@ -129,7 +115,7 @@ def register_connect(spark: Any) -> None:
 
 
 def _warm_up(spark: Any) -> None:
-    """Run the warm-up query to its end (see the module docstring)."""
+    """Run the warm-up query to its end: Spark's runner seeds the map from one thread."""
     query = (
         spark.readStream.format(FlinkishDataSource.name()).option(WARMUP_OPTION, "true").load()
         .writeStream.format("noop").queryName(WARMUP_QUERY).trigger(availableNow=True).start()

@@ -1,31 +1,10 @@
-"""Spark's discovery of the installed Python data sources, done by ``flinkish.register``: in the
-driver's own process when its answer is Spark's, with flinkish's entry the one ``register``
-wants, so that nothing registers flinkish a second time.
+"""Spark's discovery of the installed Python data sources, done by ``flinkish.register``.
 
-Why: at the first look-up of a Python data source in a JVM (``format("flinkish")``, or
-``register``'s), Spark lists the installed ``pyspark_*`` modules in a Python process of its
-own (``DataSourceManager.initialStaticDataSourceBuilders``: the look-up runner's
-``pyspark.sql.worker.lookup_data_sources`` through a worker daemon, plus a ``python3 -c``
-asking each found source's interpreter for its version). That process imports PySpark from
-Spark's ``pyspark.zip`` (compiled there on every start) and the modules it finds: ~1.5 s on the
-way to every (re)started driver's first query, before anything of flinkish runs. Its answer is
-a function of that interpreter's ``sys.path``. When the interpreter is the driver's own (the
-same file in the same environment, directly or through ``flinkish.worker_launcher``), the
-driver's ``sys.path`` and working directory hold every directory the look-up searches, and the
-driver has flinkish imported already: when ``pyspark_flinkish`` is all it finds there, the
-answer is flinkish alone, known in milliseconds. Otherwise (other ``pyspark_*`` modules, another
-interpreter) ``register`` runs Spark's own look-up, as the first look-up would have.
-
-Either way ``register`` gives Spark the answer where Spark keeps it for the JVM
-(``DataSourceManager.dataSourceBuilders``, which every session's manager reads at its first
-look-up), flinkish's entry the one ``register`` builds (with a local master through
-``flinkish.worker_launcher``). Registering it afterwards instead would replace a statically
-registered data source, which Spark warns about at that call and again whenever a session is
-cloned (every streaming query's start) — a warning for nothing the user did wrong.
-
-Once Spark has discovered the sources itself (a Python data source looked up before
-``register``), its answer stands: flinkish's entry is then Spark's, whose processes start
-without the launcher.
+Spark's own look-up runs a Python process (~1.5 s on the way to every restarted driver's first
+query) whose answer depends only on that interpreter's ``sys.path``: when that is the driver's
+own and ``pyspark_flinkish`` is all it would find, the driver answers in milliseconds. Either
+way flinkish's entry is ``register``'s, so nothing registers it a second time (which Spark warns
+about at every query's start). docs/guides/recover-after-crash.md has the details.
 """
 
 from __future__ import annotations
@@ -79,10 +58,8 @@ def discover(spark: Any, name: str, entry: Callable[[], Any]) -> None:
 
 
 def only_flinkish_installed(python: str) -> bool:
-    """Whether Spark's look-up, run by the interpreter command ``python``, finds
-    ``pyspark_flinkish`` alone, as far as this process can tell: ``python`` is this
-    interpreter, and the directories the look-up searches (this ``sys.path`` and the working
-    directory, ahead of them for a process Spark starts) hold no other ``pyspark_*`` module."""
+    """Whether Spark's look-up, run by ``python``, finds ``pyspark_flinkish`` alone: ``python`` is
+    this interpreter, and this ``sys.path`` and working directory hold no other ``pyspark_*``."""
     if not runs_this_interpreter(python):
         return False
     found = {module.name for module in pkgutil.iter_modules([*sys.path, os.getcwd()])
@@ -91,11 +68,8 @@ def only_flinkish_installed(python: str) -> bool:
 
 
 def runs_this_interpreter(python: str) -> bool:
-    """Whether the command ``python`` (a path or a name on the PATH) runs this interpreter in
-    this environment: the same file in the same directory (a virtualenv's interpreter is a link
-    to its base interpreter, which has the same file but not the virtualenv's packages), or
-    ``flinkish.worker_launcher``'s script for it (which changes only where pyspark comes
-    from)."""
+    """Whether the command ``python`` runs this interpreter in this environment: the same file
+    in the same directory (a virtualenv's is a link to its base's), or the launcher for it."""
     found = shutil.which(python)
     if found is None:
         return False

@@ -1,17 +1,8 @@
 """The session's listener that tells the driver-side readers, as soon as Spark has committed an
-epoch, that it has: so a query's consumer group holds each epoch's end offsets right after it,
-whatever the trigger, and the last one of a query stopped with ``stop()`` too. The readers do
-the committing (with the source's own Kafka settings, which never leave them); see
-``flinkish_source.epoch_notices``.
+epoch, that it has, so a query's consumer group holds each epoch's end offsets right after it
+(``flinkish_source.epoch_notices``): Spark posts a progress report after the epoch's commit.
 
-Spark posts a query's progress after the epoch's commit log is written, so every end offset in
-a progress report is of a committed epoch. ``flinkish.register`` adds the listener, once per
-session; on a Spark Connect session it runs in a Python process of the server.
-
-It also explains one failure Spark words in its own terms: a query restarted on a checkpoint of
-flinkish 0.1's window operator, which Spark refuses in the first batch, before anything is read
-or written (``STREAMING_STATEFUL_OPERATOR_NOT_MATCH_IN_STATE_METADATA``, naming that operator,
-``transformWithStateInPySparkExec``): the listener logs what wrote the state and what to do.
+It also explains Spark's refusal of a checkpoint of flinkish 0.1's window operator.
 """
 
 from __future__ import annotations
@@ -48,9 +39,6 @@ class CompletedEpochListener(StreamingQueryListener):
     def onQueryProgress(self, event: Any) -> None:
         send(end_offsets(json.loads(event.progress.json)))
 
-    def onQueryIdle(self, event: Any) -> None:
-        pass
-
     def onQueryTerminated(self, event: Any) -> None:
         error = event.exception or ""
         if OPERATOR_MISMATCH in error and WINDOW_OPERATOR_0_1 in error:
@@ -76,11 +64,9 @@ def listen(spark: Any) -> None:
 
 
 def _drain(session: weakref.ref[Any], listener: CompletedEpochListener) -> None:
-    """At the driver's exit: let Spark deliver the events posted and not yet delivered (a
-    query's last progress reaches listeners on Spark's listener thread, possibly after
-    ``awaitTermination`` has returned to a script that then exits), then remove the listener.
-    Without it the last epoch's notice is lost, and the JVM, which stops after this process,
-    logs each event it can no longer deliver as an error of the listener."""
+    """At the driver's exit: let Spark deliver the events posted (a query's last progress may
+    come after ``awaitTermination`` returned), then remove the listener, which the JVM would
+    otherwise log an error of for each event it can no longer deliver."""
     spark = session()
     if spark is None or spark.sparkContext._jsc is None:  # gone or stopped: nothing to deliver
         return

@@ -1,10 +1,6 @@
 """The valve for any sink: a ``foreachBatch`` wrapper that applies the valve to each
-micro-batch, keeps its state in the checkpoint store, and hands the user function the batch's
-records together with the combined watermark and the late-data split.
-
-Records of epoch N whose event time is at or below the combined watermark epoch N-1 committed
-are *late* (Flink's ``sideOutputLateData``): they are never dropped here, only classified, so the
-user decides where they go.
+micro-batch and hands the user function its records with the combined watermark and the late
+ones (at or below the epoch before's watermark) split off, never dropped.
 """
 
 from __future__ import annotations
@@ -39,9 +35,9 @@ class WatermarkedBatch:
     """
 
     epoch: int
-    records: Any  # DataFrame: the batch's record rows, marker columns dropped
-    on_time: Any  # DataFrame: records after the previous combined watermark
-    late: Any  # DataFrame: records at or below it
+    records: Any  # DataFrames, these three
+    on_time: Any
+    late: Any
     watermark: EpochWatermark
     rows: int
     late_rows: int
@@ -89,10 +85,8 @@ class ValveForEachBatch:
 
     def _open(self) -> CheckpointStore:
         if self._store is None:
-            self._store = CheckpointStore(
-                CheckpointStorage.open(self._location),
-                owner=query_id(self._checkpoint), retain=self._retain,
-            )
+            self._store = CheckpointStore(CheckpointStorage.open(self._location),
+                                          owner=query_id(self._checkpoint), retain=self._retain)
         return self._store
 
     def __call__(self, df: Any, epoch: int) -> None:
@@ -131,16 +125,11 @@ class ValveForEachBatch:
             ).first()
             total = int(counts["rows"]) if counts else 0
             late_rows = int(counts["late"] or 0) if counts else 0
-            self._func(
-                WatermarkedBatch(
-                    epoch, records, records.filter(~is_late), records.filter(is_late), result,
-                    total, late_rows,
-                )
-            )
+            self._func(WatermarkedBatch(epoch, records, records.filter(~is_late),
+                                        records.filter(is_late), result, total, late_rows))
             if done is None:
-                store.complete(
-                    epoch, {STATE_KEY: result.to_json(), "rows": total, "late_rows": late_rows}
-                )
+                store.complete(epoch, {STATE_KEY: result.to_json(), "rows": total,
+                                       "late_rows": late_rows})
                 failpoint("foreach_batch_completed", query=store.owner, epoch=epoch)
         finally:
             df.unpersist()

@@ -98,14 +98,12 @@ def load_epochs(location: str) -> list[EpochRow]:
 
 
 def held_partitions(checkpoint_location: str) -> dict[int, list[str]]:
-    """Batch id -> the partitions watermark alignment held back in it (read nothing), from
-    Spark's offsets log of the query. Empty when the location is not a query's checkpoint."""
+    """Batch id -> the partitions watermark alignment held back in it (read nothing)."""
     return _alignment(checkpoint_location, "held")
 
 
 def capped_partitions(checkpoint_location: str) -> dict[int, list[str]]:
-    """Batch id -> the partitions watermark alignment let read less than their share in it, to
-    stay within the drift, from Spark's offsets log of the query."""
+    """Batch id -> the partitions watermark alignment let read less than their share in it."""
     return _alignment(checkpoint_location, "capped")
 
 
@@ -122,8 +120,7 @@ def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
 
 def reading_batches(checkpoint_location: str) -> dict[int, int]:
     """Batch id -> how many records its flinkish sources planned to read, for the batches that
-    read any, from Spark's offsets log (each batch reads from the previous one's end offsets,
-    the first from where each partition entered the query)."""
+    read any (from the previous batch's end offsets, or where the partition entered)."""
     out: dict[int, int] = {}
     before: dict[tuple[str, int], int] = {}
     for batch, _, offsets in _offsets_log(checkpoint_location):
@@ -138,9 +135,8 @@ def reading_batches(checkpoint_location: str) -> dict[int, int]:
 
 
 def nothing_to_draw(rows: list[EpochRow], read: Mapping[int, int]) -> str | None:
-    """Why the plot of ``rows`` would hold no point, in words (None when it holds some): no
-    completed epoch yet, or no watermark between none yet and the end of time, as when one
-    batch reads a whole bounded topic. ``read``: :func:`reading_batches`."""
+    """Why the plot of ``rows`` would hold no point, in words (None when it holds some).
+    ``read``: :func:`reading_batches`."""
     done = [r for r in rows if r.state == "completed"]
     if not done:
         return "Nothing to draw: no epoch is completed yet."
@@ -152,7 +148,7 @@ def nothing_to_draw(rows: list[EpochRow], read: Mapping[int, int]) -> str | None
         batches = sorted(read)
         what = (f"one batch ({batches[0]}) read the whole input, {read[batches[0]]} records"
                 if len(batches) == 1 else
-                f"batches {_numbers(batches)} read {sum(read.values())} records")
+                f"batches {number_ranges(batches)} read {sum(read.values())} records")
     else:
         what = "no batch read a record"
     if ended:
@@ -164,21 +160,20 @@ def nothing_to_draw(rows: list[EpochRow], read: Mapping[int, int]) -> str | None
             "without records holds the combined watermark back until it goes idle).")
 
 
-def _numbers(numbers: list[int]) -> str:
-    """Batch ids, runs as ranges: 0-3, 5."""
+def number_ranges(numbers: list[int]) -> str:
+    """Sorted numbers with runs as ranges: ``0-3, 5``; ``none`` for none."""
     runs: list[list[int]] = []
     for n in numbers:
         if runs and n == runs[-1][-1] + 1:
             runs[-1].append(n)
         else:
             runs.append([n])
-    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs)
+    return ", ".join(str(r[0]) if len(r) == 1 else f"{r[0]}-{r[-1]}" for r in runs) or "none"
 
 
 def lags(checkpoint_location: str) -> dict[int, SourceLag]:
-    """Batch id -> how far its flinkish sources were behind when Spark planned it: offsets
-    behind latest, the combined watermark's lag and idle times (``flinkish.lag``), from the
-    journaled offsets and the batch's planning time in Spark's offsets log."""
+    """Batch id -> how far its flinkish sources were behind when Spark planned it
+    (``flinkish.lag``), from Spark's offsets log."""
     out = {}
     for batch, metadata, offsets in _offsets_log(checkpoint_location):
         planned = metadata.get("batchTimestampMs")
@@ -193,9 +188,7 @@ def lags(checkpoint_location: str) -> dict[int, SourceLag]:
 
 def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
     """Batch id -> the valve as the flinkish source journaled it in the batch's end offset
-    (Spark's ``offsets/N``): each partition's watermark and status, and the combined watermark,
-    as they stood when the batch was planned; the combined one is what the batch's carrier row
-    brought to Spark. Empty when the location is not a query's checkpoint."""
+    (Spark's ``offsets/N``) when planning it: what the batch's carrier row brought to Spark."""
     out = {}
     for batch, _, offsets in _offsets_log(checkpoint_location):
         for offset in offsets:
@@ -209,10 +202,8 @@ def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
 
 def _announced(partitions: dict[str, dict[str, Any]], offset: Mapping[str, Any]
                ) -> dict[str, dict[str, Any]]:
-    """``partitions`` with the status each partition's journaled position announced in the
-    batch (ACTIVE or IDLE): the valve is journaled as it stood before the last batch that read
-    anything, so a partition gone idle since shows in the positions only, which is where the
-    lag table reads idleness too."""
+    """``partitions`` with the status (ACTIVE or IDLE) their journaled positions announced: the
+    valve is journaled as it stood before the last batch that read anything."""
     out = dict(partitions)
     for (topic, p), pos in next(_positions([offset]), {}).items():
         name = f"{topic}/{p}"
@@ -223,14 +214,11 @@ def _announced(partitions: dict[str, dict[str, Any]], offset: Mapping[str, Any]
 
 
 def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[EpochRow]:
-    """``rows`` where the sink recorded Spark's watermark (its rows, a stateful operator's
-    output, carried no markers), completed with what the source journaled for the same batch:
-    each partition's watermark and status, the idle partitions, the combined watermark; before
-    the first batch journaled with a combined watermark, Spark's is none yet."""
+    """``rows`` where the sink recorded Spark's watermark (its rows carried no markers),
+    completed with the valve the source journaled for the same batch."""
     journal = journaled_watermarks(checkpoint_location)
-    # Spark's watermark follows the combined one an epoch later; before the first carrier with
-    # a combined watermark reached it, it is a record's event time minus the horizon (a day
-    # before the data), no watermark of the data: none yet
+    # before the first carrier with a combined watermark, Spark's is a record's event time
+    # minus the horizon, no watermark of the data: none yet
     first = min((b for b, v in journal.items() if _wm(v.watermark) is not None), default=None)
     out = []
     for row in rows:
@@ -257,9 +245,8 @@ def _positions(offsets: list[Any]) -> Iterator[Positions]:
 
 
 def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
-    """(batch id, batch metadata, each source's offset) from
-    ``<checkpointLocation>/offsets/N`` (a version line, the batch metadata, then one line per
-    source), in batch order; empty when the location is not a query's checkpoint."""
+    """(batch id, batch metadata, each source's offset) from ``<checkpointLocation>/offsets/N``
+    in batch order; empty when the location is not a query's checkpoint."""
     import json
     import posixpath
 
@@ -287,10 +274,8 @@ def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], li
     return sorted(batches, key=lambda b: b[0])
 
 
-#: Watermarks from here on are the end of the input, not a time: the carrier row's event time is
-#: clamped to the last instant Python's datetime holds, and Spark's watermark is that minus the
-#: horizon, in the year 9999 too; the epochs table of a target stores Long.MAX as the last
-#: instant its timestamps hold.
+#: Watermarks from here on are the end of the input, not a time: the carrier's event time, and
+#: a target's epochs table, clamp Long.MAX to the last instant their timestamps hold.
 _END_OF_TIME_MS = int(datetime(9999, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
 
 
@@ -303,8 +288,7 @@ def _wm(value: Any) -> int | None:
     return None if value is None or int(value) == MIN_WATERMARK else int(value)
 
 
-#: How every watermark past the last event time is shown (Long.MAX_VALUE, and Spark's watermark
-#: and the epochs table's value once the input ended): one way everywhere
+#: How every watermark past the last event time is shown
 END_OF_TIME = "end of time"
 
 
@@ -321,9 +305,7 @@ def format_watermark(value: int | None, with_date: bool = True) -> str:
 
 def _short(names: tuple[str, ...], topics: set[str]) -> str:
     """Idle partitions as numbers when the query reads one topic."""
-    if len(topics) == 1:
-        return ", ".join(n.rsplit("/", 1)[1] for n in names) or "-"
-    return ", ".join(names) or "-"
+    return ", ".join(n.rsplit("/", 1)[1] if len(topics) == 1 else n for n in names) or "-"
 
 
 def table(rows: list[EpochRow]) -> Any:
@@ -367,10 +349,7 @@ def table(rows: list[EpochRow]) -> Any:
 
 
 def lag_table(lag: Mapping[int, SourceLag]) -> Any:
-    """Per batch (= epoch), from :func:`lags`: records not yet planned in Kafka (Spark's
-    ``min/max/avgOffsetsBehindLatest``), the combined watermark's lag behind the batch's
-    planning time and idle partitions' time without records (Flink's ``watermarkLag``,
-    ``sourceIdleTime``)."""
+    """Per batch (= epoch), from :func:`lags`: offsets behind latest, watermark lag, idle times."""
     from rich import box
     from rich.table import Table
 
@@ -393,12 +372,9 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
     return out
 
 
-
-
 @dataclass(frozen=True)
 class PlotSeries:
-    """What :func:`plot` draws, as (epoch, watermark ms) points: per partition, the points where
-    it was idle, the combined watermark, and Spark's watermark where the sink recorded that."""
+    """What :func:`plot` draws, as (epoch, watermark ms) points."""
 
     partitions: dict[str, list[tuple[int, int]]]
     idle: dict[str, list[tuple[int, int]]]
@@ -421,8 +397,7 @@ def _coinciding(series: PlotSeries) -> dict[tuple[str, ...], list[tuple[int, int
 
 
 def plot_series(rows: list[EpochRow]) -> PlotSeries:
-    """The points :func:`plot` draws from the completed epochs of ``rows``; the scale follows
-    them."""
+    """The points :func:`plot` draws from the completed epochs of ``rows``."""
     done = [r for r in rows if r.state == "completed"]
     names = sorted({n for r in done for n in r.partitions})
     partitions: dict[str, list[tuple[int, int]]] = {}
@@ -449,12 +424,9 @@ def plot_series(rows: list[EpochRow]) -> PlotSeries:
 
 def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = None,
          read: Mapping[int, int] | None = None) -> None:
-    """Per-partition watermarks (hollow where the partition was idle) and the combined
-    watermark over epochs, next to Spark's watermark where the sink recorded that: a lagging or
-    idle partition shows at a glance; partitions whose lines coincide are drawn once, labelled
-    together ("t/0 = t/1"). Below, when any batch was planned behind Kafka, how many records
-    the partition furthest behind still had to read. With nothing to draw, the PNG says why
-    (:func:`nothing_to_draw`; ``read``: :func:`reading_batches`)."""
+    """Per-partition watermarks (hollow where idle), the combined one and Spark's over epochs,
+    coinciding lines drawn once; below, the records the partition furthest behind still had to
+    read. With nothing to draw, the PNG says why (``read``: :func:`reading_batches`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -475,7 +447,6 @@ def plot(rows: list[EpochRow], path: str, lag: Mapping[int, SourceLag] | None = 
         return
 
     def when(value: int) -> float:
-        """Matplotlib's date number for a watermark."""
         return float(mdates.date2num(datetime.fromtimestamp(value / 1000, timezone.utc)))
 
     series = plot_series(done)

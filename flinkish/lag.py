@@ -1,23 +1,7 @@
 """How far a flinkish query is behind, from its progress reports: Spark's Kafka source's names
-for offsets, Flink's for time.
-
-Every micro-batch's ``StreamingQueryProgress`` holds, per source, the batch's end offset (the
-flinkish offset: per partition the next offset to read, its status and the time it last got
-records, the generator's watermark at its last slice's start, and the valve's combined
-watermark) and what Kafka held at planning (``latestOffset``, from the source's
-``reportLatestOffset``). From these:
-
-* ``min/max/avgOffsetsBehindLatest`` — Spark's Kafka source's metrics: records in Kafka the
-  query has not planned yet, per partition (from ``latestOffset``; from the journaled offset's
-  own ``seen``, the latest offset planning saw, where there is none, as in Spark's offsets
-  log, which ``flinkish inspect`` reads);
-* ``watermarkLag`` — Flink's ``KafkaSource`` metric: processing time minus the watermark (here
-  the valve's combined watermark journaled with the batch, and per partition its generator's);
-* ``sourceIdleTime`` — Flink's: how long an IDLE partition has gone without records.
-
-Python sources cannot add custom metrics to Spark's progress (yet), so :class:`LagListener`
-logs these per batch; ``kafka.group.id`` / ``groupIdPrefix`` also put the committed offsets where
-Kafka's own lag tools look (see ``flinkish_source.kafka.group_offsets``).
+for offsets (``min/max/avgOffsetsBehindLatest``), Flink's for time (``watermarkLag``,
+``sourceIdleTime``). Python sources cannot add custom metrics to Spark's progress, so
+:func:`log_lag` logs them (docs/guides/monitor-lag.md).
 """
 
 from __future__ import annotations
@@ -27,6 +11,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
@@ -55,6 +40,14 @@ class SourceLag:
             f"{self.max_offsets_behind_latest} avg {self.avg_offsets_behind_latest:.1f}; "
             f"watermark lag {lag}; idle: {idle}"
         )
+
+
+def _source_lag(batch_id: int, behind: dict[str, int], watermark_lag_ms: int | None,
+                partition_watermark_lag_ms: dict[str, int], idle_ms: dict[str, int]
+                ) -> SourceLag:
+    values = list(behind.values()) or [0]
+    return SourceLag(batch_id, behind, min(values), max(values), sum(values) / len(values),
+                     watermark_lag_ms, partition_watermark_lag_ms, idle_ms)
 
 
 def _json(value: Any) -> Any:
@@ -101,7 +94,7 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
     """
     if now_ms is None:
         stamp = progress.get("timestamp")
-        now_ms = int(time.time() * 1000) if stamp is None else _parse_ms(str(stamp))
+        now_ms = int(time.time() * 1000) if stamp is None else timestamp_ms(str(stamp))
     out = []
     for source, end in _flinkish_sources(progress):
         latest = _json(source.get("latestOffset"))
@@ -121,17 +114,8 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
                 if pos.get("status") == "IDLE":
                     idle[name] = max(0, now_ms - int(pos["progressAt"]))
         valve: Mapping[str, Any] = end["valve"] if isinstance(end.get("valve"), Mapping) else {}
-        values = list(behind.values()) or [0]
-        out.append(SourceLag(
-            batch_id=int(progress.get("batchId", -1)),
-            offsets_behind_latest=behind,
-            min_offsets_behind_latest=min(values),
-            max_offsets_behind_latest=max(values),
-            avg_offsets_behind_latest=sum(values) / len(values),
-            watermark_lag_ms=_lag(now_ms, valve.get("watermark")),
-            partition_watermark_lag_ms=watermarks,
-            idle_ms=idle,
-        ))
+        out.append(_source_lag(int(progress.get("batchId", -1)), behind,
+                               _lag(now_ms, valve.get("watermark")), watermarks, idle))
     return out
 
 
@@ -140,24 +124,21 @@ def combined(lags: list[SourceLag]) -> SourceLag | None:
     largest watermark lag."""
     if not lags:
         return None
-    behind = {k: v for lag in lags for k, v in lag.offsets_behind_latest.items()}
-    values = list(behind.values()) or [0]
     watermark_lags = [lag.watermark_lag_ms for lag in lags if lag.watermark_lag_ms is not None]
-    return SourceLag(
-        batch_id=lags[0].batch_id, offsets_behind_latest=behind,
-        min_offsets_behind_latest=min(values), max_offsets_behind_latest=max(values),
-        avg_offsets_behind_latest=sum(values) / len(values),
-        watermark_lag_ms=max(watermark_lags) if watermark_lags else None,
-        partition_watermark_lag_ms={k: v for lag in lags
-                                    for k, v in lag.partition_watermark_lag_ms.items()},
-        idle_ms={k: v for lag in lags for k, v in lag.idle_ms.items()},
-    )
+    return _source_lag(
+        lags[0].batch_id, {k: v for lag in lags for k, v in lag.offsets_behind_latest.items()},
+        max(watermark_lags) if watermark_lags else None,
+        {k: v for lag in lags for k, v in lag.partition_watermark_lag_ms.items()},
+        {k: v for lag in lags for k, v in lag.idle_ms.items()})
 
 
-def _parse_ms(text: str) -> int:
-    from datetime import datetime
+EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
-    return int(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
+
+def timestamp_ms(text: str) -> int:
+    """A progress report's ISO time as epoch milliseconds, exactly (a float's would not be)."""
+    return (datetime.fromisoformat(text.replace("Z", "+00:00")) - EPOCH) // timedelta(
+        milliseconds=1)
 
 
 def log_lag(spark: Any, level: int = logging.INFO) -> Any:
@@ -183,9 +164,6 @@ def log_lag(spark: Any, level: int = logging.INFO) -> Any:
                 logger.log(level, "query %s batch %s: %s",
                            progress.get("name") or progress.get("id"), lag.batch_id,
                            lag.describe())
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
 
         def onQueryTerminated(self, event: Any) -> None:
             pass

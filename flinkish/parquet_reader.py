@@ -1,8 +1,5 @@
-"""The files of a flinkish Parquet target to read for a consistent view.
-
-A reader listing the directory sees whole files, but neither a whole epoch at once nor a
-compaction's swap of small files for a large one at once; this list does (see
-:mod:`flinkish_sink.parquet_compaction`)."""
+"""The files of a flinkish Parquet target to read for a consistent view: whole epochs, and a
+compaction's inputs or outputs, never both, as a directory listing would not promise."""
 
 from __future__ import annotations
 

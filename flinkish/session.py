@@ -1,19 +1,7 @@
 """Prepare a SparkSession for flinkish queries: ``format("flinkish")`` registered, and Spark's
-shared Python environment of the data source made safe for queries that start concurrently.
-
-Every streaming query of one Python data source shares the data source's ``envVars`` map
-(``UserDefinedPythonDataSource.dataSourceCls.envVars``; for a source found by Spark's automatic
-``pyspark_*`` discovery it is a Scala ``mutable.HashMap`` created with ``PYTHONPATH`` alone, see
-``PythonUtils.createPythonFunction``). ``PythonStreamingSourceRunner.init`` puts four more keys
-into that very map, unsynchronised, from each query's own thread, and write tasks serialise it.
-Two queries whose first batches plan at the same moment insert the same new keys at once; the
-map's size counter then disagrees with its contents for good, and every later task of the driver
-fails with ``Task not serializable: IllegalStateException: Illegal size 5 of collection,
-expected 7``. With the keys already present, the runners' puts only replace values: no resize,
-no count to corrupt.
-
-On a Spark Connect session the client has no JVM to do either through; ``flinkish.connect`` does
-both on the server instead (``is_connect`` tells the two kinds of session apart).
+shared Python environment of the data source seeded, so that queries starting at the same
+moment cannot corrupt it (docs/guides/several-queries.md). On a Spark Connect session
+``flinkish.connect`` does both on the server.
 """
 
 from __future__ import annotations
@@ -38,19 +26,14 @@ RUNNER_ENV_KEYS = (
 def register(spark: Any) -> None:
     """Make ``format("flinkish")`` usable on ``spark`` and safe for many concurrent queries.
 
-    Call it once per driver before starting flinkish queries (idempotent). Spark's automatic
-    discovery of the installed ``pyspark_flinkish`` module registers the format by itself (this
-    call does that discovery in the driver when it can, ``flinkish.discovery``), but only this
-    call seeds the shared environment described in the module docstring, and tells
-    the source the Spark master (``MASTER_ENV``), so that a local ``checkpointing.location`` on
-    a cluster fails at query start instead of losing the executors' watermark state, and adds
-    the listener that has each completed epoch committed to the query's consumer group right
-    away (``flinkish.epoch_listener``), and starts the Python daemons of the data source's calls
-    in the background so a (re)started query finds them running (``flinkish.warm_start``); with
-    a local master the source's Python processes start through ``flinkish.worker_launcher``
-    (the installed pyspark, the tasks' imports done before the daemon forks). It first
-    checks that Spark's Python workers can import flinkish (``flinkish.worker_python``).
-    On a Spark Connect session it does the same without the JVM (``flinkish.connect``).
+    Call it once per driver before starting flinkish queries (idempotent). Spark's discovery
+    of the installed ``pyspark_flinkish`` registers the format by itself, but only this call
+    checks that Spark's Python workers can import flinkish, seeds the shared environment that
+    queries starting together would corrupt, tells the source the Spark master (a local
+    ``checkpointing.location`` on a cluster then fails at query start), adds the listener that
+    commits each completed epoch to the query's consumer group, and starts the data source's
+    Python processes ahead, faster, so a (re)started query finds them running. It works on a
+    Spark Connect session too.
 
     Args:
         spark: the driver's ``SparkSession``, classic or Spark Connect.
@@ -71,11 +54,8 @@ def register(spark: Any) -> None:
 
 
 def register_data_source(spark: Any, manager: Any) -> None:
-    """Make ``format("flinkish")`` resolve to the source ``register`` builds (with a local
-    master through ``flinkish.worker_launcher``: its processes start faster): as one of the
-    installed data sources Spark discovers (``flinkish.discovery``), or registered when Spark's
-    discovery has no flinkish. Once Spark has discovered it by itself, its entry stays (see
-    ``flinkish.discovery``)."""
+    """Make ``format("flinkish")`` resolve to the source ``register`` builds: among the installed
+    data sources (``flinkish.discovery``), or registered when Spark's discovery has no flinkish."""
     name = FlinkishDataSource.name()
     sc = spark.sparkContext
     python = worker_launcher(sc.pythonExec) if sc.master.startswith("local") else None
@@ -89,9 +69,8 @@ def register_data_source(spark: Any, manager: Any) -> None:
 
 
 def flinkish_source(spark: Any, python: str | None) -> Any:
-    """The ``UserDefinedPythonDataSource`` of flinkish, as ``spark.dataSource.register`` builds
-    it, its processes run by the interpreter command ``python`` (the session's, ``pythonExec``,
-    when None)."""
+    """flinkish's ``UserDefinedPythonDataSource`` as ``spark.dataSource.register`` builds it, run
+    by the interpreter command ``python`` (None: the session's)."""
     from pyspark.core.rdd import _prepare_for_python_RDD
 
     sc = spark.sparkContext
@@ -105,18 +84,16 @@ def flinkish_source(spark: Any, python: str | None) -> Any:
 
 def seed_runner_environment(spark: Any) -> dict[str, str]:
     """Put the streaming source runner's keys into the data source's shared environment map
-    before any flinkish query starts, so the runners later only overwrite them. Returns the
-    keys it added (none when they were there already; always none on a Spark Connect session,
-    where the client cannot see the map and ``register``'s warm-up query seeds it instead)."""
+    before any flinkish query starts, so the runners only overwrite them; the keys it added
+    (none on Spark Connect, where ``register``'s warm-up query seeds the map)."""
     if is_connect(spark):
         register_connect(spark)
         return {}
     manager = spark._jsparkSession.sessionState().dataSourceManager()
     env = manager.lookupDataSource(FlinkishDataSource.name()).dataSourceCls().envVars()
     conf = spark.sparkContext._jsc.sc().conf()
-    # The values are what the runner would put, as far as they can be known from here; the
-    # runner overwrites them with its own before it starts a worker (its local directories are
-    # the block manager's subdirectories of these), so only the keys matter.
+    # the runner overwrites these values with its own before it starts a worker: only the keys
+    # matter
     local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)
     values = {
         "SPARK_LOCAL_DIRS": ",".join(local_dirs),

@@ -1,34 +1,10 @@
 """``flinkish.with_watermark``: Spark's own event-time operators on the valve's combined watermark.
 
-Spark's watermark is max(event time seen) - delay. The flinkish source adds one *carrier* row to
-every micro-batch whose event time is the combined watermark W plus the horizon H (see
-``flinkish_source.combined_watermark``). Declaring ``withWatermark(eventTime, H)`` makes Spark's
-watermark max(W, newest record - H), which is W while no record is more than H ahead of W. So
-windows, session windows, ``dropDuplicatesWithinWatermark``, stream-stream joins and event-time
-timers run with Flink's semantics: per-partition watermarks, idleness, the valve, and
-``MAX_WATERMARK`` when bounded input ends.
-
-The carrier must reach Spark's ``EventTimeWatermark`` node, and neither it nor the marker rows
-may reach any stateful operator, so they are filtered out right above the node. Two optimizer
-rules stand in the way:
-
-* ``PushPredicateThroughNonJoin`` moves every deterministic conjunct that does not reference
-  the event-time column below ``EventTimeWatermark``: a user's ``where(k == 'a')``, ``dropna``,
-  a SQL ``WHERE`` on a view, and the ``isnotnull(k)`` that ``InferFiltersFromConstraints`` adds
-  for an inner or stream-stream join. Below the node they see the carrier, whose data columns
-  are NULL, and drop it: Spark's watermark then trails the records by the whole horizon.
-* The same rule would move our own filter's record test down as well.
-
-So the node is followed by an **observation** (``Dataset.observe``, a ``CollectMetrics`` node):
-the optimizer moves no predicate through it (``canPushThrough`` has no case for it, since that
-would change what it observes), whatever the predicate references. Every filter after
-``with_watermark``, on any column, in the DataFrame API or SQL, on one stream or on each side of
-a union or join, therefore stays above the watermark node. The observation also reports the
-combined watermark each batch's carrier brought (``observedMetrics``), and its name tells the
-safety net (``flinkish.watermark_monitor``) which queries use ``with_watermark`` (its cost:
-``docs/semantics.md``). Our own filter references the event-time column in a way that keeps
-exactly the records: for the other rows it is ``isnull(t) AND isnotnull(t)``, false for every
-value.
+The source's carrier row, whose event time is the combined watermark W plus the horizon H, makes
+Spark's watermark under ``withWatermark(eventTime, H)`` max(W, newest record - H): W while no
+record is more than H ahead. An observation above the watermark node keeps the optimizer from
+pushing any later filter below it, where it would drop the carrier. docs/semantics.md, "Spark's
+own operators on the combined watermark", has the whole design.
 """
 
 from __future__ import annotations
@@ -47,18 +23,15 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
     """The record rows of a flinkish source DataFrame, with Spark's event-time watermark on
     ``event_time`` equal to the valve's combined watermark (one micro-batch behind it).
 
-    ``event_time`` is the source's ``eventTime`` or a timestamp column derived from the record
-    (the carrier's event time is put into it). ``horizon`` must equal the source's
-    ``watermark.horizon`` (default one day); it is the delay Spark sees, so it must exceed the
-    largest skew between partitions, and it is also the window of
-    ``dropDuplicatesWithinWatermark``. A mismatch fails the query at its first carrier row.
-
     Args:
         df: the flinkish source's DataFrame, marker rows and columns still in it (row-wise
             transformations that keep them are fine).
-        event_time: the timestamp column Spark's watermark goes on.
+        event_time: the timestamp column Spark's watermark goes on: the source's ``eventTime``
+            or one derived from the record (the carrier's event time is put into it).
         horizon: the source's ``watermark.horizon`` (a duration such as ``'1d'``; None: the
-            default, one day).
+            default, one day); a mismatch fails the query at its first carrier row. It is the
+            delay Spark sees, so it must exceed the largest skew between partitions, and the
+            window of ``dropDuplicatesWithinWatermark``.
 
     Returns:
         The DataFrame's record rows (marker rows and the carrier dropped), with Spark's
@@ -112,6 +85,7 @@ def with_watermark(df: Any, event_time: str = "eventTime", horizon: str | None =
         "row says otherwise: set the source option watermark.horizon and with_watermark's "
         "horizon to the same duration"
     )
+    # false for every other row, yet it references the event time (docs/semantics.md, 5.)
     keep_records = (
         F.when(kind == KIND_RECORD, F.lit(True))
         .when((kind == KIND_CARRIER) & (t != expected), F.raise_error(F.lit(mismatch)))

@@ -1,28 +1,11 @@
 """Start the Python daemons of the data source's driver-side calls while the driver is busy
-elsewhere, so a (re)started query finds them running.
-
-Why: for a Python data source Spark runs four calls on the driver in Python processes, each
-through a worker daemon of its own (``PythonPlannerRunner.runInPython``): the source's creation
-(``pyspark.sql.worker.create_data_source``, at ``load()``), and in the first batch the read's
-planning (``plan_data_source_read``), the writer's creation (``write_into_data_source``) and the
-commit (``python_streaming_sink_runner``). Spark starts each daemon at its call's first use, one
-after the other, on the way to the first commit: an interpreter importing PySpark, then a forked
-worker importing the call's module (the read's planning imports pyarrow). The tasks' daemon
-(``flinkish.worker_daemon``, importing what the tasks need before it forks) starts
-between the writer's creation and the commit; with a local master it runs in the driver's JVM
-too, so it is started ahead as well (last: see :func:`plans`).
+elsewhere, so a (re)started query finds them running instead of starting each in turn on the
+way to its first commit (docs/guides/recover-after-crash.md).
 
 ``SparkEnv`` keys its worker factories on the interpreter, the module and the worker's
-environment; a worker created and released under the same key is handed to the first call that
-asks (PySpark reuses workers by default). So :func:`warm_start` creates one worker of each
-module, in a background thread, with the environment the runner gives its workers: the data
-source's shared ``envVars`` map and the keys ``PythonPlannerRunner.runInPython`` or
-``BasePythonRunner.compute`` add (Spark 4.3). Where that
-environment cannot be known here (Python's fault handler on, which points workers at a
-directory of Spark's choosing), nothing is started. A key that no longer matches (another Spark
-version) only leaves an idle daemon behind: the call then starts its own, as without this
-module. The idle worker is reaped after Spark's minute of idleness; the daemon stays, as
-Spark's do.
+environment, and hands a released worker to the first call with the same key: so the
+environment here must be the one Spark's runners give (Spark 4.3). Where it cannot be known,
+nothing is started; a key that no longer matches only leaves an idle daemon behind.
 """
 
 from __future__ import annotations
@@ -36,8 +19,7 @@ log = logging.getLogger(__name__)
 DEFAULT_DAEMON = "pyspark.daemon"
 SPARK_ENV, BLOCK_MANAGER = "org.apache.spark.SparkEnv", "org.apache.spark.storage.BlockManager"
 
-#: Per Spark application (once per driver JVM is enough): the thread starting the workers and
-#: the modules it started.
+#: Per Spark application: the thread starting the workers and the modules it started.
 _runs: dict[str, tuple[threading.Thread, list[str]]] = {}
 _lock = threading.Lock()
 
@@ -122,12 +104,9 @@ def block_manager_dirs(spark: Any) -> str:
 
 def call(spark: Any, target: Any, owner: str, method: str, returns: str,
          *args: tuple[str, Any]) -> Any:
-    """``target.method(*args)`` in the JVM (``target`` of class ``owner``), each argument a
-    (class name, value) pair.
-
-    Through a method handle, not py4j's own call: py4j looks methods up by reflecting on all of
-    the class's methods, which fails for ``SparkEnv`` and ``BlockManager`` in a pip-installed
-    PySpark (a signature names ``com.google.protobuf`` classes it does not ship)."""
+    """``target.method(*args)`` in the JVM, each argument a (class name, value) pair, through a
+    method handle: py4j's reflection fails on ``SparkEnv`` and ``BlockManager`` in a
+    pip-installed PySpark (a signature names ``com.google.protobuf`` classes it does not ship)."""
     jvm, gateway = spark._jvm, spark.sparkContext._gateway
 
     def java_class(name: str) -> Any:
@@ -148,12 +127,9 @@ def call(spark: Any, target: Any, owner: str, method: str, returns: str,
 
 
 def plans(spark: Any, source: Any) -> list[tuple[str, str, dict[str, str]]]:
-    """(worker module, daemon module, environment) of each daemon to start ahead, in the order
-    they are started: :data:`DRIVER_MODULES` (in the order a query first needs them) and, with
-    a local master (whose tasks run in the driver's JVM), the tasks' own last. Spark starts
-    each under one lock (``SparkEnv.createPythonWorker``), which the tasks' daemon holds the
-    longest (it imports the tasks' modules before its first fork); started before the commit's,
-    the query's first batch would wait for both after it."""
+    """(worker module, daemon module, environment) of each daemon to start ahead, in order:
+    :data:`DRIVER_MODULES` and, with a local master, the tasks' last: it holds Spark's one
+    start lock the longest, and before the commit's the first batch would wait for both."""
     conf = spark.sparkContext._jsc.sc().conf()
     if not conf.getBoolean("spark.python.use.daemon", True):
         return []

@@ -1,20 +1,11 @@
 """The safety net under :func:`flinkish.with_watermark`: an ERROR when Spark's watermark stays
-behind the combined watermark.
+behind the combined watermark, as when a filter before ``with_watermark`` removed the carrier
+row or another watermarked stream holds Spark's global watermark back: windows, joins and timers
+would otherwise wait silently, up to ``watermark.horizon`` (docs/semantics.md).
 
-``with_watermark`` keeps every predicate above Spark's ``EventTimeWatermark`` node (see
-``flinkish.spark_watermark``), so whatever follows it cannot keep the carrier row from Spark's
-watermark. What no plan rewrite can cover: a filter, join or ``dropna`` applied to the source's
-DataFrame *before* ``with_watermark``, which removes the carrier row, and a second watermarked
-stream in the same query, which holds Spark's global watermark at the minimum of both
-(``spark.sql.streaming.multipleWatermarkPolicy``). Either way windows, joins and timers silently
-wait, up to ``watermark.horizon``.
-
-A ``StreamingQueryListener`` compares, for every query that ``with_watermark`` took part in
-(recognised by its observed metrics), Spark's watermark of each micro-batch with the combined
-watermark its flinkish sources journaled in the previous batch's end offset. That journaled
-value (the valve's watermark before the last batch that read anything) is at least two batches
-old, so a query working as intended never falls behind it; a query that does for
-:data:`STALLED_BATCHES` batches in a row is reported once, with the likely causes and the fix.
+A listener compares Spark's watermark of each batch of a query using ``with_watermark`` (its
+observed metrics say so) with the combined watermark its flinkish sources journaled a batch
+earlier, at least two batches old: a working query never falls behind it.
 """
 
 from __future__ import annotations
@@ -26,9 +17,10 @@ import uuid
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any
 
+from flinkish.lag import EPOCH, timestamp_ms
 from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
@@ -52,16 +44,8 @@ def _horizons(observed: Mapping[str, Any]) -> list[int]:
     return [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
 
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def _parse_ms(text: str) -> int:
-    moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    return (moment - _EPOCH) // timedelta(milliseconds=1)  # exact where floats are not
-
-
 def _iso(ms: int) -> str:
-    return (_EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
+    return (EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
 
 
 def _journaled_watermark(sources: list[Mapping[str, Any]]) -> int | None:
@@ -110,7 +94,7 @@ class WatermarkMonitor:
         text = (progress.get("eventTime") or {}).get("watermark")
         if expected is None or text is None:
             return None
-        spark = _parse_ms(text)
+        spark = timestamp_ms(text)
         if spark >= expected:
             query.behind, query.reported = 0, False
             return None
@@ -164,9 +148,6 @@ def _listener() -> Any:
             message = self.monitor.on_progress(json.loads(event.progress.json))
             if message is not None:
                 logger.error(message)
-
-        def onQueryIdle(self, event: Any) -> None:
-            pass
 
         def onQueryTerminated(self, event: Any) -> None:
             self.monitor.forget(str(event.runId))

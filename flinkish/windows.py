@@ -1,34 +1,9 @@
 """Flink's window operator on Spark: ``flinkish.windows.window(df, key=..., assigner=...)``.
 
-The window operator of :mod:`flinkish_core.windowing` (assigners, triggers, allowed lateness,
-late output, evictors, panes) runs as one Spark stateful operator on the watermark of
-:func:`flinkish.with_watermark` (the valve's combined watermark), grouped by key group (a hash
-of the user's key columns, as Flink's keyed state is): each group's core state (all its keys'
-windows) is one state entry (JSON), so a batch costs a visit per group, not per key. The
-operator is ``applyInPandasWithState`` (:class:`GroupStateWindow`): the group's state travels
-with its rows, and one event-time timeout per group wakes it when the watermark passes its
-earliest event-time timer in the core, so a key with nothing new still fires and cleans up. A
-visit's firings leave the operator as one row of arrays, turned into rows in the JVM.
-
-The result is one DataFrame of rows of two kinds (``kind``): ``'result'`` rows are firings
-(window bounds, result, pane) and ``'late'`` rows are the late side output (the element's
-event time and value). :func:`split` separates them.
-
-Lateness is judged at the batch's watermark W (the combined watermark before the batch's
-records were read, as Flink would see the records after that watermark): a record reaches the
-operator whatever its event time, because the operator receives the event time as a plain
-column, not the watermarked one, so Spark's own late-row filter (which drops rows at or below
-the previous batch's watermark, silently) does not apply (``applyInPandasWithState``'s
-timeouts need a watermarked column in its input: it gets a null one, which that filter never
-drops). Every late record therefore comes
-out as a ``'late'`` row or re-fires its window within the allowed lateness; none is dropped.
-
-One time mode per operator: event time. Processing-time triggers on these event-time windows
-(``ContinuousProcessingTimeTrigger``, ``ProcessingTimeTrigger``) see the batch's processing
-time whenever the key's group is visited (records of any of its keys, or one of its
-event-time timers), so their timers fire at the first such visit at or after their time, not
-on their own. Processing-time assigners are refused: their windows would close only when the
-group is visited.
+The core's :class:`~flinkish_core.windowing.WindowOperator` runs in one
+``applyInPandasWithState`` operator on the combined watermark of :func:`flinkish.with_watermark`,
+one state entry per key group; every late record comes out as a ``'late'`` row or re-fires its
+window. docs/windows.md, "How it runs", says how and why.
 """
 
 from __future__ import annotations
@@ -105,14 +80,9 @@ UNSUPPORTED_0_1 = (
     "after 0.2 runs only applyInPandasWithState and cannot continue that state. Finish or "
     "drain the query on flinkish 0.2 (window(..., operator='transformWithState')), or start it "
     "on a new checkpointLocation (its windows then start empty).")
-#: applyInPandasWithState's event-time timeouts need a watermarked column in the operator's
-#: input, and Spark drops every input row whose watermarked column is at or below the
-#: previous batch's watermark: this column carries the watermark's metadata and is null, which
-#: that filter never drops (a null comparison is not true), so every record still arrives
+#: the watermarked column event-time timeouts need; null, so Spark's late filter drops no row
 _MARK = "__flinkish_watermark_mark"
-#: a nullable numeric column's nulls travel beside the records, since pandas turns an integer
-#: column with a null into floats and a float column's null into NaN: the column itself with
-#: 0 for null, and one column for all of them, bit i set when the i-th one is null
+#: bit i set when the i-th nullable numeric column is null (pandas would make it a float or NaN)
 _NULLS = "__flinkish_nulls"
 _NUMBERS = frozenset({"tinyint", "smallint", "int", "bigint", "float", "double"})
 #: the key-group count in a group's stored state
@@ -226,16 +196,9 @@ def window(
     ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
     ``.process(...)``) with ``sideOutputLateData``.
 
-    ``df`` comes from :func:`flinkish.with_watermark`: its ``event_time`` column must carry
-    the watermark. Each element handed to the window function is the ``value`` column's value
-    (None without one). The returned DataFrame (output mode append) has the key columns,
-    ``kind`` (``'result'`` or ``'late'``), the firing's ``window_start``, ``window_end``
-    (null for global windows), ``result`` (``result_type``), ``pane_index``, ``pane_timing``
-    (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows the element's
-    ``event_time`` column and ``value`` column. See :func:`split`.
-
     Args:
-        df: the output of :func:`flinkish.with_watermark` (or a row-wise transformation of it).
+        df: the output of :func:`flinkish.with_watermark` (or a row-wise transformation of it),
+            its ``event_time`` column carrying the watermark.
         key: the key column, or several.
         assigner: which windows an element belongs to (:func:`tumbling`, :func:`sliding`,
             :func:`session`, :func:`global_windows`).
@@ -260,7 +223,10 @@ def window(
 
     Returns:
         The windows' results and late elements as one streaming DataFrame (output mode
-        append), columns as above.
+        append): the key columns, ``kind`` (``'result'`` or ``'late'``), the firing's
+        ``window_start``, ``window_end`` (null for global windows), ``result``, ``pane_index``,
+        ``pane_timing`` (``EARLY``/``ON_TIME``/``LATE``), ``pane_is_last``, and for late rows
+        the element's ``event_time`` and ``value`` columns. See :func:`split`.
 
     Raises:
         OptionError: not exactly one of ``aggregate`` and ``process``, a processing-time
@@ -300,8 +266,7 @@ def window(
             raise OptionError(
                 f"window: column {name!r} is {type_name}; key and value columns must be "
                 f"numbers, strings or booleans ({', '.join(sorted(_JSON_TYPES))}): cast it")
-    if key_groups is None:
-        key_groups = DEFAULT_KEY_GROUPS
+    key_groups = DEFAULT_KEY_GROUPS if key_groups is None else key_groups
     if key_groups < 1:
         raise OptionError(f"window: key_groups must be >= 1, got {key_groups}")
     lateness = ms(allowed_lateness)
@@ -309,10 +274,7 @@ def window(
     # fails here, not in the first batch
     WindowOperator(assigner, function, trigger, lateness, evictor)
     value_type = df.schema[value].dataType.simpleString() if value is not None else None
-    # times leave the processor as epoch milliseconds and become timestamps in the JVM, after
-    # the operator (cheaper than building datetimes in Python); each visit's output leaves it
-    # as one row of arrays, a column each, turned into rows in the JVM (PySpark converts each
-    # row a processor returns on its own)
+    # epoch ms and one row of arrays per visit, made timestamps and rows in the JVM (cheaper)
     output = ([(k, df.schema[k].dataType.simpleString()) for k in keys]
               + [(KIND, "string"), ("window_start", "long"), ("window_end", "long"),
                  ("result", _result_type(function, value_type, result_type)),
@@ -335,8 +297,7 @@ def window(
     def column(name: str) -> Any:
         out = F.timestamp_millis(F.col(name)) if name in times else F.col(name)
         # null in every result row: a sink splitting results from late rows leaves it out
-        return out.alias(name, metadata={LATE_COLUMN: True}) if name in late_only else (
-            out.alias(name))
+        return out.alias(name, metadata={LATE_COLUMN: True} if name in late_only else None)
 
     return rows.select(*(column(c) for c in rows.columns))
 
@@ -363,11 +324,8 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
 
 @contextmanager
 def _collector_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for one visit of a key group. A visit builds
-    thousands of objects that live until it ends (the group's decoded state, its operator),
-    and so many survivors set off full collections over the Python worker's whole heap
-    (PySpark's modules included) every few visits. They are freed by reference counting; the
-    collector runs again afterwards (PySpark collects after each task too)."""
+    """The cyclic collector off for a visit: its many survivors would set off full collections
+    of the worker's heap; reference counting frees them."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -388,9 +346,8 @@ def _bound(window: Any, end: bool) -> int | None:
 def _apply_in_pandas_with_state(df: Any, columns: list[Any],
                                 window_function: Callable[..., GroupStateWindow], schema: str,
                                 event_time: str) -> Any:
-    """The records (``columns``: key group, keys, event time, value) through
-    ``applyInPandasWithState`` grouped by key group, with the :class:`GroupStateWindow`
-    ``window_function`` makes given the nullable columns; one row of arrays per visit."""
+    """The records (key group, keys, event time, value) through ``applyInPandasWithState``;
+    one row of arrays per visit."""
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
@@ -415,21 +372,8 @@ def _apply_in_pandas_with_state(df: Any, columns: list[Any],
 
 
 class GroupStateWindow:
-    """The ``applyInPandasWithState`` function running a :class:`WindowOperator` per key group.
-    The group's state, handed in and out with its rows, is the core's columnar snapshot (every
-    key's windows, timers, panes) as JSON; one event-time timeout per group stands for the
-    core's earliest timer; a visit's firings and late elements leave as one output row whose
-    cells are the output columns' sequences.
-
-    Args:
-        assigner, function, trigger, allowed_lateness, evictor: the core's window.
-        keys: the key columns.
-        event_time: the late rows' event-time column.
-        value: the value column (None: the elements are None).
-        key_groups: how many key groups the keys are hashed into.
-        nullable: the nullable numeric record columns, whose nulls travel as bits in a column
-            of their own (pandas would turn them into floats or NaN).
-    """
+    """The ``applyInPandasWithState`` function: a :class:`WindowOperator` per key group, its
+    columnar snapshot as the group's JSON state, one event-time timeout per group."""
 
     def __init__(self, assigner: WindowAssigner, function: Any, trigger: Trigger | None,
                  allowed_lateness: int, evictor: Evictor | None, keys: list[str],
@@ -456,12 +400,8 @@ class GroupStateWindow:
             yield pd.DataFrame({name: [cell] for name, cell in zip(self.row, row, strict=True)})
 
     def _visit(self, frames: Iterator[Any], state: Any) -> Any:
-        """One visit of a group: its state restored, brought to the batch's watermark and
-        processing time, its records fed in event-time order (so a replayed batch fires the
-        same panes), its state handed back with its timeout. Spark calls a group whose timeout
-        is below the batch's watermark (strictly), so the timeout is a millisecond below the
-        core's :meth:`firing_watermark` (which is above the current watermark, as Spark
-        requires of a timeout)."""
+        """One visit: records in event-time order (a replayed batch fires the same panes); Spark
+        calls a group whose timeout is strictly below the watermark, hence ``firing - 1``."""
         stored = state.getOption
         operator = self.restore(None if stored is None else stored[0])
         outputs = [operator.process_watermark(state.getCurrentWatermarkMs()),
@@ -484,8 +424,7 @@ class GroupStateWindow:
         if text is None:
             return operator
         snapshot = json.loads(text)
-        # a key's group is its hash modulo the number of groups: with another number its
-        # windows are in another group's state, and this group's keys no longer come here
+        # another number of groups would send this group's keys elsewhere
         stored = snapshot.pop(_KEY_GROUPS)
         if stored != self.key_groups:
             raise OptionError(
@@ -498,9 +437,7 @@ class GroupStateWindow:
         return operator
 
     def _elements(self, frames: Iterator[Any]) -> list[tuple[tuple[Any, ...], Any, int]]:
-        """The group's records as the core's ``(key, value, timestamp)`` elements, nulls
-        restored, in event-time order (a stable sort: records of one event time keep their
-        order)."""
+        """The core's ``(key, value, timestamp)`` elements, nulls restored, stably by time."""
         n = len(self.keys)
         elements: list[tuple[tuple[Any, ...], Any, int]] = []
         for frame in frames:
@@ -522,19 +459,13 @@ class GroupStateWindow:
 
     @staticmethod
     def firing_watermark(operator: WindowOperator) -> int | None:
-        """The lowest watermark at which the core fires its earliest event-time timer (None:
-        it has none): the timer itself, or a millisecond past the core's watermark when the
-        timer is already at or below it (a record late for its trigger's interval registered
-        it), since the core fires a timer at the first watermark at or past it that is
-        greater than its current one (a repeated watermark fires nothing, as in Flink). The
-        group's one Spark timeout is set from it, so one per group is enough (every visit
-        brings the core to the batch's watermark, firing all its timers due)."""
+        """The lowest watermark firing the core's earliest timer (None: none): a repeated
+        watermark fires nothing, so a timer at or below the watermark needs one more ms."""
         earliest = operator.earliest_event_time_timer()
         return None if earliest is None else max(earliest, operator.current_watermark + 1)
 
     def encode(self, operator: WindowOperator) -> str | None:
-        """The group's state to store, None when no key of it has anything left (the visit
-        owns the operator: no copies)."""
+        """The group's state to store; None when no key has anything left."""
         snapshot = operator.columnar_snapshot(copy=False)
         if not snapshot["keys"]:
             return None
@@ -543,10 +474,8 @@ class GroupStateWindow:
         return json.dumps(snapshot, check_circular=False)
 
     def output(self, outputs: list[WindowOutput]) -> Any:
-        """The outputs as one Row of the operator's output columns, each a sequence (None when
-        there are none): the results, then the late elements. Tuples, but the results a list:
-        PySpark converts a nested Row (a struct result) to a dict inside a list, and leaves a
-        tuple's elements as they are."""
+        """One Row of column sequences, results then late elements (None: nothing). Results are
+        a list: PySpark converts a struct result's Row to a dict only inside a list."""
         results = [r for out in outputs for r in out.results]
         late = [e for out in outputs for e in out.late]
         if not results and not late:

@@ -1,30 +1,9 @@
 """The interpreter command Spark starts the flinkish data source's Python processes with, on a
 local master: a small shell script in the temporary directory that runs the session's own
-interpreter after two changes, so a (re)started query's processes start faster.
-
-Why: Spark starts a Python data source's processes (the source's creation and planning, the
-writer's creation, the commit, the streaming source's runner, the read and write tasks) with
-the data source's interpreter, ``pythonExec``, and a ``PYTHONPATH`` that starts with Spark's
-own entries (``PythonUtils.sparkPythonPath``).
-
-- Those entries are ``pyspark.zip``, py4j's source zip and, with a pip-installed PySpark, its
-  ``spark-core`` jar: a zip of ~6,000 entries and no Python module, whose index every Python
-  process reads at its first import, and every worker again when PySpark adds the job's files
-  to its path. pyspark imported from the zip is compiled on every start (~0.25 s of CPU a
-  process). The script puts a directory in the zips' place whose ``pyspark`` and ``py4j`` are
-  links to the driver's installed packages (the very packages the zips were built from: a
-  pip-installed PySpark's ``SPARK_HOME`` is its package directory), and leaves the jars out.
-- Spark's task workers come from PySpark's daemon (``-m pyspark.daemon``), which forks each
-  worker before it imports anything of the task: every read and write task's first run imports
-  pyarrow, pandas, confluent_kafka and flinkish's modules again, ~0.7 s of CPU each, and a
-  restarted query's first batch forks two workers per task at once. The script runs
-  ``flinkish.worker_daemon`` in its place, which imports them once before it forks. A session
-  configured with a daemon of its own (``spark.python.daemon.module``) keeps it.
-
-Only the flinkish data source's processes get the script (``flinkish.register`` registers the
-source with it); the session's other Python processes (UDFs, ``mapInPandas``) start as Spark
-starts them. With any other master the executors' machines have no such script, and the
-source keeps the session's interpreter.
+interpreter after two changes, so a (re)started query's processes start faster: the installed
+pyspark and py4j in the place of Spark's zips (imported from a zip, pyspark is compiled in every
+process) and no jars on ``PYTHONPATH``, and ``flinkish.worker_daemon`` in place of PySpark's
+daemon unless the session configured its own (docs/guides/recover-after-crash.md).
 """
 
 from __future__ import annotations
@@ -94,10 +73,8 @@ def package_links() -> Path:
 
 
 def worker_launcher(python: str) -> str:
-    """The launcher script for the interpreter command ``python`` (written once; its name is
-    the digest of its text); ``python`` itself when it is one already (the demo session's
-    workers use a launcher as their interpreter) or when the temporary directory does not
-    let a script run (mounted ``noexec``)."""
+    """The launcher script for the interpreter command ``python`` (named by its text's digest);
+    ``python`` itself when it is one already or the temporary directory is ``noexec``."""
     if Path(python).name.startswith(LAUNCHER_PREFIX):
         return python
     text = _SCRIPT.format(python=shlex.quote(python), links=shlex.quote(str(package_links())),

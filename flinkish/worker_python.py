@@ -1,23 +1,13 @@
 """Check, once per session, that the Python Spark starts for its workers can run flinkish's
 read and write tasks.
 
-A script run with a virtualenv's interpreter (the virtualenv not activated) starts workers with
-``python3`` from the PATH, which has no flinkish: every query then fails at ``.load()`` with
-``PYTHON_DATA_SOURCE_ERROR … ModuleNotFoundError: No module named 'flinkish'``, which names
-neither the interpreter nor the fix. Run from inside a checkout, that ``python3`` does import
-flinkish (from the working directory) but not pyarrow or confluent-kafka, and the query fails
-later, in a read task. ``register`` asks the workers themselves to import what those tasks
-import, with a one-row task (an RDD task on a classic session, a UDF on Spark Connect), and
-fails at once naming the module, the interpreter and the fix.
-
-That task is a Spark job of its own, seconds on a busy machine, paid again by every driver
-that starts, a query restarted after a crash included. With a local master the workers are
-this machine's processes, so their answer is a function of things the driver can look at:
-the interpreter Spark starts them with, the paths that decide their ``sys.path`` (the
-``PYTHONPATH`` they get, the working directory) and the files the imports found. A success
-is remembered under those (:func:`_remembered_key`); a later driver with the same key whose
-recorded files are all unchanged knows the answer without the job. A failure is never
-remembered, and a cluster's (or Spark Connect's) executors are always asked.
+Without it a worker interpreter without flinkish (a virtualenv's script run unactivated starts
+workers with ``python3`` from the PATH) fails every query at ``.load()`` with a
+``ModuleNotFoundError`` that names neither the interpreter nor the fix, or later, in a read
+task. The check is a Spark job of its own, paid by every starting driver: with a local master
+a success is remembered under what decides the answer (:func:`_remembered_key`) while the files
+the imports found are unchanged. A failure is never remembered, and a cluster's (or Spark
+Connect's) executors are always asked.
 """
 
 from __future__ import annotations
@@ -57,10 +47,8 @@ def worker_probe(
     modules: tuple[str, ...]
 ) -> Callable[[], tuple[str, str | None, list[FileStamp]]]:
     """A function that imports ``modules`` where it runs and returns that interpreter, the
-    first failure (``None`` if all import) and the files the imports came from (the modules'
-    own and ``pyspark``'s; for a module imported from a zip archive, the archive). Built here,
-    not defined at module level, so that cloudpickle ships it by value: a worker without
-    flinkish could not unpickle a function of a flinkish module."""
+    first failure (None if all import) and the files the imports came from. A closure, so that
+    cloudpickle ships it by value to a worker that may lack flinkish."""
 
     def probe() -> tuple[str, str | None, list[FileStamp]]:
         import importlib
@@ -90,11 +78,8 @@ def worker_probe(
 
 
 def _remembered_key(spark: Any) -> str | None:
-    """What decides a local master's workers' answer (None for any other master): the
-    interpreter Spark starts them with (its path and the file it leads to, with its stamp),
-    the ``PYTHONPATH`` they get (this process's, which the JVM passes on, and
-    ``spark.executorEnv``'s) and the working directory (ahead of ``PYTHONPATH`` on their
-    ``sys.path``)."""
+    """What decides a local master's workers' answer (None for any other master): their
+    interpreter, ``PYTHONPATH`` (this process's and ``spark.executorEnv``'s), working directory."""
     sc = spark.sparkContext
     if not sc.master.startswith("local"):
         return None
@@ -115,26 +100,17 @@ def _remembered(key: str) -> Path:
     return Path(tempfile.gettempdir()) / f"flinkish-worker-check-{key}.json"
 
 
-def _unchanged(files: list[FileStamp]) -> bool:
-    """Every recorded file is still there, with the same modification time and size."""
-    for path, mtime_ns, size in files:
-        try:
-            stat = os.stat(path)
-        except OSError:
-            return False
-        if (stat.st_mtime_ns, stat.st_size) != (mtime_ns, size):
-            return False
-    return bool(files)
-
-
 def _known_good(key: str | None) -> bool:
+    """A success remembered under ``key`` whose files are all there, with the same stamps."""
     if key is None:
         return False
     try:
         files = json.loads(_remembered(key).read_text())
+        stamps = [os.stat(str(path)) for path, _, _ in files]
     except (OSError, ValueError):
         return False
-    return _unchanged([(str(p), int(m), int(n)) for p, m, n in files])
+    return bool(files) and all((s.st_mtime_ns, s.st_size) == (int(m), int(n))
+                               for s, (_, m, n) in zip(stamps, files, strict=True))
 
 
 def _remember(key: str, files: list[FileStamp]) -> None:
@@ -148,10 +124,8 @@ def _remember(key: str, files: list[FileStamp]) -> None:
 
 
 def check_worker_python(spark: Any) -> None:
-    """Raise :class:`WorkerEnvironmentError` when Spark's Python workers cannot import what
-    flinkish's read and write tasks import (:data:`TASK_MODULES`); a no-op after the first
-    success on ``spark``, and without a Spark job when an earlier driver's success still holds
-    (a local master; see the module docstring)."""
+    """Raise :class:`WorkerEnvironmentError` when Spark's Python workers cannot import
+    :data:`TASK_MODULES`; once per session, without a job where an earlier success holds."""
     if spark in _checked:
         return
     from pyspark.sql import functions as F

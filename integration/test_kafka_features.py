@@ -192,7 +192,7 @@ def test_min_offsets_per_trigger_waits_at_most_max_trigger_delay(
     def read_in() -> dict[int, int]:
         """Batch id -> its trigger's start (ms), for the batches that read records; a batch's
         progress is posted after its sink has the rows, so poll for it."""
-        return {p["batchId"]: flinkish.lag._parse_ms(p["timestamp"])
+        return {p["batchId"]: flinkish.lag.timestamp_ms(p["timestamp"])
                 for p in query.recentProgress if p["numInputRows"] > 0}
 
     try:

@@ -1,11 +1,6 @@
-"""A throw-away PostgreSQL server that our own code starts and stops (tests, demo).
-
-There is no Docker engine on the machines this project runs on, but the PostgreSQL server
-binaries are (or can be installed with ``apt-get install postgresql``). So instead of a
-container we ``initdb`` a temporary cluster and run it on a free loopback port.
-
-PostgreSQL refuses to run as root, and CI runs as root: then every server command runs as
-the ``postgres`` user through ``runuser``, on a directory that user owns.
+"""A throw-away PostgreSQL server that our own code starts and stops (tests, demo), without
+Docker: ``initdb`` of a temporary cluster on a free loopback port. As root (CI), every server
+command runs as the ``postgres`` user through ``runuser``: PostgreSQL refuses to run as root.
 """
 
 from __future__ import annotations
@@ -75,12 +70,8 @@ def _version_key(name: str) -> tuple[int, ...]:
 
 
 class EmbeddedPostgres:
-    """A temporary PostgreSQL cluster on ``127.0.0.1``, trust auth, superuser ``postgres``.
-
-    ``fsync=off`` because the data is thrown away on :meth:`stop`; two-phase commit is on
-    (``max_prepared_transactions``) because that is what the sink needs, and a parameter so a
-    test can start a server without it.
-    """
+    """A temporary PostgreSQL cluster on ``127.0.0.1``, trust auth, superuser ``postgres``,
+    ``fsync=off`` (the data is thrown away), two-phase commit on unless a test turns it off."""
 
     def __init__(
         self, *, max_prepared_transactions: int = 64, startup_timeout: float = 30.0
@@ -115,29 +106,14 @@ class EmbeddedPostgres:
         bin_dir = find_pg_bin()
         run_as = _run_as_prefix()
         base = Path(tempfile.mkdtemp(prefix="flinkish-pg-"))
-        # The finalizer also runs at interpreter exit, so an interrupted test run does not leave
-        # a server behind.
+        # also at interpreter exit: an interrupted test run leaves no server behind
         self._finalizer = weakref.finalize(self, _shutdown, bin_dir, run_as, base)
         try:
             if run_as:
                 _hand_to_postgres_user(base)
-            _run(
-                [
-                    *run_as,
-                    str(bin_dir / "initdb"),
-                    "-D",
-                    str(base / "data"),
-                    "-U",
-                    "postgres",
-                    "--auth=trust",
-                    "--encoding=UTF8",
-                    "--locale=C",
-                    "--no-sync",
-                    "--no-instructions",
-                ],
-                cwd=base,
-                what="initdb",
-            )
+            _run([*run_as, str(bin_dir / "initdb"), "-D", str(base / "data"), "-U", "postgres",
+                  "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync",
+                  "--no-instructions"], cwd=base, what="initdb")
             for attempt in range(_START_ATTEMPTS):
                 port = free_port()
                 if self._start_server(bin_dir, run_as, base, port, attempt):
@@ -160,22 +136,8 @@ class EmbeddedPostgres:
             # No Unix socket: the default directory may not exist or be writable here.
             "-c unix_socket_directories="
         )
-        _run(
-            [
-                *run_as,
-                str(bin_dir / "pg_ctl"),
-                "start",
-                "-D",
-                str(base / "data"),
-                "-l",
-                str(log),
-                "-W",
-                "-o",
-                options,
-            ],
-            cwd=base,
-            what="pg_ctl start",
-        )
+        _run([*run_as, str(bin_dir / "pg_ctl"), "start", "-D", str(base / "data"), "-l", str(log),
+              "-W", "-o", options], cwd=base, what="pg_ctl start")
         deadline = time.monotonic() + self.startup_timeout
         while True:
             if _pidfile_status(base) == "ready":

@@ -1,28 +1,10 @@
 """The main job: what flinkish does that Spark alone does not, shown live and measured.
 
-A realistic event stream over four Kafka partitions: out-of-order event times, partition 3
-lagging two minutes behind in event time, partition 2 going silent once the queries run (long
-enough to go IDLE in several epochs: the valve leaves it out of the combined watermark) and
-resuming. One child process runs three queries over that topic, each with its own flinkish
-source:
-
-* the flinkish source -> the two-phase-commit sink (every record);
-* a windowed count, ``groupBy(window(eventTime, 10 s), partition).count()`` in append mode, on
-  the valve's combined watermark (``flinkish.with_watermark``);
-* the same count on Spark's own ``withWatermark("eventTime", "2 seconds")``.
-
-The window rows go through the flinkish sink into Parquet, so they too survive the crash
-exactly once. Midway the demo kills the child's whole process tree (SIGKILL, like a crash) and
-restarts it from its checkpoints, then checks that the output holds every produced event
-exactly once, and compares, window by window, what each count emitted with the truth (the demo
-knows every event time it produced): rows Spark's own watermark dropped, measured from its
-output and from its ``numRowsDroppedByWatermark``, against none with flinkish.
-
-The lagging partition holds the combined watermark two minutes back, so the silent partition's
-idleness shows in its status (left out of the valve's minimum), not in the watermark's value;
-the lagging partition's own windows close while the stream runs. When production ends, every
-partition goes IDLE and the valve releases the largest watermark, which closes the other
-partitions' windows (all but the last of each, which the watermark has not passed).
+A skewed, out-of-order stream over four partitions (one lagging, one going silent) runs in a
+child process through three queries: the flinkish source into the two-phase-commit sink, and a
+windowed count on the valve's combined watermark beside one on Spark's own. Midway the demo
+kills the child's process tree, restarts it, and checks the output exactly once and each
+count's windows against the events it produced (docs/reference/cli.md, ``flinkish demo``).
 """
 
 from __future__ import annotations
@@ -51,7 +33,7 @@ from rich.text import Text
 
 from flinkish.demo.processes import kill_tree
 from flinkish.demo.windows import Comparison, WindowCount, WindowQuery
-from flinkish.inspect import EpochRow, format_watermark, load_epochs
+from flinkish.inspect import EpochRow, format_watermark, load_epochs, number_ranges
 
 PARTITIONS = 4
 LAGGING, SILENT = 3, 2
@@ -89,8 +71,7 @@ def ends(times: dict[tuple[int, int], int]) -> dict[int, int]:
 
 
 class EventStream:
-    """Produces the demo's events in a thread, ``running`` while it lasts; partition 2 produces
-    nothing while ``silent`` is set."""
+    """Produces the demo's events in a thread; partition 2 produces nothing while ``silent``."""
 
     def __init__(self, bootstrap: str, topic: str, produced: Produced) -> None:
         self._bootstrap, self._topic, self._produced = bootstrap, topic, produced
@@ -109,7 +90,6 @@ class EventStream:
         return self._thread is not None and self._thread.is_alive()
 
     def start(self) -> None:
-        """Produce until ``stop`` is set."""
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -170,20 +150,8 @@ def _all_idle(epochs: list[EpochRow]) -> list[int]:
             and len(r.idle_partitions) == PARTITIONS]
 
 
-def _span(numbers: list[int]) -> str:
-    """``3, 4, 5, 9`` as ``3-5, 9``."""
-    parts: list[str] = []
-    for n in numbers:
-        if parts and n == int(parts[-1].rsplit("-", 1)[-1]) + 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{n}"
-        else:
-            parts.append(str(n))
-    return ", ".join(parts) or "none"
-
-
 class QueryProcess:
-    """The query as a child process (its own session, so the demo can kill its whole tree).
-    It creates ``ready_file`` once its SparkSession is up, before it starts any query."""
+    """The query as a child process in its own session, so the demo can kill its whole tree."""
 
     def __init__(self, command: list[str], log: Path, ready_file: Path) -> None:
         self._command = [*command, "--ready-file", str(ready_file)]
@@ -193,7 +161,7 @@ class QueryProcess:
 
     @property
     def ready(self) -> bool:
-        """Its SparkSession is up (this run's: every start removes the file first)."""
+        """This run's SparkSession is up, before any query starts."""
         return self._ready_file.exists()
 
     def start(self) -> None:
@@ -225,9 +193,7 @@ class QueryProcess:
 
 @dataclass
 class Recovery:
-    """The restart after the crash, as it goes: Spark's start-up, then the replay of the epoch
-    the crash left planned but not committed, whose commit resolves what the crashed run left
-    pre-committed; over once an epoch after the crash is committed."""
+    """The restart after the crash: over once an epoch after the crash is committed."""
 
     started: float  # monotonic time of the crash (and restart)
     last_committed: int  # the newest epoch committed before the crash
@@ -237,8 +203,7 @@ class Recovery:
     seconds: float | None = None  # crash -> first commit after it, once there
 
     def phase(self, now: float, ready: bool, newest: int | None) -> str:
-        """What is being recovered and for how long (``newest``: the newest committed epoch,
-        None right after the crash)."""
+        """What is being recovered and for how long (``newest``: the newest committed epoch)."""
         if newest is not None and newest > self.last_committed:
             self.seconds = now - self.started
             return (f"RECOVERED in {self.seconds:.1f} s: epoch {self.last_committed + 1} "
@@ -260,8 +225,7 @@ class Recovery:
 
 
 def _stage(phase: str) -> str:
-    """A phase without its running counts of seconds: a plain log prints a line when this
-    changes (and every 5 s), not at every tick of a recovery's clock."""
+    """A phase without its running seconds, which are no news to a plain log."""
     return re.sub(r"\d+(\.\d+)? s\b", "", phase)
 
 
@@ -270,9 +234,7 @@ PLAIN_EVERY_S = 5.0
 
 
 def _log_due(run: _Run, last_stage: str, quiet_for: float) -> bool:
-    """Whether a plain log prints the demo's state now: at each change of stage, and every
-    :data:`PLAIN_EVERY_S` while streaming, with the counts; a recovery prints its changes only
-    (crash, Spark up, recovered in N s), its running seconds being no news."""
+    """At each change of stage, and every :data:`PLAIN_EVERY_S` while not recovering."""
     if _stage(run.phase) != last_stage:
         return True
     recovering = run.recovery is not None and run.recovery.seconds is None
@@ -348,7 +310,7 @@ def _view(phase: str, topic: str, epochs: list[EpochRow], batches: list[dict[int
     summary.add_row("flinkish combined watermark",
                     format_watermark(latest.watermark if latest else None, False),
                     "valve: min over active partitions" + _idle_note(idle))
-    summary.add_row(f"partition {SILENT} IDLE in epochs", _span(_idle_alone(epochs, topic)),
+    summary.add_row(f"partition {SILENT} IDLE in epochs", number_ranges(_idle_alone(epochs, topic)),
                     f"idleTimeout {IDLE_TIMEOUT_MS / 1000:g} s")
     summary.add_row("rows flinkish committed", str(committed),
                     f"late {late} (kept, counted); dropped 0")
@@ -390,22 +352,23 @@ def _committed_rows(target: str, output: Path, dsn: str | None) -> list[tuple[in
 
 
 def _print_log_tail(console: Console, log: Path, lines: int = 40) -> None:
-    """The end of the queries' log without Java stack frames (the work directory may be
-    removed on the way out)."""
+    """The end of the queries' log without Java stack frames."""
     with contextlib.suppress(OSError):
         text = log.read_text(errors="replace").splitlines()
         tail = [line for line in text
                 if not line.lstrip().startswith(("at ", "... "))][-lines:]
-        console.print(f"--- {log}, last {len(tail)} lines without stack frames:",
-                      markup=False, highlight=False, soft_wrap=True)
+        _say(console, f"--- {log}, last {len(tail)} lines without stack frames:")
         for line in tail:
-            console.print(line, markup=False, highlight=False, soft_wrap=True)
+            _say(console, line)
+
+
+def _say(console: Console, text: str) -> None:
+    """``text`` as it is: no markup, no highlighting, no wrapping."""
+    console.print(text, soft_wrap=True, markup=False, highlight=False)
 
 
 def _live_display(console: Console, live: bool, render: Callable[[], Group]) -> Live | None:
-    """A live display on a terminal only. Elsewhere (a pipe, a file) a Live prints just its
-    last frame, without a final newline, so the next table's title would continue its bottom
-    border: there the demo logs plain lines instead."""
+    """On a terminal only: elsewhere a Live prints just its last frame, without a newline."""
     if not (live and console.is_terminal):
         return None
     return Live(render(), console=console, refresh_per_second=4)
@@ -439,9 +402,8 @@ class _Run:
     note: str = ""
 
     def step(self, elapsed: float) -> None:
-        """``elapsed``: seconds since production started. Production stops at ``duration``
-        whatever the phase; a phase that needs production (partition 2 silent, then resuming)
-        is cut short or skipped when it ends, and the crash comes then at the latest."""
+        """``elapsed``: seconds since production started, which stops at ``duration`` whatever
+        the phase; the crash comes then at the latest."""
         stream, query = self.stream, self.query
         if query.failed():
             raise RuntimeError("the query process failed; see its query.log")
@@ -525,8 +487,7 @@ class _Run:
 
     def _windows_final(self, latest: EpochRow, times: dict[tuple[int, int], int],
                        last: dict[int, int]) -> bool:
-        """Both counts read everything and their watermarks reached where the events end: the
-        valve's maximum once every partition is IDLE, and Spark's newest event - 2 s."""
+        """Both counts read everything and their watermarks reached where the events end."""
         if len(latest.idle_partitions) < PARTITIONS or latest.watermark is None or not times:
             return False
         expected = {"flinkish": latest.watermark, "spark": max(times.values()) - DELAY_MS}
@@ -569,11 +530,8 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
             ]
             run = _Run(duration, topic, checkpoint, stream, produced, query, counts,
                        lingering=lambda: _lingering(target, output, dsn, checkpoint))
-            # Produce once the queries' SparkSession is up (its start-up does not eat into
-            # --duration) but before any query starts: a stream that paused longer than
-            # idleTimeout before the first batch would mark every partition idle, and the
-            # lagging one, resuming behind the others, would then stay unaligned (Flink's valve
-            # semantics).
+            # Produce once the session is up but before any query starts: a pause longer than
+            # idleTimeout before the first batch would leave the lagging partition unaligned.
             production_started: float | None = None
             try:
                 query.start()
@@ -607,9 +565,8 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
                             epochs, results, n = measured()
                             console.print(f"[{time.monotonic() - started:5.1f}s] {run.phase}",
                                           soft_wrap=True)
-                            console.print("        " + _plain_line(epochs, topic, counts,
-                                                                   results, n), soft_wrap=True,
-                                          markup=False, highlight=False)
+                            _say(console, "        " + _plain_line(epochs, topic, counts,
+                                                                       results, n))
                         time.sleep(0.25)
                         if time.monotonic() - started > duration + 900:
                             raise RuntimeError("the demo did not finish in time")
@@ -631,7 +588,7 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
 
 
 def _lingering(target: str, output: Path, dsn: str | None, checkpoint: Path) -> list[Any]:
-    """Prepared transactions / staged files of the demo's query still in the target."""
+    """Pre-commits (prepared transactions, staged files) of the demo's query in the target."""
     from checkpointing.query import query_id
     from flinkish_sink.target import Target
 
@@ -659,10 +616,6 @@ def _count_cell(window: WindowCount) -> Text:
     return Text(f"{window.counted}{times}", style="green" if window.exact else "bold red")
 
 
-def _clock(ms: int) -> str:
-    return format_watermark(ms, False)[:8]
-
-
 def _window_table(results: list[Comparison], labels: list[str]) -> Table:
     table = Table(title="10 s windows: rows produced, and counted by each query",
                   caption="–: never emitted (every row dropped); open: the watermark has not "
@@ -672,7 +625,7 @@ def _window_table(results: list[Comparison], labels: list[str]) -> Table:
     for start, partition in sorted({k for r in results for k in r.windows},
                                    key=lambda k: (k[1], k[0])):
         cells = [r.windows.get((start, partition)) for r in results]
-        table.add_row(_clock(start), str(partition),
+        table.add_row(format_watermark(start, False)[:8], str(partition),
                       str(max(w.produced for w in cells if w is not None)),
                       *(_count_cell(w) if w is not None else Text("-", style="dim")
                         for w in cells))
@@ -723,18 +676,16 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     verdict.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
     console.print(verdict)
     for count in run.counts:
-        console.print(_window_line(count.label, results[count.name], lagging) + (
-            "" if read_all[count.name] else "; did NOT read every event"), soft_wrap=True,
-            markup=False, highlight=False)
-    console.print(f"partition {SILENT} (silent) IDLE in epochs {_span(_idle_alone(epochs, topic))}"
-                  f"; every partition IDLE in epochs {_span(_all_idle(epochs))}",
-                  soft_wrap=True, markup=False, highlight=False)
+        _say(console, _window_line(count.label, results[count.name], lagging) + (
+            "" if read_all[count.name] else "; did NOT read every event"))
+    _say(console, f"partition {SILENT} (silent) IDLE in epochs "
+         f"{number_ranges(_idle_alone(epochs, topic))}; every partition IDLE in epochs "
+         f"{number_ranges(_all_idle(epochs))}")
     if spark.progress.dropped < spark.dropped:
-        console.print("(numRowsDroppedByWatermark counts what reaches Spark's state store after "
-                      "partial aggregation, not input rows: the output shows the rows lost)",
-                      soft_wrap=True, markup=False, highlight=False)
+        _say(console, "(numRowsDroppedByWatermark counts what reaches Spark's state store after "
+             "partial aggregation, not input rows: the output shows the rows lost)")
     if run.note:
-        console.print(f"note: {run.note}", soft_wrap=True, markup=False, highlight=False)
+        _say(console, f"note: {run.note}")
     if exactly_once:
         console.print("[bold green]VERDICT: every produced event is in the output exactly once, "
                       "through a crash.[/]", soft_wrap=True)

@@ -1,12 +1,9 @@
 """Loopback ports for the servers the demo and the tests start (brokers, PostgreSQL, proxies).
 
-They come from outside the kernel's ephemeral range (``net.ipv4.ip_local_port_range``), the
-ports an ``bind(port 0)`` or an outgoing connection is given. After such a server stops, a
-client that still holds its address (a librdkafka consumer kept in a Python worker's pool)
-keeps connecting to the port. Taken from the ephemeral range, the port could meanwhile belong
-to one of the listeners Spark opens on port 0 for a single peer, such as the state server of a
-``transformWithState`` task, which would then serve the Kafka client instead of its task and
-stall the query. Outside the range, only another server of ours can be given that port.
+They come from outside the kernel's ephemeral range: a client still calling a stopped server's
+port (a librdkafka consumer in a Python worker's pool) could otherwise reach a listener Spark
+opened there on port 0 for a single peer, such as a ``transformWithState`` task's state server,
+and stall its query. Outside the range, only another server of ours can get that port.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Killing a query's whole process tree, as a crash does.
 
-pyspark's worker daemon leaves the driver's process group (``manager()`` in
-``pyspark/daemon.py`` calls ``os.setpgid(0, 0)`` "to corral our children"), so killing the
-driver's group alone leaves workers running (the process that runs the sink's ``commit`` among
-them). The root is started with ``start_new_session=True``; everything it started stays in its
-session, so the session is what gets killed.
+PySpark's worker daemon leaves the driver's process group (``os.setpgid(0, 0)``), so killing
+that group alone leaves workers running; the root starts a session of its own, and the session
+is what gets killed.
 """
 
 from __future__ import annotations
@@ -69,12 +67,9 @@ def _kill_groups(groups: set[int]) -> None:
 
 
 def kill_tree(root: int, timeout: float = 30.0, *, led_groups_only: bool = False) -> None:
-    """SIGKILL ``root`` and everything it started, then wait until all of it is gone.
-
-    The tree is frozen first (SIGSTOP) so that nothing forks between listing and killing; then
-    every process group in it gets SIGKILL, and every listed process too. With
-    ``led_groups_only``, only the groups whose leader is in the tree: a Spark executor JVM is in
-    its driver's group, which must live on when a test kills just the executor."""
+    """SIGKILL ``root`` and everything it started (frozen first, so nothing forks meanwhile),
+    its processes and their groups, then wait until all of it is gone. ``led_groups_only``:
+    only groups led from the tree (an executor JVM is in its driver's group, which lives on)."""
     own_group = os.getpgrp()
     seen: dict[int, Stat] = {}
     for _ in range(10):

@@ -1,27 +1,13 @@
 """The demo's streaming queries, run as their own process so the demo can kill them like a crash.
 Stops gracefully when STOP_FILE appears.
 
-Three queries in one driver, each reading the topic with its own flinkish source:
-
-* ``events``: flinkish source -> flinkish two-phase-commit sink (every record, exactly once);
-* with ``--windows DIR``, two windowed counts over the same partitions,
-  ``groupBy(window(eventTime, 10 s), partition).count()`` in append mode:
-
-  - ``flinkish``: on the valve's combined watermark (``flinkish.with_watermark``);
-  - ``spark``: on Spark's own ``withWatermark("eventTime", "2 seconds")``.
-
-  Each writes its window rows through the flinkish sink into Parquet (``DIR/<name>/output``),
-  so a window survives the crash exactly once, and appends Spark's progress reports, one JSON
-  object a line, to ``DIR/<name>/progress.jsonl`` (a listener writes each as Spark reports it,
-  so a killed run leaves the reports of the batches it finished).
-
-The queries start one after another, each once the one before has initialised its source
-(many queries starting at once on 2 busy cores can make Spark time out waiting for Python
-workers).
-A query that fails only because a new Python worker did not connect back within the 10 s Spark
-allows (``PythonWorkerFactory.createSimpleWorker``: the streaming source runner, which must import
-pyspark first, on cores other jobs keep busy) is started again from its checkpoint, after a
-pause, up to 20 times: the same recovery as after the demo's crash.
+``events`` writes every record through the two-phase-commit sink; with ``--windows DIR`` two
+windowed counts (``flinkish`` on the combined watermark, ``spark`` on Spark's own) write their
+window rows through the flinkish sink to ``DIR/<name>/output`` and their progress reports to
+``DIR/<name>/progress.jsonl`` as Spark reports them, so a killed run leaves those of the batches
+it finished. The queries start one after another (many at once on 2 busy cores can make Spark
+time out waiting for Python workers); one that fails only because a new Python worker did not
+connect back in time is started again from its checkpoint, up to :data:`RETRIES` times.
 """
 
 from __future__ import annotations
@@ -92,9 +78,6 @@ class ProgressFiles:
             def onQueryProgress(self, event: Any) -> None:
                 files.write(str(event.progress.id), event.progress.json)
 
-            def onQueryIdle(self, event: Any) -> None:
-                pass
-
             def onQueryTerminated(self, event: Any) -> None:
                 pass
 
@@ -117,8 +100,7 @@ class ProgressFiles:
                 f.writelines(self._early.pop(str(query.id), []))
 
     def finish(self, query: Any) -> None:
-        """Spark's reports once more at a graceful stop (the listener gets them
-        asynchronously, so the last may still be on its way); readers keep one per batch."""
+        """Spark's reports once more at a graceful stop: the listener's last may be on its way."""
         with self._lock:
             path = self._files.get(str(query.id))
             if path is not None:
@@ -128,8 +110,7 @@ class ProgressFiles:
 
 
 def _started(query: Any) -> bool:
-    """Past its start-up: its source is initialised (the source runner, a Python worker of its
-    own, connected back), so it plans or runs batches."""
+    """Past its start-up: its source is initialised, so it plans or runs batches."""
     return bool(query.recentProgress) or query.status["message"].startswith(
         ("Getting offsets", "Processing", "Waiting"))
 
@@ -149,10 +130,7 @@ def main() -> None:
                         help="created once the SparkSession is up, before any query starts")
     args = parser.parse_args()
 
-    # Python workers must connect back within this; 15 s (the default) can be too short with
-    # three queries on 2 busy cores
-    spark = local_session("flinkish-demo-query",
-                          **{"spark.python.authenticate.socketTimeout": "120s"})
+    spark = local_session("flinkish-demo-query")
     import flinkish
 
     flinkish.register(spark)

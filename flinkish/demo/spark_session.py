@@ -26,18 +26,13 @@ WORKER_CONNECT_TIMEOUT = "Python worker failed to connect back"
 
 def worker_start_timed_out(failure: BaseException | None) -> bool:
     """Whether a query failed only because a new Python worker did not connect back within the
-    fixed 10 s Spark allows (``PythonWorkerFactory``): too short when many start at once on 2
-    busy cores. Restarting such a query from its checkpoint is safe; any other failure is not
-    this."""
+    fixed 10 s Spark allows (``PythonWorkerFactory``), as when many start at once on 2 cores."""
     return failure is not None and WORKER_CONNECT_TIMEOUT in str(failure)
 
 
 def worker_python() -> str:
-    """An interpreter for Spark's Python workers: this one, through
-    ``flinkish.worker_launcher`` (the installed pyspark rather than Spark's ``pyspark.zip``,
-    Spark's jars off the path). The demo's workers need it from their first process on: Spark
-    gives a new worker a fixed 10 s to connect back (``PythonWorkerFactory``), which many
-    queries starting at once on 2 cores overrun."""
+    """This interpreter through ``flinkish.worker_launcher``, for every Python process from the
+    first on: they start faster, within the 10 s Spark gives a new worker to connect back."""
     from flinkish.worker_launcher import worker_launcher
 
     return worker_launcher(sys.executable)
@@ -45,13 +40,10 @@ def worker_python() -> str:
 
 def local_session(app: str = "flinkish", cores: str = "2", master: str | None = None,
                   **conf: str) -> Any:
-    """A ``local[cores]`` session (or on ``master``, e.g. ``local-cluster[2,1,1024]``: separate
-    executor processes, which get the same worker interpreter and project path) with small
+    """A ``local[cores]`` session (or on ``master``, e.g. ``local-cluster[2,1,1024]``) with small
     shuffles and no console progress bars."""
     os.environ.setdefault("PYSPARK_PYTHON", worker_python())
-    # Spark starts the Python processes of a data source it discovers by itself (the installed
-    # pyspark_flinkish module) with PYSPARK_DRIVER_PYTHON (PythonUtils.defaultPythonExec) and
-    # pyspark.zip on their path: each query's source runner would pay the zip import too.
+    # what Spark starts a data source it discovers by itself with (defaultPythonExec)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", worker_python())
     root = str(Path(__file__).resolve().parents[2])  # the project root, not flinkish/
     path = os.environ.get("PYTHONPATH", "")
@@ -69,9 +61,7 @@ def local_session(app: str = "flinkish", cores: str = "2", master: str | None = 
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.python.daemon.module", "flinkish.worker_daemon")
-        # a Python process must connect to the JVM's authenticated sockets (collect(), a
-        # worker's) within this; the default 15 s is missed when several queries start at once
-        # on 2 busy cores
+        # the default 15 s to connect to the JVM's sockets is missed by queries starting at once
         .config("spark.python.authenticate.socketTimeout", "120s")
         .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
         .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")

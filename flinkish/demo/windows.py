@@ -1,15 +1,9 @@
-"""The demo's two windowed counts, measured: what each query emitted (its Parquet output, written
-exactly once by the flinkish sink), what Spark reported (its progress reports), and how that
-compares with the truth (every event time the demo produced).
+"""The demo's two windowed counts, measured: what each query emitted (its Parquet output) and
+Spark reported (its progress), against every event time the demo produced.
 
-A window (10 s of event time, one partition) is *closed* for a query once Spark's watermark of
-that query reached its end (append mode emits it then) or once the query emitted it. A closed
-window is *exact* when it was emitted once, with as many rows as were produced for it; the rows
-it lacks were dropped by the watermark (Spark drops a row whose window has closed).
-
-While the demo runs, a query is judged only on the rows it has read (the end offsets of its
-last reported batch) and only on the output of the batches it reported, so the live numbers
-never count rows the query has not seen yet.
+A window (10 s, one partition) is *closed* once the query's watermark passed its end or the
+query emitted it, and *exact* when emitted once with as many rows as were produced for it. While
+the demo runs, a query is judged only on the rows and the batches it has reported.
 """
 
 from __future__ import annotations
@@ -20,9 +14,10 @@ import re
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
+
+from flinkish.lag import timestamp_ms
 
 WINDOW_MS = 10_000
 
@@ -51,10 +46,6 @@ class Progress:
         return self.batch is not None
 
 
-def _ms(text: str) -> int:
-    return round(datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp() * 1000)
-
-
 def read_progress(path: Path, topic: str) -> Progress:
     if not path.exists():
         return Progress()
@@ -78,13 +69,12 @@ def read_progress(path: Path, topic: str) -> Progress:
             end = json.loads(end)
         for p, entry in ((end or {}).get("topics", {}).get(topic, {})).items():
             ends[int(p)] = int(entry["offset"])
-    return Progress(len(reports), int(last["batchId"]), _ms(text) if text else None, dropped,
-                    ends)
+    return Progress(len(reports), int(last["batchId"]),
+                    timestamp_ms(text) if text else None, dropped, ends)
 
 
 class WindowOutput:
-    """The window rows a query committed to its Parquet target; files are read once each
-    (a committed file never changes)."""
+    """The window rows a query committed to its Parquet target, each file read once."""
 
     def __init__(self, path: Path) -> None:
         self._path = path
