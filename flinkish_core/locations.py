@@ -1,13 +1,7 @@
-"""Locations: a location (a path or a URI) to a ``pyarrow.fs`` filesystem and path, by one rule
-(:func:`filesystem_of`), the file operations that make writes durable, and the cluster rule.
-
-Locations the driver and the executors share: on a cluster they run on different hosts, so
-a local path written on one is not there on another; only Spark's ``local``/``local[...]``
-masters run everything in one process on one machine (``local-cluster`` simulates a cluster
-and counts as one).
-
-The Python data source is never told the master: ``flinkish.register`` puts it into the data
-source's environment as ``MASTER_ENV``, which the option checks read.
+"""Locations: a path or a URI to a ``pyarrow.fs`` filesystem and path, by one rule
+(:func:`filesystem_of`), the file operations that make writes durable, and the cluster rule: a
+local path is shared by driver and executors only under a ``local``/``local[...]`` master
+(``local-cluster`` counts as a cluster).
 """
 
 from __future__ import annotations
@@ -22,6 +16,7 @@ from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
 if TYPE_CHECKING:  # pyarrow is for the processes that touch files, not for the option checks
     import pyarrow.fs as pafs
 
+#: The Python data source is never told the master: ``flinkish.register`` puts it here.
 MASTER_ENV = "FLINKISH_SPARK_MASTER"
 
 
@@ -76,8 +71,7 @@ def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
 
 
 def sync_local(path: str) -> None:
-    """fsync the local file or directory ``path``: for a directory, makes a rename, creation
-    or removal inside it durable."""
+    """fsync a local file or directory (the latter makes a rename inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -86,16 +80,13 @@ def sync_local(path: str) -> None:
 
 
 def sync_path(filesystem: pafs.FileSystem, path: str) -> None:
-    """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a pre-commit or
-    commit survives a machine crash; remote stores make a closed file or a rename durable by
-    themselves."""
+    """fsync ``path`` on a POSIX local disk; remote stores make writes durable themselves."""
     local = _local_os_path(filesystem, path)
     if local is not None and os.name == "posix":
         sync_local(local)
 
 
 def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
-    """Delete ``path``; a file already gone is fine (a retried clean-up)."""
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_file(path)
 
