@@ -5,11 +5,9 @@ The port follows Kafka's ``org.apache.kafka.common.security.JaasConfig``, which 
 ``java.io.StreamTokenizer``: characters 0-32 are blanks; 33-128 and 160-255 (and any above 255)
 make words; ``;`` and ``=`` are tokens of their own; ``'`` and ``"`` quote (a backslash escapes
 inside quotes, octal and C escapes included, and a quote ends at the end of a line); ``/``
-starts a comment, to the end of the line (``//`` or a lone ``/``) or to ``*/``. Each entry is
-``<login module class> <control flag> (<name>=<value>)* ;`` and a client's config holds
-exactly one (Kafka's ``JaasContext``).
-
-Errors name the position and the option, never a value: values are passwords.
+starts a comment, to the end of the line (``//`` or a lone ``/``) or to ``*/``. An entry is
+``<login module class> <control flag> (<name>=<value>)* ;``. Errors name the position and the
+option, never a value: values are passwords.
 """
 
 from __future__ import annotations
@@ -108,9 +106,8 @@ class _Tokenizer:
         return c
 
     def _block_comment(self) -> bool:
-        """Skip to the ``*/`` closing a ``/*`` comment, as StreamTokenizer does (the character
-        after a line break is read without being checked, so ``*`` and ``/`` split by one do
-        not close it); False at the end of input."""
+        """Skip to the ``*/`` closing a ``/*`` comment (StreamTokenizer reads the character
+        after a line break unchecked); False at the end of input."""
         previous: str | None = None
         c = self._read()
         while not (c == "/" and previous == "*"):
