@@ -1,16 +1,7 @@
 """The valve over Spark epochs: each micro-batch's marker rows go through a
-:class:`StatusWatermarkValve` restored from the previous epoch's completed checkpoint.
-
-A micro-batch boundary is a perfectly aligned barrier: every partition's slice of epoch N is
-done before the epoch commits. So feeding an epoch's markers in a fixed order into the valve
-restored from epoch N-1 gives the same combined watermark every time the epoch is replayed.
-
-The order: within a partition, the order its reader emitted the markers; across partitions,
-round-robin over the partitions in sorted order (each partition's first marker, then each one's
-second, ...). The partitions' slices ran concurrently, and interleaving mirrors that: when all
-partitions resume together after being idle, each turns ACTIVE before any of them reports a
-watermark, as in Flink, instead of the first partition's watermark racing ahead and leaving a
-lagging partition unaligned.
+:class:`StatusWatermarkValve` restored from the previous epoch's completed checkpoint, in a
+fixed order (round-robin across partitions, which mirrors that their slices ran concurrently),
+so a replayed epoch gives the same combined watermark (docs/semantics.md).
 """
 
 from __future__ import annotations
@@ -38,8 +29,7 @@ def channel_name(topic: str, partition: int) -> str:
 
 
 class _Discard:
-    """Valve output that keeps nothing: an epoch's result is the valve's state after all of
-    the epoch's inputs, read from the valve itself."""
+    """An epoch's result is the valve's state after all its inputs: the outputs are dropped."""
 
     def emit_watermark(self, watermark: int) -> None:
         pass
@@ -94,12 +84,9 @@ def initial(epoch: int = -1) -> EpochWatermark:
 
 
 def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> EpochWatermark:
-    """Feed epoch ``epoch``'s markers into the valve restored from ``previous``.
-
-    Every partition the source announces becomes a channel (as in Flink, an empty partition
-    holds the combined watermark back until it is marked idle); partitions first seen in this
-    epoch join in sorted order.
-    """
+    """Feed epoch ``epoch``'s markers into the valve restored from ``previous``. Every
+    partition announced becomes a channel (an empty one holds the watermark back until idle,
+    as in Flink); new ones join in sorted order."""
     ordered = feed_order(markers)
     channels = list(previous.channels)
     index = {name: i for i, name in enumerate(channels)}
