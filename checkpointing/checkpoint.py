@@ -1,8 +1,6 @@
-"""Pending and completed checkpoints (Flink: PendingCheckpoint, CompletedCheckpoint).
-
-A Spark micro-batch id ("epoch") stands in for Flink's checkpoint id. A checkpoint is
-*pending* once begun (the sink records its decision -- which pre-commits belong to the
-epoch -- here, so recovery can finish it) and *completed* once its final state is durable.
+"""Pending and completed checkpoints (Flink: PendingCheckpoint, CompletedCheckpoint), by Spark
+epoch. A checkpoint is *pending* once begun (the sink records its decision there, so recovery
+can finish it) and *completed* once its final state is durable.
 """
 
 from __future__ import annotations
@@ -15,14 +13,12 @@ from checkpointing.storage import CorruptRecordError
 
 
 def check_checkpoint_id(checkpoint_id: int) -> int:
-    """``checkpoint_id`` if it is a valid id (an int >= 0), else ValueError."""
     if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
         raise ValueError(f"checkpoint id must be an int >= 0, got {checkpoint_id!r}")
     return checkpoint_id
 
 
 def now_ms() -> int:
-    """Wall-clock epoch milliseconds, the unit of every checkpoint timestamp."""
     return time.time_ns() // 1_000_000
 
 
@@ -46,7 +42,7 @@ class PendingCheckpoint:
 
     @classmethod
     def from_record(cls, record: Any, path: str) -> PendingCheckpoint:
-        """The checkpoint in ``record`` read from ``path``; CorruptRecordError if malformed."""
+        """CorruptRecordError if ``record`` (read from ``path``) is malformed."""
         return cls(
             _field(record, "id", int, path),
             _field(record, "created_ms", int, path),
@@ -73,7 +69,6 @@ class CompletedCheckpoint:
 
     @classmethod
     def from_record(cls, record: Any, path: str) -> CompletedCheckpoint:
-        """The checkpoint in ``record`` read from ``path``; CorruptRecordError if malformed."""
         return cls(
             _field(record, "id", int, path),
             _field(record, "created_ms", int, path),

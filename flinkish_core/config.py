@@ -1,12 +1,7 @@
-"""Options declared once, like Flink's ``ConfigOptions.key(...)``: each :class:`Option` holds
-its key as the documentation spells it, the spellings also accepted, how its text is read, its
-default, a line of documentation and its owner. The source's and the sink's parsers read their
-options through these declarations, the "did you mean" errors suggest from them, and the docs'
-option reference is generated from them (:func:`reference_table`), so an option's name and
-default are written in one place.
-
-Spark lower-cases the keys of a sink's options and passes a source's as given, so keys are
-matched case-insensitively and messages use the declared spelling.
+"""Options declared once, like Flink's ``ConfigOptions.key(...)``: the parsers, the "did you
+mean" errors and the docs' option reference (:func:`reference_table`) all read the
+declarations. Spark lower-cases a sink's keys and passes a source's as given, so keys match in
+any case and messages use the declared spelling.
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Flink's window operator as a pure, deterministic state machine (no Spark).
-
-Assigners place elements in windows, triggers decide when windows fire, window functions
-compute the results, evictors trim the contents, and :class:`WindowOperator` ties them together
-with Flink's timers, allowed lateness, late output and merging session windows. Every firing
-is a :class:`WindowResult` with a Beam-style :class:`PaneInfo`. See ``docs/windows.md``.
+"""Flink's window operator as a pure, deterministic state machine (no Spark): assigners,
+triggers, window functions, evictors and :class:`WindowOperator`. See ``docs/windows.md``.
 """
 
 from flinkish_core.windowing.evictor import (

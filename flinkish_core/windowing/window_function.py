@@ -1,9 +1,6 @@
 """What a window computes when it fires: an incremental :class:`AggregateFunction` (the window
 keeps one accumulator) or a full-window :class:`ProcessWindowFunction` (the window keeps every
-element), and the built-ins count, sum, min, max and avg.
-
-Accumulators of the built-ins are plain values (numbers, lists, None) so window state
-snapshots as data.
+element), and the built-ins, whose accumulators are plain values so window state is data.
 """
 
 from __future__ import annotations
