@@ -6,8 +6,8 @@ can finish it) and *completed* once its final state is durable.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 from checkpointing.storage import CorruptRecordError
 
@@ -29,49 +29,41 @@ def _field(record: Any, name: str, kind: type, path: str) -> Any:
     return value
 
 
+_R = TypeVar("_R", bound="_Record")
+
+
+def _record_key(name: str) -> str:
+    return "id" if name == "checkpoint_id" else name
+
+
 @dataclass(frozen=True)
-class PendingCheckpoint:
+class _Record:
+    """A checkpoint as a record: its fields by name (the id as ``id``), all ints but the state."""
+
+    def to_record(self) -> dict[str, Any]:
+        return {_record_key(f.name): getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_record(cls: type[_R], record: Any, path: str) -> _R:
+        """CorruptRecordError if ``record`` (read from ``path``) is malformed."""
+        return cls(*(_field(record, _record_key(f.name), dict if f.name == "state" else int, path)
+                     for f in fields(cls)))
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint(_Record):
     """A begun checkpoint and the state recorded when it began."""
 
     checkpoint_id: int
     created_ms: int
     state: dict[str, Any]
 
-    def to_record(self) -> dict[str, Any]:
-        return {"id": self.checkpoint_id, "created_ms": self.created_ms, "state": self.state}
-
-    @classmethod
-    def from_record(cls, record: Any, path: str) -> PendingCheckpoint:
-        """CorruptRecordError if ``record`` (read from ``path``) is malformed."""
-        return cls(
-            _field(record, "id", int, path),
-            _field(record, "created_ms", int, path),
-            _field(record, "state", dict, path),
-        )
-
 
 @dataclass(frozen=True)
-class CompletedCheckpoint:
+class CompletedCheckpoint(_Record):
     """A completed checkpoint: the state recorded when it completed, which recovery restores."""
 
     checkpoint_id: int
     created_ms: int
     completed_ms: int
     state: dict[str, Any]
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "id": self.checkpoint_id,
-            "created_ms": self.created_ms,
-            "completed_ms": self.completed_ms,
-            "state": self.state,
-        }
-
-    @classmethod
-    def from_record(cls, record: Any, path: str) -> CompletedCheckpoint:
-        return cls(
-            _field(record, "id", int, path),
-            _field(record, "created_ms", int, path),
-            _field(record, "completed_ms", int, path),
-            _field(record, "state", dict, path),
-        )
