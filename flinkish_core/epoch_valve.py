@@ -7,7 +7,7 @@ so a replayed epoch gives the same combined watermark (docs/semantics.md).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
@@ -55,15 +55,7 @@ class EpochWatermark:
         return [name for name, p in self.partitions.items() if p["status"] == "IDLE"]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "watermark": self.watermark,
-            "status": self.status,
-            "previous_watermark": self.previous_watermark,
-            "channels": list(self.channels),
-            "valve": self.valve,
-            "partitions": self.partitions,
-        }
+        return {**asdict(self), "channels": list(self.channels)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EpochWatermark:

@@ -34,14 +34,14 @@ class TimerQueue:
     def __init__(self) -> None:
         self._live: dict[tuple[Any, Window, int], int] = {}
         self._heap: list[tuple[int, int, Any, Window]] = []
-        self._next_seq = 0
+        self.next_seq = 0
 
     def register(self, key: Any, window: Window, timestamp: int, seq: int | None = None) -> None:
         if (key, window, timestamp) in self._live:
             return
         if seq is None:
-            seq = self._next_seq
-        self._next_seq = max(self._next_seq, seq + 1)
+            seq = self.next_seq
+        self.next_seq = max(self.next_seq, seq + 1)
         self._live[(key, window, timestamp)] = seq
         heapq.heappush(self._heap, (timestamp, seq, key, window))
 
@@ -98,15 +98,7 @@ class TimerQueue:
         self._live = dict(zip(zip(keys, windows, timestamps, strict=True), seqs, strict=True))
         self._heap = list(zip(timestamps, seqs, keys, windows, strict=True))
         heapq.heapify(self._heap)
-        self._next_seq = max(self._next_seq, max(seqs, default=-1) + 1)
-
-    @property
-    def next_seq(self) -> int:
-        return self._next_seq
-
-    @next_seq.setter
-    def next_seq(self, value: int) -> None:
-        self._next_seq = max(self._next_seq, value)
+        self.next_seq = max(self.next_seq, max(seqs, default=-1) + 1)
 
 
 class InternalTimerService:

@@ -116,15 +116,7 @@ class WindowOperator:
         self.evictor = evictor
         if isinstance(assigner, MergingWindowAssigner) and not self.trigger.can_merge():
             raise ValueError(f"{self.trigger!r} cannot be used with merging windows")
-        self._timers = InternalTimerService()
-        self._trigger_state = PartitionedStateStore()
-        self._ctx = TriggerContext(self._timers, self._trigger_state)
-        # window contents and the next pane index, per (key, state window)
-        self._contents: dict[tuple[Any, Window], Any] = {}
-        self._panes: dict[tuple[Any, Window], int] = {}
-        self._merging: dict[Any, MergingWindowSet] = {}
-        self.late_records = 0
-        """How many elements went to the late output (Flink's ``numLateRecordsDropped``)."""
+        self._clear()
         self._out = WindowOutput()
         # process_elements' one loop: fixed windows, exactly Flink's default trigger (a
         # subclass may override it), an accumulator per window
@@ -132,6 +124,17 @@ class WindowOperator:
             isinstance(assigner, TumblingEventTimeWindows | SlidingEventTimeWindows)
             and assigner.is_event_time and type(self.trigger) is EventTimeTrigger
             and evictor is None and isinstance(function, AggregateFunction))
+
+    def _clear(self, late_records: int = 0) -> None:
+        self._timers = InternalTimerService()
+        self._trigger_state = PartitionedStateStore()
+        self._ctx = TriggerContext(self._timers, self._trigger_state)
+        # window contents and the next pane index, per (key, state window)
+        self._contents: dict[tuple[Any, Window], Any] = {}
+        self._panes: dict[tuple[Any, Window], int] = {}
+        self._merging: dict[Any, MergingWindowSet] = {}
+        self.late_records = late_records
+        """How many elements went to the late output (Flink's ``numLateRecordsDropped``)."""
 
     # ------------------------------------------------------------------ clocks
 
@@ -598,21 +601,17 @@ class WindowOperator:
         layout = snapshot.get("format")
         if layout not in (SNAPSHOT_FORMAT, COLUMNAR_FORMAT):
             raise ValueError(f"unknown window operator snapshot format {layout!r}")
-        self._timers = InternalTimerService()
+        self._clear(snapshot["late_records"])
         self._timers.current_watermark = snapshot["watermark"]
         self._timers.current_processing_time = snapshot["processing_time"]
-        self._trigger_state = PartitionedStateStore()
-        self._ctx = TriggerContext(self._timers, self._trigger_state)
-        self._contents, self._panes, self._merging = {}, {}, {}
-        self.late_records = snapshot["late_records"]
         if layout == SNAPSHOT_FORMAT:
             for entry in snapshot["keys"]:
                 self._load_key(entry, copy)
         else:
             self._load_columns(snapshot, copy)
-        event_seq, processing_seq = snapshot["timer_seq"]
-        self._timers.event_time_timers.next_seq = event_seq
-        self._timers.processing_time_timers.next_seq = processing_seq
+        queues = (self._timers.event_time_timers, self._timers.processing_time_timers)
+        for queue, seq in zip(queues, snapshot["timer_seq"], strict=True):
+            queue.next_seq = max(queue.next_seq, seq)
 
     def key_state(self, key: Any) -> dict[str, Any] | None:
         """One key's state as plain data, a copy (None: the key has none): the unit a keyed
