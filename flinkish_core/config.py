@@ -105,9 +105,8 @@ def whole_number(minimum: int, what: str) -> Reader[int]:
     return read
 
 
-def duration_ms(key: str, value: str) -> int:
-    """A duration (``"15 min"``) in milliseconds."""
-    return parse_duration_ms(key, value)
+#: A duration (``"15 min"``) in milliseconds.
+duration_ms: Reader[int] = parse_duration_ms
 
 
 def choice(enum: type[E]) -> Reader[E]:
