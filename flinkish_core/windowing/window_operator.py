@@ -165,7 +165,6 @@ class WindowOperator:
             for window in windows:
                 assert isinstance(window, TimeWindow)
                 actual = merging.add_window(window, self._merge_function(key))
-                # drop the window if it is already late
                 if self._is_window_late(actual):
                     merging.retire_window(actual)
                     continue
@@ -182,10 +181,8 @@ class WindowOperator:
                     continue
                 skipped = False
                 self._on_element(key, value, timestamp, window, window)
-        # Flink side-outputs a skipped element only when it is late by its own timestamp; an
-        # element whose windows were all late goes there too (a point window [t, t) can be late
-        # while t is not), so no late element is dropped without a trace. An element the
-        # assigner gave no window, and that is not late, belongs nowhere: it is dropped.
+        # Flink side-outputs an element late by its own timestamp; one whose windows were all
+        # late goes there too (a point window [t, t) can be late while t is not)
         late = bool(windows) or self._is_element_late(timestamp)
         if skipped and self.assigner.is_event_time and late:
             self.late_records += 1
@@ -337,10 +334,8 @@ class WindowOperator:
         if state_window is None:  # merged away or cleared: its state is gone
             return
         self._point(key, window)
-        if event_time:
-            result = self.trigger.on_event_time(timer.timestamp, window, self._ctx)
-        else:
-            result = self.trigger.on_processing_time(timer.timestamp, window, self._ctx)
+        on_timer = self.trigger.on_event_time if event_time else self.trigger.on_processing_time
+        result = on_timer(timer.timestamp, window, self._ctx)
         in_domain = event_time == self.assigner.is_event_time
         cleanup = in_domain and timer.timestamp == self._cleanup_time(window)
         if result.is_fire and (key, state_window) in self._contents:
@@ -359,17 +354,14 @@ class WindowOperator:
             merge_result: TimeWindow, merged_windows: list[TimeWindow],
             state_window_result: TimeWindow, merged_state_windows: list[TimeWindow],
         ) -> None:
-            if self.assigner.is_event_time:
-                if merge_result.max_timestamp() + self.allowed_lateness <= self.current_watermark:
-                    raise ValueError(
-                        "The end timestamp of an event-time window cannot become earlier than "
-                        f"the current watermark by merging. Current watermark: "
-                        f"{self.current_watermark} window: {merge_result}")
-            elif merge_result.max_timestamp() <= self.current_processing_time:
+            # allowed_lateness is 0 in processing time
+            if merge_result.max_timestamp() + self.allowed_lateness <= self._clock():
+                kind, clock = (("an event-time", "watermark") if self.assigner.is_event_time
+                                 else ("a processing-time", "processing time"))
                 raise ValueError(
-                    "The end timestamp of a processing-time window cannot become earlier than "
-                    f"the current processing time by merging. Current processing time: "
-                    f"{self.current_processing_time} window: {merge_result}")
+                    f"The end timestamp of {kind} window cannot become earlier than the "
+                    f"current {clock} by merging. Current {clock}: {self._clock()} window: "
+                    f"{merge_result}")
             self._point(key, merge_result)
             self._ctx.merged_windows = list(merged_windows)
             self.trigger.on_merge(merge_result, self._ctx)
