@@ -150,13 +150,8 @@ def checked(read: Reader[T], check: Callable[[str, str, T], None]) -> Reader[T]:
 
 @dataclass(frozen=True)
 class Given:
-    """The options a user gave, matched to their declarations.
-
-    Args:
-        texts: each given plain option's text, by its declared key.
-        prefixed: each ``prefix.*`` option's entries (key without the prefix, text), by its
-            declared key.
-    """
+    """The options a user gave, by declared key: plain ones' texts, and each ``prefix.*``
+    option's entries (key without the prefix: text)."""
 
     texts: Mapping[str, str]
     prefixed: Mapping[str, dict[str, str]]
@@ -175,12 +170,8 @@ class Given:
 
 def match(raw: Mapping[str, Any], declared: Iterable[Option[Any]],
           unknown: Callable[[str, dict[str, Option[Any]]], OptionError]) -> Given:
-    """Match the given options to ``declared``, in any case.
-
-    Raises:
-        OptionError: ``unknown(key, declared by spelling)`` for the first key (in sorted
-            order) that names no declared option.
-    """
+    """Match the given options to ``declared``, in any case; raises ``unknown(key, declared
+    by spelling)`` for the first key (sorted) that names no declared option."""
     by_spelling = {s: o for o in declared for s in o.spellings() if o.prefix is None}
     prefixes = [(o.prefix.lower(), o) for o in declared if o.prefix is not None]
     texts: dict[str, str] = {}
@@ -209,13 +200,9 @@ def did_you_mean(key: str, by_spelling: Mapping[str, Option[Any]]) -> str:
 def reference_table(options: Iterable[Option[Any]],
                     where: Callable[[Option[Any]], str] | None = None,
                     required: Callable[[Option[Any]], str] = lambda option: "") -> str:
-    """The Markdown table of the docs' option reference: Option, Default, Meaning.
-
-    Args:
-        options: the rows, in order.
-        where: a column saying where each option applies (None: no such column).
-        required: where an option is required (``"for postgres"``), shown as its default.
-    """
+    """The Markdown table of the docs' option reference: Option, Default, Meaning, and
+    ``where`` each option applies when given; ``required`` says where an option is required
+    (``"for postgres"``), shown as its default."""
     head = "| Option | Default |" + (" Applies to |" if where else "") + " Meaning |"
     lines = [head, "|---" * (4 if where else 3) + "|"]
     for option in options:

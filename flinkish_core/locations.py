@@ -39,22 +39,10 @@ def local_location_problem(option: str, location: str, master: str | None,
 
 
 def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
-    """The ``pyarrow.fs`` filesystem of ``location`` and its path there: every place flinkish
-    reads or writes (checkpoint stores, targets, ``inspect``) is opened here, by one rule.
-
-    Args:
-        location: a local path (``~`` expanded, a ``file:`` prefix as Spark writes it
-            dropped, made absolute) or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
-            (``file://``, ``s3://``, ``gs://``, ``hdfs://`` …).
-        what: what the location is, for the errors (``checkpoint location``).
-
-    Returns:
-        The filesystem and the path in it, without a trailing ``/``.
-
-    Raises:
-        ValueError: the location is empty or cannot be opened; any credentials in it are
-            masked and the cause is not chained (pyarrow's message may quote them).
-    """
+    """The ``pyarrow.fs`` filesystem of ``location`` (a local path, or a URI pyarrow knows) and
+    its path there, without a trailing ``/``: every place flinkish reads or writes is opened
+    here. ValueError names ``what`` it is; credentials are masked and the cause not chained
+    (pyarrow's message may quote them)."""
     import pyarrow.fs as pafs
 
     if not location.strip():
