@@ -113,8 +113,6 @@ class CheckpointStore:
         """The run this instance's claim names (None: opened without one, or read-only)."""
         return None if self._fence is None else self._fence.claim.run
 
-    # -- writes --------------------------------------------------------------------------
-
     def begin(self, checkpoint_id: int, state: dict[str, Any] | None = None) -> PendingCheckpoint:
         """Durably record checkpoint ``checkpoint_id`` as pending, with ``state``. Idempotent:
         if it is already pending, the first recorded state (the sink's decision) is returned;
@@ -187,8 +185,6 @@ class CheckpointStore:
             if completed_id < oldest_kept:
                 self._storage.delete(record_path(COMPLETED_DIR, completed_id))
 
-    # -- reads ---------------------------------------------------------------------------
-
     def pending(self, checkpoint_id: int) -> PendingCheckpoint | None:
         """Pending checkpoint ``checkpoint_id``, or None."""
         check_checkpoint_id(checkpoint_id)
@@ -223,8 +219,6 @@ class CheckpointStore:
                 "completed checkpoint; refusing to fall back to an older one",
             )
         return found
-
-    # -- helpers -------------------------------------------------------------------------
 
     def _ids(self, directory: str) -> list[int]:
         names = (_RECORD_NAME.match(n) for n in self._storage.list(directory))

@@ -185,8 +185,6 @@ class CheckpointStorage:
             s3_client_options=_s3_client_options(location) if _has_boto3() else None,
         )
 
-    # -- paths ---------------------------------------------------------------------------
-
     def _path(self, relpath: str, *, allow_root: bool = False) -> str:
         if relpath == "" and allow_root:
             return self._base
@@ -202,8 +200,6 @@ class CheckpointStorage:
         self._path(relpath, allow_root=True)
         root = self.location.rstrip("/") or "/"
         return posixpath.join(root, relpath) if relpath else root
-
-    # -- records -------------------------------------------------------------------------
 
     def _encode(self, relpath: str, value: Any) -> tuple[str, bytes]:
         path = self._path(relpath)

@@ -68,8 +68,6 @@ class StatusWatermarkValve:
         self._last_output_watermark = MIN_WATERMARK
         self._last_output_status = WatermarkStatus.ACTIVE
 
-    # ------------------------------------------------------------------ inputs
-
     def input_watermark(self, watermark: int, channel: int) -> None:
         """Feed a watermark of ``channel``; ignored while the channel or the valve is idle, or
         when it is not above the channel's previous one."""
@@ -124,8 +122,6 @@ class StatusWatermarkValve:
         self.input_watermark_status(WatermarkStatus.ACTIVE, channel)
         return channel
 
-    # --------------------------------------------------------------- reporting
-
     @property
     def num_channels(self) -> int:
         return len(self._watermarks)
@@ -142,8 +138,6 @@ class StatusWatermarkValve:
         self._check_channel(index)
         status = WatermarkStatus.ACTIVE if self._active[index] else WatermarkStatus.IDLE
         return ChannelState(self._watermarks[index], status, self._aligned[index])
-
-    # ---------------------------------------------------------- checkpointing
 
     def snapshot(self) -> dict[str, Any]:
         """The valve's state as JSON-serialisable data (the heap is rebuilt on restore)."""
@@ -175,8 +169,6 @@ class StatusWatermarkValve:
         valve._last_output_watermark = last_wm
         valve._last_output_status = last_status
         return valve
-
-    # ---------------------------------------------------------------- private
 
     def _check_channel(self, channel: int) -> None:
         if not 0 <= channel < len(self._watermarks):

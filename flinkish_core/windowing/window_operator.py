@@ -699,10 +699,9 @@ class WindowOperator:
                        timestamps, seqs)
 
     def _drop_key(self, key: Any) -> None:
-        for slot in [s for s in self._contents if s[0] == key]:
-            del self._contents[slot]
-        for slot in [s for s in self._panes if s[0] == key]:
-            del self._panes[slot]
+        for slots in (self._contents, self._panes):
+            for slot in [s for s in slots if s[0] == key]:
+                del slots[slot]
         self._merging.pop(key, None)
         for k, window, name, _ in list(self._trigger_state.items()):
             if k == key:
