@@ -122,11 +122,10 @@ class Sum(AggregateFunction[Any, Any, Any]):
 
 
 class _Extreme(AggregateFunction[Any, Any, Any]):
+    _pick: Callable[[Any, Any], Any]  # min or max
+
     def __init__(self, value: Callable[[Any], Any] = _identity) -> None:
         self.value = value
-
-    def _pick(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
 
     def create_accumulator(self) -> Any:
         return None
@@ -147,15 +146,13 @@ class _Extreme(AggregateFunction[Any, Any, Any]):
 class Min(_Extreme):
     """The smallest ``value(element)``."""
 
-    def _pick(self, a: Any, b: Any) -> Any:
-        return min(a, b)
+    _pick = staticmethod(min)
 
 
 class Max(_Extreme):
     """The largest ``value(element)``."""
 
-    def _pick(self, a: Any, b: Any) -> Any:
-        return max(a, b)
+    _pick = staticmethod(max)
 
 
 class Avg(AggregateFunction[Any, list[Any], float]):
