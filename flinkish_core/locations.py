@@ -20,8 +20,7 @@ if TYPE_CHECKING:  # pyarrow is for the processes that touch files, not for the 
 MASTER_ENV = "FLINKISH_SPARK_MASTER"
 
 
-def local_location_problem(option: str, location: str, master: str | None,
-                           why: str) -> str | None:
+def local_location_problem(option: str, location: str, master: str | None, why: str) -> str | None:
     """Why ``location`` (option ``option``) cannot be a local path under Spark ``master``, or
     None when it is fine: a URI of another filesystem, a local master, or an unknown master
     (``flinkish.register`` not called). ``why`` says who writes and reads it."""

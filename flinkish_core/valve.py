@@ -215,9 +215,7 @@ class StatusWatermarkValve:
             self._output.emit_watermark(maximum)
 
 
-def _parse_snapshot(
-    snapshot: Any,
-) -> tuple[int, WatermarkStatus, list[tuple[int, bool, bool]]]:
+def _parse_snapshot(snapshot: Any) -> tuple[int, WatermarkStatus, list[tuple[int, bool, bool]]]:
     """(last watermark, last status, [(wm, active, aligned)]) of a valid snapshot."""
     if not isinstance(snapshot, dict):
         raise ValueError(f"valve snapshot must be a dict, got {type(snapshot).__name__}")

@@ -89,9 +89,7 @@ class Trigger:
     def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
 
     def can_merge(self) -> bool:

@@ -71,9 +71,7 @@ class ProcessingTimeTrigger(Trigger):
         ctx.register_processing_time_timer(window.max_timestamp())
         return TriggerResult.CONTINUE
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.FIRE
 
     def can_merge(self) -> bool:
@@ -206,9 +204,7 @@ class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
             self._register_next(now - java_remainder(now, self.interval), window, ctx)
         return TriggerResult.CONTINUE
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         if self._take_fire_time(time, ctx):
             # the firing at the window's end is the last one: registering min(end + interval,
             # end) again would be a timer already due, firing the window in a loop
@@ -236,9 +232,7 @@ class PurgingTrigger(Trigger):
     def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return self._purging(self.nested.on_event_time(time, window, ctx))
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return self._purging(self.nested.on_processing_time(time, window, ctx))
 
     def can_merge(self) -> bool:
