@@ -124,8 +124,7 @@ def dsn_secrets(dsn: str | None) -> list[str]:
 def scrub(text: str, secrets: Iterable[str]) -> str:
     """``text`` with every secret value in ``secrets`` masked, longest first (a secret
     containing another is masked whole); values too short to replace safely are left alone."""
-    for secret in sorted({s for s in secrets if s and len(s) >= _MIN_SCRUB}, key=len,
-                         reverse=True):
+    for secret in sorted({s for s in secrets if s and len(s) >= _MIN_SCRUB}, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 

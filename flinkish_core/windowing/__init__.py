@@ -11,10 +11,7 @@ from flinkish_core.windowing.evictor import (
 )
 from flinkish_core.windowing.merging_window_set import MergingWindowSet
 from flinkish_core.windowing.pane import PaneInfo, Timing
-from flinkish_core.windowing.partitioned_state import (
-    ReducingStateDescriptor,
-    ValueStateDescriptor,
-)
+from flinkish_core.windowing.partitioned_state import ReducingStateDescriptor, ValueStateDescriptor
 from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService
 from flinkish_core.windowing.trigger import Trigger, TriggerContext, TriggerResult
 from flinkish_core.windowing.triggers import (

@@ -660,8 +660,7 @@ class WindowOperator:
             self._panes[(key, window_from_data(window))] = index
         if entry["merging_windows"] is not None:
             assert isinstance(self.assigner, MergingWindowAssigner)
-            self._merging[key] = MergingWindowSet.from_data(
-                self.assigner, entry["merging_windows"])
+            self._merging[key] = MergingWindowSet.from_data(self.assigner, entry["merging_windows"])
         for window, name, state in entry["trigger_state"]:
             self._trigger_state.put(key, window_from_data(window), name, value(state))
         for window, timestamp, seq in entry["event_timers"]:
@@ -695,8 +694,7 @@ class WindowOperator:
                             ("processing_timers", self._timers.processing_time_timers)):
             *where, timestamps, seqs = snapshot[name]
             pairs = slots(*where)
-            queue.load([key for key, _ in pairs], [window for _, window in pairs],
-                       timestamps, seqs)
+            queue.load([key for key, _ in pairs], [window for _, window in pairs], timestamps, seqs)
 
     def _drop_key(self, key: Any) -> None:
         for slots in (self._contents, self._panes):
