@@ -26,14 +26,8 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "AlreadyCompletedError",
-    "CheckpointStorage",
-    "CheckpointStore",
-    "CompletedCheckpoint",
-    "CorruptRecordError",
-    "FencedError",
-    "PendingCheckpoint",
-    "SubsumedError",
+    "AlreadyCompletedError", "CheckpointStorage", "CheckpointStore", "CompletedCheckpoint",
+    "CorruptRecordError", "FencedError", "PendingCheckpoint", "SubsumedError",
 ]
 
 

@@ -153,12 +153,8 @@ class CheckpointStore:
             raise self._subsumed(checkpoint_id, latest, "complete")
         pending = self._read_pending(checkpoint_id)
         completed_ms = now_ms()
-        completed = CompletedCheckpoint(
-            checkpoint_id,
-            completed_ms if pending is None else pending.created_ms,
-            completed_ms,
-            state,
-        )
+        created_ms = completed_ms if pending is None else pending.created_ms
+        completed = CompletedCheckpoint(checkpoint_id, created_ms, completed_ms, state)
         self._storage.write_json(record_path(COMPLETED_DIR, checkpoint_id), completed.to_record())
         failpoint("checkpoint_write", query=self.owner, epoch=checkpoint_id)
         self._settle(checkpoint_id, pointer, ids)

@@ -1,14 +1,9 @@
-"""Fencing: one query, and one live run of it, writes a checkpoint location.
-
-The *owner* tells two queries on one location apart; the *generation* a restarted query from
-its previous driver still alive. Opening creates the claim record of the next generation,
-``_claims/<generation>``, with the owner and a random token; a claim is only ever created, and
-every write first checks that no newer claim exists and its own is still there with its token
-(atomic creation or not: ``CheckpointStorage.atomic_create``). ``_owner`` repeats the newest
-claim for people and tools; the claims decide. A writer that opens the store from more than
-one process in one run (the Spark sink) names the run (Spark's ``runId``): the run holding the
-claim adopts it, a new run claims the next generation, and the run it superseded may never
-claim again. docs/architecture.md (section 5) has the reasons.
+"""Fencing: one query, and one live run of it, writes a checkpoint location. The *owner* tells
+two queries on one location apart, the *generation* a restarted query from its previous driver
+still alive. Opening creates the claim ``_claims/<generation>`` (owner, random token), never
+replaced; every write first checks that no newer claim exists and its own is still there. A
+run (Spark's ``runId``) holding the claim adopts it; a run superseded may never claim again.
+The rules and their reasons: docs/architecture.md, section 5.
 """
 
 from __future__ import annotations
@@ -83,11 +78,8 @@ class Claim:
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {
-            "owner": self.owner,
-            "generation": self.generation,
-            "token": self.token,
-            "claimed_ms": self.claimed_ms,
-            "host": self.host,
+            "owner": self.owner, "generation": self.generation, "token": self.token,
+            "claimed_ms": self.claimed_ms, "host": self.host,
         }
         if self.run is not None:
             record["run"] = self.run

@@ -142,13 +142,8 @@ class CheckpointStorage:
     default only HDFS has them). One writer per record at a time."""
 
     def __init__(
-        self,
-        filesystem: pafs.FileSystem,
-        base_path: str,
-        *,
-        location: str | None = None,
-        rename_writes: bool | None = None,
-        s3_client_options: dict[str, str] | None = None,
+        self, filesystem: pafs.FileSystem, base_path: str, *, location: str | None = None,
+        rename_writes: bool | None = None, s3_client_options: dict[str, str] | None = None,
     ) -> None:
         self._fs = filesystem
         self._local = isinstance(filesystem, pafs.LocalFileSystem)

@@ -60,14 +60,9 @@ class EpochWatermark:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EpochWatermark:
         return cls(
-            epoch=int(data["epoch"]),
-            watermark=int(data["watermark"]),
-            status=str(data["status"]),
-            previous_watermark=int(data["previous_watermark"]),
-            channels=tuple(data["channels"]),
-            valve=data["valve"],
-            partitions=dict(data["partitions"]),
-        )
+            int(data["epoch"]), int(data["watermark"]), str(data["status"]),
+            int(data["previous_watermark"]), tuple(data["channels"]), data["valve"],
+            dict(data["partitions"]))
 
 
 def initial(epoch: int = -1) -> EpochWatermark:
@@ -109,11 +104,5 @@ def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> 
             "watermark": state.watermark, "status": state.status.value, "aligned": state.aligned,
         }
     return EpochWatermark(
-        epoch=epoch,
-        watermark=valve.last_output_watermark,
-        status=valve.last_output_status.value,
-        previous_watermark=previous.watermark,
-        channels=tuple(channels),
-        valve=valve.snapshot(),
-        partitions=partitions,
-    )
+        epoch, valve.last_output_watermark, valve.last_output_status.value, previous.watermark,
+        tuple(channels), valve.snapshot(), partitions)

@@ -98,12 +98,8 @@ class WindowOperator:
     elements after their end."""
 
     def __init__(
-        self,
-        assigner: WindowAssigner,
-        function: WindowFunction,
-        trigger: Trigger | None = None,
-        allowed_lateness: int = 0,
-        evictor: Evictor | None = None,
+        self, assigner: WindowAssigner, function: WindowFunction, trigger: Trigger | None = None,
+        allowed_lateness: int = 0, evictor: Evictor | None = None,
     ) -> None:
         if allowed_lateness < 0:
             raise ValueError(f"allowed_lateness must be >= 0, got {allowed_lateness}")
