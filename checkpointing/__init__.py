@@ -8,11 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from checkpointing.checkpoint import CompletedCheckpoint, PendingCheckpoint
-    from checkpointing.checkpoint_store import (
-        AlreadyCompletedError,
-        CheckpointStore,
-        SubsumedError,
-    )
+    from checkpointing.checkpoint_store import AlreadyCompletedError, CheckpointStore, SubsumedError
     from checkpointing.fencing import FencedError
     from checkpointing.storage import CheckpointStorage, CorruptRecordError
 
@@ -30,14 +26,8 @@ _PUBLIC = {
 }
 
 __all__ = [
-    "AlreadyCompletedError",
-    "CheckpointStorage",
-    "CheckpointStore",
-    "CompletedCheckpoint",
-    "CorruptRecordError",
-    "FencedError",
-    "PendingCheckpoint",
-    "SubsumedError",
+    "AlreadyCompletedError", "CheckpointStorage", "CheckpointStore", "CompletedCheckpoint",
+    "CorruptRecordError", "FencedError", "PendingCheckpoint", "SubsumedError",
 ]
 
 

@@ -1,28 +1,24 @@
-"""Pending and completed checkpoints (Flink: PendingCheckpoint, CompletedCheckpoint).
-
-A Spark micro-batch id ("epoch") stands in for Flink's checkpoint id. A checkpoint is
-*pending* once begun (the sink records its decision -- which pre-commits belong to the
-epoch -- here, so recovery can finish it) and *completed* once its final state is durable.
+"""Pending and completed checkpoints (Flink: PendingCheckpoint, CompletedCheckpoint), by Spark
+epoch. A checkpoint is *pending* once begun (the sink records its decision there, so recovery
+can finish it) and *completed* once its final state is durable.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 from checkpointing.storage import CorruptRecordError
 
 
 def check_checkpoint_id(checkpoint_id: int) -> int:
-    """``checkpoint_id`` if it is a valid id (an int >= 0), else ValueError."""
     if isinstance(checkpoint_id, bool) or not isinstance(checkpoint_id, int) or checkpoint_id < 0:
         raise ValueError(f"checkpoint id must be an int >= 0, got {checkpoint_id!r}")
     return checkpoint_id
 
 
 def now_ms() -> int:
-    """Wall-clock epoch milliseconds, the unit of every checkpoint timestamp."""
     return time.time_ns() // 1_000_000
 
 
@@ -33,50 +29,41 @@ def _field(record: Any, name: str, kind: type, path: str) -> Any:
     return value
 
 
+_R = TypeVar("_R", bound="_Record")
+
+
+def _record_key(name: str) -> str:
+    return "id" if name == "checkpoint_id" else name
+
+
 @dataclass(frozen=True)
-class PendingCheckpoint:
+class _Record:
+    """A checkpoint as a record: its fields by name (the id as ``id``), all ints but the state."""
+
+    def to_record(self) -> dict[str, Any]:
+        return {_record_key(f.name): getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_record(cls: type[_R], record: Any, path: str) -> _R:
+        """CorruptRecordError if ``record`` (read from ``path``) is malformed."""
+        return cls(*(_field(record, _record_key(f.name), dict if f.name == "state" else int, path)
+                     for f in fields(cls)))
+
+
+@dataclass(frozen=True)
+class PendingCheckpoint(_Record):
     """A begun checkpoint and the state recorded when it began."""
 
     checkpoint_id: int
     created_ms: int
     state: dict[str, Any]
 
-    def to_record(self) -> dict[str, Any]:
-        return {"id": self.checkpoint_id, "created_ms": self.created_ms, "state": self.state}
-
-    @classmethod
-    def from_record(cls, record: Any, path: str) -> PendingCheckpoint:
-        """The checkpoint in ``record`` read from ``path``; CorruptRecordError if malformed."""
-        return cls(
-            _field(record, "id", int, path),
-            _field(record, "created_ms", int, path),
-            _field(record, "state", dict, path),
-        )
-
 
 @dataclass(frozen=True)
-class CompletedCheckpoint:
+class CompletedCheckpoint(_Record):
     """A completed checkpoint: the state recorded when it completed, which recovery restores."""
 
     checkpoint_id: int
     created_ms: int
     completed_ms: int
     state: dict[str, Any]
-
-    def to_record(self) -> dict[str, Any]:
-        return {
-            "id": self.checkpoint_id,
-            "created_ms": self.created_ms,
-            "completed_ms": self.completed_ms,
-            "state": self.state,
-        }
-
-    @classmethod
-    def from_record(cls, record: Any, path: str) -> CompletedCheckpoint:
-        """The checkpoint in ``record`` read from ``path``; CorruptRecordError if malformed."""
-        return cls(
-            _field(record, "id", int, path),
-            _field(record, "created_ms", int, path),
-            _field(record, "completed_ms", int, path),
-            _field(record, "state", dict, path),
-        )

@@ -1,34 +1,8 @@
 """Durable pending and completed checkpoints with subsumption and retention (Flink: the
-bookkeeping of CheckpointCoordinator plus CompletedCheckpointStore).
-
-Layout under the storage base::
-
-    _claims/<generation>    who may write (see checkpointing.fencing)
-    _owner                  the newest claim, repeated for people and tools
-    pending/<id>.json       begun checkpoints and the state recorded with them
-    completed/<id>.json     completed checkpoints, the last ``retain`` of them
-    _latest                 pointer: the id of the latest completed checkpoint
-
-``complete(N)`` takes four steps: (1) write ``completed/N`` -- the commit point; (2) point
-``_latest`` at N; (3) delete pending checkpoints <= N, which N subsumes; (4) delete completed
-checkpoints older than the last ``retain``. A crash before (1) finishes leaves the old latest
-(record writes are atomic); a crash after it leaves N completed, and the next ``complete`` --
-typically Spark replaying batch N -- redoes steps 2-4. Reads never depend on 3 and 4 having
-run: pending checkpoints at or below the latest completed one are reported as gone.
-
-Recovery rule -- which checkpoint is the latest completed one:
-
-* It is the highest id among the pointer and the listed completed records. The pointer is
-  written after the record, so a listing that misses a new record (an eventually consistent
-  store, or HDFS's delete-then-rename overwrite) cannot move recovery back below it; a record
-  listed above the pointer is one whose ``complete`` crashed between steps 1 and 2, and since
-  it verifies it counts: the records are trusted over the pointer.
-* That record is read and verified. If it is damaged or missing, CorruptRecordError names it:
-  falling back to an older checkpoint would silently replay or lose epochs.
-* A damaged pointer is ignored (logged) when completed records exist -- the records rebuild
-  it, and the next ``complete`` rewrites it; with no records it raises.
-
-One instance writes a location at a time (see fencing); an instance is not thread-safe.
+bookkeeping of CheckpointCoordinator plus CompletedCheckpointStore): ``completed/<id>.json``
+is the commit point, ``_latest`` points at it, and recovery takes the highest id of both,
+never an older one (the steps and the crash cases: docs/architecture.md, section 5). One
+instance writes a location at a time (see fencing); an instance is not thread-safe.
 """
 
 from __future__ import annotations
@@ -58,8 +32,7 @@ _Checkpoint = TypeVar("_Checkpoint", PendingCheckpoint, CompletedCheckpoint)
 
 
 class SubsumedError(ValueError):
-    """The checkpoint is below the latest completed one and was never completed: a later
-    checkpoint subsumed it (or it completed once and retention has since dropped it)."""
+    """The checkpoint is below the latest completed one and has no completed record."""
 
 
 class AlreadyCompletedError(ValueError):
@@ -67,13 +40,12 @@ class AlreadyCompletedError(ValueError):
 
 
 def record_path(directory: str, checkpoint_id: int) -> str:
-    """Where checkpoint ``checkpoint_id`` lives in ``directory`` (zero-padded: names sort)."""
+    """Zero-padded: names sort as numbers."""
     return f"{directory}/{checkpoint_id:020d}.json"
 
 
 def _json_state(state: Any) -> dict[str, Any]:
-    """``state`` as it will read back (tuples become lists, keys strings), so the checkpoint
-    returned by a write equals the one a later read returns."""
+    """``state`` as it will read back, so a write returns what a later read returns."""
     if not isinstance(state, dict):
         raise TypeError(f"checkpoint state must be a JSON object (dict), got {type(state)}")
     try:
@@ -84,15 +56,9 @@ def _json_state(state: Any) -> dict[str, Any]:
 
 
 class CheckpointStore:
-    """Pending and completed checkpoints of one query at one storage location.
-
-    Opening claims the location for ``owner`` with a new generation (FencedError if another
-    query owns it; earlier instances of this query are fenced from then on) and removes temp
-    files crashed writes left behind. ``retain`` (>= 1) completed checkpoints are kept.
-    ``run`` names the run of the query this instance belongs to: an instance of the run that
-    holds the claim adopts it instead of claiming anew, and a superseded run may not claim
-    again (see :mod:`checkpointing.fencing`).
-    """
+    """Pending and completed checkpoints of one query at one storage location, keeping
+    ``retain`` completed ones. Opening claims the location for ``owner`` and ``run`` (see
+    :mod:`checkpointing.fencing`; FencedError) and removes temp files of crashed writes."""
 
     def __init__(
         self, storage: CheckpointStorage, *, owner: str, retain: int = 10, run: str | None = None
@@ -105,8 +71,8 @@ class CheckpointStore:
         self.owner = owner
         self.retain = retain
         self._fence: OwnerFence | None = OwnerFence.acquire(storage, owner, run)
-        # Safe only now: any writer that could own a temp file is fenced -- except runs opening
-        # the store at this moment, which write only the fencing records.
+        # safe now: other writers are fenced, and runs opening the store at this moment
+        # write only the fencing records, which are kept
         removed = storage.cleanup_temp(keep=FENCING_RECORDS)
         if removed:
             logger.info("removed %d temp files of crashed writes in %s", removed, storage.location)
@@ -129,9 +95,8 @@ class CheckpointStore:
         return self._fence
 
     def check_claim(self) -> None:
-        """Raise FencedError if a newer run (or another query) has claimed the location since
-        this instance did: a caller about to act on what the records say (roll back what no
-        decision names, say) first makes sure no one else can still decide."""
+        """Raise FencedError if a newer run (or another query) has claimed the location: for
+        a caller about to act on what the records say (roll back what no decision names)."""
         self._writable()
 
     @property
@@ -140,8 +105,7 @@ class CheckpointStore:
 
     @property
     def generation(self) -> int:
-        """This instance's generation: how many claims the location has seen (runs of the
-        query, or instances opened without a run)."""
+        """How many claims the location has seen, this one's included."""
         return 0 if self._fence is None else self._fence.claim.generation
 
     @property
@@ -149,15 +113,11 @@ class CheckpointStore:
         """The run this instance's claim names (None: opened without one, or read-only)."""
         return None if self._fence is None else self._fence.claim.run
 
-    # -- writes --------------------------------------------------------------------------
-
     def begin(self, checkpoint_id: int, state: dict[str, Any] | None = None) -> PendingCheckpoint:
-        """Durably record checkpoint ``checkpoint_id`` as pending, with ``state``.
-
-        Idempotent like :meth:`complete`: if it is already pending, the recorded checkpoint is
-        returned unchanged -- the first recorded state (the sink's decision) wins; abort first
-        to replace it. Raises AlreadyCompletedError / SubsumedError at or below the latest
-        completed checkpoint."""
+        """Durably record checkpoint ``checkpoint_id`` as pending, with ``state``. Idempotent:
+        if it is already pending, the first recorded state (the sink's decision) is returned;
+        abort first to replace it. Raises AlreadyCompletedError / SubsumedError at or below the
+        latest completed checkpoint."""
         check_checkpoint_id(checkpoint_id)
         state = _json_state({} if state is None else state)
         self._writable()
@@ -175,10 +135,8 @@ class CheckpointStore:
 
     def complete(self, checkpoint_id: int, state: dict[str, Any]) -> CompletedCheckpoint:
         """Complete ``checkpoint_id`` with its final ``state`` (pending or not), subsuming the
-        pending checkpoints below it and applying retention.
-
-        Re-completing a completed checkpoint (Spark replays a batch) changes nothing and
-        returns the *recorded* checkpoint, ignoring ``state``; it also finishes the steps a
+        pending checkpoints below it and applying retention. Re-completing (Spark replays a
+        batch) returns the *recorded* checkpoint, ignoring ``state``, and finishes what a
         crashed completion left undone. Raises SubsumedError below the latest completed one."""
         check_checkpoint_id(checkpoint_id)
         state = _json_state(state)
@@ -195,21 +153,16 @@ class CheckpointStore:
             raise self._subsumed(checkpoint_id, latest, "complete")
         pending = self._read_pending(checkpoint_id)
         completed_ms = now_ms()
-        completed = CompletedCheckpoint(
-            checkpoint_id,
-            completed_ms if pending is None else pending.created_ms,
-            completed_ms,
-            state,
-        )
+        created_ms = completed_ms if pending is None else pending.created_ms
+        completed = CompletedCheckpoint(checkpoint_id, created_ms, completed_ms, state)
         self._storage.write_json(record_path(COMPLETED_DIR, checkpoint_id), completed.to_record())
         failpoint("checkpoint_write", query=self.owner, epoch=checkpoint_id)
         self._settle(checkpoint_id, pointer, ids)
         return completed
 
     def abort(self, checkpoint_id: int) -> None:
-        """Drop pending checkpoint ``checkpoint_id``; nothing to do if it is not pending.
-
-        Raises AlreadyCompletedError if it is completed: that decision is final."""
+        """Drop pending checkpoint ``checkpoint_id`` if there is one; AlreadyCompletedError if
+        it is completed: that decision is final."""
         check_checkpoint_id(checkpoint_id)
         self._writable()
         if self._read_completed(checkpoint_id) is not None:
@@ -228,11 +181,8 @@ class CheckpointStore:
             if completed_id < oldest_kept:
                 self._storage.delete(record_path(COMPLETED_DIR, completed_id))
 
-    # -- reads ---------------------------------------------------------------------------
-
     def pending(self, checkpoint_id: int) -> PendingCheckpoint | None:
-        """Pending checkpoint ``checkpoint_id``, or None (never begun, aborted, completed or
-        subsumed)."""
+        """Pending checkpoint ``checkpoint_id``, or None."""
         check_checkpoint_id(checkpoint_id)
         latest = self._latest_id()
         if latest is not None and checkpoint_id <= latest:
@@ -245,16 +195,14 @@ class CheckpointStore:
         return [i for i in self._ids(PENDING_DIR) if latest is None or i > latest]
 
     def completed(self, checkpoint_id: int) -> CompletedCheckpoint | None:
-        """Completed checkpoint ``checkpoint_id``, or None (not completed, or not retained)."""
         return self._read_completed(check_checkpoint_id(checkpoint_id))
 
     def completed_ids(self) -> list[int]:
-        """Ids of the retained completed checkpoints, ascending."""
         return self._ids(COMPLETED_DIR)
 
     def latest_completed(self) -> CompletedCheckpoint | None:
-        """The checkpoint to recover from, or None before the first completion (see the
-        module docstring for the rule); CorruptRecordError rather than an older one."""
+        """The checkpoint to recover from, or None before the first completion;
+        CorruptRecordError rather than an older one."""
         latest = self._latest_id()
         if latest is None:
             return None
@@ -267,8 +215,6 @@ class CheckpointStore:
                 "completed checkpoint; refusing to fall back to an older one",
             )
         return found
-
-    # -- helpers -------------------------------------------------------------------------
 
     def _ids(self, directory: str) -> list[int]:
         names = (_RECORD_NAME.match(n) for n in self._storage.list(directory))
@@ -307,8 +253,7 @@ class CheckpointStore:
 
     def _read(self, directory: str, kind: type[_Checkpoint], checkpoint_id: int
               ) -> _Checkpoint | None:
-        """Checkpoint ``checkpoint_id`` in ``directory``, or None; CorruptRecordError if its
-        record is damaged or names another checkpoint (a copied or renamed file)."""
+        """CorruptRecordError also for a record of another checkpoint (copied or renamed)."""
         relpath = record_path(directory, checkpoint_id)
         try:
             record = self._storage.read_json(relpath)

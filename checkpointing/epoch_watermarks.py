@@ -1,8 +1,6 @@
 """The combined watermark of each epoch, kept with the epoch's completed checkpoint: restore
-the valve from the latest completed epoch and advance it over the new epoch's markers.
-
-One copy of the rule for every driver-side user of the valve (the sink's commit,
-``ValveForEachBatch``), so they compute the same watermark from the same markers.
+the valve from the latest completed epoch and advance it over the new epoch's markers: one copy
+of the rule for every driver-side user of the valve (the sink's commit, ``ValveForEachBatch``).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
 """Named crash points for crash-injection tests.
 
-The two-phase commit, the checkpoint store and ``ValveForEachBatch`` call
-``failpoint(name, query=…, epoch=…)`` where a crash matters. Armed, the process that reaches a
-matching point writes a marker file and blocks, so a test can SIGKILL the query's whole
-process tree at exactly that point. Unarmed (the environment variable unset), a failpoint costs
-one environment lookup.
-
-``FLINKISH_FAILPOINTS`` names a JSON file with a list of points to arm::
+Armed, the process that reaches a matching ``failpoint(name, query=…, epoch=…)`` writes a
+marker file and blocks, so a test can SIGKILL the query at exactly that point; unarmed, a
+failpoint costs one environment lookup. ``FLINKISH_FAILPOINTS`` names a JSON file of points::
 
     [{"point": "mid_commit", "marker": "/tmp/case/fired",
       "checkpoint": "/tmp/case/checkpoint",   # or "query": "<query id>"; neither: any query
@@ -14,11 +10,7 @@ one environment lookup.
       "min_transactions": 1,                   # only where the caller says it holds >= 1
       "once": true}]                           # only the first process to get there stops
 
-so each of several queries in one driver can stop at its own point. The query is passed by
-the caller (no guessing from stack frames); ``checkpoint`` is resolved to the query id Spark
-wrote there. With ``"once"`` the marker is created exclusively: the first process to reach the
-point (on any executor of the host) stops there and every later one passes, so the task Spark
-reruns after a test killed the stopped task's executor runs through.
+With ``"once"`` the task Spark reruns after a test killed the stopped one runs through.
 """
 
 from __future__ import annotations

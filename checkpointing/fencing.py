@@ -1,41 +1,9 @@
-"""Fencing: one query, and one live run of it, writes a checkpoint location.
-
-Two checks, because they catch different mistakes:
-
-* **owner** -- two *different* queries configured with the same location would mix their
-  epochs (both have a batch 7) and recover each other's state. The owner is stable across
-  restarts, so a generation alone could not tell "my previous run" from "someone else"; and it
-  gives a message the user can act on.
-* **generation** -- the *same* query restarted while its previous driver is still alive (a
-  zombie after a failover or an application-master retry) must not keep writing decisions
-  over the ones the new run recovered. Both runs carry the same owner, so only a per-run
-  generation tells them apart.
-
-Each writing instance claims the location when it opens: it creates the claim record of the
-next generation, ``_claims/<generation>``, with its owner and a random token. A claim record is
-only ever created, never replaced, and every later write first checks that no claim of a newer
-generation exists and that its own claim is still there with its token. Where the storage
-creates records atomically (local disk; S3 with conditional writes -- see
-``CheckpointStorage.atomic_create``), two runs opening at the same moment cannot both create one
-generation: the loser looks again and claims the next one, so exactly one of them holds the
-location. Elsewhere (HDFS, GCS, S3 without boto3) creation is check-then-write: two runs opening
-at the very same moment can both write the same generation, and the token makes the one whose
-record was overwritten fail at its read-back or its first write. Either way, a zombie that
-passed its check just before a new run claimed the location can still finish that one write:
-fencing narrows the window to one operation, it cannot close it. ``_owner`` repeats the newest
-claim for people and tools (a location of a 0.1 build from before claims has only it, and is
-read through it); the claims decide.
-
-**Runs.** A writer that may open the store from more than one process during one run of the
-query (the Spark sink: its commits run in a Python worker that Spark may replace) names the run
-(Spark's ``runId``). Opening with the run that holds the claim *adopts* the claim — same
-generation, same token — instead of fencing the run's own earlier process; opening with a new
-run claims the next generation and records the superseded run, which may then never claim the
-location again: a zombie, however often its processes are replaced, cannot fence the live run
-back. The newest run wins, as in Flink and Kafka: a driver cannot tell a crashed predecessor
-from a live one, and a restart must not wait for one. Two live drivers of one query therefore
-end with the older one failing at its next write, with a message that says so. Without a run
-(``run=None``) every opening claims anew, as before.
+"""Fencing: one query, and one live run of it, writes a checkpoint location. The *owner* tells
+two queries on one location apart, the *generation* a restarted query from its previous driver
+still alive. Opening creates the claim ``_claims/<generation>`` (owner, random token), never
+replaced; every write first checks that no newer claim exists and its own is still there. A
+run (Spark's ``runId``) holding the claim adopts it; a run superseded may never claim again.
+The rules and their reasons: docs/architecture.md, section 5.
 """
 
 from __future__ import annotations
@@ -57,9 +25,8 @@ OWNER_RECORD = "_owner"
 CLAIMS_DIR = "_claims"
 #: Written by runs opening the location, even while another run holds it.
 FENCING_RECORDS = (OWNER_RECORD, CLAIMS_DIR)
-#: How many superseded runs a claim remembers (a zombie older than that many restarts is
-#: fenced only by the newer claims again, which still stops its writes); as many claim
-#: records are kept.
+#: How many superseded runs a claim remembers (an older zombie is still fenced by the newer
+#: claims); as many claim records are kept.
 SUPERSEDED_KEPT = 64
 #: Claims lost to another run opening at the same moment before giving up.
 _CLAIM_ATTEMPTS = 16
@@ -67,7 +34,7 @@ _CLAIM_NAME = re.compile(r"[0-9]{12}")
 
 
 def claim_path(generation: int) -> str:
-    """The record of the claim of ``generation`` (zero-padded: names sort as numbers)."""
+    """Zero-padded: names sort as numbers."""
     return f"{CLAIMS_DIR}/{generation:012d}"
 
 
@@ -78,8 +45,8 @@ class FencedError(Exception):
 
 @dataclass(frozen=True)
 class Claim:
-    """Who holds a location: the query, the run's generation and the run's random token, and
-    (when the writer names it) the run itself, where it was claimed from and when."""
+    """Who holds a location: the query, the generation, the random token, and the run, host
+    and time of the claim."""
 
     owner: str
     generation: int
@@ -111,11 +78,8 @@ class Claim:
 
     def to_record(self) -> dict[str, Any]:
         record: dict[str, Any] = {
-            "owner": self.owner,
-            "generation": self.generation,
-            "token": self.token,
-            "claimed_ms": self.claimed_ms,
-            "host": self.host,
+            "owner": self.owner, "generation": self.generation, "token": self.token,
+            "claimed_ms": self.claimed_ms, "host": self.host,
         }
         if self.run is not None:
             record["run"] = self.run
@@ -140,17 +104,13 @@ class OwnerFence:
     """A claim on a location by one instance; :meth:`check` before every write."""
 
     def __init__(self, storage: CheckpointStorage, claim: Claim) -> None:
-        """Use :meth:`acquire`; this only wraps a claim already written."""
         self._storage = storage
         self.claim = claim
 
     @classmethod
     def acquire(cls, storage: CheckpointStorage, owner: str, run: str | None = None) -> OwnerFence:
-        """Claim ``storage`` for ``owner`` with the next generation, fencing earlier runs; or,
-        when ``run`` already holds the claim, adopt it (see the module docstring).
-
-        Raises FencedError if another query owns the location, or if ``run`` was superseded
-        by a newer run of the query (a zombie, or the older of two live drivers)."""
+        """Claim ``storage`` for ``owner`` with the next generation, or adopt the claim ``run``
+        holds. FencedError if another query owns the location, or ``run`` was superseded."""
         for _ in range(_CLAIM_ATTEMPTS):
             current = _read_claim(storage)
             if current is not None and current.owner != owner:
@@ -247,8 +207,7 @@ def _prune_claims(storage: CheckpointStorage, generation: int) -> None:
 
 
 def _read_claim(storage: CheckpointStorage) -> Claim | None:
-    """The newest claim; without one, the owner record (a 0.1 location's only record), or
-    None."""
+    """The newest claim; without one, the owner record (a 0.1 location's only record)."""
     generations = _claim_generations(storage)
     relpath = claim_path(generations[-1]) if generations else OWNER_RECORD
     try:

@@ -36,8 +36,7 @@ def query_id(checkpoint_location: str) -> str:
 
 
 def _journaled(checkpoint_location: str, relpath: str, line: int) -> Any:
-    """The JSON on line ``line`` of the file Spark journals at ``relpath`` in the query's
-    checkpoint."""
+    """The JSON on line ``line`` of the file Spark journals at ``relpath``."""
     filesystem, base = filesystem_of(checkpoint_location, "checkpoint location")
     with filesystem.open_input_stream(posixpath.join(base, relpath)) as stream:
         return json.loads(stream.read().decode("utf-8").splitlines()[line])
@@ -57,11 +56,10 @@ def resolve_store(location: str) -> str:
 
 
 def spark_batch_watermark(checkpoint_location: str, batch_id: int) -> int | None:
-    """Spark's event-time watermark for micro-batch ``batch_id`` (epoch ms), from the batch
-    metadata Spark journals before running the batch (``<checkpointLocation>/offsets/N``, 2nd
-    line, ``batchWatermarkMs``); None when the query has none yet (Spark writes 0) or the
-    file cannot be read. Through ``flinkish.with_watermark`` it is the valve's combined
-    watermark, one batch behind."""
+    """Spark's event-time watermark for micro-batch ``batch_id`` (``batchWatermarkMs`` of
+    ``offsets/N``, journaled before the batch runs); None when there is none yet (Spark writes
+    0) or the file cannot be read. Through ``flinkish.with_watermark`` it is the valve's
+    combined watermark, one batch behind."""
     try:
         value = int(_journaled(checkpoint_location, f"offsets/{batch_id}", 1)["batchWatermarkMs"])
     except (OSError, ValueError, KeyError, IndexError, TypeError):

@@ -1,27 +1,10 @@
 """Durable, checksummed JSON records on local disk or any ``pyarrow.fs`` filesystem.
 
 The source's watermark-generator state and the sink's per-epoch decisions must survive a
-driver crash, so every record is written atomically (a reader sees the old or the new value,
-never a torn one) and carries a checksum (a damaged record is reported, never read as empty
-or as an older value).
-
-How atomicity is reached depends on the filesystem:
-
-* local disk: write a temp file in the target's directory, fsync it, rename it over the target
-  and fsync the directory (rename is atomic; the fsyncs make it survive a power cut);
-* HDFS: write a temp file and move it over the target (HDFS has no atomic single write;
-  replacing an existing target is delete-then-rename, so an overwritten record can be absent
-  for an instant, never torn -- the checkpoint store tolerates that, see checkpoint_store);
-* object stores (S3, GCS, Azure): one PUT is atomic, so the object is written directly.
-
-Some records may only be created, never replaced (a claim on the location, see
-``checkpointing.fencing``): :meth:`CheckpointStorage.create_json` is atomic where the
-filesystem offers it -- local disk (a hard link fails if the name exists) and S3 (a conditional
-PUT, ``If-None-Match: *``, through boto3) -- and check-then-write elsewhere
-(:attr:`CheckpointStorage.atomic_create` says which).
-
-A crash between a temp write and its rename leaves a ``.tmp-*`` file behind: readers and
-:meth:`CheckpointStorage.list` ignore it and :meth:`CheckpointStorage.cleanup_temp` removes it.
+driver crash: every record is written atomically (a reader sees the old or the new value, never
+a torn one) and carries a checksum (a damaged record is reported, never read as empty or older).
+Local disk: temp file, fsync, rename, fsync of the directory; HDFS: temp file and move; object
+stores: one PUT (docs/architecture.md, section 5).
 
 Record format: one header line ``FLINKISH-RECORD <version> <payload length> <crc32 hex>``,
 then the compact, key-sorted JSON payload (sorted so equal values give equal bytes).
@@ -153,24 +136,14 @@ def _display_uri(location: str) -> str:
 
 
 class CheckpointStorage:
-    """JSON records under one base directory of a filesystem, written atomically and durably.
-
-    Build it with :meth:`open` from a location string, or directly from an already built
-    ``pyarrow.fs.FileSystem`` and a base path in it. Record paths (``relpath``) are relative to
-    the base and use ``/``. ``rename_writes`` forces (True) or forbids (False) temp-and-rename
-    writes on a non-local filesystem; by default only HDFS uses them. Local disk always does.
-
-    One writer per record at a time: concurrent writers of the same record are not serialised.
-    """
+    """JSON records under one base directory of a filesystem, written atomically and durably
+    (:meth:`open` builds it from a location string). Record paths are relative, with ``/``.
+    ``rename_writes`` forces or forbids temp-and-rename writes on a non-local filesystem (by
+    default only HDFS has them). One writer per record at a time."""
 
     def __init__(
-        self,
-        filesystem: pafs.FileSystem,
-        base_path: str,
-        *,
-        location: str | None = None,
-        rename_writes: bool | None = None,
-        s3_client_options: dict[str, str] | None = None,
+        self, filesystem: pafs.FileSystem, base_path: str, *, location: str | None = None,
+        rename_writes: bool | None = None, s3_client_options: dict[str, str] | None = None,
     ) -> None:
         self._fs = filesystem
         self._local = isinstance(filesystem, pafs.LocalFileSystem)
@@ -182,7 +155,6 @@ class CheckpointStorage:
         if rename_writes is None:
             rename_writes = filesystem.type_name == "hdfs"
         self._rename = rename_writes
-        # boto3 client options for conditional PUTs (S3 only; see create_json)
         self._s3_options = s3_client_options if filesystem.type_name == "s3" else None
         self._s3_client: Any = None
         if location is None:
@@ -208,8 +180,6 @@ class CheckpointStorage:
             s3_client_options=_s3_client_options(location) if _has_boto3() else None,
         )
 
-    # -- paths ---------------------------------------------------------------------------
-
     def _path(self, relpath: str, *, allow_root: bool = False) -> str:
         if relpath == "" and allow_root:
             return self._base
@@ -226,10 +196,7 @@ class CheckpointStorage:
         root = self.location.rstrip("/") or "/"
         return posixpath.join(root, relpath) if relpath else root
 
-    # -- records -------------------------------------------------------------------------
-
     def _encode(self, relpath: str, value: Any) -> tuple[str, bytes]:
-        """Where ``relpath`` is written, and the record bytes of ``value``."""
         path = self._path(relpath)
         try:
             return path, encode_record(value)
@@ -248,15 +215,13 @@ class CheckpointStorage:
 
     @property
     def atomic_create(self) -> bool:
-        """Whether :meth:`create_json` is atomic here: of two creators of one record at the
-        same moment exactly one succeeds (local disk, and S3 when boto3 is installed)."""
+        """Whether of two :meth:`create_json` of one record at once exactly one succeeds:
+        local disk (a hard link), and S3 with boto3 (a conditional PUT)."""
         return self._local or self._s3_options is not None
 
     def create_json(self, relpath: str, value: Any) -> None:
-        """Write the record at ``relpath`` only if there is none: FileExistsError if there is.
-
-        Atomic where :attr:`atomic_create` says so; elsewhere an existence check then a write,
-        so two creators at the very same moment may both succeed."""
+        """Write the record at ``relpath`` only if there is none (FileExistsError); atomic
+        where :attr:`atomic_create` says so, check-then-write elsewhere."""
         path, data = self._encode(relpath, value)
         if self._local:
             self._write_local(path, data, replace=False)
@@ -294,7 +259,7 @@ class CheckpointStorage:
         sync_local(directory)
 
     def _put_if_absent(self, path: str, data: bytes) -> None:
-        """One conditional PUT (``If-None-Match: *``): S3 answers 412 if the key exists."""
+        """``If-None-Match: *``: S3 answers 412 if the key exists."""
         from botocore.exceptions import ClientError
 
         if self._s3_client is None:
@@ -324,8 +289,7 @@ class CheckpointStorage:
         sync_local(parent)
 
     def _put(self, path: str, data: bytes) -> None:
-        """One PUT. Object stores need no directories; other filesystems get them on demand
-        rather than with a directory check before every write."""
+        """One PUT; a directory made only when missing (object stores need none)."""
         try:
             with self._fs.open_output_stream(path) as out:
                 out.write(data)
@@ -352,7 +316,6 @@ class CheckpointStorage:
         return decode_record(data, self.full_path(relpath))
 
     def exists(self, relpath: str) -> bool:
-        """Whether a record is at ``relpath``."""
         return bool(self._fs.get_file_info(self._path(relpath)).type == pafs.FileType.File)
 
     def _files(self, path: str, recursive: bool = False) -> list[pafs.FileInfo]:
@@ -360,9 +323,8 @@ class CheckpointStorage:
         return [i for i in self._fs.get_file_info(selector) if i.type == pafs.FileType.File]
 
     def list(self, reldir: str) -> list[str]:
-        """Sorted names of the records directly in ``reldir`` ("" is the base); [] if absent.
-
-        Temp files of unfinished writes are never listed."""
+        """Sorted names of the records directly in ``reldir`` ("" is the base), temp files
+        not; [] if absent."""
         names = (i.base_name for i in self._files(self._path(reldir, allow_root=True)))
         return sorted(n for n in names if not n.startswith(TEMP_PREFIX))
 
@@ -385,11 +347,9 @@ class CheckpointStorage:
             sync_path(self._fs, posixpath.dirname(path))
 
     def cleanup_temp(self, reldir: str = "", *, keep: tuple[str, ...] = ()) -> int:
-        """Remove the temp files crashed writes left in ``reldir`` and below; how many.
-
-        Only call it while no write is running under ``reldir``, except writes of the records
-        or directories in ``keep`` (relative to the base), whose temp files are left alone: it
-        would remove a running write's temp file and make it fail."""
+        """Remove the temp files crashed writes left in ``reldir`` and below; how many. Only
+        while no write runs there (it would fail) but of the records or directories in
+        ``keep``, whose temp files are left alone."""
         found = self._files(self._path(reldir, allow_root=True), recursive=True)
         temps = [i.path for i in found
                  if i.base_name.startswith(TEMP_PREFIX) and not self._kept(i.path, keep)]
@@ -400,8 +360,7 @@ class CheckpointStorage:
         return len(temps)
 
     def _kept(self, temp: str, keep: tuple[str, ...]) -> bool:
-        """Whether ``temp`` (a full temp path) is the temp file of a record in or under
-        ``keep``: its name is ``<prefix><record name>-<random hex>``."""
+        """Whether ``temp``, ``<prefix><record name>-<random hex>``, is of a record in ``keep``."""
         directory, name = posixpath.split(temp)
         record = posixpath.join(directory, name[len(TEMP_PREFIX):].rpartition("-")[0])
         relpath = posixpath.relpath(record, self._base)

@@ -1,12 +1,7 @@
-"""Options declared once, like Flink's ``ConfigOptions.key(...)``: each :class:`Option` holds
-its key as the documentation spells it, the spellings also accepted, how its text is read, its
-default, a line of documentation and its owner. The source's and the sink's parsers read their
-options through these declarations, the "did you mean" errors suggest from them, and the docs'
-option reference is generated from them (:func:`reference_table`), so an option's name and
-default are written in one place.
-
-Spark lower-cases the keys of a sink's options and passes a source's as given, so keys are
-matched case-insensitively and messages use the declared spelling.
+"""Options declared once, like Flink's ``ConfigOptions.key(...)``: the parsers, the "did you
+mean" errors and the docs' option reference (:func:`reference_table`) all read the
+declarations. Spark lower-cases a sink's keys and passes a source's as given, so keys match in
+any case and messages use the declared spelling.
 """
 
 from __future__ import annotations
@@ -110,9 +105,8 @@ def whole_number(minimum: int, what: str) -> Reader[int]:
     return read
 
 
-def duration_ms(key: str, value: str) -> int:
-    """A duration (``"15 min"``) in milliseconds."""
-    return parse_duration_ms(key, value)
+#: A duration (``"15 min"``) in milliseconds.
+duration_ms: Reader[int] = parse_duration_ms
 
 
 def choice(enum: type[E]) -> Reader[E]:
@@ -156,13 +150,8 @@ def checked(read: Reader[T], check: Callable[[str, str, T], None]) -> Reader[T]:
 
 @dataclass(frozen=True)
 class Given:
-    """The options a user gave, matched to their declarations.
-
-    Args:
-        texts: each given plain option's text, by its declared key.
-        prefixed: each ``prefix.*`` option's entries (key without the prefix, text), by its
-            declared key.
-    """
+    """The options a user gave, by declared key: plain ones' texts, and each ``prefix.*``
+    option's entries (key without the prefix: text)."""
 
     texts: Mapping[str, str]
     prefixed: Mapping[str, dict[str, str]]
@@ -181,12 +170,8 @@ class Given:
 
 def match(raw: Mapping[str, Any], declared: Iterable[Option[Any]],
           unknown: Callable[[str, dict[str, Option[Any]]], OptionError]) -> Given:
-    """Match the given options to ``declared``, in any case.
-
-    Raises:
-        OptionError: ``unknown(key, declared by spelling)`` for the first key (in sorted
-            order) that names no declared option.
-    """
+    """Match the given options to ``declared``, in any case; raises ``unknown(key, declared
+    by spelling)`` for the first key (sorted) that names no declared option."""
     by_spelling = {s: o for o in declared for s in o.spellings() if o.prefix is None}
     prefixes = [(o.prefix.lower(), o) for o in declared if o.prefix is not None]
     texts: dict[str, str] = {}
@@ -215,13 +200,9 @@ def did_you_mean(key: str, by_spelling: Mapping[str, Option[Any]]) -> str:
 def reference_table(options: Iterable[Option[Any]],
                     where: Callable[[Option[Any]], str] | None = None,
                     required: Callable[[Option[Any]], str] = lambda option: "") -> str:
-    """The Markdown table of the docs' option reference: Option, Default, Meaning.
-
-    Args:
-        options: the rows, in order.
-        where: a column saying where each option applies (None: no such column).
-        required: where an option is required (``"for postgres"``), shown as its default.
-    """
+    """The Markdown table of the docs' option reference: Option, Default, Meaning, and
+    ``where`` each option applies when given; ``required`` says where an option is required
+    (``"for postgres"``), shown as its default."""
     head = "| Option | Default |" + (" Applies to |" if where else "") + " Meaning |"
     lines = [head, "|---" * (4 if where else 3) + "|"]
     for option in options:

@@ -19,11 +19,8 @@ _BARE_NUMBER = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*$")
 
 
 def parse_duration_ms(name: str, text: str) -> int:
-    """``"2 seconds"``, ``"500 ms"``, ``"1.5s"``, ``"1 minute"`` -> milliseconds; OptionError
-    naming option ``name`` otherwise.
-
-    A bare ``0`` is zero in every unit, so it is accepted (it is the documented default of
-    ``watermark.maxOutOfOrderness``). Any other bare number is refused: Flink reads it as
+    """``"2 seconds"``, ``"500 ms"``, ``"1.5s"`` -> milliseconds; OptionError naming option
+    ``name`` otherwise. A bare number other than ``0`` is refused: Flink reads it as
     milliseconds, Spark's intervals need a unit, and a user may mean seconds."""
     bare = _BARE_NUMBER.match(text)
     if bare:
@@ -45,8 +42,7 @@ def parse_duration_ms(name: str, text: str) -> int:
 
 
 def format_duration(seconds: float) -> str:
-    """A short human reading: ``"250 ms"``, ``"45 s"``, ``"3 min 12 s"``, ``"2 h 03 min"``,
-    ``"3 d 4 h"``."""
+    """``"250 ms"``, ``"45 s"``, ``"3 min 12 s"``, ``"2 h 03 min"``, ``"3 d 4 h"``."""
     whole = max(0, int(seconds))
     if seconds < 1:
         return f"{max(0.0, seconds) * 1000:.0f} ms"

@@ -1,22 +1,13 @@
 """The valve over Spark epochs: each micro-batch's marker rows go through a
-:class:`StatusWatermarkValve` restored from the previous epoch's completed checkpoint.
-
-A micro-batch boundary is a perfectly aligned barrier: every partition's slice of epoch N is
-done before the epoch commits. So feeding an epoch's markers in a fixed order into the valve
-restored from epoch N-1 gives the same combined watermark every time the epoch is replayed.
-
-The order: within a partition, the order its reader emitted the markers; across partitions,
-round-robin over the partitions in sorted order (each partition's first marker, then each one's
-second, ...). The partitions' slices ran concurrently, and interleaving mirrors that: when all
-partitions resume together after being idle, each turns ACTIVE before any of them reports a
-watermark, as in Flink, instead of the first partition's watermark racing ahead and leaving a
-lagging partition unaligned.
+:class:`StatusWatermarkValve` restored from the previous epoch's completed checkpoint, in a
+fixed order (round-robin across partitions, which mirrors that their slices ran concurrently),
+so a replayed epoch gives the same combined watermark (docs/semantics.md).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from flinkish_core.markers import KIND_STATUS, KIND_WATERMARK, Marker
@@ -38,8 +29,7 @@ def channel_name(topic: str, partition: int) -> str:
 
 
 class _Discard:
-    """Valve output that keeps nothing: an epoch's result is the valve's state after all of
-    the epoch's inputs, read from the valve itself."""
+    """An epoch's result is the valve's state after all its inputs: the outputs are dropped."""
 
     def emit_watermark(self, watermark: int) -> None:
         pass
@@ -65,27 +55,14 @@ class EpochWatermark:
         return [name for name, p in self.partitions.items() if p["status"] == "IDLE"]
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "epoch": self.epoch,
-            "watermark": self.watermark,
-            "status": self.status,
-            "previous_watermark": self.previous_watermark,
-            "channels": list(self.channels),
-            "valve": self.valve,
-            "partitions": self.partitions,
-        }
+        return {**asdict(self), "channels": list(self.channels)}
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> EpochWatermark:
         return cls(
-            epoch=int(data["epoch"]),
-            watermark=int(data["watermark"]),
-            status=str(data["status"]),
-            previous_watermark=int(data["previous_watermark"]),
-            channels=tuple(data["channels"]),
-            valve=data["valve"],
-            partitions=dict(data["partitions"]),
-        )
+            int(data["epoch"]), int(data["watermark"]), str(data["status"]),
+            int(data["previous_watermark"]), tuple(data["channels"]), data["valve"],
+            dict(data["partitions"]))
 
 
 def initial(epoch: int = -1) -> EpochWatermark:
@@ -94,12 +71,9 @@ def initial(epoch: int = -1) -> EpochWatermark:
 
 
 def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> EpochWatermark:
-    """Feed epoch ``epoch``'s markers into the valve restored from ``previous``.
-
-    Every partition the source announces becomes a channel (as in Flink, an empty partition
-    holds the combined watermark back until it is marked idle); partitions first seen in this
-    epoch join in sorted order.
-    """
+    """Feed epoch ``epoch``'s markers into the valve restored from ``previous``. Every
+    partition announced becomes a channel (an empty one holds the watermark back until idle,
+    as in Flink); new ones join in sorted order."""
     ordered = feed_order(markers)
     channels = list(previous.channels)
     index = {name: i for i, name in enumerate(channels)}
@@ -130,11 +104,5 @@ def advance(previous: EpochWatermark, epoch: int, markers: Iterable[Marker]) -> 
             "watermark": state.watermark, "status": state.status.value, "aligned": state.aligned,
         }
     return EpochWatermark(
-        epoch=epoch,
-        watermark=valve.last_output_watermark,
-        status=valve.last_output_status.value,
-        previous_watermark=previous.watermark,
-        channels=tuple(channels),
-        valve=valve.snapshot(),
-        partitions=partitions,
-    )
+        epoch, valve.last_output_watermark, valve.last_output_status.value, previous.watermark,
+        tuple(channels), valve.snapshot(), partitions)

@@ -5,15 +5,14 @@ The port follows Kafka's ``org.apache.kafka.common.security.JaasConfig``, which 
 ``java.io.StreamTokenizer``: characters 0-32 are blanks; 33-128 and 160-255 (and any above 255)
 make words; ``;`` and ``=`` are tokens of their own; ``'`` and ``"`` quote (a backslash escapes
 inside quotes, octal and C escapes included, and a quote ends at the end of a line); ``/``
-starts a comment, to the end of the line (``//`` or a lone ``/``) or to ``*/``. Each entry is
-``<login module class> <control flag> (<name>=<value>)* ;`` and a client's config holds
-exactly one (Kafka's ``JaasContext``).
-
-Errors name the position and the option, never a value: values are passwords.
+starts a comment, to the end of the line (``//`` or a lone ``/``) or to ``*/``. An entry is
+``<login module class> <control flag> (<name>=<value>)* ;``. Errors name the position and the
+option, never a value: values are passwords.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 __all__ = ["JaasEntry", "JaasError", "parse_jaas_config", "parse_jaas_entries"]
@@ -25,6 +24,8 @@ _WORD = "word"
 _QUOTED = "quoted"
 _ORDINARY = "ordinary"
 
+#: StreamTokenizer's octal escape: a third digit only after 0-3
+_OCTAL = re.compile(r"[0-3][0-7]{0,2}|[4-7][0-7]?")
 _C_ESCAPES = {"a": "\x07", "b": "\b", "f": "\x0c", "n": "\n", "r": "\r", "t": "\t", "v": "\x0b"}
 
 
@@ -108,9 +109,8 @@ class _Tokenizer:
         return c
 
     def _block_comment(self) -> bool:
-        """Skip to the ``*/`` closing a ``/*`` comment, as StreamTokenizer does (the character
-        after a line break is read without being checked, so ``*`` and ``/`` split by one do
-        not close it); False at the end of input."""
+        """Skip to the ``*/`` closing a ``/*`` comment (StreamTokenizer reads the character
+        after a line break unchecked); False at the end of input."""
         previous: str | None = None
         c = self._read()
         while not (c == "/" and previous == "*"):
@@ -139,19 +139,13 @@ class _Tokenizer:
             if i >= len(text):
                 out.append("\uffff")  # StreamTokenizer stores the end of input as (char) -1
                 break
-            c = text[i]
-            i += 1
-            if "0" <= c <= "7":
-                value, first = ord(c) - 48, c
-                if i < len(text) and "0" <= text[i] <= "7":
-                    value = value * 8 + ord(text[i]) - 48
-                    i += 1
-                    if i < len(text) and "0" <= text[i] <= "7" and first <= "3":
-                        value = value * 8 + ord(text[i]) - 48
-                        i += 1
-                out.append(chr(value))
+            octal = _OCTAL.match(text, i)
+            if octal:
+                out.append(chr(int(octal[0], 8)))
+                i = octal.end()
             else:
-                out.append(_C_ESCAPES.get(c, c))
+                out.append(_C_ESCAPES.get(text[i], text[i]))
+                i += 1
         if i < len(text) and text[i] == quote:
             i += 1  # the closing quote; a line end or the end of input is left to the next
         self._pos = i

@@ -1,8 +1,7 @@
-"""Flink's late-data rule over epochs, in one place for the sink, ``ValveForEachBatch`` and
+"""Flink's late-data rule over epochs, for the sink, ``ValveForEachBatch`` and
 ``with_watermark``: a record of epoch N is *late* when its event time is at or below the
-combined watermark epoch N-1 committed (Flink's ``sideOutputLateData`` judges against the
-operator's current watermark, which for a micro-batch is the one in force when it starts).
-A record without an event time is never late.
+combined watermark epoch N-1 committed (the one in force when the batch starts); a record
+without an event time never is.
 """
 
 from __future__ import annotations
@@ -15,9 +14,8 @@ from flinkish_core.watermark import LAST_TIMESTAMP_MS, MIN_WATERMARK
 
 
 def late_threshold(latest: EpochWatermark | None, epoch: int) -> int:
-    """The combined watermark epoch ``epoch``'s records are judged against, given the latest
-    completed epoch's result: for a new epoch the watermark the latest one reached; for a
-    replay of the latest epoch the one it was judged against itself."""
+    """The threshold of epoch ``epoch`` given the latest completed epoch: the watermark that
+    one reached, or for its replay the one it was judged against itself."""
     if latest is None:
         return MIN_WATERMARK
     if epoch < latest.epoch:

@@ -1,13 +1,7 @@
-"""Locations: a location (a path or a URI) to a ``pyarrow.fs`` filesystem and path, by one rule
-(:func:`filesystem_of`), the file operations that make writes durable, and the cluster rule.
-
-Locations the driver and the executors share: on a cluster they run on different hosts, so
-a local path written on one is not there on another; only Spark's ``local``/``local[...]``
-masters run everything in one process on one machine (``local-cluster`` simulates a cluster
-and counts as one).
-
-The Python data source is never told the master: ``flinkish.register`` puts it into the data
-source's environment as ``MASTER_ENV``, which the option checks read.
+"""Locations: a path or a URI to a ``pyarrow.fs`` filesystem and path, by one rule
+(:func:`filesystem_of`), the file operations that make writes durable, and the cluster rule: a
+local path is shared by driver and executors only under a ``local``/``local[...]`` master
+(``local-cluster`` counts as a cluster).
 """
 
 from __future__ import annotations
@@ -22,11 +16,11 @@ from flinkish_core.secrets import dsn_secrets, mask_uri, scrub
 if TYPE_CHECKING:  # pyarrow is for the processes that touch files, not for the option checks
     import pyarrow.fs as pafs
 
+#: The Python data source is never told the master: ``flinkish.register`` puts it here.
 MASTER_ENV = "FLINKISH_SPARK_MASTER"
 
 
-def local_location_problem(option: str, location: str, master: str | None,
-                           why: str) -> str | None:
+def local_location_problem(option: str, location: str, master: str | None, why: str) -> str | None:
     """Why ``location`` (option ``option``) cannot be a local path under Spark ``master``, or
     None when it is fine: a URI of another filesystem, a local master, or an unknown master
     (``flinkish.register`` not called). ``why`` says who writes and reads it."""
@@ -44,22 +38,10 @@ def local_location_problem(option: str, location: str, master: str | None,
 
 
 def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
-    """The ``pyarrow.fs`` filesystem of ``location`` and its path there: every place flinkish
-    reads or writes (checkpoint stores, targets, ``inspect``) is opened here, by one rule.
-
-    Args:
-        location: a local path (``~`` expanded, a ``file:`` prefix as Spark writes it
-            dropped, made absolute) or a URI ``pyarrow.fs.FileSystem.from_uri`` knows
-            (``file://``, ``s3://``, ``gs://``, ``hdfs://`` …).
-        what: what the location is, for the errors (``checkpoint location``).
-
-    Returns:
-        The filesystem and the path in it, without a trailing ``/``.
-
-    Raises:
-        ValueError: the location is empty or cannot be opened; any credentials in it are
-            masked and the cause is not chained (pyarrow's message may quote them).
-    """
+    """The ``pyarrow.fs`` filesystem of ``location`` (a local path, or a URI pyarrow knows) and
+    its path there, without a trailing ``/``: every place flinkish reads or writes is opened
+    here. ValueError names ``what`` it is; credentials are masked and the cause not chained
+    (pyarrow's message may quote them)."""
     import pyarrow.fs as pafs
 
     if not location.strip():
@@ -76,8 +58,7 @@ def filesystem_of(location: str, what: str) -> tuple[pafs.FileSystem, str]:
 
 
 def sync_local(path: str) -> None:
-    """fsync the local file or directory ``path``: for a directory, makes a rename, creation
-    or removal inside it durable."""
+    """fsync a local file or directory (the latter makes a rename inside it durable)."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -86,16 +67,13 @@ def sync_local(path: str) -> None:
 
 
 def sync_path(filesystem: pafs.FileSystem, path: str) -> None:
-    """fsync ``path`` (file or directory) when it is on a POSIX local disk, so a pre-commit or
-    commit survives a machine crash; remote stores make a closed file or a rename durable by
-    themselves."""
+    """fsync ``path`` on a POSIX local disk; remote stores make writes durable themselves."""
     local = _local_os_path(filesystem, path)
     if local is not None and os.name == "posix":
         sync_local(local)
 
 
 def delete_file_if_present(filesystem: pafs.FileSystem, path: str) -> None:
-    """Delete ``path``; a file already gone is fine (a retried clean-up)."""
     with contextlib.suppress(FileNotFoundError):
         filesystem.delete_file(path)
 

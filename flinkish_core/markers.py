@@ -1,9 +1,6 @@
-"""The marker rows the flinkish source interleaves with its records: what they are called and
-how a consumer restores their emission order after Spark shuffled them.
-
-A marker row carries ``offset`` = the partition position it applies at (every record before it
-has a smaller offset), so sorting on (offset, ACTIVE < watermark < IDLE, watermark value)
-restores a partition's emission order.
+"""The marker rows the flinkish source interleaves with its records, and their emission order,
+restored after Spark shuffled them (a marker's ``offset`` is the partition position it applies
+at).
 """
 
 from __future__ import annotations
@@ -14,9 +11,8 @@ from typing import Any
 KIND_RECORD = "record"
 KIND_WATERMARK = "watermark"
 KIND_STATUS = "status"
+#: A row per micro-batch carrying the combined watermark into Spark's (``with_watermark``).
 KIND_CARRIER = "carrier"
-"""One row per micro-batch whose event time carries the combined watermark into Spark's own
-watermark (see ``flinkish.with_watermark``); neither data nor a valve input."""
 
 #: The kinds the valve reads.
 MARKER_KINDS = (KIND_WATERMARK, KIND_STATUS)

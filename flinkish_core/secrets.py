@@ -1,21 +1,7 @@
-"""Secrets never leave: masking for option values, connection strings and free text.
-
-One copy of the rule, used by the source (Kafka client settings) and the sink (PostgreSQL DSNs,
-target paths) for every repr, log line, error message and record they write:
-
-* a setting whose *name* looks secret (``sasl``, ``ssl``, ``password``, ``secret``, ``token``,
-  ``credential``, ``key`` as in ``api.key``) has its value replaced by :data:`MASK`, but for
-  the few Kafka client settings that name a method or a file, which an error must show
-  (:data:`NOT_SECRET`: ``sasl.mechanism`` …);
-* a PostgreSQL connection string keeps its shape but not its password, in both libpq forms:
-  ``host=h password=pw`` (also quoted, ``password='p w'``) and
-  ``postgresql://user:pw@host/db?password=pw``; a URI of any scheme loses the password of its
-  ``user:password@`` part;
-* free text (a driver's error message) has every known secret value replaced, raw and
-  percent-decoded, before it is shown.
-
-A value that must still identify a setting (a cache key) uses :func:`fingerprint`: a hash,
-never the secret in clear.
+"""Secrets never leave: masking for option values, connection strings and free text, one copy
+of the rule for every repr, log line, error message and record the source and the sink write.
+A setting whose *name* looks secret has its value masked; a connection string (both libpq forms)
+or a URI keeps its shape but not its password; free text has every known secret value replaced.
 """
 
 from __future__ import annotations
@@ -42,9 +28,8 @@ NOT_SECRET = frozenset({
 #: Connection-string keys whose values are secret (``sslmode``, ``sslcert`` are not).
 _DSN_SECRET_KEY = re.compile(r"(password|passwd|secret|token)", re.IGNORECASE)
 
-# key = value pairs of a libpq connection string: the value is single-quoted (backslash
-# escapes inside; an unterminated quote runs to the end, as libpq reads it before it
-# complains) or a run of non-blank characters (backslash escapes allowed there too).
+# key = value pairs of a libpq connection string: the value single-quoted (an unterminated
+# quote runs to the end, as libpq reads it) or non-blank, backslash escapes in both.
 _DSN_PAIR = re.compile(
     r"(?P<key>[A-Za-z_][A-Za-z0-9_]*)(?P<eq>\s*=\s*)"
     r"(?P<value>'(?:[^'\\]|\\.)*'?|(?:[^\s'\\]|\\.)+|(?=\s|$))"
@@ -53,7 +38,7 @@ _DSN_PAIR = re.compile(
 _URI_USERINFO = re.compile(r"(?P<head>[A-Za-z][A-Za-z0-9+.-]*://[^:@/?#\s]*):(?P<pw>[^@/\s]*)@")
 # ?password=… / &sslpassword=… in a URI's query
 _URI_PARAM = re.compile(r"(?P<head>[?&](?P<key>[^=&#\s]+)=)(?P<value>[^&#\s]*)")
-# Too short to replace safely in free text (it would mangle unrelated words).
+# shorter values are not replaced in free text: it would mangle unrelated words
 _MIN_SCRUB = 3
 
 
@@ -137,18 +122,15 @@ def dsn_secrets(dsn: str | None) -> list[str]:
 
 
 def scrub(text: str, secrets: Iterable[str]) -> str:
-    """``text`` with every secret value in ``secrets`` replaced by :data:`MASK` (longest
-    first, so a secret containing another is masked whole). Values shorter than 3 characters
-    are left alone: replacing them would garble the text and hide nothing."""
-    for secret in sorted({s for s in secrets if s and len(s) >= _MIN_SCRUB}, key=len,
-                         reverse=True):
+    """``text`` with every secret value in ``secrets`` masked, longest first (a secret
+    containing another is masked whole); values too short to replace safely are left alone."""
+    for secret in sorted({s for s in secrets if s and len(s) >= _MIN_SCRUB}, key=len, reverse=True):
         text = text.replace(secret, MASK)
     return text
 
 
 def fingerprint(*parts: object) -> str:
-    """A stable hash of ``parts`` (e.g. options holding a password): equal inputs, equal
-    fingerprints, and the secret is not recoverable from it."""
+    """A stable hash of ``parts``, to identify options holding a secret (a cache key)."""
     digest = hashlib.sha256()
     for part in parts:
         digest.update(repr(part).encode("utf-8", "surrogatepass"))

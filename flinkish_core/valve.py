@@ -1,24 +1,11 @@
 """Flink's ``StatusWatermarkValve`` in pure Python.
 
-A valve combines the watermarks and idleness statuses of many input channels (for us: Kafka
-partitions) into one watermark and one status. It follows Flink 1.11's ``StatusWatermarkValve``
-(``StreamStatus`` is called :class:`WatermarkStatus` here, as in later Flink versions) with the
-two corrections of Flink's own fix FLINK-40475 (apache/flink PR #29024; consistent with
-FLINK-38454 for ``CombinedWatermarkStatus``):
-
-1. When the last active channel goes idle, the maximum watermark across all channels is flushed
-   (emitted if it is above the last output watermark) *whatever* that channel's watermark was.
-   Flink 1.11 only flushed when that channel held the current minimum, so a valve whose last
-   active channel was lagging (resumed behind, unaligned) went idle without flushing.
-2. When a channel turns active again, the minimum over the aligned channels is recomputed at
-   once. Flink 1.11 waited for the next watermark input, so a reactivated channel that was the
-   only aligned one (or held back nothing) stalled the output. If the valve itself was idle,
-   status ACTIVE is emitted first, then any new watermark.
-
-The minimum over the aligned channels is kept in a binary heap with lazy deletion (each channel
-has a version; heap entries of an older version are stale and dropped when they surface), so a
-watermark input costs O(log n) instead of Flink 1.11's linear scan. The number of active channels
-is counted, so "is everything idle?" is O(1). Only the rare all-idle flush scans every channel.
+It combines the watermarks and statuses of many channels (Kafka partitions) into one, as Flink
+1.11's valve does, with the two corrections of Flink's own fix FLINK-40475 (apache/flink PR
+#29024): (1) when the last active channel goes idle, the maximum across all channels is flushed
+whatever that channel's watermark was; (2) a channel turning active recomputes the aligned
+minimum at once. The minimum lives in a heap with lazy deletion, O(log n) per input instead of
+Flink's scan. docs/semantics.md has the rules.
 """
 
 from __future__ import annotations
@@ -34,14 +21,14 @@ __all__ = [
     "WatermarkStatus",
 ]
 
+#: Version of the :meth:`StatusWatermarkValve.snapshot` layout.
 SNAPSHOT_FORMAT = 1
-"""Version of the :meth:`StatusWatermarkValve.snapshot` layout, so old checkpoints stay readable."""
 
 _SNAPSHOT_KEYS = frozenset({"format", "last_output_watermark", "last_output_status", "channels"})
 
 
 class ValveOutput(Protocol):
-    """Receives what the valve decides to forward downstream."""
+    """Receives what the valve forwards downstream."""
 
     def emit_watermark(self, watermark: int) -> None: ...
 
@@ -50,11 +37,9 @@ class ValveOutput(Protocol):
 
 @dataclass(frozen=True)
 class ChannelState:
-    """A read-only copy of one channel's state, for reporting and tests.
-
-    ``aligned`` is false while the channel is idle, and after it resumed (or was added) with a
-    watermark below the valve's last output watermark, until its watermark catches up.
-    """
+    """A copy of one channel's state. ``aligned`` is false while the channel is idle, and
+    after it resumed (or was added) below the valve's last output watermark, until it catches
+    up."""
 
     watermark: int
     status: WatermarkStatus
@@ -62,13 +47,9 @@ class ChannelState:
 
 
 class StatusWatermarkValve:
-    """Combines per-channel watermarks and statuses like Flink's ``StatusWatermarkValve``.
-
-    The output watermark is the minimum over the *aligned* channels and never goes back. Idle
-    channels do not hold it back; when every channel is idle the valve emits the maximum
-    watermark across all channels, then status IDLE, and ignores watermarks until a channel
-    turns active again. See the module docstring for the two corrections to Flink 1.11.
-    """
+    """Combines per-channel watermarks and statuses: the output is the minimum over the
+    *aligned* channels and never goes back; when every channel is idle it is the maximum over
+    all, then status IDLE, and watermarks are ignored until a channel turns active."""
 
     def __init__(self, num_channels: int, output: ValveOutput) -> None:
         if num_channels < 1:
@@ -77,8 +58,7 @@ class StatusWatermarkValve:
         self._watermarks = [MIN_WATERMARK] * num_channels
         self._active = [True] * num_channels
         self._aligned = [True] * num_channels
-        # A heap entry (watermark, channel, version) is live only while the channel's version
-        # equals its own; bumping the version invalidates it without searching the heap.
+        # a heap entry (watermark, channel, version) is live while the version is the channel's
         self._versions = [0] * num_channels
         self._heap: list[tuple[int, int, int]] = [
             (MIN_WATERMARK, c, 0) for c in range(num_channels)
@@ -88,14 +68,9 @@ class StatusWatermarkValve:
         self._last_output_watermark = MIN_WATERMARK
         self._last_output_status = WatermarkStatus.ACTIVE
 
-    # ------------------------------------------------------------------ inputs
-
     def input_watermark(self, watermark: int, channel: int) -> None:
-        """Feed a watermark read from ``channel``; may emit a new combined watermark.
-
-        Ignored while the channel or the whole valve is idle, and when it is not above the
-        channel's previous watermark (watermarks of a channel never go back either).
-        """
+        """Feed a watermark of ``channel``; ignored while the channel or the valve is idle, or
+        when it is not above the channel's previous one."""
         self._check_channel(channel)
         if not MIN_WATERMARK <= watermark <= MAX_WATERMARK:
             raise ValueError(f"watermark {watermark} is outside the 64-bit range of Flink's long")
@@ -107,15 +82,11 @@ class StatusWatermarkValve:
         if self._aligned[channel]:
             self._push(channel)
         elif watermark >= self._last_output_watermark:
-            # A channel that resumed (or was added) behind is aligned once it has caught up.
             self._align(channel)
         self._output_new_aligned_minimum()
 
     def input_watermark_status(self, status: WatermarkStatus, channel: int) -> None:
-        """Feed a status change of ``channel``; may emit a watermark and/or a valve status.
-
-        Only real changes count: IDLE for an idle channel or ACTIVE for an active one is ignored.
-        """
+        """Feed a status of ``channel``; only a change counts."""
         self._check_channel(channel)
         if status is WatermarkStatus.IDLE and self._active[channel]:
             self._active[channel] = False
@@ -123,12 +94,11 @@ class StatusWatermarkValve:
             if self._aligned[channel]:
                 self._unalign(channel)
             if self._num_active == 0:
-                # Nothing will advance any more: flush every channel's progress (correction 1).
+                # correction 1
                 self._output_maximum_watermark()
                 self._last_output_status = WatermarkStatus.IDLE
                 self._output.emit_watermark_status(WatermarkStatus.IDLE)
             elif self._watermarks[channel] == self._last_output_watermark:
-                # The channel may have been holding the minimum back.
                 self._output_new_aligned_minimum()
         elif status is WatermarkStatus.ACTIVE and not self._active[channel]:
             self._active[channel] = True
@@ -141,16 +111,9 @@ class StatusWatermarkValve:
             self._output_new_aligned_minimum()  # correction 2
 
     def add_channel(self) -> int:
-        """Grow the valve by one channel (a new Kafka partition) and return its index.
-
-        The new channel is ACTIVE with watermark :data:`MIN_WATERMARK`, exactly like a channel
-        that was idle at MIN and resumes: while nothing has been emitted yet (last output is
-        MIN) it is aligned and holds the combined watermark back like any fresh channel.
-        Otherwise it starts *unaligned*, because the combined watermark never goes back: it
-        does not hold the watermark back (its early records may be late) and becomes aligned
-        once its watermark reaches the last output watermark. If the valve was idle, it turns
-        active and emits status ACTIVE.
-        """
+        """Grow the valve by one channel (a new Kafka partition) and return its index. It joins
+        as a channel idle at :data:`MIN_WATERMARK` resuming: aligned while nothing was emitted,
+        else unaligned until it catches up (the output never goes back)."""
         channel = len(self._watermarks)
         self._watermarks.append(MIN_WATERMARK)
         self._active.append(False)
@@ -158,8 +121,6 @@ class StatusWatermarkValve:
         self._versions.append(0)
         self.input_watermark_status(WatermarkStatus.ACTIVE, channel)
         return channel
-
-    # --------------------------------------------------------------- reporting
 
     @property
     def num_channels(self) -> int:
@@ -174,18 +135,12 @@ class StatusWatermarkValve:
         return self._last_output_status
 
     def channel(self, index: int) -> ChannelState:
-        """The current state of channel ``index``."""
         self._check_channel(index)
         status = WatermarkStatus.ACTIVE if self._active[index] else WatermarkStatus.IDLE
         return ChannelState(self._watermarks[index], status, self._aligned[index])
 
-    # ---------------------------------------------------------- checkpointing
-
     def snapshot(self) -> dict[str, Any]:
-        """The valve's state as a JSON-serialisable dict (ints, strings, bools and lists).
-
-        The heap is not saved: it is derived from the aligned channels on :meth:`restore`.
-        """
+        """The valve's state as JSON-serialisable data (the heap is rebuilt on restore)."""
         return {
             "format": SNAPSHOT_FORMAT,
             "last_output_watermark": self._last_output_watermark,
@@ -200,11 +155,8 @@ class StatusWatermarkValve:
 
     @classmethod
     def restore(cls, snapshot: dict[str, Any], output: ValveOutput) -> StatusWatermarkValve:
-        """Rebuild a valve from :meth:`snapshot` that behaves identically from there on.
-
-        Emits nothing. Raises ValueError naming the problem if the snapshot is malformed or
-        describes a state the valve cannot reach (e.g. an aligned idle channel).
-        """
+        """Rebuild a valve from :meth:`snapshot`, emitting nothing. Raises ValueError naming
+        the problem if the snapshot is malformed or a state the valve cannot reach."""
         last_wm, last_status, channels = _parse_snapshot(snapshot)
         valve = cls(len(channels), output)
         valve._watermarks = [wm for wm, _, _ in channels]
@@ -218,8 +170,6 @@ class StatusWatermarkValve:
         valve._last_output_status = last_status
         return valve
 
-    # ---------------------------------------------------------------- private
-
     def _check_channel(self, channel: int) -> None:
         if not 0 <= channel < len(self._watermarks):
             raise IndexError(
@@ -228,12 +178,10 @@ class StatusWatermarkValve:
             )
 
     def _push(self, channel: int) -> None:
-        """Make ``channel``'s current watermark its one live heap entry."""
         version = self._versions[channel] + 1
         self._versions[channel] = version
         heapq.heappush(self._heap, (self._watermarks[channel], channel, version))
-        # Stale entries only leave the heap when they surface; drop them in bulk once they
-        # outnumber the live ones, so memory stays O(channels) and the cost amortised O(1).
+        # stale entries dropped in bulk once they outnumber the live ones: memory O(channels)
         if len(self._heap) > 2 * self._num_aligned + 64:
             versions = self._versions
             self._heap = [e for e in self._heap if versions[e[1]] == e[2]]
@@ -250,7 +198,6 @@ class StatusWatermarkValve:
         self._versions[channel] += 1
 
     def _output_new_aligned_minimum(self) -> None:
-        """Emit the minimum over the aligned channels if there are any and it advanced."""
         heap, versions = self._heap, self._versions
         while heap:
             watermark, channel, version = heap[0]
@@ -268,10 +215,8 @@ class StatusWatermarkValve:
             self._output.emit_watermark(maximum)
 
 
-def _parse_snapshot(
-    snapshot: Any,
-) -> tuple[int, WatermarkStatus, list[tuple[int, bool, bool]]]:
-    """Validate a snapshot and return (last watermark, last status, [(wm, active, aligned)])."""
+def _parse_snapshot(snapshot: Any) -> tuple[int, WatermarkStatus, list[tuple[int, bool, bool]]]:
+    """(last watermark, last status, [(wm, active, aligned)]) of a valid snapshot."""
     if not isinstance(snapshot, dict):
         raise ValueError(f"valve snapshot must be a dict, got {type(snapshot).__name__}")
     keys = set(snapshot)

@@ -1,14 +1,7 @@
-"""The rows ``flinkish.windows`` emits, as the operator writes them and the sink recognises
-them: one column ``kind`` says which of two kinds a row is.
-
-- ``result``: a firing, with the window's bounds (epoch ms), the window function's result and
-  the pane (:mod:`flinkish_core.windowing.pane`);
-- ``late``: an element that came after its window's allowed lateness, with its event time and
-  value; its window and pane columns are null.
-
-The operator has judged lateness itself, on the combined watermark: the flinkish sink takes a
-``late`` row as late (its ``lateData`` option decides where it goes) instead of judging the
-row's event time again.
+"""The rows ``flinkish.windows`` emits and the sink recognises: ``kind`` is ``result`` (a
+firing: window bounds, result, pane) or ``late`` (an element after its window's allowed
+lateness: event time and value). The operator judged lateness on the combined watermark, so the
+sink takes a ``late`` row as late instead of judging its event time again.
 """
 
 from __future__ import annotations

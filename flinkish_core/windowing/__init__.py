@@ -1,9 +1,5 @@
-"""Flink's window operator as a pure, deterministic state machine (no Spark).
-
-Assigners place elements in windows, triggers decide when windows fire, window functions
-compute the results, evictors trim the contents, and :class:`WindowOperator` ties them together
-with Flink's timers, allowed lateness, late output and merging session windows. Every firing
-is a :class:`WindowResult` with a Beam-style :class:`PaneInfo`. See ``docs/windows.md``.
+"""Flink's window operator as a pure, deterministic state machine (no Spark): assigners,
+triggers, window functions, evictors and :class:`WindowOperator`. See ``docs/windows.md``.
 """
 
 from flinkish_core.windowing.evictor import (
@@ -15,10 +11,7 @@ from flinkish_core.windowing.evictor import (
 )
 from flinkish_core.windowing.merging_window_set import MergingWindowSet
 from flinkish_core.windowing.pane import PaneInfo, Timing
-from flinkish_core.windowing.partitioned_state import (
-    ReducingStateDescriptor,
-    ValueStateDescriptor,
-)
+from flinkish_core.windowing.partitioned_state import ReducingStateDescriptor, ValueStateDescriptor
 from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService
 from flinkish_core.windowing.trigger import Trigger, TriggerContext, TriggerResult
 from flinkish_core.windowing.triggers import (

@@ -74,11 +74,9 @@ class PartitionedStateStore:
             merged if existing is None else descriptor.reduce(existing, merged))
 
     def count(self, window: Window | None = None) -> int:
-        """How many values are stored (for one window, or for all)."""
         return sum(1 for (_, w, _) in self._values if window is None or w == window)
 
     def items(self) -> Iterator[tuple[Any, Window, str, Any]]:
-        """Every (key, window, name, value), for a snapshot."""
         for (key, window, name), value in self._values.items():
             yield key, window, name, value
 

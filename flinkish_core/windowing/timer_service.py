@@ -1,13 +1,7 @@
 """Flink's ``InternalTimerService`` for windows: event-time and processing-time timers per
-key, window and timestamp.
-
-A timer is registered at most once per (key, window, timestamp): registering it again does
-nothing. Event-time timers fire when the watermark advances to their timestamp or past it
-(timestamp <= W, at a watermark greater than the one before: a timer registered at or below
-the current watermark waits for the next advance), processing-time timers when the processing
-time reaches them, in timestamp order (ties in registration order, so a run is deterministic).
-Timers registered while firing that are already due fire in the same advance, as in Flink's
-loop over the queue's head.
+key, window and timestamp, each registered at most once. They fire in timestamp order, ties in
+registration order (so a run is deterministic); a timer registered while firing that is already
+due fires in the same advance, as in Flink's loop over the queue's head.
 """
 
 from __future__ import annotations
@@ -34,22 +28,20 @@ class InternalTimer:
 
 class TimerQueue:
     """Timers of one time domain: a set for deduplication and deletion, a heap for order.
-
-    Deleted timers stay in the heap until they surface (lazy deletion); ``seq`` tells a live
-    heap entry from a stale one of a timer deleted and registered again.
-    """
+    Deleted timers stay in the heap until they surface; ``seq`` tells a live heap entry from a
+    stale one of a timer deleted and registered again."""
 
     def __init__(self) -> None:
         self._live: dict[tuple[Any, Window, int], int] = {}
         self._heap: list[tuple[int, int, Any, Window]] = []
-        self._next_seq = 0
+        self.next_seq = 0
 
     def register(self, key: Any, window: Window, timestamp: int, seq: int | None = None) -> None:
         if (key, window, timestamp) in self._live:
             return
         if seq is None:
-            seq = self._next_seq
-        self._next_seq = max(self._next_seq, seq + 1)
+            seq = self.next_seq
+        self.next_seq = max(self.next_seq, seq + 1)
         self._live[(key, window, timestamp)] = seq
         heapq.heappush(self._heap, (timestamp, seq, key, window))
 
@@ -57,7 +49,7 @@ class TimerQueue:
         self._live.pop((key, window, timestamp), None)
 
     def _head(self) -> tuple[int, int, Any, Window] | None:
-        """The earliest live heap entry, stale entries above it dropped; None when empty."""
+        """The earliest live heap entry, stale entries above it dropped."""
         heap = self._heap
         while heap:
             timestamp, seq, key, window = head = heap[0]
@@ -81,7 +73,6 @@ class TimerQueue:
         return timestamp, key, window
 
     def earliest(self) -> int | None:
-        """The earliest live timer's timestamp, or None when there is none."""
         head = self._head()
         return None if head is None else head[0]
 
@@ -107,15 +98,7 @@ class TimerQueue:
         self._live = dict(zip(zip(keys, windows, timestamps, strict=True), seqs, strict=True))
         self._heap = list(zip(timestamps, seqs, keys, windows, strict=True))
         heapq.heapify(self._heap)
-        self._next_seq = max(self._next_seq, max(seqs, default=-1) + 1)
-
-    @property
-    def next_seq(self) -> int:
-        return self._next_seq
-
-    @next_seq.setter
-    def next_seq(self, value: int) -> None:
-        self._next_seq = max(self._next_seq, value)
+        self.next_seq = max(self.next_seq, max(seqs, default=-1) + 1)
 
 
 class InternalTimerService:
@@ -126,18 +109,6 @@ class InternalTimerService:
         self.current_processing_time = MIN_WATERMARK
         self.event_time_timers = TimerQueue()
         self.processing_time_timers = TimerQueue()
-
-    def register_event_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
-        self.event_time_timers.register(key, window, timestamp)
-
-    def delete_event_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
-        self.event_time_timers.delete(key, window, timestamp)
-
-    def register_processing_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
-        self.processing_time_timers.register(key, window, timestamp)
-
-    def delete_processing_time_timer(self, key: Any, window: Window, timestamp: int) -> None:
-        self.processing_time_timers.delete(key, window, timestamp)
 
     def num_event_time_timers(self, window: Window | None = None) -> int:
         return self.event_time_timers.count(window)

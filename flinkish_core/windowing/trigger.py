@@ -1,9 +1,6 @@
 """Flink's ``Trigger``: decides when a window fires (computes its result) and when its
-contents are purged, from elements, event-time timers and processing-time timers.
-
-A trigger is stateless itself; whatever it must remember (a count, the next firing time) lives
-in per-window partitioned state reached through the :class:`TriggerContext`, so it is
-snapshotted with the operator and merged when windows merge.
+contents are purged. A trigger is stateless itself: what it remembers lives in per-window
+partitioned state (:class:`TriggerContext`), so it is snapshotted and merged with the windows.
 """
 
 from __future__ import annotations
@@ -38,11 +35,8 @@ class TriggerResult(enum.Enum):
 
 
 class TriggerContext:
-    """What a trigger may touch: the clocks, its key+window's timers and partitioned state.
-
-    The operator points it at a key and window (and, for ``on_merge``, the merged windows)
-    before each callback, as Flink's ``WindowOperator.Context`` does.
-    """
+    """What a trigger may touch: the clocks, its key+window's timers and partitioned state
+    (Flink's ``WindowOperator.Context``, pointed at a key and window before each callback)."""
 
     def __init__(self, timers: InternalTimerService, state: PartitionedStateStore) -> None:
         self._timers = timers
@@ -65,16 +59,16 @@ class TriggerContext:
         return self._timers.current_processing_time
 
     def register_event_time_timer(self, time: int) -> None:
-        self._timers.register_event_time_timer(self.key, self._current(), time)
+        self._timers.event_time_timers.register(self.key, self._current(), time)
 
     def delete_event_time_timer(self, time: int) -> None:
-        self._timers.delete_event_time_timer(self.key, self._current(), time)
+        self._timers.event_time_timers.delete(self.key, self._current(), time)
 
     def register_processing_time_timer(self, time: int) -> None:
-        self._timers.register_processing_time_timer(self.key, self._current(), time)
+        self._timers.processing_time_timers.register(self.key, self._current(), time)
 
     def delete_processing_time_timer(self, time: int) -> None:
-        self._timers.delete_processing_time_timer(self.key, self._current(), time)
+        self._timers.processing_time_timers.delete(self.key, self._current(), time)
 
     def get_partitioned_state(self, descriptor: StateDescriptor) -> PartitionedState:
         return PartitionedState(self._state, self.key, self._current(), descriptor)
@@ -95,9 +89,7 @@ class Trigger:
     def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.CONTINUE
 
     def can_merge(self) -> bool:

@@ -7,6 +7,8 @@ at once, and a timer would fire it twice).
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Callable
 from typing import Any
 
 from flinkish_core.watermark import MIN_WATERMARK
@@ -18,14 +20,6 @@ __all__ = [
     "ContinuousEventTimeTrigger", "ContinuousProcessingTimeTrigger", "CountTrigger",
     "EventTimeTrigger", "NeverTrigger", "ProcessingTimeTrigger", "PurgingTrigger",
 ]
-
-
-def _sum(a: int, b: int) -> int:
-    return a + b
-
-
-def _min(a: int, b: int) -> int:
-    return min(a, b)
 
 
 class NeverTrigger(Trigger):
@@ -46,7 +40,6 @@ class EventTimeTrigger(Trigger):
         self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
     ) -> TriggerResult:
         if window.max_timestamp() <= ctx.current_watermark:
-            # if the watermark is already past the window fire immediately
             return TriggerResult.FIRE
         ctx.register_event_time_timer(window.max_timestamp())
         return TriggerResult.CONTINUE
@@ -78,9 +71,7 @@ class ProcessingTimeTrigger(Trigger):
         ctx.register_processing_time_timer(window.max_timestamp())
         return TriggerResult.CONTINUE
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return TriggerResult.FIRE
 
     def can_merge(self) -> bool:
@@ -102,7 +93,7 @@ class CountTrigger(Trigger):
 
     def __init__(self, max_count: int) -> None:
         self.max_count = max_count
-        self._count = ReducingStateDescriptor[int]("count", _sum)
+        self._count = ReducingStateDescriptor[int]("count", operator.add)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
@@ -134,13 +125,11 @@ class _ContinuousTrigger(Trigger):
 
     def __init__(self, interval: int) -> None:
         self.interval = interval
-        self._fire_time = ReducingStateDescriptor[int]("fire-time", _min)
+        self._fire_time = ReducingStateDescriptor[int]("fire-time", min)
 
-    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
-        raise NotImplementedError
-
-    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
-        raise NotImplementedError
+    # the subclass's clock
+    _register_timer: Callable[[TriggerContext, int], None]
+    _delete_timer: Callable[[TriggerContext, int], None]
 
     def _register_next(self, time: int, window: Window, ctx: TriggerContext) -> None:
         next_fire = min(time + self.interval, window.max_timestamp())
@@ -178,17 +167,13 @@ class _ContinuousTrigger(Trigger):
 class ContinuousEventTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` of event time (early results), and at the window's end."""
 
-    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
-        ctx.register_event_time_timer(time)
-
-    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
-        ctx.delete_event_time_timer(time)
+    _register_timer = staticmethod(TriggerContext.register_event_time_timer)
+    _delete_timer = staticmethod(TriggerContext.delete_event_time_timer)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
     ) -> TriggerResult:
         if window.max_timestamp() <= ctx.current_watermark:
-            # if the watermark is already past the window fire immediately
             return TriggerResult.FIRE
         ctx.register_event_time_timer(window.max_timestamp())
         if ctx.get_partitioned_state(self._fire_time).get() is None:
@@ -208,11 +193,8 @@ class ContinuousEventTimeTrigger(_ContinuousTrigger):
 class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
     """Fires every ``interval`` of processing time, aligned to multiples of it."""
 
-    def _register_timer(self, ctx: TriggerContext, time: int) -> None:
-        ctx.register_processing_time_timer(time)
-
-    def _delete_timer(self, ctx: TriggerContext, time: int) -> None:
-        ctx.delete_processing_time_timer(time)
+    _register_timer = staticmethod(TriggerContext.register_processing_time_timer)
+    _delete_timer = staticmethod(TriggerContext.delete_processing_time_timer)
 
     def on_element(
         self, element: Any, timestamp: int | None, window: Window, ctx: TriggerContext,
@@ -222,9 +204,7 @@ class ContinuousProcessingTimeTrigger(_ContinuousTrigger):
             self._register_next(now - java_remainder(now, self.interval), window, ctx)
         return TriggerResult.CONTINUE
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         if self._take_fire_time(time, ctx):
             # the firing at the window's end is the last one: registering min(end + interval,
             # end) again would be a timer already due, firing the window in a loop
@@ -252,9 +232,7 @@ class PurgingTrigger(Trigger):
     def on_event_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return self._purging(self.nested.on_event_time(time, window, ctx))
 
-    def on_processing_time(
-        self, time: int, window: Window, ctx: TriggerContext,
-    ) -> TriggerResult:
+    def on_processing_time(self, time: int, window: Window, ctx: TriggerContext) -> TriggerResult:
         return self._purging(self.nested.on_processing_time(time, window, ctx))
 
     def can_merge(self) -> bool:

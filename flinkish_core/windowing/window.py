@@ -1,7 +1,5 @@
 """Windows: Flink's ``TimeWindow`` and ``GlobalWindow``, and the merge of overlapping windows.
-
-A window is a value (frozen, hashable, ordered by start then end) because it is the namespace of
-all per-window state: contents, trigger state, timers and pane counters are keyed by it.
+A window is a hashable value: it is the namespace of all per-window state.
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ __all__ = [
     "merge_time_windows", "window_from_data", "window_to_data",
 ]
 
-LONG_MAX = MAX_WATERMARK
-"""Java's ``Long.MAX_VALUE``: the largest timestamp Flink's windows and timers know."""
+LONG_MAX = MAX_WATERMARK  # Java's Long.MAX_VALUE
 
 
 class Window:
@@ -31,10 +28,8 @@ class Window:
 
 
 class TimeWindow(tuple[int, int], Window):
-    """The half-open interval ``[start, end)`` of event or processing time, in milliseconds.
-
-    The tuple ``(start, end)`` underneath: every element and timer hashes and compares its
-    window (the key of all per-window state), and a tuple does that in C."""
+    """The half-open interval ``[start, end)`` in milliseconds; a tuple underneath, since every
+    element and timer hashes and compares its window, and a tuple does that in C."""
 
     __slots__ = ()
 
@@ -53,12 +48,10 @@ class TimeWindow(tuple[int, int], Window):
         return self[1]
 
     def max_timestamp(self) -> int:
-        """The last timestamp that still belongs to the window: ``end - 1``."""
         return self[1] - 1
 
     def intersects(self, other: TimeWindow) -> bool:
-        """Whether the two windows overlap or touch (``[0, 2)`` and ``[2, 4)`` do: a session
-        ending where the next begins is one session)."""
+        """Overlap or touch: a session ending where the next begins is one session."""
         return self.start <= other.end and self.end >= other.start
 
     def cover(self, other: TimeWindow) -> TimeWindow:
@@ -81,17 +74,15 @@ class GlobalWindow(Window):
 
 
 def java_remainder(dividend: int, divisor: int) -> int:
-    """Java's ``%`` on longs: the remainder takes the sign of the dividend (Python's takes the
-    divisor's), so Flink's negative-timestamp branch is reproduced as written."""
+    """Java's ``%``: the sign of the dividend, so Flink's negative-timestamp branch ports as
+    written."""
     remainder = abs(dividend) % abs(divisor)
     return -remainder if dividend < 0 else remainder
 
 
 def get_window_start_with_offset(timestamp: int, offset: int, window_size: int) -> int:
-    """Flink's ``TimeWindow.getWindowStartWithOffset``: the start of the window of
-    ``window_size`` (aligned to ``offset``) that contains ``timestamp``, negative ones included."""
+    """Flink's ``TimeWindow.getWindowStartWithOffset``."""
     remainder = java_remainder(timestamp - offset, window_size)
-    # handle both positive and negative cases
     if remainder < 0:
         return timestamp - (remainder + window_size)
     return timestamp - remainder
@@ -100,9 +91,8 @@ def get_window_start_with_offset(timestamp: int, offset: int, window_size: int) 
 def merge_time_windows(
     windows: Iterable[TimeWindow], callback: Callable[[list[TimeWindow], TimeWindow], None],
 ) -> None:
-    """Flink's ``TimeWindow.mergeWindows``: sort by start, then fold every run of intersecting
-    windows into their cover; ``callback(merged, result)`` for each run of two or more distinct
-    windows (equal windows collapse, as in Flink's set)."""
+    """Flink's ``TimeWindow.mergeWindows``: ``callback(merged, result)`` for each run of two
+    or more distinct intersecting windows (equal ones collapse, as in Flink's set)."""
     current: TimeWindow | None = None
     members: list[TimeWindow] = []
     runs: list[tuple[TimeWindow, list[TimeWindow]]] = []
@@ -124,7 +114,7 @@ def merge_time_windows(
 
 
 def window_to_data(window: Window) -> Any:
-    """A window as plain data for a snapshot: ``[start, end]`` or ``"global"``."""
+    """``[start, end]`` or ``"global"``."""
     if isinstance(window, TimeWindow):
         return list(window)
     if isinstance(window, GlobalWindow):
@@ -133,7 +123,6 @@ def window_to_data(window: Window) -> Any:
 
 
 def window_from_data(data: Any) -> Window:
-    """The inverse of :func:`window_to_data`."""
     if data == "global":
         return GlobalWindow()
     start, end = data

@@ -49,6 +49,12 @@ class WindowAssigner:
     def default_trigger(self) -> Trigger:
         raise NotImplementedError
 
+    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
+        """The element's event time, or the operator's processing time."""
+        if self.is_event_time:
+            return _require_timestamp(timestamp)
+        return _processing_time(context)
+
 
 class MergingWindowAssigner(WindowAssigner):
     """An assigner whose windows merge when they overlap (sessions)."""
@@ -61,7 +67,6 @@ class MergingWindowAssigner(WindowAssigner):
 
 
 def _processing_time(context: WindowAssignerContext) -> int:
-    # the operator's processing time starts unknown (Long.MIN_VALUE) until it is first advanced
     now = context.current_processing_time
     if now == MIN_WATERMARK:
         raise ValueError(
@@ -72,7 +77,6 @@ def _processing_time(context: WindowAssignerContext) -> int:
 
 
 def _require_timestamp(timestamp: int | None) -> int:
-    # Flink raises on Long.MIN_VALUE, its "no timestamp" marker: an event-time window needs one.
     if timestamp is None:
         raise ValueError(
             "an element without a timestamp cannot be assigned to event-time windows: give "
@@ -84,8 +88,6 @@ def _require_timestamp(timestamp: int | None) -> int:
 class TumblingEventTimeWindows(WindowAssigner):
     """Fixed-size, non-overlapping windows ``[start, start + size)`` aligned to ``offset``."""
 
-    is_event_time = True
-
     def __init__(self, size: int, offset: int = 0) -> None:
         if abs(offset) >= size or size <= 0:
             raise ValueError(
@@ -95,9 +97,6 @@ class TumblingEventTimeWindows(WindowAssigner):
         self.size = size
         self.offset = offset
 
-    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return _require_timestamp(timestamp)
-
     def assign_windows(
         self, element: Any, timestamp: int | None, context: WindowAssignerContext,
     ) -> list[Window]:
@@ -106,7 +105,7 @@ class TumblingEventTimeWindows(WindowAssigner):
         return [TimeWindow(start, start + self.size)]
 
     def default_trigger(self) -> Trigger:
-        return EventTimeTrigger()
+        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, offset={self.offset})"
@@ -118,18 +117,10 @@ class TumblingProcessingTimeWindows(TumblingEventTimeWindows):
 
     is_event_time = False
 
-    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return _processing_time(context)
-
-    def default_trigger(self) -> Trigger:
-        return ProcessingTimeTrigger()
-
 
 class SlidingEventTimeWindows(WindowAssigner):
     """Windows of ``size`` starting every ``slide``: an element belongs to ``size / slide``
     of them."""
-
-    is_event_time = True
 
     def __init__(self, size: int, slide: int, offset: int = 0) -> None:
         if abs(offset) >= slide or size <= 0 or slide <= 0:
@@ -140,9 +131,6 @@ class SlidingEventTimeWindows(WindowAssigner):
         self.size = size
         self.slide = slide
         self.offset = offset
-
-    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return _require_timestamp(timestamp)
 
     def assign_windows(
         self, element: Any, timestamp: int | None, context: WindowAssignerContext,
@@ -156,7 +144,7 @@ class SlidingEventTimeWindows(WindowAssigner):
         return windows
 
     def default_trigger(self) -> Trigger:
-        return EventTimeTrigger()
+        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(size={self.size}, slide={self.slide}, "
@@ -168,12 +156,6 @@ class SlidingProcessingTimeWindows(SlidingEventTimeWindows):
 
     is_event_time = False
 
-    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return _processing_time(context)
-
-    def default_trigger(self) -> Trigger:
-        return ProcessingTimeTrigger()
-
 
 GapExtractor = Callable[[Any], int]
 """Flink's ``SessionWindowTimeGapExtractor``: the session gap an element opens."""
@@ -182,8 +164,6 @@ GapExtractor = Callable[[Any], int]
 class EventTimeSessionWindows(MergingWindowAssigner):
     """Sessions: each element opens ``[t, t + gap)``; overlapping ones merge. ``gap`` is a
     number of milliseconds or a function of the element (Flink's dynamic sessions)."""
-
-    is_event_time = True
 
     def __init__(self, gap: int | GapExtractor) -> None:
         if isinstance(gap, int) and gap <= 0:
@@ -198,9 +178,6 @@ class EventTimeSessionWindows(MergingWindowAssigner):
     def with_dynamic_gap(cls, extractor: GapExtractor) -> EventTimeSessionWindows:
         return cls(extractor)
 
-    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return _require_timestamp(timestamp)
-
     def assign_windows(
         self, element: Any, timestamp: int | None, context: WindowAssignerContext,
     ) -> list[Window]:
@@ -211,7 +188,7 @@ class EventTimeSessionWindows(MergingWindowAssigner):
         return [TimeWindow(time, time + gap)]
 
     def default_trigger(self) -> Trigger:
-        return EventTimeTrigger()
+        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(gap={self.gap!r})"
@@ -221,12 +198,6 @@ class ProcessingTimeSessionWindows(EventTimeSessionWindows):
     """Sessions over the operator's processing time."""
 
     is_event_time = False
-
-    def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
-        return _processing_time(context)
-
-    def default_trigger(self) -> Trigger:
-        return ProcessingTimeTrigger()
 
 
 class GlobalWindows(WindowAssigner):

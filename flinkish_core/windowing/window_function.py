@@ -1,9 +1,6 @@
 """What a window computes when it fires: an incremental :class:`AggregateFunction` (the window
 keeps one accumulator) or a full-window :class:`ProcessWindowFunction` (the window keeps every
-element), and the built-ins count, sum, min, max and avg.
-
-Accumulators of the built-ins are plain values (numbers, lists, None) so window state
-snapshots as data.
+element), and the built-ins, whose accumulators are plain values so window state is data.
 """
 
 from __future__ import annotations
@@ -125,11 +122,10 @@ class Sum(AggregateFunction[Any, Any, Any]):
 
 
 class _Extreme(AggregateFunction[Any, Any, Any]):
+    _pick: Callable[[Any, Any], Any]  # min or max
+
     def __init__(self, value: Callable[[Any], Any] = _identity) -> None:
         self.value = value
-
-    def _pick(self, a: Any, b: Any) -> Any:
-        raise NotImplementedError
 
     def create_accumulator(self) -> Any:
         return None
@@ -150,15 +146,13 @@ class _Extreme(AggregateFunction[Any, Any, Any]):
 class Min(_Extreme):
     """The smallest ``value(element)``."""
 
-    def _pick(self, a: Any, b: Any) -> Any:
-        return min(a, b)
+    _pick = staticmethod(min)
 
 
 class Max(_Extreme):
     """The largest ``value(element)``."""
 
-    def _pick(self, a: Any, b: Any) -> Any:
-        return max(a, b)
+    _pick = staticmethod(max)
 
 
 class Avg(AggregateFunction[Any, list[Any], float]):

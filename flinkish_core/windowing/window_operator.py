@@ -1,19 +1,9 @@
 """Flink's ``WindowOperator`` (and ``EvictingWindowOperator``) as a pure, deterministic state
 machine: elements, watermarks and processing time in; window results with panes and late
-elements out.
-
-Per key it keeps the windows' contents (an accumulator, or the elements), the trigger's
-partitioned state, the timers, the merging-window mapping of session windows and the pane
-counters; :meth:`WindowOperator.snapshot` returns all of it as plain data and
-:meth:`WindowOperator.restore` takes it back, so the state can live in Spark's keyed state.
-
-Lateness follows Flink: a window is late when ``max_timestamp() + allowed_lateness <=
-watermark`` (``isWindowLate``); an element none of whose windows take it goes to the late output
-and is counted when it is late by its own timestamp (``timestamp + allowed_lateness <=
-watermark``, Flink's ``isElementLate``) or had windows, all late. Flink requires the former and
-drops the rest silently; here no element whose windows were all late is dropped. Each window
-gets a cleanup timer at ``max_timestamp() + allowed_lateness`` (``Long.MAX`` when that
-overflows: no timer), which clears all its state.
+elements out; its state as plain data (:meth:`WindowOperator.snapshot`), so it can live in
+Spark's state. Lateness is Flink's (``isWindowLate``, ``isElementLate``, ``cleanupTime``), except
+that an element whose windows were all late goes to the late output, never dropped
+(docs/windows.md).
 """
 
 from __future__ import annotations
@@ -28,7 +18,7 @@ from flinkish_core.windowing.evictor import Evictor, TimestampedValue
 from flinkish_core.windowing.merging_window_set import MergingWindowSet
 from flinkish_core.windowing.pane import PaneInfo, Timing
 from flinkish_core.windowing.partitioned_state import PartitionedStateStore
-from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService
+from flinkish_core.windowing.timer_service import InternalTimer, InternalTimerService, TimerQueue
 from flinkish_core.windowing.trigger import Trigger, TriggerContext
 from flinkish_core.windowing.triggers import EventTimeTrigger
 from flinkish_core.windowing.window import (
@@ -66,7 +56,6 @@ WindowFunction = AggregateFunction[Any, Any, Any] | ProcessWindowFunction[Any, A
 
 
 def _same(value: Any) -> Any:
-    """A value as it is: :meth:`WindowOperator.snapshot` and ``restore`` without copies."""
     return value
 
 
@@ -109,12 +98,8 @@ class WindowOperator:
     elements after their end."""
 
     def __init__(
-        self,
-        assigner: WindowAssigner,
-        function: WindowFunction,
-        trigger: Trigger | None = None,
-        allowed_lateness: int = 0,
-        evictor: Evictor | None = None,
+        self, assigner: WindowAssigner, function: WindowFunction, trigger: Trigger | None = None,
+        allowed_lateness: int = 0, evictor: Evictor | None = None,
     ) -> None:
         if allowed_lateness < 0:
             raise ValueError(f"allowed_lateness must be >= 0, got {allowed_lateness}")
@@ -127,6 +112,16 @@ class WindowOperator:
         self.evictor = evictor
         if isinstance(assigner, MergingWindowAssigner) and not self.trigger.can_merge():
             raise ValueError(f"{self.trigger!r} cannot be used with merging windows")
+        self._clear()
+        self._out = WindowOutput()
+        # process_elements' one loop: fixed windows, exactly Flink's default trigger (a
+        # subclass may override it), an accumulator per window
+        self._bulk = (
+            isinstance(assigner, TumblingEventTimeWindows | SlidingEventTimeWindows)
+            and assigner.is_event_time and type(self.trigger) is EventTimeTrigger
+            and evictor is None and isinstance(function, AggregateFunction))
+
+    def _clear(self, late_records: int = 0) -> None:
         self._timers = InternalTimerService()
         self._trigger_state = PartitionedStateStore()
         self._ctx = TriggerContext(self._timers, self._trigger_state)
@@ -134,16 +129,8 @@ class WindowOperator:
         self._contents: dict[tuple[Any, Window], Any] = {}
         self._panes: dict[tuple[Any, Window], int] = {}
         self._merging: dict[Any, MergingWindowSet] = {}
-        self.late_records = 0
+        self.late_records = late_records
         """How many elements went to the late output (Flink's ``numLateRecordsDropped``)."""
-        self._out = WindowOutput()
-        # the common case process_elements runs as one loop: windows of one or more fixed
-        # spans (no merging), Flink's default trigger (exactly: a subclass may override it),
-        # an accumulator per window (no evictor, no element lists)
-        self._bulk = (
-            isinstance(assigner, TumblingEventTimeWindows | SlidingEventTimeWindows)
-            and assigner.is_event_time and type(self.trigger) is EventTimeTrigger
-            and evictor is None and isinstance(function, AggregateFunction))
 
     # ------------------------------------------------------------------ clocks
 
@@ -174,7 +161,6 @@ class WindowOperator:
             for window in windows:
                 assert isinstance(window, TimeWindow)
                 actual = merging.add_window(window, self._merge_function(key))
-                # drop the window if it is already late
                 if self._is_window_late(actual):
                     merging.retire_window(actual)
                     continue
@@ -191,10 +177,8 @@ class WindowOperator:
                     continue
                 skipped = False
                 self._on_element(key, value, timestamp, window, window)
-        # Flink side-outputs a skipped element only when it is late by its own timestamp; an
-        # element whose windows were all late goes there too (a point window [t, t) can be late
-        # while t is not), so no late element is dropped without a trace. An element the
-        # assigner gave no window, and that is not late, belongs nowhere: it is dropped.
+        # Flink side-outputs an element late by its own timestamp; one whose windows were all
+        # late goes there too (a point window [t, t) can be late while t is not)
         late = bool(windows) or self._is_element_late(timestamp)
         if skipped and self.assigner.is_event_time and late:
             self.late_records += 1
@@ -202,14 +186,9 @@ class WindowOperator:
         return self._out
 
     def process_elements(self, elements: Iterable[tuple[Any, Any, int | None]]) -> WindowOutput:
-        """``(key, value, timestamp)`` elements, each in turn as :meth:`process_element` takes
-        it; one output holding all their results, then all their late elements, each in order.
-
-        In the common case (tumbling or sliding event-time windows, the default
-        ``EventTimeTrigger``, an aggregate function, no evictor) one loop does what
-        ``process_element`` and the trigger's callbacks do, without the calls: the same
-        contents, timers (registered in the same order, so they fire in the same order),
-        firings and late elements."""
+        """``(key, value, timestamp)`` elements, each as :meth:`process_element` takes it; one
+        output: all their results, then all their late elements. The common case runs as one
+        loop with the same effects (docs/windows.md)."""
         if self._bulk:
             return self._process_elements_bulk(elements)
         out = WindowOutput()
@@ -222,8 +201,7 @@ class WindowOperator:
     def _process_elements_bulk(
         self, elements: Iterable[tuple[Any, Any, int | None]],
     ) -> WindowOutput:
-        """:meth:`process_elements` in the common case: ``_on_element`` with
-        ``EventTimeTrigger.on_element`` folded in, the watermark being fixed meanwhile."""
+        """``_on_element`` with ``EventTimeTrigger.on_element`` folded in."""
         assert isinstance(self.function, AggregateFunction)
         self._out = out = WindowOutput()
         watermark = self._timers.current_watermark
@@ -232,9 +210,7 @@ class WindowOperator:
         create, add = self.function.create_accumulator, self.function.add
         register = self._timers.event_time_timers.register
         assign = self.assigner.assign_windows
-        # a tumbling window's start as the assigner computes it (Python's remainder takes the
-        # divisor's sign, which folds Flink's branch for negative timestamps in), and one
-        # object per window
+        # Python's remainder takes the divisor's sign: Flink's branch for negative timestamps
         tumbling = self.assigner if type(self.assigner) is TumblingEventTimeWindows else None
         size, offset = (tumbling.size, tumbling.offset % tumbling.size) if tumbling else (1, 0)
         tumbling_windows: dict[int, TimeWindow] = {}
@@ -270,8 +246,7 @@ class WindowOperator:
                     # without lateness the cleanup timer is the end's, registered just now
                     if cleanup != end and cleanup != LONG_MAX:
                         register(key, window, cleanup)
-            # process_element's rule for the late output (the assigner refused a timestamp
-            # of None)
+            # process_element's rule (the assigner refused a timestamp of None)
             if skipped and (windows or timestamp + lateness <= watermark):  # type: ignore
                 self.late_records += 1
                 out.late.append(LateElement(key, value, timestamp))
@@ -279,14 +254,9 @@ class WindowOperator:
 
     def process_watermark(self, watermark: int) -> WindowOutput:
         """Advances event time to ``watermark`` and fires every event-time timer at or before
-        it, in timestamp order.
-
-        Only a strictly greater watermark advances anything, as in Flink, where the valve
-        forwards a watermark only when it rises and ``InternalTimerServiceImpl.advanceWatermark``
-        runs only then: a watermark at or below the current one fires nothing. So a timer
-        registered at or below the current watermark (an element that is late for its
-        ``ContinuousEventTimeTrigger`` interval, say) fires at the next advance, with whatever
-        the window holds by then, however often the same watermark is repeated before it."""
+        it, in timestamp order. Only a greater watermark advances anything, as in Flink
+        (``InternalTimerServiceImpl.advanceWatermark`` runs only when the valve's watermark
+        rises): a timer at or below the current watermark waits for the next advance."""
         self._out = WindowOutput()
         if watermark <= self._timers.current_watermark:
             return self._out
@@ -300,11 +270,8 @@ class WindowOperator:
         return self._out
 
     def _fire_event_time_bulk(self, watermark: int) -> None:
-        """:meth:`process_watermark`'s timers in the common case of :meth:`process_elements`,
-        where every timer is a window's end (``EventTimeTrigger``) or its cleanup time:
-        ``_on_timer`` with the trigger's ``on_event_time`` and ``_emit`` folded in. The
-        trigger's ``clear`` has nothing to do at the cleanup: the window's end timer, at or
-        before it, has fired."""
+        """``_on_timer`` with ``EventTimeTrigger.on_event_time`` and ``_emit`` folded in: every
+        timer is a window's end or cleanup, and the trigger's ``clear`` has nothing to do."""
         assert isinstance(self.function, AggregateFunction)
         queue = self._timers.event_time_timers
         contents, panes = self._contents, self._panes
@@ -320,7 +287,6 @@ class WindowOperator:
             cleanup = time == (end + lateness if end + lateness < LONG_MAX else LONG_MAX)
             slot = (key, window)
             if time == end and slot in contents:
-                # _emit's pane for the end-of-window timer: ON_TIME, the next index
                 index = panes.get(slot, 0)
                 panes[slot] = index + 1
                 pane = pane_infos.get((index, cleanup))
@@ -361,15 +327,11 @@ class WindowOperator:
         if isinstance(self.assigner, MergingWindowAssigner):
             assert isinstance(window, TimeWindow)
             state_window = merging.get_state_window(window) if merging is not None else None
-        if state_window is None:
-            # a timer of a window merged away or cleared whose trigger left it behind: its
-            # state is gone already
+        if state_window is None:  # merged away or cleared: its state is gone
             return
         self._point(key, window)
-        if event_time:
-            result = self.trigger.on_event_time(timer.timestamp, window, self._ctx)
-        else:
-            result = self.trigger.on_processing_time(timer.timestamp, window, self._ctx)
+        on_timer = self.trigger.on_event_time if event_time else self.trigger.on_processing_time
+        result = on_timer(timer.timestamp, window, self._ctx)
         in_domain = event_time == self.assigner.is_event_time
         cleanup = in_domain and timer.timestamp == self._cleanup_time(window)
         if result.is_fire and (key, state_window) in self._contents:
@@ -388,17 +350,14 @@ class WindowOperator:
             merge_result: TimeWindow, merged_windows: list[TimeWindow],
             state_window_result: TimeWindow, merged_state_windows: list[TimeWindow],
         ) -> None:
-            if self.assigner.is_event_time:
-                if merge_result.max_timestamp() + self.allowed_lateness <= self.current_watermark:
-                    raise ValueError(
-                        "The end timestamp of an event-time window cannot become earlier than "
-                        f"the current watermark by merging. Current watermark: "
-                        f"{self.current_watermark} window: {merge_result}")
-            elif merge_result.max_timestamp() <= self.current_processing_time:
+            # allowed_lateness is 0 in processing time
+            if merge_result.max_timestamp() + self.allowed_lateness <= self._clock():
+                kind, clock = (("an event-time", "watermark") if self.assigner.is_event_time
+                                 else ("a processing-time", "processing time"))
                 raise ValueError(
-                    "The end timestamp of a processing-time window cannot become earlier than "
-                    f"the current processing time by merging. Current processing time: "
-                    f"{self.current_processing_time} window: {merge_result}")
+                    f"The end timestamp of {kind} window cannot become earlier than the "
+                    f"current {clock} by merging. Current {clock}: {self._clock()} window: "
+                    f"{merge_result}")
             self._point(key, merge_result)
             self._ctx.merged_windows = list(merged_windows)
             self.trigger.on_merge(merge_result, self._ctx)
@@ -424,8 +383,7 @@ class WindowOperator:
         return merging
 
     def _cleanup_time(self, window: Window) -> int:
-        """Flink's ``cleanupTime``: the window's end plus the allowed lateness, ``Long.MAX``
-        when that overflows a long (then the window is never cleaned up by a timer)."""
+        """Flink's ``cleanupTime`` (``Long.MAX`` on overflow: no cleanup timer)."""
         if not self.assigner.is_event_time:
             return window.max_timestamp()
         cleanup = window.max_timestamp() + self.allowed_lateness
@@ -436,28 +394,23 @@ class WindowOperator:
             self._cleanup_time(window) <= self._timers.current_watermark)
 
     def _is_element_late(self, timestamp: int | None) -> bool:
-        """Flink's ``isElementLate``: ``timestamp + allowed_lateness <= watermark``."""
+        """Flink's ``isElementLate``."""
         return timestamp is not None and (
             timestamp + self.allowed_lateness <= self._timers.current_watermark)
 
-    def _register_cleanup_timer(self, key: Any, window: Window) -> None:
-        cleanup = self._cleanup_time(window)
-        if cleanup == LONG_MAX:
-            # no cleanup timer for "end of time"
-            return
+    def _cleanup_timers(self) -> TimerQueue:
+        timers = self._timers
         if self.assigner.is_event_time:
-            self._timers.register_event_time_timer(key, window, cleanup)
-        else:
-            self._timers.register_processing_time_timer(key, window, cleanup)
+            return timers.event_time_timers
+        return timers.processing_time_timers
+
+    def _register_cleanup_timer(self, key: Any, window: Window) -> None:
+        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
+            self._cleanup_timers().register(key, window, cleanup)
 
     def _delete_cleanup_timer(self, key: Any, window: Window) -> None:
-        cleanup = self._cleanup_time(window)
-        if cleanup == LONG_MAX:
-            return
-        if self.assigner.is_event_time:
-            self._timers.delete_event_time_timer(key, window, cleanup)
-        else:
-            self._timers.delete_processing_time_timer(key, window, cleanup)
+        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
+            self._cleanup_timers().delete(key, window, cleanup)
 
     def _clear_all_state(
         self, key: Any, window: Window, state_window: Window, merging: MergingWindowSet | None,
@@ -492,8 +445,7 @@ class WindowOperator:
             self._contents[slot] = self.function.add(value, accumulator)
 
     def _merge_namespaces(self, key: Any, target: Window, sources: list[TimeWindow]) -> None:
-        """Folds the sources' contents and pane counters into the target's (Flink's
-        ``mergeNamespaces``)."""
+        """Flink's ``mergeNamespaces``, pane counters included."""
         merged: Any = None
         next_pane = self._panes.get((key, target))
         for source in sources:
@@ -517,7 +469,6 @@ class WindowOperator:
         return self.function.merge(a, b)
 
     def _results(self, key: Any, window: Window, state_window: Window) -> list[Any]:
-        """Runs the window function on the contents (and the evictor around it)."""
         contents = self._contents[(key, state_window)]
         if self.evictor is None:
             if isinstance(self.function, ProcessWindowFunction):
@@ -548,8 +499,8 @@ class WindowOperator:
         self, key: Any, window: Window, state_window: Window, time: int, *,
         clock_timer: bool, last: bool,
     ) -> None:
-        """Fires ``window``: its results, all with the next pane (rule in
-        :mod:`flinkish_core.windowing.pane`). ``time`` is the time the firing stands for."""
+        """Fires ``window`` with the next pane (:mod:`flinkish_core.windowing.pane`) for
+        ``time``."""
         results = self._results(key, window, state_window)
         if not results:
             return
@@ -569,21 +520,14 @@ class WindowOperator:
 
     def snapshot(self, *, copy: bool = True) -> dict[str, Any]:
         """The operator's whole state as plain data: the clocks, the late count and one
-        :meth:`key_state` entry per key. Lists, dicts, ints and strings, plus the user's keys,
-        elements and accumulators: it pickles, and goes through JSON when those are JSON values
-        (keys must come back hashable: strings or numbers).
-
-        The data is built fresh; with ``copy`` the user's values in it (window contents,
-        trigger state) are deep copies too, so the snapshot is independent of the live
-        operator. ``copy=False`` shares them, for a caller that encodes the snapshot at once
-        and drops the operator (``flinkish.windows``): copying them would be wasted work.
-        Keys are always shared (hashable, never changed)."""
+        :meth:`key_state` entry per key. It pickles, and goes through JSON when keys, elements
+        and accumulators are JSON values. With ``copy`` the user's values in it are deep
+        copies; ``copy=False`` shares them, for a caller that encodes the snapshot at once
+        and drops the operator."""
         return {**self._header(SNAPSHOT_FORMAT),
                 "keys": list(self._key_entries(None, copy).values())}
 
     def _header(self, layout: int) -> dict[str, Any]:
-        """What both snapshot layouts begin with: the layout, the clocks, the late count and
-        the timers' next sequence numbers."""
         return {
             "format": layout,
             "watermark": self._timers.current_watermark,
@@ -594,13 +538,10 @@ class WindowOperator:
         }
 
     def columnar_snapshot(self, *, copy: bool = True) -> dict[str, Any]:
-        """The state of :meth:`snapshot` laid out in columns (:data:`COLUMNAR_FORMAT`): the
-        clocks, the late count, ``keys`` and ``windows`` (``[starts, ends]``; both None for
-        the global window), each key and window once, and per kind of state a list of
-        columns whose rows refer to their key and window by position. The keys of a group
-        share a few windows, so most of it is small numbers in flat lists, which encode and
-        decode in a fraction of the per-key entries' time; :meth:`restore` takes either
-        layout. ``copy`` as in :meth:`snapshot`."""
+        """The state of :meth:`snapshot` in columns (:data:`COLUMNAR_FORMAT`): each key and
+        window once (``windows`` is ``[starts, ends]``, None for the global window), then per
+        kind of state columns that name their key and window by position; mostly small
+        numbers, which JSON encodes several times faster. ``copy`` as in :meth:`snapshot`."""
         value = deepcopy if copy else _same
         trigger_state = list(self._trigger_state.items())
         contents, panes = list(self._contents), list(self._panes)
@@ -615,7 +556,6 @@ class WindowOperator:
             **{name: (timer_keys, windows) for name, (timer_keys, windows, _, _)
                in timers.items()},
         }
-        # each key and window once, at its position
         keys = {key: i for i, key in enumerate(dict.fromkeys(itertools.chain(
             self._merging, *(slot_keys for slot_keys, _ in slot_columns.values()))))}
         windows = {window: i for i, window in enumerate(dict.fromkeys(itertools.chain(
@@ -644,38 +584,31 @@ class WindowOperator:
 
     def restore(self, snapshot: dict[str, Any], *, copy: bool = True) -> None:
         """Replaces this operator's state with a :meth:`snapshot` or a
-        :meth:`columnar_snapshot` (taken from an operator of the same assigner, function,
-        trigger, lateness and evictor). With ``copy`` the operator takes deep copies of the
-        snapshot's user values; ``copy=False`` takes them over, for a snapshot nobody else
-        holds (just decoded, as in ``flinkish.windows``)."""
+        :meth:`columnar_snapshot` of an operator of the same configuration. ``copy=False``
+        takes the snapshot's user values over, for a snapshot nobody else holds."""
         layout = snapshot.get("format")
         if layout not in (SNAPSHOT_FORMAT, COLUMNAR_FORMAT):
             raise ValueError(f"unknown window operator snapshot format {layout!r}")
-        self._timers = InternalTimerService()
+        self._clear(snapshot["late_records"])
         self._timers.current_watermark = snapshot["watermark"]
         self._timers.current_processing_time = snapshot["processing_time"]
-        self._trigger_state = PartitionedStateStore()
-        self._ctx = TriggerContext(self._timers, self._trigger_state)
-        self._contents, self._panes, self._merging = {}, {}, {}
-        self.late_records = snapshot["late_records"]
         if layout == SNAPSHOT_FORMAT:
             for entry in snapshot["keys"]:
                 self._load_key(entry, copy)
         else:
             self._load_columns(snapshot, copy)
-        event_seq, processing_seq = snapshot["timer_seq"]
-        self._timers.event_time_timers.next_seq = event_seq
-        self._timers.processing_time_timers.next_seq = processing_seq
+        queues = (self._timers.event_time_timers, self._timers.processing_time_timers)
+        for queue, seq in zip(queues, snapshot["timer_seq"], strict=True):
+            queue.next_seq = max(queue.next_seq, seq)
 
     def key_state(self, key: Any) -> dict[str, Any] | None:
-        """One key's state as plain data (None: the key has none), independent of the live
-        operator: its windows' contents and pane counters, merging-window mapping, trigger
-        state and timers. This is the unit a keyed state store keeps per key."""
+        """One key's state as plain data, a copy (None: the key has none): the unit a keyed
+        state store keeps."""
         return self._key_entries({key}, True).get(key)
 
     def restore_key_state(self, key: Any, entry: dict[str, Any] | None) -> None:
-        """Replaces one key's state with (a copy of) a :meth:`key_state` entry (None: drops the
-        key's state). The clocks stay this operator's."""
+        """Replaces one key's state with a copy of a :meth:`key_state` entry (None: drops it);
+        the clocks stay this operator's."""
         self._drop_key(key)
         if entry is not None:
             if entry["key"] != key:
@@ -683,8 +616,6 @@ class WindowOperator:
             self._load_key(entry, True)
 
     def _key_entries(self, keys: set[Any] | None, copy: bool) -> dict[Any, dict[str, Any]]:
-        """The plain-data entries of ``keys`` (all keys: None), in one pass over the state; the
-        user's values deep-copied with ``copy``."""
         value = deepcopy if copy else _same
         per_key: dict[Any, dict[str, Any]] = {}
 
@@ -717,7 +648,6 @@ class WindowOperator:
         return per_key
 
     def _load_key(self, entry: dict[str, Any], copy: bool) -> None:
-        """Loads a plain-data entry; the user's values deep-copied with ``copy``."""
         value = deepcopy if copy else _same
         key = entry["key"]
         for window, contents in entry["contents"]:
@@ -726,8 +656,7 @@ class WindowOperator:
             self._panes[(key, window_from_data(window))] = index
         if entry["merging_windows"] is not None:
             assert isinstance(self.assigner, MergingWindowAssigner)
-            self._merging[key] = MergingWindowSet.from_data(
-                self.assigner, entry["merging_windows"])
+            self._merging[key] = MergingWindowSet.from_data(self.assigner, entry["merging_windows"])
         for window, name, state in entry["trigger_state"]:
             self._trigger_state.put(key, window_from_data(window), name, value(state))
         for window, timestamp, seq in entry["event_timers"]:
@@ -737,8 +666,6 @@ class WindowOperator:
                 key, window_from_data(window), timestamp, seq)
 
     def _load_columns(self, snapshot: dict[str, Any], copy: bool) -> None:
-        """Loads the columns of a :meth:`columnar_snapshot`; the user's values deep-copied
-        with ``copy``."""
         value = deepcopy if copy else _same
         keys = snapshot["keys"]
         windows: list[Window] = [GlobalWindow() if start is None else TimeWindow(start, end)
@@ -763,15 +690,12 @@ class WindowOperator:
                             ("processing_timers", self._timers.processing_time_timers)):
             *where, timestamps, seqs = snapshot[name]
             pairs = slots(*where)
-            queue.load([key for key, _ in pairs], [window for _, window in pairs],
-                       timestamps, seqs)
-
+            queue.load([key for key, _ in pairs], [window for _, window in pairs], timestamps, seqs)
 
     def _drop_key(self, key: Any) -> None:
-        for slot in [s for s in self._contents if s[0] == key]:
-            del self._contents[slot]
-        for slot in [s for s in self._panes if s[0] == key]:
-            del self._panes[slot]
+        for slots in (self._contents, self._panes):
+            for slot in [s for s in slots if s[0] == key]:
+                del slots[slot]
         self._merging.pop(key, None)
         for k, window, name, _ in list(self._trigger_state.items()):
             if k == key:
@@ -788,12 +712,10 @@ class WindowOperator:
         return len(self._key_entries(None, False))
 
     def num_state_entries(self) -> int:
-        """Flink's ``numKeyedStateEntries``: window contents, trigger state values and merging
-        window sets (the pane counters, which Flink has not, aside)."""
+        """Flink's ``numKeyedStateEntries`` (pane counters aside: Flink has none)."""
         return len(self._contents) + self._trigger_state.count() + len(self._merging)
 
     def earliest_event_time_timer(self) -> int | None:
-        """The timestamp of the first event-time timer to fire, or None when there is none."""
         return self._timers.event_time_timers.earliest()
 
     def num_event_time_timers(self) -> int:
