@@ -67,7 +67,7 @@ class TargetFactory:
     doc: str
     required: Mapping[Option[Any], str] = field(default_factory=dict)
     side_output: Option[Any] | None = None
-    check: Callable[[TargetOptions], None] = _no_rules
+    check: Callable[[TargetOptions], object] = _no_rules
 
 
 def names() -> list[str]:
