@@ -1,12 +1,7 @@
-"""The sink's targets, found by name (option ``target``), like Flink's connector factories
-found by their identifier.
+"""The sink's targets, found by name (option ``target``), as Flink finds its connector factories.
 
-A target is one module that declares, at module level, ``FACTORY = TargetFactory(...)``: its
-name, its options (:class:`flinkish_core.config.Option`, its own declared in the module, the
-shared ones from :mod:`flinkish_sink.options`), which of them it cannot do without, its side
-output for late rows, its cross-option rules and how to build it. Adding a target is that
-module and a line in :data:`TARGETS`; the sink's option parser, ``flinkish transactions`` and
-the docs' option reference find it here (docs/architecture.md, "How to add a target").
+A target is a module declaring ``FACTORY = TargetFactory(...)`` and a line in :data:`TARGETS`
+(docs/architecture.md, "How to add a target").
 """
 
 from __future__ import annotations
