@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -247,6 +247,10 @@ def copy_order(batch: pa.RecordBatch, types: list[ColumnType]) -> list[int]:
     return sorted(range(len(types)), key=lambda i: not packed[i])
 
 
+def _names(names: Iterable[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(name) for name in names)
+
+
 def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
     batch = table_batch(batch)
     types = postgres_types(batch.schema)
@@ -254,8 +258,8 @@ def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -
         return
     order = copy_order(batch, types)
     batch, types = batch.select(order), [types[i] for i in order]
-    columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
-    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, columns)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        table, _names(batch.schema.names))
     with conn.cursor() as cursor, cursor.copy(statement) as copy:
         copy.write(COPY_HEADER)
         copy.write(encode_rows(batch, types))
@@ -268,9 +272,8 @@ BUSY_WAIT_S = 60.0
 _STAGING_ORDER = "flinkish_row"  # the staging table's row order: of one key the last row wins
 
 
-def _upsert_into(
-    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, key: tuple[str, ...],
-) -> None:
+def _upsert_into(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
+                 key: tuple[str, ...]) -> None:
     """Upsert ``batch`` on ``key`` through a staging table (a prepared transaction may not
     touch temporary ones); of several rows with one key the last one wins."""
     batch = table_batch(batch)
@@ -281,8 +284,7 @@ def _upsert_into(
     conn.execute(sql.SQL("CREATE TABLE {} (LIKE {}, {} bigserial)").format(
         staging, table, order))
     _copy_into(conn, staging, batch)
-    columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
-    keys = sql.SQL(", ").join(sql.Identifier(name) for name in key)
+    columns, keys = _names(batch.schema.names), _names(key)
     updates = [name for name in batch.schema.names if name not in key]
     action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
         sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(n), sql.Identifier(n))
@@ -301,9 +303,8 @@ def _identifier(name: str) -> sql.Identifier:
     return sql.Identifier(*parts)
 
 
-def _write(
-    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, upsert_key: tuple[str, ...],
-) -> None:
+def _write(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
+           upsert_key: tuple[str, ...]) -> None:
     if upsert_key:
         _upsert_into(conn, table, batch, upsert_key)
     else:
@@ -338,11 +339,8 @@ class PostgresTransaction:
     """One task attempt's transaction, named by its gid once prepared; autocommit with an
     explicit BEGIN, so that psycopg adds no statement of its own."""
 
-    def __init__(
-        self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
-        upsert_key: tuple[str, ...] = (),
-        conn: Connection | None = None,
-    ) -> None:
+    def __init__(self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
+                 upsert_key: tuple[str, ...] = (), conn: Connection | None = None) -> None:
         postgres_types(table_schema(schema))  # fail before connecting if a column cannot be stored
         self.txn = txn
         self._table = table
@@ -415,10 +413,8 @@ class PostgresTarget:
     pending_consequence = ("a prepared transaction holds its locks and keeps PostgreSQL's "
                            "VACUUM from cleaning up")
 
-    def __init__(
-        self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True,
-        upsert_key: tuple[str, ...] = (),
-    ) -> None:
+    def __init__(self, dsn: str, table: str, *, epochs_table: str | None = None,
+                 two_phase: bool = True, upsert_key: tuple[str, ...] = ()) -> None:
         self.dsn = dsn
         self.table = table
         self.upsert_key = upsert_key
@@ -461,13 +457,10 @@ class PostgresTarget:
         found = conn.execute("SELECT to_regclass(%s)::oid",
                              [self._table.as_string(conn)]).fetchone()
         if found is None or found[0] is None:
-            parts = [
-                sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(kind.ddl))
-                for field, kind in zip(schema, types, strict=True)
-            ]
+            parts = [sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(kind.ddl))
+                     for field, kind in zip(schema, types, strict=True)]
             if self.upsert_key:
-                parts.append(sql.SQL("PRIMARY KEY ({})").format(
-                    sql.SQL(", ").join(sql.Identifier(name) for name in self.upsert_key)))
+                parts.append(sql.SQL("PRIMARY KEY ({})").format(_names(self.upsert_key)))
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table,
                                                                 sql.SQL(", ").join(parts)))
         else:
@@ -604,40 +597,30 @@ class PostgresTarget:
     def _ensure_epochs_table(self) -> None:
         if self._epochs_ready:
             return
-        self._connection().execute(
-            sql.SQL(
-                """
-                CREATE TABLE IF NOT EXISTS {} (
-                    query text NOT NULL,
-                    epoch bigint NOT NULL,
-                    committed_at timestamptz NOT NULL DEFAULT now(),
-                    watermark bigint,
-                    rows bigint NOT NULL,
-                    late_rows bigint NOT NULL,
-                    watermark_source text,
-                    PRIMARY KEY (query, epoch)
-                )
-                """
-            ).format(self._epochs)
-        )
+        self._connection().execute(sql.SQL("""
+            CREATE TABLE IF NOT EXISTS {} (
+                query text NOT NULL,
+                epoch bigint NOT NULL,
+                committed_at timestamptz NOT NULL DEFAULT now(),
+                watermark bigint,
+                rows bigint NOT NULL,
+                late_rows bigint NOT NULL,
+                watermark_source text,
+                PRIMARY KEY (query, epoch)
+            )""").format(self._epochs))
         # an older epochs table lacks watermark_source
         self._connection().execute(sql.SQL(
             "ALTER TABLE {} ADD COLUMN IF NOT EXISTS watermark_source text").format(self._epochs))
         self._epochs_ready = True
 
-    def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
-        source: str | None = None,
-    ) -> None:
+    def publish_epoch(self, query: str, epoch: int, watermark: int | None, rows: int,
+                      late_rows: int, source: str | None = None) -> None:
         """Record that ``epoch`` of ``query`` is committed; a replay leaves the row as it was."""
         self._ensure_epochs_table()
-        self._connection().execute(
-            sql.SQL(
-                "INSERT INTO {} (query, epoch, watermark, rows, late_rows, watermark_source) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
-            ).format(self._epochs),
-            [query, epoch, watermark, rows, late_rows, source],
-        )
+        self._connection().execute(sql.SQL(
+            "INSERT INTO {} (query, epoch, watermark, rows, late_rows, watermark_source) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
+        ).format(self._epochs), [query, epoch, watermark, rows, late_rows, source])
 
     def committed_watermark(self, query: str) -> int | None:
         """The highest published watermark of ``query``; None before the first publish."""
@@ -666,11 +649,9 @@ EPOCHS_TABLE: Option[str | None] = Option(
 def _create(options: TargetOptions, late: bool) -> PostgresTarget:
     dsn, table = options[DSN], options[LATE_TABLE] if late else options[TABLE]
     assert dsn is not None and table is not None
-    return PostgresTarget(
-        dsn, table, epochs_table=options[EPOCHS_TABLE],
-        two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
-        upsert_key=() if late else options[UPSERT_KEY],  # late rows append
-    )
+    return PostgresTarget(dsn, table, epochs_table=options[EPOCHS_TABLE],
+                          two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
+                          upsert_key=() if late else options[UPSERT_KEY])  # late rows append
 
 
 FACTORY = TargetFactory(
