@@ -39,7 +39,7 @@ from flinkish_sink.options import (
     PATH,
     UPSERT_KEY,
     TargetOptions,
-    app_id,
+    app_id_option,
     distinct,
 )
 from flinkish_sink.table_constraints import (
@@ -67,10 +67,7 @@ def _retention_hours(key: str, value: str) -> int:
     return -(-retention_ms // _HOUR_MS)
 
 
-APP_ID: Option[str | None] = Option(
-    "delta.appId", app_id, None, shown_default="the query's id",
-    doc="The app id of the table's `txn` actions; the query's id is kept in "
-        "`checkpointLocation`, stable across restarts and different per query.")
+APP_ID = app_id_option("delta.appId", "of the table's `txn` actions")
 COMPACT_EVERY = Option(
     "delta.compactEvery", whole_number(0, "a whole number of epochs (0: never compact)"), 50,
     doc="Compact the table's small files once that many commits added data since its last "
@@ -106,8 +103,7 @@ _TABLES_LOCK = threading.RLock()
 
 _PARTITION_TYPES = (
     pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_boolean,
-    pa.types.is_date32, pa.types.is_timestamp,
-)
+    pa.types.is_date32, pa.types.is_timestamp)
 
 
 def delta_location(location: str) -> tuple[str, dict[str, str]]:
@@ -457,25 +453,18 @@ class DeltaTarget(StagedFilesTarget):
     def _commit_adds(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                      txn: tuple[str, int] | None = None) -> None:
         """One version of ``table`` (as read) adding ``adds``, with ``record`` and ``txn``."""
-        from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction
 
         table.create_write_transaction(
             [AddAction(a["path"], a["size"], a["partition_values"], a["modification_time"],
                        True, a["stats"]) for a in adds],
             "append", table.schema(), partition_by=list(self.partition_columns()),
-            commit_properties=CommitProperties(
-                custom_metadata={"userMetadata": json.dumps(record)} if record else None,
-                app_transactions=[Transaction(*txn)] if txn else None,
-            ),
-        )
+            commit_properties=_commit_properties(record, txn))
 
     def _merge(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                txn: tuple[str, int]) -> None:
         """Merge the epoch's rows on the upsert key as one version (NULL matching NULL); of
         the epoch's rows with one key the last one (in decision order) wins."""
-        from deltalake import CommitProperties, Transaction
-
         rows = _last_per_key(
             [pq.read_table(self._path(a["path"]), filesystem=self._fs) for a in adds],
             self.upsert_key)
@@ -484,18 +473,23 @@ class DeltaTarget(StagedFilesTarget):
             return
         predicate = " AND ".join(
             f'(t."{name}" IS NOT DISTINCT FROM s."{name}")' for name in self.upsert_key)
-        table.merge(
-            rows, predicate, source_alias="s", target_alias="t",
-            commit_properties=CommitProperties(
-                custom_metadata={"userMetadata": json.dumps(record)},
-                app_transactions=[Transaction(*txn)]),
-        ).when_matched_update_all().when_not_matched_insert_all().execute()
+        table.merge(rows, predicate, source_alias="s", target_alias="t",
+                    commit_properties=_commit_properties(record, txn),
+                    ).when_matched_update_all().when_not_matched_insert_all().execute()
 
     def epoch_records(self, query: str | None = None, limit: int | None = None
                       ) -> list[dict[str, Any]]:
         """The epoch records (of ``query``) in the newest ``limit`` versions, newest first."""
         with self._latest() as table:
             return _records(table.history(limit), query)
+
+
+def _commit_properties(record: dict[str, Any], txn: tuple[str, int] | None) -> Any:
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(
+        custom_metadata={"userMetadata": json.dumps(record)} if record else None,
+        app_transactions=[Transaction(*txn)] if txn else None)
 
 
 def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str, Any]]:

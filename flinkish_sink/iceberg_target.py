@@ -35,7 +35,7 @@ from flinkish_sink.options import (
     PARTITION_BY,
     TABLE,
     TargetOptions,
-    app_id,
+    app_id_option,
     distinct,
 )
 from flinkish_sink.table_constraints import refuse_nulls
@@ -65,11 +65,8 @@ CATALOG: Option[dict[str, str]] = Option(
         "per name, so readers must use the same one. Any other (`catalog.type`, "
         "`catalog.credential`, `catalog.s3.endpoint` …) too; secret-looking values are masked "
         "in logs.")
-APP_ID: Option[str | None] = Option(
-    "iceberg.appId", app_id, None, shown_default="the query's id",
-    doc="The app id in the snapshot summaries (`flinkish.app-id`, next to "
-        "`flinkish.max-committed-epoch`); the query's id is kept in `checkpointLocation`, "
-        "stable across restarts and different per query.")
+APP_ID = app_id_option("iceberg.appId", "in the snapshot summaries (`flinkish.app-id`, next "
+                       "to `flinkish.max-committed-epoch`)")
 
 #: Snapshot summary keys (Flink's sink: ``flink.job-id``, ``flink.max-committed-checkpoint-id``).
 APP_ID_KEY = "flinkish.app-id"

@@ -87,13 +87,19 @@ def _upsert_key_error() -> OptionError:
         f"target {targets.listed(targets.taking(UPSERT_KEY), 'or')}")
 
 
-def app_id(key: str, value: str) -> str:
-    """A Delta or Iceberg target's app id: left out, the query's id."""
+def _app_id(key: str, value: str) -> str:
     if not value.strip():
         raise OptionError(
             f"option {key} is empty: leave it out to use the query's id, or name the app id "
             "the table's commits record")
     return value.strip()
+
+
+def app_id_option(key: str, where: str) -> Option[str | None]:
+    """A Delta or Iceberg target's option of its app id (``where`` it is recorded)."""
+    return Option(key, _app_id, None, shown_default="the query's id",
+                  doc=f"The app id {where}; the query's id is kept in `checkpointLocation`, "
+                      "stable across restarts and different per query.")
 
 
 # The sink's own options.
