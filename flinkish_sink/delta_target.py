@@ -26,12 +26,7 @@ from flinkish_core.config import Option, duration_ms, whole_number
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import delete_file_if_present, filesystem_of
 from flinkish_core.secrets import mask_uri
-from flinkish_sink.data_files import (
-    DataFile,
-    StagedFiles,
-    StagedFilesTarget,
-    check_columns,
-)
+from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.options import (
     LATE_PATH,
@@ -42,12 +37,7 @@ from flinkish_sink.options import (
     app_id_option,
     distinct,
 )
-from flinkish_sink.table_constraints import (
-    Check,
-    TableRules,
-    UnsupportedCheck,
-    compile_check,
-)
+from flinkish_sink.table_constraints import Check, TableRules, UnsupportedCheck, compile_check
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_schema

@@ -22,13 +22,7 @@ import pyarrow.parquet as pq
 from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import filesystem_of
-from flinkish_core.secrets import (
-    dsn_secrets,
-    fingerprint,
-    mask_uri,
-    redact_config,
-    secret_values,
-)
+from flinkish_core.secrets import dsn_secrets, fingerprint, mask_uri, redact_config, secret_values
 from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
 from flinkish_sink.options import (
     LATE_TABLE,

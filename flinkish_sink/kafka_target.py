@@ -23,11 +23,7 @@ from flinkish_core.durations import format_duration
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import fingerprint, redact_config, secret_values
 from flinkish_kafka.java_security import ClientSecurity, client_config, translate
-from flinkish_kafka.transactions import (
-    KafkaCommittable,
-    TransactionClient,
-    TransactionFencedError,
-)
+from flinkish_kafka.transactions import KafkaCommittable, TransactionClient, TransactionFencedError
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, TargetOptions
 from flinkish_sink.target import SOURCE_POSITION, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -234,17 +230,15 @@ class _Reports:
 
 
 class _Producer:
+    """A librdkafka producer reporting its statistics."""
 
     def __init__(self, config: dict[str, Any]) -> None:
         from confluent_kafka import Producer
 
         self.reports = _Reports()
-        self.producer = Producer({
-            **config,
-            "statistics.interval.ms": STATS_INTERVAL_MS,
-            "stats_cb": self.reports.on_stats,
-            "on_delivery": self.reports.on_delivery,
-        })
+        self.producer = Producer({**config, "statistics.interval.ms": STATS_INTERVAL_MS,
+                                  "stats_cb": self.reports.on_stats,
+                                  "on_delivery": self.reports.on_delivery})
 
     def flush(self, what: str) -> None:
         """Wait until every record is delivered; raise, naming ``what``, for those not."""

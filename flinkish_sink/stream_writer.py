@@ -29,13 +29,7 @@ from checkpointing.query import store_location as _store_location
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.errors import OptionError
 from flinkish_core.late_data import late_mask, late_threshold
-from flinkish_core.markers import (
-    KIND_RECORD,
-    MARKER_COLUMNS,
-    MARKER_FIELDS,
-    MARKER_KINDS,
-    Marker,
-)
+from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, MARKER_KINDS, Marker
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, is_window_output, late_columns
 from flinkish_sink import targets
