@@ -239,27 +239,22 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             self._policy.call(self._target, "recovery before writing",
                               lambda: self._resolve_leftovers(message.run))
 
-        def txn(kind: str) -> TaskTransaction:
-            if kind not in open_txns:
-                prefix = self._options.prefix + (LATE_SUFFIX if kind == "late" else "")
-                target = self._side if kind == "late" else self._target
-                assert target is not None
-                open_txns[kind] = RetriedTransaction(
-                    target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
-                    self._schemas[kind], self._policy)
-            return open_txns[kind]
-
         def emit(kind: str, rows: pa.RecordBatch) -> None:
             if rows.num_rows == 0:
                 return
             rows = rows.select(self._schemas[kind].names)
-            if exactly_once:
-                txn(kind).write(rows)
-            else:
-                target = self._side if kind == "late" else self._target
-                assert target is not None
+            target = self._side if kind == "late" else self._target
+            assert target is not None
+            if not exactly_once:
                 # a retry may write the rows again: at-least-once allows it
                 self._policy.call(target, "write", lambda: target.write_direct(rows))
+                return
+            if kind not in open_txns:
+                prefix = self._options.prefix + (LATE_SUFFIX if kind == "late" else "")
+                open_txns[kind] = RetriedTransaction(
+                    target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
+                    self._schemas[kind], self._policy)
+            open_txns[kind].write(rows)
 
         try:
             for batch in iterator:
@@ -325,9 +320,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             return
         if run is None:  # not a micro-batch's task: no run to claim for
             return
-        store = CheckpointStore(CheckpointStorage.open(store_location(self._options)),
-                                owner=self._query, retain=self._options.retain, run=run)
-        committed, rolled = self._coordinator_over(store).recover_before_writes(self._run)
+        committed, rolled = self._coordinator_over(
+            self._open_store(run)).recover_before_writes(self._run)
         logger.warning(
             "flinkish sink, query %s: before writing, resolved what an earlier run left "
             "pre-committed: committed %s (their epochs decided on them), rolled back %s",
@@ -338,15 +332,18 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def _store(self, run: str | None) -> CheckpointStore:
         """This process's claim on the store: kept across a run's epochs, claimed anew by a new
         run (``run`` None: a batch without tasks)."""
-        location = store_location(self._options)
-        key = (location, self._query)
+        key = (store_location(self._options), self._query)
         held = _STORES.get(key)
         if held is not None and (run is None or held[0] == run):
             return held[1]
-        store = CheckpointStore(CheckpointStorage.open(location), owner=self._query,
-                                retain=self._options.retain, run=run)
+        store = self._open_store(run)
         _STORES[key] = (run, store)
         return store
+
+    def _open_store(self, run: str | None) -> CheckpointStore:
+        """A claim of the query's store for Spark run ``run``."""
+        return CheckpointStore(CheckpointStorage.open(store_location(self._options)),
+                               owner=self._query, retain=self._options.retain, run=run)
 
     def _check_write_tasks(self, tasks: int) -> None:
         """Warn once per query of too many write tasks (:func:`write_task_problem`)."""
