@@ -134,10 +134,6 @@ class Manifests:
         """Forget ``txn`` (its files are the table's now)."""
         delete_file_if_present(self._fs, self.path(txn))
 
-    def ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        return staged_ages(self._fs, f"{self._base}/{STAGING_DIR}", pafs.FileType.File, ".json",
-                           prefix, query)
-
 
 def staged_ages(filesystem: pafs.FileSystem, directory: str, kind: pafs.FileType, suffix: str,
                 prefix: str, query: str) -> dict[TransactionId, float | None]:
@@ -340,7 +336,9 @@ class StagedFilesTarget:
         return sorted(self.pending_ages(prefix, query))
 
     def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        return self.manifests.ages(prefix, query)
+        filesystem, base = self.files()
+        return staged_ages(filesystem, f"{base.rstrip('/')}/{STAGING_DIR}", pafs.FileType.File,
+                           ".json", prefix, query)
 
     def max_pending(self) -> None:
         """Unreferenced files: no limit on how many wait for the driver."""

@@ -122,7 +122,6 @@ def delta_location(location: str) -> tuple[str, dict[str, str]]:
 
 
 def partition_value(value: Any) -> str | None:
-    """A partition value in Delta's serialised form."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool):

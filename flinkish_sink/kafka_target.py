@@ -230,8 +230,6 @@ class _Reports:
 
 
 class _Producer:
-    """A librdkafka producer reporting its statistics."""
-
     def __init__(self, config: dict[str, Any]) -> None:
         from confluent_kafka import Producer
 

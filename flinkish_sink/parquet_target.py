@@ -147,12 +147,12 @@ class ParquetTarget:
         try:
             with pq.ParquetWriter(temp, batch.schema, filesystem=self._fs) as writer:
                 writer.write_batch(batch)
-            self._sync(temp)
+            sync_path(self._fs, temp)
             self._fs.move(temp, self._path(name))
         except BaseException:
             delete_file_if_present(self._fs, temp)
             raise
-        self._sync(self._base)
+        sync_path(self._fs, self._base)
 
     def commit(self, pre_commit: PreCommit) -> None:
         """Rename the staged files into place, each checked first so that a transaction whose
@@ -174,7 +174,7 @@ class ParquetTarget:
         for source, dest, present in zip(staged, final, staged_present, strict=True):
             if present:
                 self._fs.move(source, dest)
-        self._sync(self._base)
+        sync_path(self._fs, self._base)
         self._delete_dir_if_present(directory)
 
     def rollback(self, txn: TransactionId) -> None:
@@ -256,14 +256,9 @@ class ParquetTarget:
             record: dict[str, Any] = json.loads(stream.read())
         return record
 
-    # -- helpers -------------------------------------------------------------------------------
-
     def _delete_dir_if_present(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._fs.delete_dir(path)
-
-    def _sync(self, path: str) -> None:
-        sync_path(self._fs, path)
 
 
 class ParquetTransaction:
@@ -307,7 +302,7 @@ class ParquetTransaction:
             raise RuntimeError(f"transaction {self._txn.gid} is already pre-committed or aborted")
         self._finished = True
         self._close_file()
-        self._target._sync(self._dir)
+        sync_path(self._target._fs, self._dir)
         return PreCommit(self._txn, self._rows, detail={"files": list(self._files)})
 
     def abort(self) -> None:
@@ -333,7 +328,7 @@ class ParquetTransaction:
             return
         self._writer.close()
         self._writer = None
-        self._target._sync(f"{self._dir}/{self._files[-1]}")
+        sync_path(self._target._fs, f"{self._dir}/{self._files[-1]}")
 
 
 def schema_differences(existing: pa.Schema, new: pa.Schema) -> list[str]:

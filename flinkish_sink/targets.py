@@ -66,7 +66,6 @@ class TargetFactory:
 
 
 def names() -> list[str]:
-    """The targets' names."""
     return list(TARGETS)
 
 
