@@ -103,9 +103,6 @@ class KafkaSinkOptions:
     def client_config(self) -> dict[str, Any]:
         return client_config(dict(self.config), self.security)
 
-    def secrets(self) -> list[str]:
-        return secret_values(dict(self.config)) + self.security.secrets()
-
 
 def kafka_options(options: TargetOptions) -> KafkaSinkOptions:
     """Target kafka's connection settings from its options, checked and translated.
