@@ -82,12 +82,10 @@ _DROP_NOT_NULL = "ALTER TABLE … ALTER COLUMN … DROP NOT NULL"
 _CONSTRAINT_KEY = "delta.constraints."
 _INVARIANTS_KEY = "delta.invariants"
 
-#: The tables this process has open, by URI and storage options: a handle kept across
-#: micro-batches catches up with ``update_incremental`` where a new one would replay the log
-#: from its last checkpoint. Used under :data:`_TABLES_LOCK` from its update to its commit.
+#: The tables this process has open: a kept handle catches up with ``update_incremental``
+#: where a new one would replay the log. Used under the lock from its update to its commit.
 _TABLES: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
-#: Per table: the version up to which the commits since its last compaction were counted, and
-#: their number.
+#: Per table: (the version counted up to, the commits since its last compaction).
 _SINCE_COMPACTION: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, int]] = {}
 _TABLES_LOCK = threading.RLock()
 
@@ -221,18 +219,15 @@ class DeltaTarget(StagedFilesTarget):
 
     cleanup = "a VACUUM"
 
-    def __init__(
-        self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
-        upsert_key: tuple[str, ...] = (), compact_every: int = 0,
-        vacuum_retention_hours: int | None = None,
-    ) -> None:
+    def __init__(self, path: str, *, partition_by: tuple[str, ...] = (),
+                 app_id: str | None = None, upsert_key: tuple[str, ...] = (),
+                 compact_every: int = 0, vacuum_retention_hours: int | None = None) -> None:
         try:
             import deltalake  # noqa: F401
         except ImportError:
             raise ValueError(
                 "target delta needs the deltalake package (delta-rs) wherever the query runs, "
-                "executors included: pip install 'flinkish[delta]'"
-            ) from None
+                "executors included: pip install 'flinkish[delta]'") from None
         self._fs, self._base = filesystem_of(path, "the Delta table's path")
         self._base = self._base.rstrip("/")
         self._uri, self._storage = delta_location(path)

@@ -213,10 +213,8 @@ class IcebergTarget(StagedFilesTarget):
     def committed_watermark(self, query: str) -> int | None:
         """The newest watermark the table's snapshots record for ``query`` (they never go
         back); None before any."""
-        for record in self.epoch_records(query):
-            if record.get("watermark") is not None:
-                return int(record["watermark"])
-        return None
+        return next((int(r["watermark"]) for r in self.epoch_records(query)
+                     if r.get("watermark") is not None), None)
 
     def close(self) -> None:
         self._catalog_handle = None

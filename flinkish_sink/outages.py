@@ -27,8 +27,7 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: SQLSTATEs of a connection lost or not taken yet: class 08, admin / crash shutdown,
-#: cannot-connect-now.
+#: SQLSTATEs of a connection lost or not taken yet: class 08, shutdown, cannot-connect-now.
 _PG_TRANSIENT_CLASS = "08"
 _PG_TRANSIENT_STATES = frozenset({"57P01", "57P02", "57P03"})
 #: What libpq says, without a SQLSTATE, when the server refused the login or the settings.

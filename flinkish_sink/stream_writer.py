@@ -104,9 +104,7 @@ def spark_run_id() -> str | None:
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    if context is None:
-        return None
-    return context.getLocalProperty("spark.jobGroup.id") or None
+    return None if context is None else context.getLocalProperty("spark.jobGroup.id") or None
 
 
 @dataclass

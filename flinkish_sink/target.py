@@ -236,5 +236,4 @@ class ReusedIdsTarget(Protocol):
     reuses_transaction_ids: bool
 
 
-#: Either kind of target.
 AnyTarget = Target | EpochTarget
