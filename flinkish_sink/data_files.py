@@ -74,10 +74,8 @@ def check_columns(option: str, names: Iterable[str], columns: pa.Schema) -> None
             f"rows (their columns: {columns.names}; a window w is w_start and w_end)")
 
 
-def type_differences(
-    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
-    shown: Callable[[Any], str] = str,
-) -> list[str]:
+def type_differences(existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
+                     shown: Callable[[Any], str] = str) -> list[str]:
     """How the column types ``new`` (name -> type) differ from those ``existing`` in ``where``."""
     differences = []
     missing = [name for name in existing if name not in new]

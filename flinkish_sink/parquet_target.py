@@ -192,9 +192,8 @@ class ParquetTarget:
     def close(self) -> None:
         """Nothing to release: every file is opened and closed within one call."""
 
-    def maintain(
-        self, prefix: str, query: str, epoch: int, fence: Callable[[], None] = lambda: None
-    ) -> None:
+    def maintain(self, prefix: str, query: str, epoch: int,
+                 fence: Callable[[], None] = lambda: None) -> None:
         """Finish an interrupted compaction, and compact every ``compact_every`` epochs
         (``fence`` raises if a newer run took over). A failure is logged: the epoch is in."""
         from flinkish_sink.parquet_compaction import Compactor
@@ -216,10 +215,8 @@ class ParquetTarget:
 
     # -- epoch records -------------------------------------------------------------------------
 
-    def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
-        source: str | None = None,
-    ) -> None:
+    def publish_epoch(self, query: str, epoch: int, watermark: int | None, rows: int,
+                      late_rows: int, source: str | None = None) -> None:
         """Record that ``epoch`` of ``query`` is committed (once); with ``max_watermark``, the
         largest so far, :meth:`committed_watermark` reads one record (epochs come in order)."""
         directory = self._epochs_dir(query)

@@ -472,15 +472,12 @@ class PostgresTarget:
         """ON CONFLICT needs a unique index on exactly the upsert key's columns."""
         if not self.upsert_key:
             return
-        unique = conn.execute(
-            """
+        unique = conn.execute("""
             SELECT 1 FROM pg_index i
             WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL
               AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
                    WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)) = %s
-            """,
-            [oid, sorted(self.upsert_key)],
-        ).fetchone()
+            """, [oid, sorted(self.upsert_key)]).fetchone()
         if unique is None:
             columns = ", ".join(self.upsert_key)
             raise ValueError(
@@ -488,21 +485,16 @@ class PostgresTarget:
                 "which INSERT … ON CONFLICT needs; create one (CREATE UNIQUE INDEX ON "
                 f"{self.table} ({columns})) or let the sink create the table")
 
-    def _check_columns(
-        self, conn: Connection, oid: int, schema: pa.Schema, types: list[ColumnType],
-        windows: list[str],
-    ) -> None:
-        rows = conn.execute(
-            """
+    def _check_columns(self, conn: Connection, oid: int, schema: pa.Schema,
+                       types: list[ColumnType], windows: list[str]) -> None:
+        rows = conn.execute("""
             SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod),
                    a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
                    AND a.attgenerated = ''
             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
             WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
             ORDER BY a.attnum
-            """,
-            [oid],
-        ).fetchall()
+            """, [oid]).fetchall()
         existing = {name: (typname, shown) for name, typname, shown, _ in rows}
         for w in windows:
             if existing.get(w, ("",))[0] == "jsonb" and f"{w}_start" not in existing:
@@ -523,11 +515,8 @@ class PostgresTarget:
                 problems.append(
                     f"{field.name!r} is {existing[field.name][1]} in the table but Arrow "
                     f"{field.type} in the stream (needs {kind.ddl})")
-        problems += [
-            f"{name!r} is NOT NULL without a default in the table but not in the stream"
-            for name, _, _, required in rows
-            if required and name not in schema.names
-        ]
+        problems += [f"{name!r} is NOT NULL without a default in the table but not in the stream"
+                     for name, _, _, required in rows if required and name not in schema.names]
         if problems:
             raise ValueError(
                 f"table {self.table} does not fit the stream's schema: " + "; ".join(problems))
