@@ -194,13 +194,10 @@ class StagedFiles:
         """What the table's commit needs to know of closed file ``data`` of ``size`` bytes."""
         raise NotImplementedError
 
-    @property
-    def _gid(self) -> str:
-        return "direct" if self._txn is None else self._txn.gid
-
     def _check_open(self) -> None:
         if self._finished:
-            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+            gid = "direct" if self._txn is None else self._txn.gid
+            raise RuntimeError(f"transaction {gid} is already pre-committed or aborted")
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._check_open()

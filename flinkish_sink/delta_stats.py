@@ -142,9 +142,8 @@ def _tree(dtype: pa.DataType) -> Any:
 
 
 def _leaves(node: Any) -> list[Any]:
-    if isinstance(node, dict):
-        return [leaf for child in node.values() for leaf in _leaves(child)]
-    return [node]
+    return ([leaf for child in node.values() for leaf in _leaves(child)]
+            if isinstance(node, dict) else [node])
 
 
 def _feed(node: Any, values: pa.Array | pa.ChunkedArray) -> bool:
@@ -170,11 +169,9 @@ def _collect(name: str, node: Any, low: dict[str, Any], high: dict[str, Any],
         if lo is not None:
             low[name], high[name] = lo, hi
         return
-    sub_low: dict[str, Any] = {}
-    sub_high: dict[str, Any] = {}
-    sub_nulls: dict[str, Any] = {}
+    subs: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
     for child_name, child in node.items():
-        _collect(child_name, child, sub_low, sub_high, sub_nulls)
-    for target, sub in ((low, sub_low), (high, sub_high), (nulls, sub_nulls)):
+        _collect(child_name, child, *subs)
+    for target, sub in zip((low, high, nulls), subs, strict=True):
         if sub:
             target[name] = sub

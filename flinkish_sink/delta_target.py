@@ -302,8 +302,7 @@ class DeltaTarget(StagedFilesTarget):
             # "ignore": a query creating it at the same moment wins; it is checked below
             DeltaTable.create(
                 self._uri, nullable, mode="ignore", partition_by=list(self._wanted_partitions),
-                storage_options=self._storage or None,
-            )
+                storage_options=self._storage or None)
         with self._latest() as table:
             existing = tuple(table.metadata().partition_columns)
             current = pa.schema(table.schema().to_arrow())
@@ -322,8 +321,7 @@ class DeltaTarget(StagedFilesTarget):
             if not any(accepts(dtype) for accepts in _PARTITION_TYPES):
                 raise ValueError(
                     f"option partitionBy: column {name!r} is {dtype}; a partition column must "
-                    "be a string, integer, boolean, date or timestamp"
-                )
+                    "be a string, integer, boolean, date or timestamp")
 
     def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
                           ) -> DeltaTransaction:

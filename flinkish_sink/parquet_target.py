@@ -281,13 +281,11 @@ class ParquetTransaction:
         limit = self._target._max_rows_per_file
         offset = 0
         while offset < batch.num_rows:
-            if self._writer is None:
-                self._open_file()
-            assert self._writer is not None
+            writer = self._writer or self._open_file()
             take = batch.num_rows - offset
             if limit is not None:
                 take = min(take, limit - self._file_rows)
-            self._writer.write_batch(batch.slice(offset, take))
+            writer.write_batch(batch.slice(offset, take))
             offset += take
             self._file_rows += take
             self._rows += take
@@ -311,14 +309,15 @@ class ParquetTransaction:
         finally:
             self._target.rollback(self._txn)
 
-    def _open_file(self) -> None:
+    def _open_file(self) -> pq.ParquetWriter:
         txn = self._txn
         name = (f"part-{txn.prefix}-{txn.query}-{txn.epoch:09d}-{txn.task:05d}-{txn.attempt}"
                 f"-{len(self._files):03d}.parquet")
-        self._writer = pq.ParquetWriter(f"{self._dir}/{name}", self._schema,
-                                        filesystem=self._target._fs)
+        writer = self._writer = pq.ParquetWriter(f"{self._dir}/{name}", self._schema,
+                                                 filesystem=self._target._fs)
         self._files.append(name)
         self._file_rows = 0
+        return writer
 
     def _close_file(self) -> None:
         if self._writer is None:

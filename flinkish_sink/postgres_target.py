@@ -331,8 +331,8 @@ def _connect(dsn: str, **options: Any) -> Connection:
         raise PostgresConnectError(
             f"cannot connect to PostgreSQL with dsn {mask_dsn(dsn)!r}: {reason} (check the "
             "sink's dsn option: host, port, user, password, dbname, and that the server runs "
-            "and accepts connections from here)", transient=bool(postgres_transient(exc)),
-        ) from None
+            "and accepts connections from here)",
+            transient=bool(postgres_transient(exc))) from None
 
 
 class PostgresTransaction:

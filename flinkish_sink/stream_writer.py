@@ -299,11 +299,9 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         rows go apart, each leaves out the other's columns (null in all its rows)."""
         split = self._window_output and self._options.late_data is not LateData.KEEP
         late_only = late_columns((f.name, f.metadata) for f in schema.fields) if split else set()
-        return {
-            "data": pa.schema([f for f in self._data_schema if f.name not in late_only]),
-            "late": pa.schema([f for f in self._data_schema
-                               if not (late_only and f.name in PANE_COLUMNS)]),
-        }
+        return {"data": pa.schema([f for f in self._data_schema if f.name not in late_only]),
+                "late": pa.schema([f for f in self._data_schema
+                                   if not (late_only and f.name in PANE_COLUMNS)])}
 
     def _resolve_leftovers(self, run: str | None) -> None:
         """Resolve what other writers left pre-committed where it would hold up the writes

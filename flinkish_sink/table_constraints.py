@@ -89,8 +89,7 @@ class UnsupportedCheck(ValueError):
 def compile_check(sql: str, schema: pa.Schema) -> pc.Expression:
     """A CHECK constraint's ``sql`` as a ``pyarrow.compute`` expression; UnsupportedCheck
     saying what is not understood."""
-    tokens = _tokenize(sql)
-    parser = _Parser(tokens, schema)
+    parser = _Parser(_tokenize(sql), schema)
     expression = parser.disjunction()
     left = parser.peek()
     if left is not None:

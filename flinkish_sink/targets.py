@@ -29,10 +29,6 @@ TARGETS: dict[str, str] = {
 }
 
 
-def _no_rules(options: TargetOptions) -> None:
-    """A target whose options have no rules across each other."""
-
-
 @dataclass(frozen=True)
 class TargetFactory:
     """What a target module declares as ``FACTORY``.
@@ -62,7 +58,7 @@ class TargetFactory:
     doc: str
     required: Mapping[Option[Any], str] = field(default_factory=dict)
     side_output: Option[Any] | None = None
-    check: Callable[[TargetOptions], object] = _no_rules
+    check: Callable[[TargetOptions], object] = lambda options: None
 
 
 def names() -> list[str]:
