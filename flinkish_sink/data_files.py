@@ -1,12 +1,8 @@
-"""The data files a write task stages for a table target (Delta, Iceberg), the manifests
-that find them again, and what every file target shares (Parquet too): a durable
-write-then-rename, the ages of staged transactions, the comparison of column types.
+"""The data files a task writes for a table target (Delta, Iceberg) and what file targets share.
 
-A table's data files are invisible until the table's log or snapshot references them, so a
-task writes them straight to where they will stay. Before it creates each one it lists it in
-its transaction's manifest (``_flinkish_staging/<gid>.json`` beside the data), so rolling
-back a transaction — also of a task killed mid-write — deletes exactly its files, and
-listing the manifests finds every transaction not yet decided without listing the data.
+A table's files are invisible until its log references them, so a task writes them where they
+stay, each listed first in its transaction's manifest (``_flinkish_staging/<gid>.json``): a
+rollback, also of a killed task, deletes exactly its files.
 """
 
 from __future__ import annotations
@@ -29,8 +25,7 @@ from flinkish_sink.window_columns import table_batch
 
 
 def data_file_name(txn: TransactionId | None, token: str, n: int) -> str:
-    """The name of the ``n``-th data file of ``txn`` (or, without one, of the direct write
-    ``token``): unique per task attempt and run, and sorted by epoch."""
+    """The ``n``-th data file of ``txn`` (or direct write ``token``), sorted by epoch."""
     if txn is None:
         return f"part-direct-{token}-{n:03d}.parquet"
     return (f"part-{txn.prefix}-{txn.query}-{txn.epoch:09d}-{txn.task:05d}-"
@@ -38,8 +33,7 @@ def data_file_name(txn: TransactionId | None, token: str, n: int) -> str:
 
 
 def publish_file(filesystem: pafs.FileSystem, path: str, data: bytes) -> None:
-    """Write ``data`` at ``path`` whole or not at all, durably: into a temp file beside it
-    (``.<name>.<random>.tmp``), fsynced, renamed over ``path``, the directory fsynced."""
+    """Write ``data`` at ``path`` whole or not at all, durably (fsynced temp file, rename)."""
     directory, name = path.rsplit("/", 1)
     temp = f"{directory}/.{name}.{uuid.uuid4().hex}.tmp"
     try:
@@ -80,13 +74,9 @@ def check_columns(option: str, names: Iterable[str], columns: pa.Schema) -> None
             f"rows (their columns: {columns.names}; a window w is w_start and w_end)")
 
 
-def type_differences(
-    existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
-    shown: Callable[[Any], str] = str,
-) -> list[str]:
-    """How the column types ``new`` (name -> type) differ from those ``existing`` in
-    ``where``: columns missing on either side, and types that are not equal (``shown`` as
-    text)."""
+def type_differences(existing: Mapping[str, Any], new: Mapping[str, Any], where: str,
+                     shown: Callable[[Any], str] = str) -> list[str]:
+    """How the column types ``new`` (name -> type) differ from those ``existing`` in ``where``."""
     differences = []
     missing = [name for name in existing if name not in new]
     if missing:
@@ -96,9 +86,7 @@ def type_differences(
         differences.append(f"columns only in the new schema: {added}")
     differences.extend(
         f"column {name!r} is {shown(existing[name])} in {where} but {shown(new[name])} now"
-        for name in existing
-        if name in new and existing[name] != new[name]
-    )
+        for name in existing if name in new and existing[name] != new[name])
     return differences
 
 
@@ -113,8 +101,7 @@ class Manifests:
         return f"{self._base}/{STAGING_DIR}/{txn.staged_name}.json"
 
     def write(self, txn: TransactionId, files: list[str]) -> None:
-        """List ``files`` (names under ``base``) as ``txn``'s, atomically and durably: call
-        before creating a file, so a crash leaves it findable."""
+        """List ``files`` as ``txn``'s, before creating one, so a crash leaves it findable."""
         self._fs.create_dir(f"{self._base}/{STAGING_DIR}", recursive=True)
         publish_file(self._fs, self.path(txn), json.dumps({"files": files}).encode())
 
@@ -131,8 +118,7 @@ class Manifests:
         delete_file_if_present(self._fs, manifest)
 
     def named(self) -> set[str]:
-        """The files every manifest (of any query) lists: files no table references yet that
-        a transaction may still commit or roll back."""
+        """The files every manifest (of any query) lists: not to be vacuumed."""
         selector = pafs.FileSelector(f"{self._base}/{STAGING_DIR}", allow_not_found=True)
         names: set[str] = set()
         for info in self._fs.get_file_info(selector):
@@ -146,19 +132,11 @@ class Manifests:
         """Forget ``txn`` (its files are the table's now)."""
         delete_file_if_present(self._fs, self.path(txn))
 
-    def ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        """The transactions of ``prefix``/``query`` with a manifest, oldest first, with their
-        ages in seconds: since the manifest last changed (its last file was begun); None
-        where the store keeps no time."""
-        return staged_ages(self._fs, f"{self._base}/{STAGING_DIR}", pafs.FileType.File, ".json",
-                           prefix, query)
-
 
 def staged_ages(filesystem: pafs.FileSystem, directory: str, kind: pafs.FileType, suffix: str,
                 prefix: str, query: str) -> dict[TransactionId, float | None]:
-    """The transactions of ``prefix``/``query`` staged in ``directory`` (each an entry of
-    ``kind`` named by its :attr:`TransactionId.staged_name` and ``suffix``), oldest first,
-    with their ages in seconds (None where the store keeps no time)."""
+    """The transactions of ``prefix``/``query`` staged in ``directory`` as entries of ``kind``,
+    oldest first, with their ages in seconds (None where the store keeps no time)."""
     now = time.time()
     found: list[tuple[float, TransactionId, float | None]] = []
     for info in filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True)):
@@ -172,8 +150,7 @@ def staged_ages(filesystem: pafs.FileSystem, directory: str, kind: pafs.FileType
 
 
 class DataFile:
-    """One data file being written: its name, its rows' partition values, its writer and how
-    many rows it holds."""
+    """One data file being written, with its rows' partition values."""
 
     def __init__(self, name: str, partition: dict[str, Any], writer: pq.ParquetWriter) -> None:
         self.name, self.partition, self.writer, self.rows = name, partition, writer, 0
@@ -184,15 +161,9 @@ class DataFile:
 
 
 class StagedFiles:
-    """One task attempt's data files, one per partition value, written as the batches arrive
-    (or, with no ``txn``, the files of a direct write). A table target's transaction says
-    which rows its table refuses, how it opens a file and how the commit names one.
-
-    Args:
-        target: the target whose files these are.
-        txn: the task attempt's transaction (None: a direct write).
-        schema: the files' schema (the table's columns as the files hold them).
-    """
+    """One task attempt's data files (``txn`` None: a direct write's), one per partition
+    value; a table target's subclass says which rows its table refuses, how it opens a file
+    and how the commit names one."""
 
     #: the key of the files' descriptions in the pre-commit's detail
     detail_key = "files"
@@ -209,7 +180,7 @@ class StagedFiles:
         self._finished = False
         self._token = uuid.uuid4().hex if txn is None else ""
         if txn is not None:
-            # a re-run of the same task attempt id supersedes whatever an earlier run wrote
+            # a re-run of the same task attempt supersedes what an earlier run wrote
             target.rollback(txn)
 
     def _refuse(self, batch: pa.RecordBatch) -> None:
@@ -223,13 +194,10 @@ class StagedFiles:
         """What the table's commit needs to know of closed file ``data`` of ``size`` bytes."""
         raise NotImplementedError
 
-    @property
-    def _gid(self) -> str:
-        return "direct" if self._txn is None else self._txn.gid
-
     def _check_open(self) -> None:
         if self._finished:
-            raise RuntimeError(f"transaction {self._gid} is already pre-committed or aborted")
+            gid = "direct" if self._txn is None else self._txn.gid
+            raise RuntimeError(f"transaction {gid} is already pre-committed or aborted")
 
     def write(self, batch: pa.RecordBatch) -> None:
         self._check_open()
@@ -251,7 +219,6 @@ class StagedFiles:
         return self._open[values]
 
     def pre_commit(self) -> PreCommit:
-        """Close and fsync the files; their descriptions go to the driver, which decides."""
         assert self._txn is not None, "a direct write has no transaction to pre-commit"
         return PreCommit(self._txn, self._rows, detail={self.detail_key: self.close_files()})
 
@@ -282,9 +249,7 @@ class StagedFiles:
 
 
 class StagedFilesTarget:
-    """What a table target whose tasks stage data files does alike, through its
-    :attr:`manifests`: unreferenced files are invisible and lock nothing, any number may
-    wait for the driver, and a transaction is found and rolled back by its manifest."""
+    """What table targets whose tasks write unreferenced data files share."""
 
     #: unreferenced data files are invisible and lock nothing
     leftovers_block_writes = False
@@ -293,8 +258,7 @@ class StagedFilesTarget:
     _app_id: str | None = None
 
     def app_id(self, query: str) -> str:
-        """The app id the epochs of ``query`` commit under (Delta's ``txn``, Iceberg's snapshot
-        summary): the option, or the query's id, stable across restarts and one per query."""
+        """The app id the epochs of ``query`` commit under: the option, or the query's id."""
         return self._app_id or query
 
     #: the table in messages (``Delta table 'path'``)
@@ -307,7 +271,6 @@ class StagedFilesTarget:
         raise NotImplementedError
 
     def partition_columns(self) -> tuple[str, ...]:
-        """The table's partition columns."""
         raise NotImplementedError
 
     @property
@@ -329,8 +292,7 @@ class StagedFilesTarget:
                 "table, or change the query to produce the table's columns")
 
     def _check_partitioning(self, table: tuple[str, ...], wanted: tuple[str, ...]) -> None:
-        """Raise unless the table is partitioned by option ``partitionBy``'s columns (if
-        given)."""
+        """Raise unless the table is partitioned by ``partitionBy``'s columns (if given)."""
         if wanted and table != wanted:
             raise ValueError(
                 f"option partitionBy: {self.title} is partitioned by {list(table)}, not "
@@ -338,7 +300,7 @@ class StagedFilesTarget:
                 "the table's)")
 
     def _check_present(self, names: list[str], epoch: int | None) -> None:
-        """Raise unless every one of the data files ``names`` an epoch's commit adds is there."""
+        """Raise unless every data file an epoch's commit adds is there."""
         filesystem, base = self.files()
         infos = filesystem.get_file_info([f"{base}/{name}" for name in names])
         lost = [name for name, info in zip(names, infos, strict=True)
@@ -350,13 +312,11 @@ class StagedFilesTarget:
                 "with a retention shorter than the time the query was down?)")
 
     def _commit_direct(self, files: list[dict[str, Any]]) -> None:
-        """Commit a direct write's ``files`` (from :meth:`StagedFiles.close_files`) at once,
-        as a table version of their own."""
+        """Commit a direct write's ``files`` at once, as a table version of their own."""
         raise NotImplementedError
 
     def write_direct(self, batch: pa.RecordBatch) -> None:
-        """Write the rows to new files and commit them at once, as a table version of their
-        own (at-least-once: a replayed epoch writes them again)."""
+        """Write the rows to new files and commit them at once (at-least-once)."""
         if batch.num_rows == 0:
             return
         transaction = self.begin_transaction(None, batch.schema)
@@ -364,18 +324,16 @@ class StagedFilesTarget:
         self._commit_direct(transaction.close_files())
 
     def rollback(self, txn: TransactionId) -> None:
-        """Delete the transaction's files (which the table does not reference: the protocol
-        never rolls back a decided transaction) and its manifest."""
+        """Delete the transaction's files and manifest (never decided, so unreferenced)."""
         self.manifests.rollback(txn)
 
     def pending(self, prefix: str, query: str) -> list[TransactionId]:
-        """Transactions of ``prefix``/``query`` that still have a manifest."""
         return sorted(self.pending_ages(prefix, query))
 
     def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        """:meth:`pending` with each one's age in seconds: since its manifest last changed
-        (its last file was begun), oldest first; None where the store keeps no time."""
-        return self.manifests.ages(prefix, query)
+        filesystem, base = self.files()
+        return staged_ages(filesystem, f"{base.rstrip('/')}/{STAGING_DIR}", pafs.FileType.File,
+                           ".json", prefix, query)
 
     def max_pending(self) -> None:
         """Unreferenced files: no limit on how many wait for the driver."""

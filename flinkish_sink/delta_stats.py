@@ -1,19 +1,9 @@
-"""Delta's per-file statistics: the ``stats`` JSON of an add action (``numRecords`` and, per
-column, ``minValues``, ``maxValues`` and ``nullCount``), gathered from the Arrow batches as a
-write task writes them, so readers can skip files by column ranges.
+"""Delta's per-file statistics (an add action's ``stats`` JSON), gathered as a task writes.
 
-A wrong bound makes a reader skip a file that holds matching rows, so every bound here is
-safe rather than tight, and in the form delta-rs' own writer uses: timestamps to the
-millisecond (``…T…Z`` with a time zone, ``… …`` without) with the minimum rounded down and
-the maximum up; a string's minimum cut to its first :data:`STRING_PREFIX` characters and a
-longer maximum cut too but followed by the highest code point, which still sorts after it.
-A column of a type with bounds always gets both or, when all its values are null, neither:
-delta-rs' reader skips a file whose statistics lack a bound of such a column, matching rows
-or not. So where a file has no safe bound to give for a column (a float column holding NaN or
-an infinity, which JSON cannot carry and readers order differently; a decimal of more than
-15 digits, which a JSON number may not hold exactly; a type Delta has no bounds for), the file
-gets ``numRecords`` alone, which readers take as "may hold anything". Binary, list and map
-columns get no statistics, as delta-rs' writer gives them.
+A wrong bound makes a reader skip a file that holds matching rows, so every bound is safe
+rather than tight, in delta-rs' form (docs/delta.md). A bounded column gets both bounds or,
+all null, neither: delta-rs skips a file whose statistics lack one. Where no bound is safe
+(NaN, a decimal a JSON number cannot hold), the file gets ``numRecords`` alone.
 """
 
 from __future__ import annotations
@@ -43,16 +33,11 @@ def _without_statistics(dtype: pa.DataType) -> bool:
 
 def _bounded(dtype: pa.DataType) -> bool:
     """Whether a column of ``dtype`` gets bounds (else the file gets numRecords alone)."""
-    return (
-        pa.types.is_signed_integer(dtype)
-        or pa.types.is_floating(dtype)
-        or pa.types.is_string(dtype)
-        or pa.types.is_large_string(dtype)
-        or pa.types.is_boolean(dtype)
-        or pa.types.is_date32(dtype)
-        or pa.types.is_timestamp(dtype)
-        or (pa.types.is_decimal(dtype) and dtype.precision <= _EXACT_DIGITS)
-    )
+    return (pa.types.is_signed_integer(dtype) or pa.types.is_floating(dtype)
+            or pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
+            or pa.types.is_boolean(dtype) or pa.types.is_date32(dtype)
+            or pa.types.is_timestamp(dtype)
+            or (pa.types.is_decimal(dtype) and dtype.precision <= _EXACT_DIGITS))
 
 
 class _Column:
@@ -99,9 +84,8 @@ class _Column:
 
 
 def _string_upper_bound(value: str) -> str:
-    """``value``, or when longer than :data:`STRING_PREFIX` its prefix and the highest code
-    point (which sorts after any string with that prefix, unless that is its next
-    character: then ``value`` whole)."""
+    """``value`` cut to :data:`STRING_PREFIX` and the highest code point, which sorts after
+    it (unless that is its next character: then whole)."""
     if len(value) <= STRING_PREFIX or value[STRING_PREFIX] == _HIGHEST:
         return value
     return value[:STRING_PREFIX] + _HIGHEST
@@ -158,9 +142,8 @@ def _tree(dtype: pa.DataType) -> Any:
 
 
 def _leaves(node: Any) -> list[Any]:
-    if isinstance(node, dict):
-        return [leaf for child in node.values() for leaf in _leaves(child)]
-    return [node]
+    return ([leaf for child in node.values() for leaf in _leaves(child)]
+            if isinstance(node, dict) else [node])
 
 
 def _feed(node: Any, values: pa.Array | pa.ChunkedArray) -> bool:
@@ -186,11 +169,9 @@ def _collect(name: str, node: Any, low: dict[str, Any], high: dict[str, Any],
         if lo is not None:
             low[name], high[name] = lo, hi
         return
-    sub_low: dict[str, Any] = {}
-    sub_high: dict[str, Any] = {}
-    sub_nulls: dict[str, Any] = {}
+    subs: tuple[dict[str, Any], dict[str, Any], dict[str, Any]] = ({}, {}, {})
     for child_name, child in node.items():
-        _collect(child_name, child, sub_low, sub_high, sub_nulls)
-    for target, sub in ((low, sub_low), (high, sub_high), (nulls, sub_nulls)):
+        _collect(child_name, child, *subs)
+    for target, sub in zip((low, high, nulls), subs, strict=True):
         if sub:
             target[name] = sub

@@ -1,47 +1,8 @@
 """Delta Lake tables as an epoch target, through delta-rs (the ``deltalake`` package: no JVM).
 
-Write tasks write Parquet data files straight into the table's directory: a file the log does
-not reference is invisible to every Delta reader, so nothing is staged or moved. A task
-pre-commits by returning the add actions of its files (path, size, partition values,
-statistics); the driver commits all of an epoch's add actions as **one** table version whose
-``txn`` action is (``appId``, epoch) — what Spark's Delta sink does with (query id, batch id)
-and Flink's Delta sink with the checkpoint id. So an epoch appears whole or not at all, and
-readers see one version per epoch. A replay of an epoch the table already holds
-(``txn`` version of the app id >= the epoch) commits nothing; the replay's own files are
-deleted as any undecided transaction's are. The commit's ``userMetadata`` carries the epoch's
-record (combined watermark, its source, status, idle partitions, rows, late rows), which
-``DESCRIBE HISTORY`` and ``DeltaTable.history()`` show; an epoch without rows still commits a
-version (with no files), so the watermark moves on in the table's history.
-
-Layout under the table's directory::
-
-    part-<prefix>-<query>-<epoch:09d>-<task:05d>-<attempt>-<run>-<n:03d>.parquet  data files
-    part-direct-<uuid>-<n:03d>.parquet                      at-least-once data (committed at once)
-    _delta_log/                                             the table's log
-    _flinkish_staging/<gid with ':' as '~'>.json            a transaction's files, until decided
-
-Data files sit flat in the table's directory, also in a partitioned table: Delta takes a file's
-partition values from its add action, not from its path, and the partition columns are not
-stored in the files (as Delta's own writers do). A transaction lists each file in its
-manifest under ``_flinkish_staging`` before creating it, so rolling back a transaction —
-also of a task killed mid-write — deletes exactly its files; the manifest goes once the
-epoch's version is committed or the transaction rolled back. ``VACUUM`` leaves ``_``
-directories alone.
-
-With an upsert key (``upsertKey``) an epoch's rows replace the table's rows of the same key
-(a window's later pane its earlier one): the driver reads the epoch's decided files and merges
-them into the table (delta-rs ``MERGE``, NULL keys matching) as the epoch's one version, with
-the same ``txn`` and record; the tasks' files, never referenced, are then deleted.
-
-The commit of add actions checks no rows, so a write task checks its own against the table's
-``NOT NULL`` columns and ``CHECK`` constraints before it pre-commits
-(:mod:`flinkish_sink.table_constraints`): a decision never names a row the table refuses.
-
-Two runs of one query (a zombie driver) cannot both commit an epoch: the checkpoint store
-fences the older one, and delta-rs refuses a commit whose app id another commit set since
-it read the table (``CommitFailedError``), after which the table's ``txn`` says whether the
-epoch is in. Other writers' appends to the same table are retried by delta-rs (optimistic
-concurrency).
+Tasks write Parquet files straight into the table's directory (unreferenced, so invisible);
+the driver commits an epoch's add actions as one version with ``txn`` (app id, epoch), or
+merges them on ``upsertKey``. Design, layout and fencing: docs/delta.md.
 """
 
 from __future__ import annotations
@@ -65,12 +26,7 @@ from flinkish_core.config import Option, duration_ms, whole_number
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import delete_file_if_present, filesystem_of
 from flinkish_core.secrets import mask_uri
-from flinkish_sink.data_files import (
-    DataFile,
-    StagedFiles,
-    StagedFilesTarget,
-    check_columns,
-)
+from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.options import (
     LATE_PATH,
@@ -78,15 +34,10 @@ from flinkish_sink.options import (
     PATH,
     UPSERT_KEY,
     TargetOptions,
-    app_id,
+    app_id_option,
     distinct,
 )
-from flinkish_sink.table_constraints import (
-    Check,
-    TableRules,
-    UnsupportedCheck,
-    compile_check,
-)
+from flinkish_sink.table_constraints import Check, TableRules, UnsupportedCheck, compile_check
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 from flinkish_sink.window_columns import table_schema
@@ -106,13 +57,7 @@ def _retention_hours(key: str, value: str) -> int:
     return -(-retention_ms // _HOUR_MS)
 
 
-APP_ID: Option[str | None] = Option(
-    "delta.appId", app_id, None, shown_default="the query's id",
-    doc="The app id of the table's `txn` actions; the query's id is kept in "
-        "`checkpointLocation`, stable across restarts and different per query.")
-#: Commits that add data (about epochs) between compactions of a Delta table: with a few
-#: write tasks an epoch adds a few small files, so a partition holds at most a few hundred
-#: before they are rewritten.
+APP_ID = app_id_option("delta.appId", "of the table's `txn` actions")
 COMPACT_EVERY = Option(
     "delta.compactEvery", whole_number(0, "a whole number of epochs (0: never compact)"), 50,
     doc="Compact the table's small files once that many commits added data since its last "
@@ -126,45 +71,32 @@ VACUUM_RETENTION: Option[int | None] = Option(
 #: The key of the epoch's record in a commit's ``userMetadata`` JSON.
 RECORD_KEY = "flinkish"
 
-#: The partition columns of the tables this process has checked, by table URI: Spark builds
-#: the writer (and its target) anew every micro-batch, and a target that knows them spares
-#: each write task a read of the table's log.
+#: The partition columns of the tables this process has checked, by URI: Spark builds the
+#: target anew every micro-batch, and one that knows them spares each task a read of the log.
 _PARTITIONS_SEEN: dict[str, tuple[str, ...]] = {}
 
-#: The NOT NULL columns and CHECK constraints of the tables this process has checked, by URI
-#: (as :data:`_PARTITIONS_SEEN`): the write tasks refuse the rows the table would.
+#: The NOT NULL columns and CHECK constraints of the tables checked, as :data:`_PARTITIONS_SEEN`.
 _RULES_SEEN: dict[str, TableRules] = {}
 #: What a NOT NULL column's error says to lift the rule.
 _DROP_NOT_NULL = "ALTER TABLE … ALTER COLUMN … DROP NOT NULL"
 _CONSTRAINT_KEY = "delta.constraints."
 _INVARIANTS_KEY = "delta.invariants"
 
-#: The tables this process has open, by URI and storage options. Spark builds the writer (and
-#: its target) anew every micro-batch, in one long-lived process on the driver: a handle kept
-#: across micro-batches catches up by reading only the log's commits since
-#: (``update_incremental``), where a new one would replay the log from its last checkpoint
-#: at every epoch (up to ``delta.checkpointInterval`` commits, 100 by default). A handle is
-#: used under :data:`_TABLES_LOCK`, from the read it is brought up to date by to the commit
-#: made against that read.
+#: The tables this process has open: a kept handle catches up with ``update_incremental``
+#: where a new one would replay the log. Used under the lock from its update to its commit.
 _TABLES: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
-#: Per table (as :data:`_TABLES`): the version up to which this process counted the commits
-#: since the table's last compaction, and their number.
+#: Per table: (the version counted up to, the commits since its last compaction).
 _SINCE_COMPACTION: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, int]] = {}
 _TABLES_LOCK = threading.RLock()
 
-#: The Arrow types a partition column may have.
 _PARTITION_TYPES = (
     pa.types.is_string, pa.types.is_large_string, pa.types.is_integer, pa.types.is_boolean,
-    pa.types.is_date32, pa.types.is_timestamp,
-)
+    pa.types.is_date32, pa.types.is_timestamp)
 
 
 def delta_location(location: str) -> tuple[str, dict[str, str]]:
-    """The table URI and delta-rs storage options for ``location``: a local path, or a URI
-    in the form the Parquet target takes (``s3://bucket/path?endpoint_override=host:port&
-    scheme=http&region=…``), whose query becomes delta-rs' object store options. Credentials
-    come from the environment (``AWS_ACCESS_KEY_ID`` …) or the URI's user info, as for
-    pyarrow."""
+    """The table URI and delta-rs storage options of ``location``, a path or a URI as the
+    Parquet target takes it (``s3://bucket/path?endpoint_override=…``)."""
     if "://" not in location:
         return location, {}
     parts = urllib.parse.urlsplit(location)
@@ -188,8 +120,6 @@ def delta_location(location: str) -> tuple[str, dict[str, str]]:
 
 
 def partition_value(value: Any) -> str | None:
-    """A partition value in Delta's serialised form (strings as they are, timestamps as
-    ISO 8601 in UTC)."""
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, bool):
@@ -202,7 +132,6 @@ def partition_value(value: Any) -> str | None:
 
 
 def _delta_fields(schema: pa.Schema) -> list[dict[str, Any]]:
-    """The Delta schema's fields (JSON) of the Arrow ``schema``."""
     from deltalake import Schema
 
     fields: list[dict[str, Any]] = json.loads(Schema.from_arrow(schema).to_json())["fields"]
@@ -210,8 +139,7 @@ def _delta_fields(schema: pa.Schema) -> list[dict[str, Any]]:
 
 
 def _delta_types(schema: pa.Schema) -> dict[str, Any]:
-    """Column name -> Delta type (nullability left out: Spark writes every column nullable;
-    :func:`_rules_of` takes the table's NOT NULL columns)."""
+    """Column name -> Delta type, without nullability (Spark writes every column nullable)."""
 
     def strip(node: Any) -> Any:
         if isinstance(node, dict):
@@ -225,8 +153,8 @@ def _delta_types(schema: pa.Schema) -> dict[str, Any]:
 
 
 def _nested_not_null(table: Any, stream: Any, path: str) -> list[str]:
-    """The fields, elements and values inside ``table``'s Delta type (JSON) that are NOT NULL
-    where ``stream``'s (the same type) may be null: a task checks top-level columns only."""
+    """The places inside ``table``'s Delta type that are NOT NULL where ``stream``'s may be
+    null: a task checks top-level columns only."""
     if not (isinstance(table, dict) and isinstance(stream, dict)):
         return []
     found = []
@@ -248,9 +176,8 @@ def _nested_not_null(table: Any, stream: Any, path: str) -> list[str]:
 
 
 def _rules_of(table: Any, columns: pa.Schema, where: str) -> TableRules:
-    """``table``'s NOT NULL columns and CHECK constraints, as the stream's rows (``columns``)
-    are checked against them; ValueError for what a task cannot check: a NOT NULL inside a
-    column, a constraint outside the SQL :mod:`flinkish_sink.table_constraints` evaluates."""
+    """``table``'s NOT NULL columns and CHECK constraints for rows of ``columns``; ValueError
+    for what a task cannot check."""
     fields = json.loads(table.schema().to_json())["fields"]
     streamed = {f["name"]: f for f in _delta_fields(columns)}
     nested = [p for f in fields if f["name"] in streamed
@@ -288,35 +215,19 @@ def _shown(dtype: Any) -> str:
 
 
 class DeltaTarget(StagedFilesTarget):
-    """A Delta table written exactly once per epoch (see the module docstring).
-
-    Holds only a pyarrow filesystem (picklable), paths and options, so it ships to Spark tasks
-    as is; the delta-rs table handle is made where it is needed and not pickled.
-    """
+    """A Delta table written exactly once per epoch; pickles without its delta-rs handle."""
 
     cleanup = "a VACUUM"
 
-    def __init__(
-        self, path: str, *, partition_by: tuple[str, ...] = (), app_id: str | None = None,
-        upsert_key: tuple[str, ...] = (), compact_every: int = 0,
-        vacuum_retention_hours: int | None = None,
-    ) -> None:
-        """``path``: the table's directory or URI; ``partition_by``: the partition columns of
-        a table to create (an existing table's must match; empty: take the table's);
-        ``app_id``: the ``txn`` app id of the epochs (default: the query's id, which Spark
-        keeps in the checkpoint location across restarts); ``upsert_key``: the columns (of
-        the table: a window ``w`` is ``w_start``, ``w_end``) on which an epoch's row replaces
-        the table's row instead of adding one; ``compact_every``: compact the table's small
-        files once that many commits added data since its last compaction (0: never);
-        ``vacuum_retention_hours``: after compacting, delete the files no version references
-        that are older than that (None: never; see :meth:`maintain`)."""
+    def __init__(self, path: str, *, partition_by: tuple[str, ...] = (),
+                 app_id: str | None = None, upsert_key: tuple[str, ...] = (),
+                 compact_every: int = 0, vacuum_retention_hours: int | None = None) -> None:
         try:
             import deltalake  # noqa: F401
         except ImportError:
             raise ValueError(
                 "target delta needs the deltalake package (delta-rs) wherever the query runs, "
-                "executors included: pip install 'flinkish[delta]'"
-            ) from None
+                "executors included: pip install 'flinkish[delta]'") from None
         self._fs, self._base = filesystem_of(path, "the Delta table's path")
         self._base = self._base.rstrip("/")
         self._uri, self._storage = delta_location(path)
@@ -338,17 +249,16 @@ class DeltaTarget(StagedFilesTarget):
 
     @contextlib.contextmanager
     def _latest(self) -> Iterator[Any]:
-        """The table at its latest version, for this block alone (see :data:`_TABLES`)."""
+        """The table at its latest version, under :data:`_TABLES_LOCK`."""
         with _TABLES_LOCK:
             yield self._table()
 
     def _table(self) -> Any:
-        """The table at its latest version (call under :data:`_TABLES_LOCK`): this process's
-        handle of it brought up to date, or read anew when there is none or the handle cannot
-        catch up (the table was deleted or replaced: its version's commit is gone)."""
+        """The kept handle brought up to date, or read anew when it cannot catch up (the
+        table was replaced: its version's commit is gone). Call under :data:`_TABLES_LOCK`."""
         from deltalake import DeltaTable
 
-        key = (self._uri, tuple(sorted(self._storage.items())))
+        key = self._table_key()
         table = _TABLES.get(key)
         if table is not None:
             try:
@@ -362,15 +272,12 @@ class DeltaTarget(StagedFilesTarget):
         return table
 
     def partition_columns(self) -> tuple[str, ...]:
-        """The table's partition columns (asked of the table once per target)."""
         if self._partitions is None:
             with self._latest() as table:
                 self._partitions = tuple(table.metadata().partition_columns)
         return self._partitions
 
     def rules(self, columns: pa.Schema) -> TableRules:
-        """The table's NOT NULL columns and CHECK constraints, for rows of ``columns`` (as
-        :meth:`check` found them, or asked of the table)."""
         if self._rules is None:
             with self._latest() as table:
                 self._rules = _rules_of(table, columns, self._where)
@@ -385,21 +292,17 @@ class DeltaTarget(StagedFilesTarget):
     # -- TargetBase ----------------------------------------------------------------------------
 
     def check(self, schema: pa.Schema) -> None:
-        """Create the table from ``schema`` (windows split into their bounds, every column
-        nullable, partitioned by ``partition_by``) if missing; otherwise make sure it has
-        the stream's columns with the same types and the same partition columns."""
+        """Create the table if missing, else check its columns, types and partitioning."""
         from deltalake import DeltaTable
 
         columns = table_schema(schema)
         self._check_partition_columns(columns)
         if not DeltaTable.is_deltatable(self._uri, storage_options=self._storage or None):
             nullable = pa.schema([f.with_nullable(True) for f in columns])
-            # "ignore": another query creating the same table at the same moment wins quietly,
-            # and its table is checked below like any existing one
+            # "ignore": a query creating it at the same moment wins; it is checked below
             DeltaTable.create(
                 self._uri, nullable, mode="ignore", partition_by=list(self._wanted_partitions),
-                storage_options=self._storage or None,
-            )
+                storage_options=self._storage or None)
         with self._latest() as table:
             existing = tuple(table.metadata().partition_columns)
             current = pa.schema(table.schema().to_arrow())
@@ -418,8 +321,7 @@ class DeltaTarget(StagedFilesTarget):
             if not any(accepts(dtype) for accepts in _PARTITION_TYPES):
                 raise ValueError(
                     f"option partitionBy: column {name!r} is {dtype}; a partition column must "
-                    "be a string, integer, boolean, date or timestamp"
-                )
+                    "be a string, integer, boolean, date or timestamp")
 
     def begin_transaction(self, txn: TransactionId | None, schema: pa.Schema
                           ) -> DeltaTransaction:
@@ -430,9 +332,8 @@ class DeltaTarget(StagedFilesTarget):
             self._commit_adds(table, files, {})
 
     def committed_watermark(self, query: str) -> int | None:
-        """The highest watermark the table's history (as far as its log keeps it) records
-        for ``query``; None before any. Published watermarks never go back, so this is the
-        newest one: the history is read from its end, a growing stretch at a time."""
+        """The newest watermark the table's history records for ``query`` (they never go
+        back), read from its end a growing stretch at a time; None before any."""
         limit = 100
         while True:
             with self._latest() as table:
@@ -444,21 +345,17 @@ class DeltaTarget(StagedFilesTarget):
             limit *= 10
 
     def close(self) -> None:
-        """Nothing to release: the table's handle stays for the next micro-batch's target
-        (see :data:`_TABLES`)."""
+        """Nothing to release: the table's handle stays for the next micro-batch."""
 
     # -- EpochTarget ---------------------------------------------------------------------------
 
     def commit_epoch(self, pre_commits: list[PreCommit], record: EpochRecord) -> None:
-        """Commit the epoch's files as one version with ``txn`` (app id, epoch) and the
-        epoch's record, unless the table holds the epoch already; then drop the manifests
-        (the files are the table's now)."""
+        """Commit the epoch as one version unless the table holds it; drop the manifests."""
         from deltalake.exceptions import CommitFailedError
 
         app = self.app_id(record.query)
         adds = [add for decided in pre_commits for add in decided.listed("adds", "DeltaTarget")]
-        # one read of the table: the commit is made, and checked for conflicts, against the
-        # version whose txn said the epoch is not in yet
+        # the commit is checked for conflicts against the version whose txn lacked the epoch
         with self._latest() as table:
             if not _holds(table, app, record.epoch):
                 self._check_present([a["path"] for a in adds], record.epoch)
@@ -469,8 +366,7 @@ class DeltaTarget(StagedFilesTarget):
                     else:
                         self._commit_adds(table, adds, metadata, (app, record.epoch))
                 except CommitFailedError:
-                    # another commit with our app id since we read the table: if that was
-                    # this epoch (an earlier run of the query), the epoch is in
+                    # another commit with our app id: if it held this epoch, the epoch is in
                     if not _holds(self._table(), app, record.epoch):
                         raise
         for decided in pre_commits:
@@ -481,16 +377,9 @@ class DeltaTarget(StagedFilesTarget):
 
     def maintain(self, prefix: str, query: str, epoch: int,
                  fence: Callable[[], None] = lambda: None) -> None:
-        """After an epoch completed: compact the table once ``compact_every`` commits have
-        added data since its last compaction (``OPTIMIZE``: small files of a partition
-        rewritten into large ones, as one commit that removes and adds the same rows,
-        ``dataChange`` false, not touching ``txn``), then vacuum if configured.
-
-        Whether a compaction is due is read from the table's log, not from the epoch's
-        number, so a crash between an epoch's commit and its compaction defers the
-        compaction to the restarted query's next epoch (or its replay) rather than skipping
-        it. A failure is logged, not raised: the epoch is committed, and the next epoch
-        tries again."""
+        """Compact (then vacuum) once ``compact_every`` commits added data since the last
+        compaction, counted from the log so that a crash defers it rather than skipping it.
+        A failure is logged: the epoch is in, and the next one tries again."""
         if not self._compact_every:
             return
         try:
@@ -513,8 +402,7 @@ class DeltaTarget(StagedFilesTarget):
 
     def _commits_since_compaction(self, table: Any) -> int:
         """How many commits added or changed data since ``table``'s newest compaction (or
-        its creation), from its log: the commits since the version this process last
-        counted up to, or, the first time, read back until that compaction (or enough)."""
+        creation): counted on from the last count, or read back from the log the first time."""
         version = table.version()
         counted = _SINCE_COMPACTION.get(self._table_key())
         if counted is not None and counted[0] <= version:
@@ -534,10 +422,8 @@ class DeltaTarget(StagedFilesTarget):
         return count
 
     def _vacuum(self, table: Any, hours: int) -> None:
-        """Delete the files no version references that are older than ``hours``: files the
-        table stopped referencing, and files it never did (a compaction or another writer
-        killed before its commit), except those a flinkish transaction's manifest lists
-        (an epoch decided but not yet committed, of any query on the table)."""
+        """Delete the unreferenced files older than ``hours``, except those a transaction's
+        manifest lists (an epoch decided but not committed yet)."""
         unreferenced = table.vacuum(hours, dry_run=True, enforce_retention_duration=False,
                                     full=True)
         kept = self.manifests.named()
@@ -549,26 +435,18 @@ class DeltaTarget(StagedFilesTarget):
     def _commit_adds(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                      txn: tuple[str, int] | None = None) -> None:
         """One version of ``table`` (as read) adding ``adds``, with ``record`` and ``txn``."""
-        from deltalake import CommitProperties, Transaction
         from deltalake.transaction import AddAction
 
         table.create_write_transaction(
             [AddAction(a["path"], a["size"], a["partition_values"], a["modification_time"],
                        True, a["stats"]) for a in adds],
             "append", table.schema(), partition_by=list(self.partition_columns()),
-            commit_properties=CommitProperties(
-                custom_metadata={"userMetadata": json.dumps(record)} if record else None,
-                app_transactions=[Transaction(*txn)] if txn else None,
-            ),
-        )
+            commit_properties=_commit_properties(record, txn))
 
     def _merge(self, table: Any, adds: list[dict[str, Any]], record: dict[str, Any],
                txn: tuple[str, int]) -> None:
-        """Merge the epoch's rows into the table on the upsert key, as one version: a row
-        replaces the table's row of its key (NULL matching NULL), or is added; of the epoch's
-        rows with one key the last one (in decision order) wins."""
-        from deltalake import CommitProperties, Transaction
-
+        """Merge the epoch's rows on the upsert key as one version (NULL matching NULL); of
+        the epoch's rows with one key the last one (in decision order) wins."""
         rows = _last_per_key(
             [pq.read_table(self._path(a["path"]), filesystem=self._fs) for a in adds],
             self.upsert_key)
@@ -577,25 +455,27 @@ class DeltaTarget(StagedFilesTarget):
             return
         predicate = " AND ".join(
             f'(t."{name}" IS NOT DISTINCT FROM s."{name}")' for name in self.upsert_key)
-        table.merge(
-            rows, predicate, source_alias="s", target_alias="t",
-            commit_properties=CommitProperties(
-                custom_metadata={"userMetadata": json.dumps(record)},
-                app_transactions=[Transaction(*txn)]),
-        ).when_matched_update_all().when_not_matched_insert_all().execute()
+        table.merge(rows, predicate, source_alias="s", target_alias="t",
+                    commit_properties=_commit_properties(record, txn),
+                    ).when_matched_update_all().when_not_matched_insert_all().execute()
 
     def epoch_records(self, query: str | None = None, limit: int | None = None
                       ) -> list[dict[str, Any]]:
-        """The epoch records in the table's history (its newest ``limit`` versions, if
-        given), newest first (of ``query`` only, if given): what each epoch's commit says in
-        its ``userMetadata``."""
+        """The epoch records (of ``query``) in the newest ``limit`` versions, newest first."""
         with self._latest() as table:
             return _records(table.history(limit), query)
 
 
+def _commit_properties(record: dict[str, Any], txn: tuple[str, int] | None) -> Any:
+    from deltalake import CommitProperties, Transaction
+
+    return CommitProperties(
+        custom_metadata={"userMetadata": json.dumps(record)} if record else None,
+        app_transactions=[Transaction(*txn)] if txn else None)
+
+
 def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str, Any]]:
-    """The epoch records (of ``query``, if given) in ``commits`` (history entries), with
-    their versions."""
+    """The epoch records (of ``query``) in history entries, with their versions."""
     records = []
     for commit in commits:
         with contextlib.suppress(KeyError, TypeError, ValueError):
@@ -606,8 +486,8 @@ def _records(commits: list[dict[str, Any]], query: str | None) -> list[dict[str,
 
 
 def _data_commits(commits: list[dict[str, Any]]) -> tuple[int, bool]:
-    """Of ``commits`` (history entries, newest first): how many added or changed data before
-    the newest compaction or creation among them, and whether there was one."""
+    """How many of ``commits`` (newest first) changed data since the newest compaction or
+    creation among them, and whether there was one."""
     count = 0
     for commit in commits:
         operation = str(commit.get("operation", ""))
@@ -619,10 +499,9 @@ def _data_commits(commits: list[dict[str, Any]]) -> tuple[int, bool]:
 
 
 def _holds(table: Any, app: str, epoch: int) -> bool:
-    """Whether ``table`` (as read) holds ``epoch`` of ``app``: its txn is there or later."""
+    """Whether ``table``'s txn of ``app`` is at ``epoch`` or later."""
     done = table.transaction_version(app)
     return done is not None and done >= epoch
-
 
 
 def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | None:
@@ -650,14 +529,13 @@ class _DataFile(DataFile):
 
 
 class DeltaTransaction(StagedFiles):
-    """One task attempt's data files (see :class:`StagedFiles`); pre-committed as add
-    actions."""
+    """One task attempt's data files, pre-committed as add actions."""
 
     detail_key = "adds"
 
     def __init__(self, target: DeltaTarget, txn: TransactionId | None, schema: pa.Schema):
-        # a referenced file holds no partition column (its add action has the values); the
-        # files an upsert merges from are only read by the driver, which needs them whole
+        # a file holds no partition column (its add action has the values), except those an
+        # upsert merges from: the driver reads them whole
         dropped = () if target.upsert_key else target.partition_columns()
         columns = table_schema(schema)
         super().__init__(target, txn, pa.schema([f for f in columns if f.name not in dropped]))

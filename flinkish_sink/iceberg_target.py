@@ -1,31 +1,8 @@
 """Apache Iceberg tables as an epoch target, through pyiceberg (no JVM, no catalog server).
 
-Write tasks write Parquet data files under the table's data location: a file no snapshot
-references is invisible to every Iceberg reader. A task pre-commits by returning its files
-(path, size, rows, partition values); the driver commits all of an epoch's files as **one**
-snapshot (an append of files written elsewhere, pyiceberg's ``add_files``) whose summary
-carries the app id and the epoch — what Flink's Iceberg sink does with ``flink.job-id`` and
-``flink.max-committed-checkpoint-id`` — and the epoch's record (combined watermark, its source,
-status, idle partitions, rows, late rows). A replay of an epoch the table already holds (the
-newest snapshot of the app id has that epoch or a later one) commits nothing. An epoch without
-rows still commits a snapshot without files, so the watermark moves on in the table's history.
-
-A commit is a compare-and-swap on the table's metadata pointer in the catalog. When another
-writer committed first, the commit is tried again on the table as it is then, after checking
-its summaries again: if that writer was an earlier run of this query (same app id), the epoch
-is in and nothing is committed. pyiceberg's own retry, which would rebase the append without
-that check, is turned off for these commits.
-
-Data files sit in the table's data location (``write.data.path``, by default ``<table>/data``)
-next to ``_flinkish_staging``, the manifests of transactions not yet decided (see
-:mod:`flinkish_sink.data_files`). Files hold every column, the partition columns too (as
-Iceberg's writers do); the table's partitioning must be by identity of columns, one file per
-partition value and task.
-
-The catalog is any pyiceberg catalog, by its properties (``catalog.*`` options): a SQL
-catalog on SQLite or PostgreSQL (``uri``), which needs no server of its own, or a REST
-catalog. The data files are reached through pyiceberg's file IO with the same properties
-(``s3.endpoint`` …), on the driver and in the write tasks alike.
+Tasks write Parquet files under the table's data location (unreferenced, so invisible); the
+driver commits an epoch's files as one snapshot whose summary carries the app id and epoch, as
+Flink's Iceberg sink does. Design, catalogs and concurrent writers: docs/iceberg.md.
 """
 
 from __future__ import annotations
@@ -45,20 +22,14 @@ import pyarrow.parquet as pq
 from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import filesystem_of
-from flinkish_core.secrets import (
-    dsn_secrets,
-    fingerprint,
-    mask_uri,
-    redact_config,
-    secret_values,
-)
+from flinkish_core.secrets import dsn_secrets, fingerprint, mask_uri, redact_config, secret_values
 from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
 from flinkish_sink.options import (
     LATE_TABLE,
     PARTITION_BY,
     TABLE,
     TargetOptions,
-    app_id,
+    app_id_option,
     distinct,
 )
 from flinkish_sink.table_constraints import refuse_nulls
@@ -77,7 +48,6 @@ def _catalog_secrets(catalog: dict[str, str]) -> list[str]:
     return dsn_secrets(catalog.get("uri")) + secret_values(catalog)
 
 
-#: The Iceberg catalog's properties: the ``catalog.*`` options without the prefix.
 CATALOG: Option[dict[str, str]] = Option(
     "catalog.*", collected, {}, shown_default="—", mask=_shown_catalog, secrets=_catalog_secrets,
     doc="The catalog, each `catalog.<property>` passed to pyiceberg's `load_catalog` as "
@@ -89,11 +59,8 @@ CATALOG: Option[dict[str, str]] = Option(
         "per name, so readers must use the same one. Any other (`catalog.type`, "
         "`catalog.credential`, `catalog.s3.endpoint` …) too; secret-looking values are masked "
         "in logs.")
-APP_ID: Option[str | None] = Option(
-    "iceberg.appId", app_id, None, shown_default="the query's id",
-    doc="The app id in the snapshot summaries (`flinkish.app-id`, next to "
-        "`flinkish.max-committed-epoch`); the query's id is kept in `checkpointLocation`, "
-        "stable across restarts and different per query.")
+APP_ID = app_id_option("iceberg.appId", "in the snapshot summaries (`flinkish.app-id`, next "
+                       "to `flinkish.max-committed-epoch`)")
 
 #: Snapshot summary keys (Flink's sink: ``flink.job-id``, ``flink.max-committed-checkpoint-id``).
 APP_ID_KEY = "flinkish.app-id"
@@ -105,19 +72,14 @@ _RECORD_KEYS = {
     "late_rows": "flinkish.late-rows",
 }
 _NUMBERS = ("watermark", "rows", "late_rows")
-#: The catalog's name when the options give none.
 DEFAULT_CATALOG_NAME = "flinkish"
-#: The properties of a table the sink creates: an epoch's commit (pyiceberg's ``add_files``)
-#: writes a manifest of its own, and with merging on (Java Iceberg's default, not pyiceberg's)
-#: an append merges the small manifests into one once there are
-#: ``commit.manifest.min-count-to-merge`` (100) of them, so a query planning over a streamed
-#: table reads a bounded number of manifests, not one per epoch.
+#: Each epoch's commit writes a manifest of its own: merging them (Java Iceberg's default, not
+#: pyiceberg's) bounds how many a query plans over.
 CREATED_TABLE_PROPERTIES = {"commit.manifest-merge.enabled": "true"}
 #: How often a commit that lost the race to another writer's is tried again.
 COMMIT_ATTEMPTS = 20
 
-#: The data location and partition columns of the tables this process has seen, by catalog
-#: and table: Spark builds the writer (and its target) anew every micro-batch.
+#: The layouts of the tables this process has seen: Spark builds the target every micro-batch.
 _LAYOUTS: dict[tuple[str, str], _Layout] = {}
 
 
@@ -125,32 +87,23 @@ _LAYOUTS: dict[tuple[str, str], _Layout] = {}
 class _Layout:
     data_location: str
     partitions: tuple[str, ...]
-    #: the table's required (NOT NULL) columns: written as required, a null refused
+    #: the table's NOT NULL columns: written as required, a null refused
     required: tuple[str, ...] = ()
 
 
 class IcebergTarget(StagedFilesTarget):
-    """An Iceberg table written exactly once per epoch (see the module docstring).
-
-    Holds only the catalog's properties, the table's name and layout (strings), so it ships
-    to Spark tasks as is; the catalog, table and filesystem are made where they are needed."""
+    """An Iceberg table written exactly once per epoch; pickles without its catalog."""
 
     cleanup = "an orphan-file cleanup"
 
     def __init__(self, catalog: dict[str, str], table: str, *,
                  partition_by: tuple[str, ...] = (), app_id: str | None = None) -> None:
-        """``catalog``: pyiceberg catalog properties (``uri``, ``warehouse``, ``type`` …,
-        and ``name``); ``table``: ``namespace.table``; ``partition_by``: the identity
-        partition columns of a table to create (an existing table's must match; empty: take
-        the table's); ``app_id``: the app id in the snapshot summaries (default: the query's
-        id, which Spark keeps in the checkpoint location across restarts)."""
         try:
             import pyiceberg  # noqa: F401
         except ImportError:
             raise ValueError(
                 "target iceberg needs the pyiceberg package wherever the query runs, "
-                "executors included: pip install 'flinkish[iceberg]'"
-            ) from None
+                "executors included: pip install 'flinkish[iceberg]'") from None
         if "." not in table.strip(".") or not table.strip():
             raise ValueError(
                 f"option table: {table!r} is not namespace.table (e.g. 'events.clicks')")
@@ -189,12 +142,10 @@ class IcebergTarget(StagedFilesTarget):
                     f"cannot load Iceberg catalog {self._name!r} "
                     f"({redact_config(self._properties)}): {exc}. Check the catalog.* options "
                     "(catalog.uri: sqlite:///path, postgresql+psycopg://… or http(s):// for "
-                    "REST; catalog.warehouse: where new tables go)"
-                ) from None
+                    "REST; catalog.warehouse: where new tables go)") from None
         return self._catalog_handle
 
     def load(self) -> Any:
-        """The table as the catalog has it now."""
         return self._catalog().load_table(self._table_name)
 
     def _layout(self) -> _Layout:
@@ -206,8 +157,7 @@ class IcebergTarget(StagedFilesTarget):
         return self._layout().partitions
 
     def files(self) -> tuple[pafs.FileSystem, str]:
-        """The filesystem of the data location (through pyiceberg's file IO, configured by
-        the catalog's properties) and the location's path in it."""
+        """The filesystem of the data location (pyiceberg's file IO) and its path in it."""
         if self._fs_handle is None:
             location = self._layout().data_location
             if location.startswith("file:") or "://" not in location:
@@ -224,9 +174,7 @@ class IcebergTarget(StagedFilesTarget):
     # -- TargetBase ----------------------------------------------------------------------------
 
     def check(self, schema: pa.Schema) -> None:
-        """Create the table from ``schema`` (windows split into their bounds, every column
-        optional, partitioned by identity of ``partition_by``) if missing; otherwise make
-        sure it has the stream's columns with the same types and the same partitioning."""
+        """Create the table if missing, else check its columns, types and partitioning."""
         from pyiceberg.catalog import Catalog
         from pyiceberg.exceptions import NoSuchTableError, TableAlreadyExistsError
 
@@ -263,12 +211,10 @@ class IcebergTarget(StagedFilesTarget):
         self._commit([f["path"] for f in files], {}, None)
 
     def committed_watermark(self, query: str) -> int | None:
-        """The newest watermark the table's snapshots (those not expired) record for
-        ``query``; None before any. Published watermarks never go back."""
-        for record in self.epoch_records(query):
-            if record.get("watermark") is not None:
-                return int(record["watermark"])
-        return None
+        """The newest watermark the table's snapshots record for ``query`` (they never go
+        back); None before any."""
+        return next((int(r["watermark"]) for r in self.epoch_records(query)
+                     if r.get("watermark") is not None), None)
 
     def close(self) -> None:
         self._catalog_handle = None
@@ -276,9 +222,7 @@ class IcebergTarget(StagedFilesTarget):
     # -- EpochTarget ---------------------------------------------------------------------------
 
     def commit_epoch(self, pre_commits: list[PreCommit], record: EpochRecord) -> None:
-        """Commit the epoch's files as one snapshot whose summary carries the app id, the
-        epoch and its record, unless the table holds the epoch already; then drop the
-        manifests (the files are the table's now)."""
+        """Commit the epoch as one snapshot unless the table holds it; drop the manifests."""
         app = self.app_id(record.query)
         paths = [f["path"] for decided in pre_commits
                  for f in decided.listed("files", "IcebergTarget")]
@@ -289,9 +233,8 @@ class IcebergTarget(StagedFilesTarget):
 
     def _commit(self, paths: list[str], summary: dict[str, str],
                 epoch: tuple[str, int] | None) -> None:
-        """One snapshot adding ``paths`` with ``summary``, unless the table holds ``epoch``
-        (app id, epoch); tried again on the table as it then is while other writers' commits
-        win the race."""
+        """One snapshot adding ``paths`` unless the table holds ``epoch`` (app id, epoch),
+        tried again while other writers' commits win the race."""
         from pyiceberg.exceptions import CommitFailedException
 
         for attempt in itertools.count(1):
@@ -323,9 +266,7 @@ class IcebergTarget(StagedFilesTarget):
 
     def epoch_records(self, query: str | None = None, limit: int | None = None
                       ) -> list[dict[str, Any]]:
-        """The epoch records in the snapshots of the table's current state (its newest
-        ``limit`` snapshots, if given), newest first (of ``query`` only, if given), with
-        their snapshot ids."""
+        """The epoch records (of ``query``) in the newest ``limit`` snapshots, newest first."""
         from pyiceberg.table.snapshots import ancestors_of
 
         table = self.load()
@@ -340,8 +281,7 @@ class IcebergTarget(StagedFilesTarget):
 
 
 def _layout_of(table: Any) -> _Layout:
-    """Where ``table``'s data files go and its identity partition columns; ValueError for a
-    partitioning by another transform."""
+    """``table``'s data location and columns; ValueError for a non-identity partitioning."""
     from pyiceberg.transforms import IdentityTransform
 
     schema = table.schema()
@@ -360,16 +300,14 @@ def _layout_of(table: Any) -> _Layout:
 
 
 def _without_own_retries(table: Any) -> None:
-    """Turn off pyiceberg's retry of a lost commit for ``table`` (in memory only): it would
-    rebase the append onto the new snapshot without checking whether that one holds the
-    epoch already."""
+    """Turn off pyiceberg's retry of a lost commit (in memory): it would rebase the append
+    without checking whether the new snapshot holds the epoch."""
     properties = {**table.metadata.properties, "commit.retry.num-retries": "0"}
     table.metadata = table.metadata.model_copy(update={"properties": properties})
 
 
 def _holds(table: Any, app: str, epoch: int) -> bool:
-    """Whether ``table`` (as read) holds ``epoch`` of ``app``: the newest snapshot of the app
-    id in the current state's history has that epoch or a later one (Flink's
+    """Whether the newest snapshot of ``app`` has ``epoch`` or a later one (Flink's
     ``getMaxCommittedCheckpointId``)."""
     from pyiceberg.table.snapshots import ancestors_of
 
@@ -381,7 +319,6 @@ def _holds(table: Any, app: str, epoch: int) -> bool:
 
 
 def _summary_of(record: EpochRecord) -> dict[str, str]:
-    """The record's snapshot summary entries (strings, as summaries hold)."""
     fields = record.to_json()
     summary = {}
     for name, key in _RECORD_KEYS.items():
@@ -407,18 +344,15 @@ def _record_of(summary: dict[str, str]) -> dict[str, Any] | None:
     return record
 
 
-
 def _json_value(value: Any) -> Any:
     return value if value is None or isinstance(value, (str, int, float, bool)) else str(value)
 
 
 class IcebergTransaction(StagedFiles):
-    """One task attempt's data files (see :class:`StagedFiles`); pre-committed as their
-    paths, sizes, rows and partition values."""
+    """One task attempt's data files, pre-committed as their paths, sizes and partitions."""
 
     def __init__(self, target: IcebergTarget, txn: TransactionId | None, schema: pa.Schema):
-        # a file's columns are required where the table's are: pyiceberg adds no file whose
-        # schema differs from the table's
+        # pyiceberg adds no file whose schema (nullability too) differs from the table's
         self._required = target._layout().required
         super().__init__(target, txn, pa.schema([f.with_nullable(f.name not in self._required)
                                                  for f in table_schema(schema)]))

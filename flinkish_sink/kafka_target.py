@@ -1,34 +1,10 @@
 """Kafka as a two-phase-commit target: Flink's ``KafkaSink`` with
 ``DeliveryGuarantee.EXACTLY_ONCE`` on Spark's epochs.
 
-Task side (librdkafka does what it can): each write task attempt produces its rows in a Kafka
-transaction of its own, whose ``transactional.id`` is the attempt's :class:`TransactionId`
-without a run token (``prefix:query:epoch:task:attempt``), flushes, and returns as its
-pre-commit the :class:`KafkaCommittable`: the transactional id with the producer id and epoch
-the coordinator gave it (librdkafka's statistics, ``eos.producer_id`` / ``producer_epoch``).
-The transaction stays open: librdkafka does not end it when the producer is destroyed.
-
-Driver side: the coordinator records the epoch's decision, then each decided committable is
-committed with EndTxn (:class:`TransactionClient`), which Kafka's ``TransactionCoordinator``
-accepts from any connection that names the transaction's current producer id and epoch, and
-answers with success when repeated after the commit completed (so recovery commits a decided
-epoch's transactions again).
-
-The ids are deterministic, so a replay of an epoch after a crash opens its transactions under
-the ids of the crashed run's: ``init_transactions()`` on an id bumps its producer epoch,
-fencing the older producer and aborting its open transaction (the coordinator's
-``handleInitProducerId``: an ongoing transaction is aborted before the new epoch is handed
-out). That is how leftovers are aborted here — Kafka cannot list a query's open transactions
-(ListTransactions is Kafka 3.0+ and filters by state, not by prefix), so :meth:`pending` finds
-none and each task attempt aborts its siblings instead, as Flink's ``TransactionAborter``
-does: before it writes, attempt ``k`` of task ``t`` of epoch ``e`` initialises the ids of
-attempts ``0..k-1`` (failed attempts, or their zombies), and, when its own id was used before
-(a replay), those of attempts ``k+1, k+2, …`` until one answers producer epoch 0 (never used:
-nothing after it was either). Two rules keep this from touching a decided transaction: a
-task of an epoch that already has a recorded decision writes nothing (its rows are in the
-decided transactions; see :attr:`KafkaTarget.reuses_transaction_ids`), and a decided attempt
-is the last one of its task Spark ran (Spark's speculation, which runs two attempts at once,
-must stay off).
+Each task attempt produces into a transaction of its own, left open, and pre-commits its
+:class:`KafkaCommittable` (transactional id, producer id and epoch); the driver commits it with
+EndTxn. The ids are deterministic, so a replay fences the crashed run's producers; the tasks
+abort their siblings' leftovers (docs/guides/exactly-once-kafka.md, "Transactional ids").
 """
 
 from __future__ import annotations
@@ -47,11 +23,7 @@ from flinkish_core.durations import format_duration
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import fingerprint, redact_config, secret_values
 from flinkish_kafka.java_security import ClientSecurity, client_config, translate
-from flinkish_kafka.transactions import (
-    KafkaCommittable,
-    TransactionClient,
-    TransactionFencedError,
-)
+from flinkish_kafka.transactions import KafkaCommittable, TransactionClient, TransactionFencedError
 from flinkish_sink.options import DEFAULT_TRANSACTION_TIMEOUT_MS, TargetOptions
 from flinkish_sink.target import SOURCE_POSITION, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
@@ -60,7 +32,7 @@ logger = logging.getLogger(__name__)
 
 #: The columns a Kafka record is made of, as Spark's Kafka sink names them.
 VALUE, KEY, TOPIC, PARTITION, HEADERS = "value", "key", "topic", "partition", "headers"
-#: How often librdkafka reports its statistics, where the producer id and epoch are read.
+#: How often librdkafka reports its statistics (the producer id and epoch).
 STATS_INTERVAL_MS = 10
 #: How long a task waits for its producer (init, flush, statistics) before failing.
 PRODUCER_TIMEOUT_S = 60.0
@@ -69,8 +41,7 @@ COMMIT_TIMEOUT_S = 60.0
 
 
 def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
-    """The secrets among the ``kafka.*`` options: secret-looking values, and what the
-    translation takes out of them (a JAAS string's password)."""
+    """The secrets among the ``kafka.*`` options, also those inside a JAAS string."""
     found = secret_values(kafka)
     try:
         config, security = translate(kafka)
@@ -79,7 +50,6 @@ def _kafka_secrets(kafka: dict[str, str]) -> list[str]:
     return found + secret_values(config) + security.secrets()
 
 
-#: The producers' settings: the ``kafka.*`` options without the prefix.
 KAFKA: Option[dict[str, str]] = Option(
     "kafka.*", collected, {}, shown_default="—", mask=redact_config, secrets=_kafka_secrets,
     doc="`kafka.bootstrap.servers` (required) and producer settings, as for the source: "
@@ -99,7 +69,6 @@ TOPIC_OPTION: Option[str | None] = Option(
         "`topic`, `partition` and `offset` (where a record was read, never where it is "
         "written).")
 
-#: Producer settings the sink sets itself.
 _FORBIDDEN = {
     "transactional.id": "the sink derives each write task's transactional id from the option "
                         "transactionalIdPrefix, the query, the epoch and the task",
@@ -112,13 +81,11 @@ _FORBIDDEN = {
 
 @dataclass(frozen=True, repr=False)
 class KafkaSinkOptions:
-    """What a Kafka target connects with: the translated ``kafka.*`` settings (secrets
-    masked in the repr) and the ``topic`` option (None: each row's ``topic`` column)."""
+    """What a Kafka target connects with; ``topic`` None: each row's ``topic`` column."""
 
     config: tuple[tuple[str, str], ...]
     security: ClientSecurity
     topic: str | None
-    #: the producers' ``transaction.timeout.ms``
     transaction_timeout_ms: int
 
     def __repr__(self) -> str:
@@ -129,17 +96,12 @@ class KafkaSinkOptions:
 
     @property
     def fingerprint(self) -> str:
-        """A hash of the settings, secrets included (the repr masks them)."""
+        """A hash of the settings, secrets included."""
         return fingerprint(self.config, self.security, self.security.secrets(), self.topic,
                            self.transaction_timeout_ms)
 
     def client_config(self) -> dict[str, Any]:
-        """librdkafka's settings of one of the sink's clients (producers and the transaction
-        client), with the key stores' files and the MSK IAM callback."""
         return client_config(dict(self.config), self.security)
-
-    def secrets(self) -> list[str]:
-        return secret_values(dict(self.config)) + self.security.secrets()
 
 
 def kafka_options(options: TargetOptions) -> KafkaSinkOptions:
@@ -175,9 +137,7 @@ def kafka_options(options: TargetOptions) -> KafkaSinkOptions:
                             topic.strip() if topic else None, timeout_ms)
 
 
-#: Per process, by the options' fingerprint: the driver's transaction client (the coordinator
-#: builds a target for every epoch's commit) and the tasks' at-least-once producer (a Python
-#: worker runs many tasks), as Spark's Kafka sink caches its producers.
+#: Per process, by the options' fingerprint, as Spark's Kafka sink caches its producers.
 _CLIENTS: dict[str, TransactionClient] = {}
 _DIRECT: dict[str, _Producer] = {}
 
@@ -199,10 +159,7 @@ def _is_text_or_binary(dtype: pa.DataType) -> bool:
 
 
 def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str]:
-    """Which of ``schema``'s columns make the records (``value``, and ``key``, ``topic``,
-    ``partition``, ``headers`` where they are written), checked as Spark's Kafka sink checks
-    them; raises :class:`OptionError` naming the problem and the fix. Other columns are not
-    written (as in Spark's Kafka sink)."""
+    """Which of ``schema``'s columns make the records, checked as Spark's Kafka sink does."""
     names = set(schema.names)
     if VALUE not in names:
         raise OptionError(
@@ -252,10 +209,8 @@ def _headers_type(dtype: pa.DataType) -> bool:
 
 
 class _Reports:
-    """What a producer reports through its callbacks: delivery failures and its latest
-    statistics (kept raw; parsed only when read). Apart from :class:`_Producer` so that the
-    producer's callbacks do not hold it in a reference cycle (the producer, its threads and
-    connections then go when the last reference does)."""
+    """A producer's delivery failures and latest statistics; apart from :class:`_Producer`
+    so that its callbacks hold no reference cycle and it goes with its last reference."""
 
     def __init__(self) -> None:
         self.failed: list[str] = []
@@ -272,22 +227,16 @@ class _Reports:
 
 
 class _Producer:
-    """A librdkafka producer with its :class:`_Reports`."""
-
     def __init__(self, config: dict[str, Any]) -> None:
         from confluent_kafka import Producer
 
         self.reports = _Reports()
-        self.producer = Producer({
-            **config,
-            "statistics.interval.ms": STATS_INTERVAL_MS,
-            "stats_cb": self.reports.on_stats,
-            "on_delivery": self.reports.on_delivery,
-        })
+        self.producer = Producer({**config, "statistics.interval.ms": STATS_INTERVAL_MS,
+                                  "stats_cb": self.reports.on_stats,
+                                  "on_delivery": self.reports.on_delivery})
 
     def flush(self, what: str) -> None:
-        """Wait until every record is delivered; raise, naming ``what``, for those that were
-        not (the failures are reported once)."""
+        """Wait until every record is delivered; raise, naming ``what``, for those not."""
         left = self.producer.flush(PRODUCER_TIMEOUT_S)
         failed, self.reports.failed = self.reports.failed, []
         if left or failed:
@@ -296,9 +245,8 @@ class _Producer:
                                + (f"; failures: {'; '.join(failed)}" if failed else ""))
 
     def fresh_eos(self, timeout_s: float) -> dict[str, Any]:
-        """The ``eos`` part of the first statistics report made after this call began that
-        shows the producer id assigned (a report made during ``init_transactions`` may come
-        after it returned and still show none)."""
+        """The ``eos`` statistics of the first report after this call that shows the producer
+        id assigned (a report from ``init_transactions`` may come late, without one)."""
         reports = self.reports
         seen = reports.stats_seen
         deadline = time.monotonic() + timeout_s
@@ -331,8 +279,7 @@ def _init_transactions(producer: Any, transactional: str, timeout_ms: int) -> No
 
 
 class KafkaTransaction:
-    """One write task attempt's open Kafka transaction (Flink: the writer's producer of a
-    checkpoint)."""
+    """One write task attempt's open Kafka transaction."""
 
     def __init__(self, target: KafkaTarget, txn: TransactionId, schema: pa.Schema) -> None:
         self._target = target
@@ -345,8 +292,7 @@ class KafkaTransaction:
         producer = self._client.producer
         _init_transactions(producer, self._id, target.options.transaction_timeout_ms)
         if self._client.fresh_eos(PRODUCER_TIMEOUT_S).get("producer_epoch", 0) > 0:
-            # the id was used before: a replay, whose crashed run may have run later
-            # attempts of this task
+            # a replay: the crashed run may have run later attempts of this task
             target.abort_siblings(self._txn, before=False)
         producer.begin_transaction()
 
@@ -401,19 +347,15 @@ def produce_rows(producer: Any, batch: pa.RecordBatch, columns: dict[str, str],
 
 
 class KafkaTarget:
-    """Records into Kafka topics (see the module docstring)."""
+    """Records into Kafka topics."""
 
     #: an open transaction holds no lock another writer waits on
     leftovers_block_writes = False
     pending_consequence = ("the broker aborts an open transaction at transaction.timeout.ms, "
                            "and until then read_committed consumers of its partitions stop at it")
-    #: a replay of an epoch opens its transactions under the ids the crashed run used
-    #: (that is how it fences them), so an epoch with a recorded decision must not be
-    #: written again: initialising a decided transaction's id would abort it
+    #: initialising a decided transaction's id would abort it: a decided epoch is not rewritten
     reuses_transaction_ids = True
-    #: librdkafka retries a request the broker did not answer (within its message timeout;
-    #: the flush waits up to PRODUCER_TIMEOUT_S), so the sink keeps no copy of the rows to
-    #: write again after an outage
+    #: librdkafka retries what the broker did not answer: no copy of the rows is kept
     client_rides_out_outages = True
 
     def __init__(self, options: KafkaSinkOptions) -> None:
@@ -438,8 +380,7 @@ class KafkaTarget:
         return KafkaTransaction(self, txn, schema)
 
     def write_direct(self, batch: pa.RecordBatch) -> None:
-        """At-least-once / none: an idempotent producer; the rows are flushed before this
-        returns (so before the task does)."""
+        """At-least-once / none: an idempotent producer, flushed before this returns."""
         key = self.options.fingerprint
         if key not in _DIRECT:
             _DIRECT[key] = _Producer(self.producer_config())
@@ -449,8 +390,8 @@ class KafkaTarget:
         direct.flush(repr(self))
 
     def fence(self, transactional: str) -> int:
-        """Initialise a producer on ``transactional``: fences its older producers and aborts
-        their open transaction. Returns the producer epoch the id got (0: never used)."""
+        """Initialise a producer on ``transactional``, fencing and aborting its older ones;
+        the producer epoch the id got (0: never used)."""
         client = _Producer(self.producer_config(transactional))
         try:
             _init_transactions(client.producer, transactional,
@@ -460,9 +401,8 @@ class KafkaTarget:
             client.producer.flush(0)
 
     def abort_siblings(self, txn: TransactionId, *, before: bool) -> list[str]:
-        """Abort the other attempts' transactions of ``txn``'s epoch and task: those before
-        it (``before``), or those after it up to the first id never used. Returns the ids
-        that held a transaction's producer."""
+        """Abort the attempts before ``txn`` (``before``), or those after it up to the first
+        id never used; the ids that were used."""
         aborted = []
         attempts = range(txn.attempt) if before else itertools.count(txn.attempt + 1)
         for attempt in attempts:
@@ -498,8 +438,7 @@ class KafkaTarget:
                 "stops rather than go on with the gap. Replay the epoch's input from its "
                 "source into the topic if it must be complete, and raise the option "
                 "kafka.transaction.timeout.ms (up to the brokers' transaction.max.timeout.ms) "
-                "to ride out longer outages"
-            ) from exc
+                "to ride out longer outages") from exc
 
     def rollback(self, txn: TransactionId) -> None:
         self.fence(transactional_id(txn))
@@ -508,8 +447,7 @@ class KafkaTarget:
         return []
 
     def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        """None found: Kafka cannot list a query's open transactions; the write tasks abort
-        their siblings' instead (see the module docstring)."""
+        """None: Kafka cannot list them; the write tasks abort their siblings' instead."""
         return {}
 
     def publish_epoch(self, query: str, epoch: int, watermark: int | None, rows: int,
@@ -531,10 +469,6 @@ class KafkaTarget:
             direct.producer.flush(PRODUCER_TIMEOUT_S)
 
 
-def _check(options: TargetOptions) -> None:
-    kafka_options(options)
-
-
 def _create(options: TargetOptions, late: bool) -> KafkaTarget:
     assert not late, "target kafka has no side output"
     return KafkaTarget(kafka_options(options))
@@ -545,7 +479,7 @@ FACTORY = TargetFactory(
     doc="Kafka topics ([exactly once into Kafka](../guides/exactly-once-kafka.md)), as "
         "Flink's `KafkaSink` writes them: a transaction per write task, committed by the driver.",
     options=(KAFKA, TOPIC_OPTION),
-    check=_check,
+    check=kafka_options,
     create=_create,
     cli_option="kafka.bootstrap.servers",
     title="Kafka",

@@ -1,10 +1,7 @@
 """The sink's options, validated when the query starts (in ``streamWriter``).
 
-Each option is declared once (:class:`flinkish_core.config.Option`): the sink's own options
-here, each target's in its module (found by name through :mod:`flinkish_sink.targets`); the
-options several targets take (``path``, ``table``, ``upsertKey`` …) are declared here and
-listed by the targets that take them. The docs' sink option reference is generated from these
-declarations (``dev/mkdocs_hooks.py``).
+The sink's own options and those several targets take are declared here, each target's in its
+module; the docs' sink option reference is generated from the declarations.
 """
 
 from __future__ import annotations
@@ -52,8 +49,7 @@ class LateData(Enum):
 
 SINK = "sink"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 15 * 60_000
-#: How long the sink rides out an unreachable target (see :mod:`flinkish_sink.outages`): a
-#: database's restart or an object store's failover, not a lasting loss.
+#: Long enough for a database's restart or an object store's failover, not a lasting loss.
 DEFAULT_OUTAGE_TIMEOUT_MS = 30_000
 _PREFIX = re.compile(r"^[A-Za-z0-9_.]+$")
 
@@ -72,8 +68,7 @@ def _positive(key: str, value: str, ms: int) -> None:
 
 
 def _shared_location(key: str, value: str, location: str | None) -> None:
-    """Files a target stages in the write tasks and commits on the driver must be where
-    both reach (the checkpoint store, by contrast, is the driver's alone)."""
+    """Files staged in the tasks and committed on the driver must be where both reach."""
     problem = location and local_location_problem(
         key, location, os.environ.get(MASTER_ENV),
         "write tasks on the executors write files there and the driver commits them")
@@ -87,19 +82,24 @@ def _upsert_key(key: str, value: str, columns: tuple[str, ...]) -> None:
 
 
 def _upsert_key_error() -> OptionError:
-    """Empty, or given to a target that only appends: what the option takes and where."""
     return OptionError(
         "option upsertKey: the key columns, comma-separated (e.g. 'k,window_start'), with "
         f"target {targets.listed(targets.taking(UPSERT_KEY), 'or')}")
 
 
-def app_id(key: str, value: str) -> str:
-    """A Delta or Iceberg target's app id: left out, the query's id."""
+def _app_id(key: str, value: str) -> str:
     if not value.strip():
         raise OptionError(
             f"option {key} is empty: leave it out to use the query's id, or name the app id "
             "the table's commits record")
     return value.strip()
+
+
+def app_id_option(key: str, where: str) -> Option[str | None]:
+    """A Delta or Iceberg target's option of its app id (``where`` it is recorded)."""
+    return Option(key, _app_id, None, shown_default="the query's id",
+                  doc=f"The app id {where}; the query's id is kept in `checkpointLocation`, "
+                      "stable across restarts and different per query.")
 
 
 # The sink's own options.
@@ -205,11 +205,7 @@ LATE_PATH = Option(
 
 
 def distinct(options: TargetOptions, main: Option[Any], what: str) -> None:
-    """The side output (``lateData.table`` / ``lateData.path``) is not ``main`` itself.
-
-    Raises:
-        OptionError: it is, naming ``what`` the side output must be another of.
-    """
+    """Raise OptionError if the side output is ``main`` itself (another ``what``)."""
     side = LATE_TABLE if main is TABLE else LATE_PATH
     if options[side] is not None and options[side] == options[main]:
         raise OptionError(f"option {side.key} must name another {what} than {main.key}")
@@ -217,15 +213,8 @@ def distinct(options: TargetOptions, main: Option[Any], what: str) -> None:
 
 @dataclass(frozen=True, repr=False)
 class TargetOptions:
-    """A target's options: its name, the sink options it reads, and the values of the options
-    it declares (given or default). ``options[OPTION]`` reads one.
-
-    Args:
-        name: the target's name (option ``target``).
-        values: each declared option's value, by key.
-        guarantee: option ``deliveryGuarantee``.
-        late_data: option ``lateData``.
-    """
+    """A target's name, the sink options it reads, and the values of the options it
+    declares, by key (given or default); ``options[OPTION]`` reads one."""
 
     name: str
     values: tuple[tuple[str, Any], ...] = ()
@@ -243,7 +232,7 @@ class TargetOptions:
 
     @property
     def secrets(self) -> list[str]:
-        """The secret values among the options (a DSN's password), to scrub from messages."""
+        """The secret values among the options, to scrub from messages."""
         found: list[str] = []
         for option in targets.factory(self.name).options:
             if option.secrets is not None:
@@ -257,9 +246,8 @@ def _masked(option: Option[Any] | None, value: Any) -> Any:
 
 @dataclass(frozen=True, repr=False)
 class SinkOptions:
-    """The parsed options. A target's options may hold a password: the repr masks it, and
-    :attr:`fingerprint` (not the repr) is what identifies a configuration in caches;
-    ``options[OPTION]`` reads one of the target's options."""
+    """The parsed options; the repr masks passwords, :attr:`fingerprint` identifies them in
+    caches; ``options[OPTION]`` reads one of the target's."""
 
     target_options: TargetOptions
     checkpoint_location: str | None
@@ -267,12 +255,7 @@ class SinkOptions:
     retain: int
     event_time_column: str
     prefix: str
-    #: how old one of the sink's own pre-commits may get before the sink warns about it
-    #: (Flink's transactionTimeout warning): prepared transactions hold locks and keep
-    #: PostgreSQL's VACUUM from cleaning up
     transaction_timeout_ms: int = DEFAULT_TRANSACTION_TIMEOUT_MS
-    #: how long a step that fails because the target is unreachable is retried before the
-    #: query fails (0: not retried)
     outage_timeout_ms: int = DEFAULT_OUTAGE_TIMEOUT_MS
 
     @property
@@ -306,13 +289,12 @@ class SinkOptions:
 
     @property
     def secrets(self) -> list[str]:
-        """The secret values in the options (the DSN's password), to scrub from messages."""
         return self.target_options.secrets
 
 
 def _unknown(key: str, declared: Mapping[str, Option[Any]], target: str) -> OptionError:
-    """The error for option ``key``, which ``target`` does not declare: the targets it
-    applies to, or the declared option it is closest to."""
+    """The error for option ``key``, undeclared by ``target``: where it applies, or the
+    option it is closest to."""
     everything = dict(declared)
     for other in targets.installed():
         for option in other.options:
@@ -336,9 +318,7 @@ def _misplaced(option: Option[Any], target: str) -> OptionError:
 
 
 def parse_target_options(raw: Mapping[str, Any]) -> TargetOptions:
-    """The options of the target ``raw`` names, checked against its declarations; the sink's
-    own options are read where a target's rules need them (``deliveryGuarantee``,
-    ``lateData``) and otherwise ignored.
+    """The options of the target ``raw`` names, checked against its declarations.
 
     Raises:
         OptionError: an unknown, misplaced, missing or wrong option.
@@ -391,27 +371,21 @@ def parse_sink_options(raw: Mapping[str, Any]) -> SinkOptions:
             "the flinkish sink needs the query's checkpointLocation (or option "
             "checkpointing.location) to keep its per-epoch commit records")
     return SinkOptions(
-        target_options=target,
-        checkpoint_location=checkpoint,
-        state_location=state,
-        retain=given.value(RETAIN),
-        event_time_column=given.value(EVENT_TIME_COLUMN),
+        target_options=target, checkpoint_location=checkpoint, state_location=state,
+        retain=given.value(RETAIN), event_time_column=given.value(EVENT_TIME_COLUMN),
         prefix=given.value(TRANSACTIONAL_ID_PREFIX),
         transaction_timeout_ms=given.value(TRANSACTION_TIMEOUT),
-        outage_timeout_ms=given.value(OUTAGE_TIMEOUT),
-    )
+        outage_timeout_ms=given.value(OUTAGE_TIMEOUT))
 
 
 def _sink_given(raw: Mapping[str, Any]) -> Given:
-    """The sink's own options among ``raw`` (the target's were checked already)."""
     own = {s for o in SINK_OPTIONS for s in o.spellings()}
     return match({k: v for k, v in raw.items() if str(k).lower() in own}, SINK_OPTIONS,
                  lambda key, declared: OptionError(f"unknown option {key!r}"))
 
 
 def reference() -> str:
-    """The docs' sink option reference (Markdown), generated from the declarations: the
-    sink's own options, then each target and the options it takes."""
+    """The docs' sink option reference (Markdown), generated from the declarations."""
     factories = targets.installed()
     target_options = list({o: None for f in factories for o in f.options})
     listing = "\n".join(f"- `{f.name}`: {f.doc}" for f in factories)

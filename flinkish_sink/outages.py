@@ -1,22 +1,9 @@
 """Riding out a target that is away for a while: which errors mean "away", and the retries.
 
-A database restarting or an object store failing over makes every call fail for some
-seconds. Flink restarts the job from its last checkpoint (its restart strategies back off
-between attempts); a Spark micro-batch that fails ends the query instead, so the sink retries
-the failed step itself, within the write task (the pre-commit: write + prepare) and on the
-driver (commit, abort, recovery), with exponential backoff and jitter, for up to the sink's
-``outageTimeout``. Each retry is logged. Past the bound the step fails with an error naming
-the target and how long it tried; ``outageTimeout=0`` fails at the first error, unchanged.
-
-Only errors that say the other side could not be reached are retried (:func:`is_transient`):
-a lost or refused connection, a server shutting down or starting up, a timeout, an object
-store's 5xx. Never an error that means something else and would mean the same on a retry: a
-fencing loss, a refused login or access, a schema that does not fit, a constraint or
-serialization failure.
-
-A retried step must be idempotent; how each is made so is said where it is retried
-(:class:`RetriedTransaction` for the task; the driver's commit is the coordinator's, which
-finishes whatever a failed attempt left as recovery after a crash does).
+A failed Spark micro-batch ends the query (where Flink would restart the job), so the sink
+retries a step that failed because its target could not be reached, with backoff, for up to
+``outageTimeout``. What is retried and why no row is doubled: docs/guides/recover-after-crash.md,
+"When the target is away for a while".
 """
 
 from __future__ import annotations
@@ -40,35 +27,27 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-#: SQLSTATEs of a connection PostgreSQL lost or would not take yet: class 08 (connection
-#: exception) and the operator interventions admin / crash shutdown and cannot-connect-now
-#: (starting up, shutting down, in recovery).
+#: SQLSTATEs of a connection lost or not taken yet: class 08, shutdown, cannot-connect-now.
 _PG_TRANSIENT_CLASS = "08"
 _PG_TRANSIENT_STATES = frozenset({"57P01", "57P02", "57P03"})
-#: What libpq says, without a SQLSTATE, when the server was reached but refused the login or
-#: the settings: the same on every retry.
+#: What libpq says, without a SQLSTATE, when the server refused the login or the settings.
 _PG_LOGIN_REFUSED = (
     "authentication", "password", "pg_hba.conf", "does not exist", "permission denied",
-    "certificate", "sslmode", "invalid connection option", "invalid dsn",
-)
+    "certificate", "sslmode", "invalid connection option", "invalid dsn")
 
-#: An object store's (pyarrow's AWS SDK, delta-rs' object_store, HTTP clients) words for a
-#: request that did not reach the store or that the store could not serve for now.
+#: An object store's (AWS SDK, object_store, HTTP) words for a request it could not serve now.
 _STORE_UNREACHABLE = re.compile(
     r"connection refused|connection reset|connection aborted|connection closed|broken pipe"
     r"|could not connect|couldn't connect|failed to connect|tcp connect error"
     r"|network_connection|error sending request|unexpected eof|end of file"
     r"|timed out|timeout|temporarily unavailable|service[ _]unavailable|slow[ _]?down"
     r"|internal server error|bad gateway|gateway timeout|internal_failure|request_timeout"
-    r"|\b(?:status|code)\b\D{0,12}\b5\d\d\b",
-    re.IGNORECASE,
-)
+    r"|\b(?:status|code)\b\D{0,12}\b5\d\d\b", re.IGNORECASE)
 #: ... and for a request the store refused: no retry makes it pass.
 _STORE_REFUSED = re.compile(
     r"access ?denied|forbidden|unauthori[sz]ed|invalidaccesskeyid|signaturedoesnotmatch"
     r"|expiredtoken|invalidtoken|no ?such ?bucket|\b(?:status|code)\b\D{0,12}\b40[13]\b",
-    re.IGNORECASE,
-)
+    re.IGNORECASE)
 
 
 class TargetUnavailableError(RuntimeError):
@@ -76,9 +55,8 @@ class TargetUnavailableError(RuntimeError):
 
 
 def postgres_transient(error: BaseException) -> bool | None:
-    """Whether a psycopg error means PostgreSQL could not be reached for now (a lost or refused
-    connection, a server shutting down, restarting or in recovery); None if ``error`` is not
-    psycopg's. Constraint, serialization and every other SQL error are not transient."""
+    """Whether a psycopg error means PostgreSQL could not be reached for now; None if
+    ``error`` is not psycopg's."""
     try:
         import psycopg
     except ImportError:  # pragma: no cover - the postgres extra is not installed
@@ -97,14 +75,12 @@ def postgres_transient(error: BaseException) -> bool | None:
 
 
 def object_store_transient(error: BaseException) -> bool | None:
-    """Whether an error of an object store or the network means the store could not be
-    reached or could not serve for now (refused, reset, timed out, a 5xx); None if it is not
-    such an error. A refused access (403, bad credentials, a missing bucket) is not
-    transient."""
+    """Whether an object store's or the network's error means the store could not be reached
+    or serve for now; None if it is not such an error."""
     if isinstance(error, ConnectionError | TimeoutError):
         return True
     if not isinstance(error, OSError):
-        # delta-rs raises its object store's failures as OSError; pyarrow's AWS SDK too
+        # delta-rs and pyarrow's AWS SDK raise the store's failures as OSError
         return None
     if isinstance(error, FileNotFoundError | FileExistsError | PermissionError
                   | IsADirectoryError | NotADirectoryError):
@@ -128,12 +104,8 @@ def _chain(error: BaseException) -> Iterator[BaseException]:
 
 
 def is_transient(error: BaseException) -> bool:
-    """Whether retrying the step that raised ``error`` may succeed once the target is back.
-
-    The first error of the chain that has a verdict decides: one declaring itself
-    (a ``transient`` attribute), a fencing loss (never), a PostgreSQL error
-    (:func:`postgres_transient`), an object store's or the network's
-    (:func:`object_store_transient`). Anything else is not transient."""
+    """Whether retrying the step that raised ``error`` may succeed once the target is back:
+    the first error of the chain with a verdict decides (its own ``transient`` first)."""
     for link in _chain(error):
         declared = getattr(link, "transient", None)
         if isinstance(declared, bool):
@@ -157,8 +129,8 @@ def _whole(error: BaseException) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    """Exponential backoff with jitter up to a deadline (``timeout_s`` after the step's first
-    attempt began; 0: no retry). Picklable: it travels to the write tasks."""
+    """Exponential backoff with jitter up to ``timeout_s`` after the step's first attempt
+    (0: no retry). Picklable: it travels to the write tasks."""
 
     timeout_s: float
     initial_backoff_s: float = 0.2
@@ -168,21 +140,17 @@ class RetryPolicy:
     sleep: Callable[[float], None] = field(default=time.sleep, compare=False)
 
     def delays(self) -> Iterator[float]:
-        """The pauses before each retry, unbounded: the backoff doubles up to
-        ``max_backoff_s``, each pause drawn from its upper half ("equal jitter", so clients
-        that lost the same server do not come back in step)."""
+        """The pauses before each retry, each from the upper half of the backoff ("equal
+        jitter": clients that lost the same server do not come back in step)."""
         backoff = self.initial_backoff_s
         while True:
             yield random.uniform(backoff / 2, backoff)
             backoff = min(self.max_backoff_s, backoff * self.multiplier)
 
-    def call(
-        self, target: object, what: str, step: Callable[[], T],
-        on_retry: Callable[[BaseException], None] | None = None,
-    ) -> T:
-        """``step()``, again after each transient failure until it succeeds or ``timeout_s``
-        has passed; ``on_retry(error)`` runs before each pause (to drop a broken connection).
-        ``target`` and ``what`` name the target and the step in the log and the error."""
+    def call(self, target: object, what: str, step: Callable[[], T],
+             on_retry: Callable[[BaseException], None] | None = None) -> T:
+        """``step()``, again after each transient failure until ``timeout_s`` has passed;
+        ``on_retry(error)`` runs before each pause (to drop a broken connection)."""
         start = self.clock()
         delays = self.delays()
         attempt = 0
@@ -200,14 +168,12 @@ class RetryPolicy:
                         f"{target!r}: {what} failed: the target stayed unreachable for "
                         f"{format_duration(elapsed)} ({attempt} attempts), longer than the "
                         f"sink's outageTimeout ({format_duration(self.timeout_s)}); last "
-                        f"error: {_whole(error)}"
-                    ) from error
+                        f"error: {_whole(error)}") from error
                 pause = min(left, next(delays))
                 logger.warning(
                     "%r unreachable: %s failed (attempt %d, %s of outageTimeout left), "
                     "retrying in %s: %s", target, what, attempt, format_duration(left),
-                    format_duration(pause), _first_line(error),
-                )
+                    format_duration(pause), _first_line(error))
                 if on_retry is not None:
                     on_retry(error)
                 self.sleep(pause)
@@ -217,26 +183,14 @@ _NO_RETRY = RetryPolicy(0)
 
 
 class RetriedTransaction:
-    """A task's transaction that survives its target going away for a while.
+    """A task's transaction that survives its target going away for a while: the rows are
+    kept (:class:`RowSpill`) until the pre-commit, and after a lost connection what the lost
+    attempt left under the id is rolled back (a PREPARE may have happened), the transaction
+    begun again under the same id and the rows written again. A target whose client rides
+    out outages itself (Kafka) keeps no copy: only its begin is retried."""
 
-    A lost connection loses a PostgreSQL transaction's rows (and a half-uploaded file its
-    data), so the rows written so far are kept (on local disk: :class:`RowSpill`) until the
-    pre-commit succeeds, and after a transient failure the transaction is begun again under the
-    same id and they are written again. Before that, whatever the lost attempt left under the
-    id is rolled back: nothing, half-written files, or — when the connection died during
-    PREPARE TRANSACTION after the server had done it — a prepared transaction holding every
-    row, which would otherwise be prepared a second time beside the new one. The id is this
-    task attempt's alone and the driver has not seen it yet (the task has not returned), so
-    no decision can name it.
-
-    A target whose client rides out an outage itself (``client_rides_out_outages``: Kafka's
-    producer retries its requests until its delivery timeout) keeps no copy: only its begin,
-    before any row, is retried here; a failed write or pre-commit fails the task, whose
-    transaction is then rolled back as any failed task's is."""
-
-    def __init__(
-        self, target: AnyTarget, txn: TransactionId, schema: pa.Schema, policy: RetryPolicy
-    ) -> None:
+    def __init__(self, target: AnyTarget, txn: TransactionId, schema: pa.Schema,
+                 policy: RetryPolicy) -> None:
         self._target = target
         self._txn = txn
         self._schema = schema

@@ -1,36 +1,9 @@
 """Compaction of a Parquet target: rewriting a query's small committed files into fewer large ones.
 
-Flink's ``FileSink`` compacts an epoch's pending files before its commit; a micro-batch stream
-at a 2 s trigger still makes one small file per write task and epoch, so here the driver
-merges *committed* files across epochs, every ``parquet.compactEvery`` epochs, into files of
-up to ``parquet.targetFileSize`` bytes (input bytes: the output is about as large).
-
-A compaction runs on the driver right after an epoch's checkpoint completed, so it never runs
-beside one of this query's epoch commits, and it only reads files of epochs that completed: a
-replay of such an epoch commits nothing, so it never looks for a file the compaction removed.
-It touches only this query's files (``part-<prefix>-<query>-…``); other queries writing to the
-same directory are left alone.
-
-Steps, each of which a crash may interrupt::
-
-    1. merge each group of inputs into  _flinkish_compactions/_staging/<id>/<output> (hidden)
-    2. write the record                 _flinkish_compactions/<id>.json               (decides)
-    3. move every output into place     part-<prefix>-<query>-<epoch>-c<token>-<n>.parquet
-    4. delete every input
-
-Before the record exists the compaction has not happened (a crash leaves only a hidden
-staging directory, deleted by the next compaction); once it exists the compaction has
-happened, and the next compaction (or the next epoch of the query) finishes steps 3-4, which
-can be repeated. A record is kept until the next compaction starts, after this one finished.
-
-A reader listing the directory sees a whole file or none, but not the swap at once: between
-step 3 and 4 both the inputs and the outputs are there. :func:`readable_files` gives the
-consistent view: for every record, the outputs if all of them are in place (then the inputs
-are hidden), else the inputs (then the outputs are hidden) -- inputs go only after every
-output is in place -- together with the epoch-record rule of the target (a file of an epoch
-whose record is not yet written is not read). It lists the epoch records, the files, the
-compaction records and the files again, in that order, so the view holds whatever the query
-does meanwhile.
+Flink's ``FileSink`` compacts before its commit; a micro-batch stream still makes one small
+file per task and epoch, so here the driver merges *committed* files of completed epochs. The
+steps, their crash safety and the reader's consistent view: docs/architecture.md, "Storage
+layout of one query".
 """
 
 from __future__ import annotations
@@ -84,7 +57,7 @@ class Compaction:
 
 def plan_groups(files: Iterable[tuple[str, int]], target_size: int) -> list[list[str]]:
     """Group ``files`` (name, bytes; in commit order) into runs of up to ``target_size`` bytes
-    to merge; a file already at least that large, and a run of one file, stay as they are."""
+    to merge; a file that large, or alone in its run, stays."""
     groups: list[list[str]] = []
     current: list[str] = []
     size = 0
@@ -117,18 +90,16 @@ class Compactor:
 
     def compact(self, epoch: int, fence: Callable[[], None] = lambda: None
                 ) -> Compaction | None:
-        """Finish any compaction a crash interrupted, then merge the query's small files of
-        epochs up to ``epoch`` (all completed). ``fence`` raises if another run of the query
-        took over (its compaction could pick the same files): it is called right before the
-        record. Returns what it decided (None: nothing)."""
+        """Finish any interrupted compaction, then merge the small files of epochs up to
+        ``epoch``; ``fence`` (raising if another run took over) is called right before the
+        record. What it decided (None: nothing)."""
         self.finish_pending(epoch)
         for record in self._records():  # all finished now
             delete_file_if_present(self._fs, self._path(COMPACTIONS_DIR, record))
         self._drop_undecided()
-        files = sorted(
+        files = sorted(  # in commit order: by epoch, then name
             ((m[1], info.base_name), info.size or 0) for info in self._listing()
-            if (m := self._mine.match(info.base_name)) and int(m[1]) <= epoch
-        )  # in commit order: by epoch, then name
+            if (m := self._mine.match(info.base_name)) and int(m[1]) <= epoch)
         groups = plan_groups(((name, size) for (_, name), size in files), self._target_size)
         if not groups:
             return None
@@ -224,25 +195,10 @@ VIEW_ATTEMPTS = 10
 
 
 def readable_files(fs: pafs.FileSystem, base: str) -> list[str]:
-    """The data files (paths) a reader should read for a consistent view of the directory
-    ``base``: whole epochs (a task attempt's file only once its query's epoch record is
-    written), and for each compaction either its inputs or its outputs, never both or neither.
-
-    The listings are ordered so that any interleaving with the query's commits and
-    compactions gives such a view:
-
-    1. the epoch records, before the files: an epoch recorded then has all its files in
-       place (they are moved before the record), and a compaction's output of epoch ``k``
-       found in step 2 stands for every epoch up to ``k`` (a compaction runs only after its
-       epoch completed) even if their records came after step 1;
-    2. the files;
-    3. the compaction records, after the files: a compaction whose outputs are among them
-       recorded itself before moving them;
-    4. the files again: if none of step 2's files is gone and no compaction output came, no
-       compaction moved or deleted a file between 2 and 4, so the records of 3 hold every
-       compaction step 2 saw half done (a record goes only after its compaction deleted its
-       inputs). Otherwise the directory is listed anew.
-    """
+    """The data files (paths) of a consistent view of ``base``: whole epochs, and each
+    compaction's inputs or outputs, never both or neither. The order of the listings (epoch
+    records, files, compaction records, files again) makes any interleaving with the query's
+    commits and compactions give such a view (docs/architecture.md)."""
     base = base.rstrip("/")
     for _ in range(VIEW_ATTEMPTS):
         epochs = _epoch_records(fs, base)

@@ -1,21 +1,9 @@
 """PostgreSQL as a two-phase-commit target: COPY into a transaction, PREPARE it, decide later.
 
-Flink's JDBC exactly-once sink relies on XA; PostgreSQL's native equivalent is
-``PREPARE TRANSACTION 'gid'``: the rows become durable (they survive a crash of the writer and a
-restart of the server) yet invisible, until any session runs ``COMMIT PREPARED 'gid'`` or
-``ROLLBACK PREPARED 'gid'``. Write tasks prepare; the driver commits. Because the gid is the
-deterministic :class:`TransactionId`, a restarted driver finds every transaction its query left
-prepared in ``pg_prepared_xacts`` and decides each one from the epoch it names.
-
-Rows travel as binary ``COPY`` built from the Arrow buffers by Arrow compute kernels (no Python
-object per row): the wire format is a 2-byte field count per row, then per field a 4-byte
-length (-1 for NULL) and the value in PostgreSQL's binary ``*_send`` representation.
-
-With an upsert key (``upsertKey``), a row replaces the table's row of the same key instead of
-adding one (a window's later pane overwrites its earlier one): the rows are copied into a
-staging table created and dropped inside the same transaction, then moved with one
-``INSERT … ON CONFLICT (key) DO UPDATE``. A prepared transaction may not touch temporary
-tables, so the staging table is an ordinary one that only this transaction ever sees.
+``PREPARE TRANSACTION 'gid'`` is PostgreSQL's XA: the rows are durable yet invisible until any
+session commits or rolls back the gid. The gid is the deterministic :class:`TransactionId`, so
+a restarted driver finds its query's transactions in ``pg_prepared_xacts``. Rows travel as
+binary ``COPY`` built from the Arrow buffers, with no Python object per row.
 """
 
 from __future__ import annotations
@@ -23,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -56,9 +44,8 @@ COPY_TRAILER = b"\xff\xff"
 
 @cache
 def _no_separator() -> pa.Scalar:
-    """The empty separator of the row join. Built at first use: a pyarrow scalar from a Python
-    value imports pandas, ~0.4 s of CPU that the driver's commit runner, which only commits,
-    would pay at every query start."""
+    """The empty separator of the row join, built at first use: a pyarrow scalar from a Python
+    value imports pandas, which the driver's commit runner would pay for at every start."""
     return pa.scalar(b"", pa.large_binary())
 
 
@@ -71,8 +58,7 @@ _FIX_2PC = (
     "PREPARE TRANSACTION cannot work. Fix: as a superuser run "
     "`ALTER SYSTEM SET max_prepared_transactions = 64;` and restart PostgreSQL, or start the "
     "server with `-c max_prepared_transactions=64` (use at least the number of write tasks "
-    "that pre-commit concurrently)."
-)
+    "that pre-commit concurrently).")
 
 
 Values: TypeAlias = np.ndarray | pa.Array
@@ -82,13 +68,9 @@ row's value is arbitrary), or a large_binary array, NULL where the column is."""
 
 @dataclass(frozen=True)
 class ColumnType:
-    """How one Arrow type lands in PostgreSQL.
-
-    ``ddl`` is the type a created table gets; ``accepts`` the ``pg_type.typname``\\ s of an
-    existing column that binary COPY of ``encode``'s output can fill (binary input is strict:
-    8 bytes of int64 cannot go into an int4 column); ``encode`` turns an Arrow array into its
-    :data:`Values`; ``fixed``: they are a numpy array (of one width).
-    """
+    """How one Arrow type lands in PostgreSQL: ``ddl`` for a created table, ``accepts`` the
+    ``pg_type.typname``\\ s binary COPY can fill (binary input is strict: int8 cannot go into
+    int4), ``encode`` to :data:`Values`, of one width when ``fixed``."""
 
     ddl: str
     accepts: frozenset[str]
@@ -96,7 +78,7 @@ class ColumnType:
     fixed: bool = False
 
 
-#: The fixed-width numbers and booleans: Arrow type, DDL, ``pg_type.typname``, numpy wire type.
+#: Arrow type, DDL, ``pg_type.typname``, numpy wire type.
 _FIXED_TYPES: tuple[tuple[Callable[[pa.DataType], bool], str, str, str], ...] = (
     (lambda t: pa.types.is_int8(t) or pa.types.is_int16(t), "smallint", "int2", ">i2"),
     (pa.types.is_int32, "integer", "int4", ">i4"),
@@ -117,16 +99,14 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
         return ColumnType("bytea", frozenset({"bytea"}), _encode_binary)
     if pa.types.is_timestamp(dtype) and dtype.unit in (*_US_PER_UNIT, "ns"):
-        # Arrow timestamps count from the Unix epoch in UTC (also when they carry no zone, which
-        # therefore land as UTC); an existing `timestamp` column takes the same binary value.
+        # Arrow timestamps count from the Unix epoch in UTC, also without a zone
         return ColumnType("timestamptz", frozenset({"timestamptz", "timestamp"}),
                           partial(_encode_timestamp, unit=dtype.unit), True)
     if pa.types.is_date32(dtype):
         return ColumnType("date", frozenset({"date"}), _encode_date, True)
     if pa.types.is_decimal(dtype):
         return ColumnType(
-            f"numeric({dtype.precision}, {dtype.scale})", frozenset({"numeric"}), _encode_decimal
-        )
+            f"numeric({dtype.precision}, {dtype.scale})", frozenset({"numeric"}), _encode_decimal)
     if any(kind(dtype) for kind in (pa.types.is_list, pa.types.is_large_list,
                                     pa.types.is_fixed_size_list, pa.types.is_struct,
                                     pa.types.is_map)):
@@ -134,12 +114,10 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     raise ValueError(
         f"unsupported type for column {column!r}: Arrow {dtype} has no PostgreSQL mapping "
         "(supported: integers, floats, bool, string, binary, timestamp, date32, decimal, "
-        "window structs as two timestamptz columns, other list/struct/map as jsonb)"
-    )
+        "window structs as two timestamptz columns, other list/struct/map as jsonb)")
 
 
 def postgres_types(schema: pa.Schema) -> list[ColumnType]:
-    """:func:`postgres_type` for every field, in order."""
     return [postgres_type(field.type, field.name) for field in schema]
 
 
@@ -148,12 +126,11 @@ def _binary_values(data: np.ndarray, width: int) -> pa.Array:
     count = len(data) * data.dtype.itemsize // width
     offsets = np.arange(0, (count + 1) * width, width, dtype=np.int64)
     return pa.Array.from_buffers(
-        pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
-    )
+        pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _numbers(column: pa.Array) -> np.ndarray:
-    # fill_null first: to_numpy would otherwise turn ints with nulls into float64 (lossy).
+    # to_numpy would turn ints with nulls into float64 (lossy)
     filled = column if column.null_count == 0 else pc.fill_null(
         column, False if pa.types.is_boolean(column.type) else 0)
     result: np.ndarray = filled.to_numpy(zero_copy_only=False)
@@ -166,7 +143,7 @@ def _encode_fixed(column: pa.Array, dtype: str) -> np.ndarray:
 
 def _encode_timestamp(column: pa.Array, unit: str) -> np.ndarray:
     raw = _numbers(column.cast(pa.int64()))
-    # PostgreSQL keeps microseconds: nanoseconds are floored (towards the earlier instant).
+    # PostgreSQL keeps microseconds: nanoseconds are floored
     micros = raw // 1_000 if unit == "ns" else raw * _US_PER_UNIT[unit]
     return (micros - _PG_EPOCH_US).astype(">i8")
 
@@ -177,7 +154,7 @@ def _encode_date(column: pa.Array) -> np.ndarray:
 
 
 def _encode_binary(column: pa.Array) -> pa.Array:
-    """text and bytea: the binary representation is the bytes themselves (text as UTF-8)."""
+    """text and bytea: the bytes themselves."""
     return column.cast(pa.large_binary())
 
 
@@ -188,7 +165,7 @@ def _encode_per_value(column: pa.Array, dump: Callable[[Any], bytes]) -> pa.Arra
 
 
 def _encode_decimal(column: pa.Array) -> pa.Array:
-    """numeric's binary form (base-10000 digits) through psycopg's own dumper."""
+    """numeric's binary form, by psycopg's own dumper."""
     dumper = psycopg.adapters.get_dumper(Decimal, PyFormat.BINARY)(Decimal)
 
     def dump(value: Decimal) -> bytes:
@@ -208,7 +185,7 @@ def _json_default(value: object) -> str:
 
 
 def _dump_jsonb(value: object) -> bytes:
-    # jsonb's binary format: a version byte (1), then the JSON text.
+    # jsonb's binary format: a version byte (1), then the JSON text
     text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
     return b"\x01" + text.encode()
 
@@ -227,8 +204,7 @@ def _records(fields: list[np.ndarray]) -> pa.Array:
 
 
 def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Array]:
-    """(lengths, data) of fixed-width ``values`` with NULLs: -1 and no bytes where not
-    ``valid``."""
+    """(lengths, data) of fixed-width ``values``: -1 and no bytes where not ``valid``."""
     width = values.dtype.itemsize
     lengths = np.where(valid, width, -1).astype(">i4")
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
@@ -239,15 +215,9 @@ def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Arr
 
 
 def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
-    """The rows of a ``COPY … FROM STDIN (FORMAT BINARY)`` payload for ``batch`` (everything
-    between :data:`COPY_HEADER` and :data:`COPY_TRAILER`).
-
-    A row is its field count, then per field a length (-1: NULL) and the value's bytes. Built
-    with one Arrow join over whole columns: the fixed-width pieces between two variable-length
-    values (the count, fixed-width fields without NULLs, the next value's length) are packed
-    into one record per row by numpy, the variable-length values (NULLs as nothing) go in
-    between. So fixed-width columns without NULLs side by side cost one piece together (see
-    :func:`copy_order`)."""
+    """The rows of a binary COPY payload for ``batch``, by one Arrow join over whole columns:
+    the fixed-width pieces between two variable-length values are packed into one record per
+    row by numpy, so adjacent fixed-width columns without NULLs cost one piece together."""
     parts: list[pa.Array] = []
     run: list[np.ndarray] = [np.full(batch.num_rows, len(types), dtype=">i2")]
     for kind, column in zip(types, batch.columns, strict=True):
@@ -271,43 +241,41 @@ def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
 
 
 def copy_order(batch: pa.RecordBatch, types: list[ColumnType]) -> list[int]:
-    """The columns' order in the COPY of ``batch``: those of fixed width without NULLs first
-    (:func:`encode_rows` packs them into one piece per row), the others after, each group in
-    the table's order."""
+    """The columns' order in the COPY: fixed width without NULLs first (one piece per row)."""
     packed = [kind.fixed and column.null_count == 0
               for kind, column in zip(types, batch.columns, strict=True)]
     return sorted(range(len(types)), key=lambda i: not packed[i])
 
 
+def _names(names: Iterable[str]) -> sql.Composed:
+    return sql.SQL(", ").join(sql.Identifier(name) for name in names)
+
+
 def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
-    """COPY ``batch`` into ``table``, windows split as :func:`table_batch` does."""
     batch = table_batch(batch)
     types = postgres_types(batch.schema)
     if batch.num_rows == 0:
         return
     order = copy_order(batch, types)
     batch, types = batch.select(order), [types[i] for i in order]
-    columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
-    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(table, columns)
+    statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
+        table, _names(batch.schema.names))
     with conn.cursor() as cursor, cursor.copy(statement) as copy:
         copy.write(COPY_HEADER)
         copy.write(encode_rows(batch, types))
         copy.write(COPY_TRAILER)
 
 
-#: How long COMMIT / ROLLBACK PREPARED waits while another session finishes the same prepared
-#: transaction (see PostgresTarget._finish_prepared).
+#: How long COMMIT / ROLLBACK PREPARED waits while another session finishes the same gid.
 BUSY_WAIT_S = 60.0
 
 _STAGING_ORDER = "flinkish_row"  # the staging table's row order: of one key the last row wins
 
 
-def _upsert_into(
-    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, key: tuple[str, ...],
-) -> None:
-    """Upserts ``batch`` into ``table`` on the columns ``key`` (see the module docstring),
-    inside the caller's transaction. Of several rows with one key, the last one wins (one
-    statement may not update a row twice)."""
+def _upsert_into(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
+                 key: tuple[str, ...]) -> None:
+    """Upsert ``batch`` on ``key`` through a staging table (a prepared transaction may not
+    touch temporary ones); of several rows with one key the last one wins."""
     batch = table_batch(batch)
     if batch.num_rows == 0:
         return
@@ -316,8 +284,7 @@ def _upsert_into(
     conn.execute(sql.SQL("CREATE TABLE {} (LIKE {}, {} bigserial)").format(
         staging, table, order))
     _copy_into(conn, staging, batch)
-    columns = sql.SQL(", ").join(sql.Identifier(name) for name in batch.schema.names)
-    keys = sql.SQL(", ").join(sql.Identifier(name) for name in key)
+    columns, keys = _names(batch.schema.names), _names(key)
     updates = [name for name in batch.schema.names if name not in key]
     action = sql.SQL("DO UPDATE SET {}").format(sql.SQL(", ").join(
         sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(n), sql.Identifier(n))
@@ -330,16 +297,14 @@ def _upsert_into(
 
 
 def _identifier(name: str) -> sql.Identifier:
-    """``table`` or ``schema.table`` as a quoted identifier."""
     parts = name.split(".")
     if len(parts) > 2 or not all(parts):
         raise ValueError(f"table name {name!r} must be 'table' or 'schema.table'")
     return sql.Identifier(*parts)
 
 
-def _write(
-    conn: Connection, table: sql.Identifier, batch: pa.RecordBatch, upsert_key: tuple[str, ...],
-) -> None:
+def _write(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
+           upsert_key: tuple[str, ...]) -> None:
     if upsert_key:
         _upsert_into(conn, table, batch, upsert_key)
     else:
@@ -347,9 +312,8 @@ def _write(
 
 
 class PostgresConnectError(RuntimeError):
-    """PostgreSQL could not be reached or refused the login (the DSN's password masked).
-    ``transient``: it could not be reached for now (see :func:`postgres_transient`), as the
-    original error, not chained, no longer tells."""
+    """PostgreSQL could not be reached or refused the login (the DSN's password masked);
+    ``transient`` keeps what the unchained original error would tell."""
 
     def __init__(self, message: str, *, transient: bool = False) -> None:
         super().__init__(message)
@@ -357,36 +321,26 @@ class PostgresConnectError(RuntimeError):
 
 
 def _connect(dsn: str, **options: Any) -> Connection:
-    """An autocommit connection; a failure is reported with the DSN's password masked, also in
-    the driver's own message (a malformed DSN is quoted back by libpq), and without chaining
-    the original exception, whose message could hold it."""
+    """An autocommit connection; a failure is reported with the password masked, also in
+    libpq's message, and unchained (the original could hold it)."""
     try:
-        # UTF-8 because binary COPY of text is converted from the client encoding.
+        # binary COPY of text is converted from the client encoding
         return psycopg.connect(dsn, autocommit=True, client_encoding="UTF8", **options)
     except psycopg.Error as exc:
         reason = scrub(str(exc).strip(), dsn_secrets(dsn)) or type(exc).__name__
         raise PostgresConnectError(
             f"cannot connect to PostgreSQL with dsn {mask_dsn(dsn)!r}: {reason} (check the "
             "sink's dsn option: host, port, user, password, dbname, and that the server runs "
-            "and accepts connections from here)", transient=bool(postgres_transient(exc)),
-        ) from None
+            "and accepts connections from here)",
+            transient=bool(postgres_transient(exc))) from None
 
 
 class PostgresTransaction:
-    """One task attempt's transaction on its own connection, named by its gid once prepared.
+    """One task attempt's transaction, named by its gid once prepared; autocommit with an
+    explicit BEGIN, so that psycopg adds no statement of its own."""
 
-    The connection runs in autocommit mode with an explicit BEGIN so that what is sent is
-    exactly BEGIN, COPY…, PREPARE TRANSACTION, with no statement psycopg would add itself.
-    """
-
-    def __init__(
-        self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
-        upsert_key: tuple[str, ...] = (),
-        conn: Connection | None = None,
-    ) -> None:
-        """``upsert_key``: upsert on these columns instead of appending. ``conn``: an idle
-        autocommit connection to take over (see :meth:`PostgresTarget.begin_transaction`);
-        without one the transaction opens its own."""
+    def __init__(self, dsn: str, table: sql.Identifier, txn: TransactionId, schema: pa.Schema,
+                 upsert_key: tuple[str, ...] = (), conn: Connection | None = None) -> None:
         postgres_types(table_schema(schema))  # fail before connecting if a column cannot be stored
         self.txn = txn
         self._table = table
@@ -394,7 +348,7 @@ class PostgresTransaction:
         self._types = schema.types
         self._rows = 0
         self._prepared = False
-        # application_name shows in pg_stat_activity which attempt holds a session.
+        # application_name shows in pg_stat_activity which attempt holds a session
         taken_over = conn is not None
         if conn is None:
             conn = _connect(dsn, application_name=txn.gid[:63])
@@ -413,39 +367,33 @@ class PostgresTransaction:
             raise RuntimeError(f"transaction {self.txn.gid} is already pre-committed")
         if batch.schema.types != self._types:
             raise ValueError(
-                f"batch types {batch.schema.types} differ from the transaction's {self._types}"
-            )
+                f"batch types {batch.schema.types} differ from the transaction's {self._types}")
         _write(self._conn, self._table, batch, self._upsert_key)
         self._rows += batch.num_rows
 
     def pre_commit(self) -> PreCommit:
         try:
             prepared = self._conn.execute(
-                sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(self.txn.gid))
-            )
+                sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(self.txn.gid)))
         except psycopg.errors.OutOfMemory as exc:  # SQLSTATE 53200, as PostgreSQL reports it
             if "prepared transactions" not in str(exc):
                 raise
             hint = exc.diag.message_hint or "Increase max_prepared_transactions"
             raise RuntimeError(
                 f"PostgreSQL refused to prepare {self.txn.gid}: all its prepared-transaction "
-                f"slots are taken ({hint.rstrip('.')}); {FIX_WRITE_TASKS}"
-            ) from exc
+                f"slots are taken ({hint.rstrip('.')}); {FIX_WRITE_TASKS}") from exc
         if prepared.statusmessage != "PREPARE TRANSACTION":
-            # PostgreSQL answers PREPARE in a failed transaction with a ROLLBACK, not an error.
-            # Reporting success here would make the driver "commit" rows that do not exist.
+            # PostgreSQL answers PREPARE in a failed transaction with a ROLLBACK, not an error
             raise RuntimeError(
                 f"transaction {self.txn.gid} was rolled back, not prepared: an earlier "
-                "statement in it failed"
-            )
+                "statement in it failed")
         self._prepared = True
-        # A prepared transaction no longer belongs to the session: free the connection now.
+        # a prepared transaction no longer belongs to the session
         self._conn.close()
         return PreCommit(self.txn, self._rows)
 
     def abort(self) -> None:
-        """Roll back if not yet prepared; after PREPARE only the driver decides, so just
-        close."""
+        """Roll back if not yet prepared; after PREPARE only the driver decides."""
         if self._conn.closed:
             return
         try:
@@ -458,23 +406,15 @@ class PostgresTransaction:
 
 
 class PostgresTarget:
-    """Exactly-once target over PostgreSQL prepared transactions (see the module docstring).
-
-    Pickled to Spark tasks: the driver-side connection is created lazily and dropped by
-    ``__getstate__``, so each process opens its own.
-    """
+    """Exactly-once target over prepared transactions; pickles without its connection."""
 
     #: a prepared transaction keeps its row locks until COMMIT/ROLLBACK PREPARED
     leftovers_block_writes = True
     pending_consequence = ("a prepared transaction holds its locks and keeps PostgreSQL's "
                            "VACUUM from cleaning up")
 
-    def __init__(
-        self, dsn: str, table: str, *, epochs_table: str | None = None, two_phase: bool = True,
-        upsert_key: tuple[str, ...] = (),
-    ) -> None:
-        """``upsert_key``: the columns (of the table: a window ``w`` is ``w_start``,
-        ``w_end``) on which a row replaces the table's row instead of adding one."""
+    def __init__(self, dsn: str, table: str, *, epochs_table: str | None = None,
+                 two_phase: bool = True, upsert_key: tuple[str, ...] = ()) -> None:
         self.dsn = dsn
         self.table = table
         self.upsert_key = upsert_key
@@ -496,14 +436,13 @@ class PostgresTarget:
         return state
 
     def _connection(self) -> Connection:
-        """The one reused autocommit connection of this process (reopened if it broke)."""
+        """This process's reused autocommit connection."""
         if self._conn is None or self._conn.closed:
             self._conn = _connect(self.dsn)
         return self._conn
 
     def check(self, schema: pa.Schema) -> None:
-        """Fail unless the server can prepare transactions (when ``two_phase``) and the table
-        fits ``schema``; create the table (and the epochs table) if missing."""
+        """Fail unless the server can prepare and the table fits; create what is missing."""
         conn = self._connection()
         if self.two_phase and not self.max_pending():
             raise RuntimeError(f"PostgreSQL at {conn.info.host}:{conn.info.port}: {_FIX_2PC}")
@@ -514,19 +453,14 @@ class PostgresTarget:
         if missing:
             raise ValueError(
                 f"option upsertKey: {missing} are not columns of table {self.table} (its "
-                f"columns for this stream: {schema.names}; a window w is w_start and w_end)"
-            )
-        found = conn.execute(
-            "SELECT to_regclass(%s)::oid", [self._table.as_string(conn)]
-        ).fetchone()
+                f"columns for this stream: {schema.names}; a window w is w_start and w_end)")
+        found = conn.execute("SELECT to_regclass(%s)::oid",
+                             [self._table.as_string(conn)]).fetchone()
         if found is None or found[0] is None:
-            parts = [
-                sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(kind.ddl))
-                for field, kind in zip(schema, types, strict=True)
-            ]
+            parts = [sql.SQL("{} {}").format(sql.Identifier(field.name), sql.SQL(kind.ddl))
+                     for field, kind in zip(schema, types, strict=True)]
             if self.upsert_key:
-                parts.append(sql.SQL("PRIMARY KEY ({})").format(
-                    sql.SQL(", ").join(sql.Identifier(name) for name in self.upsert_key)))
+                parts.append(sql.SQL("PRIMARY KEY ({})").format(_names(self.upsert_key)))
             conn.execute(sql.SQL("CREATE TABLE {} ({})").format(self._table,
                                                                 sql.SQL(", ").join(parts)))
         else:
@@ -538,38 +472,29 @@ class PostgresTarget:
         """ON CONFLICT needs a unique index on exactly the upsert key's columns."""
         if not self.upsert_key:
             return
-        unique = conn.execute(
-            """
+        unique = conn.execute("""
             SELECT 1 FROM pg_index i
             WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL
               AND (SELECT array_agg(a.attname::text ORDER BY a.attname) FROM pg_attribute a
                    WHERE a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)) = %s
-            """,
-            [oid, sorted(self.upsert_key)],
-        ).fetchone()
+            """, [oid, sorted(self.upsert_key)]).fetchone()
         if unique is None:
             columns = ", ".join(self.upsert_key)
             raise ValueError(
                 f"option upsertKey: table {self.table} has no unique index on ({columns}), "
                 "which INSERT … ON CONFLICT needs; create one (CREATE UNIQUE INDEX ON "
-                f"{self.table} ({columns})) or let the sink create the table"
-            )
+                f"{self.table} ({columns})) or let the sink create the table")
 
-    def _check_columns(
-        self, conn: Connection, oid: int, schema: pa.Schema, types: list[ColumnType],
-        windows: list[str],
-    ) -> None:
-        rows = conn.execute(
-            """
+    def _check_columns(self, conn: Connection, oid: int, schema: pa.Schema,
+                       types: list[ColumnType], windows: list[str]) -> None:
+        rows = conn.execute("""
             SELECT a.attname, t.typname, format_type(a.atttypid, a.atttypmod),
                    a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
                    AND a.attgenerated = ''
             FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
             WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped
             ORDER BY a.attnum
-            """,
-            [oid],
-        ).fetchall()
+            """, [oid]).fetchall()
         existing = {name: (typname, shown) for name, typname, shown, _ in rows}
         for w in windows:
             if existing.get(w, ("",))[0] == "jsonb" and f"{w}_start" not in existing:
@@ -589,34 +514,26 @@ class PostgresTarget:
             elif existing[field.name][0] not in kind.accepts:
                 problems.append(
                     f"{field.name!r} is {existing[field.name][1]} in the table but Arrow "
-                    f"{field.type} in the stream (needs {kind.ddl})"
-                )
-        problems += [
-            f"{name!r} is NOT NULL without a default in the table but not in the stream"
-            for name, _, _, required in rows
-            if required and name not in schema.names
-        ]
+                    f"{field.type} in the stream (needs {kind.ddl})")
+        problems += [f"{name!r} is NOT NULL without a default in the table but not in the stream"
+                     for name, _, _, required in rows if required and name not in schema.names]
         if problems:
             raise ValueError(
-                f"table {self.table} does not fit the stream's schema: " + "; ".join(problems)
-            )
+                f"table {self.table} does not fit the stream's schema: " + "; ".join(problems))
 
     def max_pending(self) -> int:
-        """The server's ``max_prepared_transactions`` (asked once per target)."""
         if self._max_pending is None:
             setting = self._connection().execute("SHOW max_prepared_transactions").fetchone()
             self._max_pending = 0 if setting is None else int(setting[0])
         return self._max_pending
 
     def begin_transaction(self, txn: TransactionId, schema: pa.Schema) -> PostgresTransaction:
-        """A transaction on this target's connection when it has an idle one (a write task has:
-        it looked for leftovers on it just before), which the transaction then owns and closes
-        after PREPARE; else on a connection of its own. Each saves a login per write task and
-        epoch (~6 ms on a local server; a TLS login to a remote one costs more)."""
+        """A transaction that takes over this target's idle connection (a write task's, which
+        looked for leftovers just before), saving a login per task; else a connection of its
+        own."""
         conn, self._conn = self._conn, None
-        if conn is not None and (
-            conn.closed or conn.info.transaction_status != TransactionStatus.IDLE
-        ):
+        if conn is not None and (conn.closed
+                                 or conn.info.transaction_status != TransactionStatus.IDLE):
             conn.close()
             conn = None
         return PostgresTransaction(self.dsn, self._table, txn, schema, self.upsert_key, conn)
@@ -628,25 +545,16 @@ class PostgresTarget:
             _write(conn, self._table, batch, self.upsert_key)
 
     def commit(self, pre_commit: PreCommit) -> None:
-        """COMMIT PREPARED; a gid that is no longer prepared was committed before.
-
-        That inference is sound because nothing rolls back a transaction whose epoch the
-        driver decided to commit: rollback is only ever applied to undecided epochs. So an
-        absent gid here means an earlier attempt of this very commit (before a crash) got it.
-        """
+        """COMMIT PREPARED; a gid no longer prepared was committed before (only undecided
+        epochs are ever rolled back)."""
         self._finish_prepared("COMMIT PREPARED", pre_commit.txn.gid)
 
     def rollback(self, txn: TransactionId) -> None:
-        """ROLLBACK PREPARED if prepared; otherwise a no-op (a transaction that never got
-        prepared is rolled back by the server when its session ends)."""
         self._finish_prepared("ROLLBACK PREPARED", txn.gid)
 
     def _finish_prepared(self, statement: str, gid: str) -> None:
-        """``statement`` (COMMIT or ROLLBACK PREPARED) for ``gid``, unless it is no longer
-        prepared. While another session finishes the same transaction PostgreSQL answers
-        "prepared transaction ... is busy" (SQLSTATE 55000): the tasks of a replayed epoch each
-        resolve what an earlier run left, by the same rule, so two of them can meet on one gid.
-        That is waited out (up to :data:`BUSY_WAIT_S`); afterwards the gid is gone."""
+        """``statement`` for ``gid`` unless no longer prepared; "is busy" (another session
+        finishing it: a replay's tasks can meet on one gid) is waited out."""
         deadline = monotonic() + BUSY_WAIT_S
         while True:
             try:
@@ -664,16 +572,10 @@ class PostgresTarget:
         return sorted(self.pending_ages(prefix, query))
 
     def pending_ages(self, prefix: str, query: str) -> dict[TransactionId, float | None]:
-        """:meth:`pending` with how long each has been prepared, in seconds (the server's
-        clock: ``now() - pg_prepared_xacts.prepared``), oldest first."""
-        rows = (
-            self._connection()
-            .execute(
-                "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts"
-                " WHERE database = current_database() ORDER BY prepared, gid"
-            )
-            .fetchall()
-        )
+        """:meth:`pending` with how long each has been prepared (s, server clock), oldest first."""
+        rows = self._connection().execute(
+            "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts"
+            " WHERE database = current_database() ORDER BY prepared, gid").fetchall()
         found: dict[TransactionId, float | None] = {}
         for gid, age in rows:
             txn = TransactionId.parse(gid)
@@ -684,62 +586,37 @@ class PostgresTarget:
     def _ensure_epochs_table(self) -> None:
         if self._epochs_ready:
             return
-        self._connection().execute(
-            sql.SQL(
-                """
-                CREATE TABLE IF NOT EXISTS {} (
-                    query text NOT NULL,
-                    epoch bigint NOT NULL,
-                    committed_at timestamptz NOT NULL DEFAULT now(),
-                    watermark bigint,
-                    rows bigint NOT NULL,
-                    late_rows bigint NOT NULL,
-                    watermark_source text,
-                    PRIMARY KEY (query, epoch)
-                )
-                """
-            ).format(self._epochs)
-        )
-        # an epochs table created before watermark_source existed gets the column (NULL in
-        # its older rows)
-        self._connection().execute(
-            sql.SQL("ALTER TABLE {} ADD COLUMN IF NOT EXISTS watermark_source text").format(
-                self._epochs
-            )
-        )
+        self._connection().execute(sql.SQL("""
+            CREATE TABLE IF NOT EXISTS {} (
+                query text NOT NULL,
+                epoch bigint NOT NULL,
+                committed_at timestamptz NOT NULL DEFAULT now(),
+                watermark bigint,
+                rows bigint NOT NULL,
+                late_rows bigint NOT NULL,
+                watermark_source text,
+                PRIMARY KEY (query, epoch)
+            )""").format(self._epochs))
+        # an older epochs table lacks watermark_source
+        self._connection().execute(sql.SQL(
+            "ALTER TABLE {} ADD COLUMN IF NOT EXISTS watermark_source text").format(self._epochs))
         self._epochs_ready = True
 
-    def publish_epoch(
-        self, query: str, epoch: int, watermark: int | None, rows: int, late_rows: int,
-        source: str | None = None,
-    ) -> None:
-        """Record that ``epoch`` of ``query`` is committed, with its watermark and where that
-        comes from (``source``, see :data:`~flinkish_sink.target.WATERMARK_VALVE`).
-
-        First write wins: a replayed epoch (the driver crashed after publishing) leaves the
-        row, including ``committed_at``, as it was.
-        """
+    def publish_epoch(self, query: str, epoch: int, watermark: int | None, rows: int,
+                      late_rows: int, source: str | None = None) -> None:
+        """Record that ``epoch`` of ``query`` is committed; a replay leaves the row as it was."""
         self._ensure_epochs_table()
-        self._connection().execute(
-            sql.SQL(
-                "INSERT INTO {} (query, epoch, watermark, rows, late_rows, watermark_source) "
-                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
-            ).format(self._epochs),
-            [query, epoch, watermark, rows, late_rows, source],
-        )
+        self._connection().execute(sql.SQL(
+            "INSERT INTO {} (query, epoch, watermark, rows, late_rows, watermark_source) "
+            "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (query, epoch) DO NOTHING"
+        ).format(self._epochs), [query, epoch, watermark, rows, late_rows, source])
 
     def committed_watermark(self, query: str) -> int | None:
-        """The highest published watermark of ``query``: every row with an event time up to
-        it is in the table. None before the first publish."""
+        """The highest published watermark of ``query``; None before the first publish."""
         try:
-            row = (
-                self._connection()
-                .execute(
-                    sql.SQL("SELECT max(watermark) FROM {} WHERE query = %s").format(self._epochs),
-                    [query],
-                )
-                .fetchone()
-            )
+            row = self._connection().execute(
+                sql.SQL("SELECT max(watermark) FROM {} WHERE query = %s").format(self._epochs),
+                [query]).fetchone()
         except psycopg.errors.UndefinedTable:
             return None
         return None if row is None else row[0]
@@ -761,11 +638,9 @@ EPOCHS_TABLE: Option[str | None] = Option(
 def _create(options: TargetOptions, late: bool) -> PostgresTarget:
     dsn, table = options[DSN], options[LATE_TABLE] if late else options[TABLE]
     assert dsn is not None and table is not None
-    return PostgresTarget(
-        dsn, table, epochs_table=options[EPOCHS_TABLE],
-        two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
-        upsert_key=() if late else options[UPSERT_KEY],  # late rows append
-    )
+    return PostgresTarget(dsn, table, epochs_table=options[EPOCHS_TABLE],
+                          two_phase=options.guarantee is DeliveryGuarantee.EXACTLY_ONCE,
+                          upsert_key=() if late else options[UPSERT_KEY])  # late rows append
 
 
 FACTORY = TargetFactory(

@@ -1,12 +1,6 @@
-"""A write task's rows kept until its pre-commit: in memory up to a budget, then on local disk.
-
-After a transient outage the task's transaction is begun again and every row written so far is
-written again (:class:`flinkish_sink.outages.RetriedTransaction`). A task's first
-:data:`MEMORY_BUDGET` bytes stay in memory (the common task never touches disk: no outage comes,
-the rows are dropped at the pre-commit). Past that, holding them would keep a whole
-micro-batch's share per task, so they all go to an Arrow stream file in the executor's local
-directory (Spark gives its Python workers ``SPARK_LOCAL_DIRS``), read back memory-mapped when
-needed and deleted at the pre-commit or the abort."""
+"""A write task's rows kept until its pre-commit, to write again after an outage: in memory up
+to :data:`MEMORY_BUDGET` (most tasks never touch disk), past that all in an Arrow file in
+Spark's local directory, rather than a micro-batch's share in memory per task."""
 
 from __future__ import annotations
 
@@ -31,9 +25,8 @@ def local_directory() -> str:
 
 
 class RowSpill:
-    """Batches appended, read back in order: held in memory while they fit in
-    ``memory_budget`` bytes (:data:`MEMORY_BUDGET` unless given), then all of them in a file,
-    created when the budget is passed."""
+    """Batches appended, read back in order: in memory while they fit ``memory_budget``, then
+    all of them in a file."""
 
     def __init__(self, schema: pa.Schema, memory_budget: int | None = None) -> None:
         self._schema = schema

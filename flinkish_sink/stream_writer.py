@@ -1,19 +1,10 @@
 """The Spark adapter: ``df.writeStream.format("flinkish")``.
 
-Write tasks (executors) run beginTransaction / write / preCommit; the driver's
-``commit(messages, batchId)`` runs :class:`TwoPhaseCommitCoordinator` for the epoch. Only the
-commit messages travel from tasks to the driver, so each carries the task's pre-commits and the
-source's marker rows it saw (markers are not data: they feed the valve at the epoch commit).
-
-Fencing across epochs: Spark runs ``commit`` on a fresh writer every batch, but in one
-long-lived Python worker of the driver (Spark keeps one process for every batch of a query, and
-for the next run of it in the same driver). The checkpoint store claimed at a run's first
-commit is kept in that process (``_STORES``) for its later epochs, so the run keeps one
-generation instead of claiming a new one every epoch. Each commit message names the Spark run
-that wrote it (``runId``, the job group of the write tasks), so a replaced worker of the same
-run adopts the run's claim, a restart (a new run) claims anew, and a superseded run — a zombie
-or the older of two live drivers — fails with FencedError and never claims the location back
-(see :mod:`checkpointing.fencing`).
+Write tasks run beginTransaction / write / preCommit; the driver's ``commit(messages, batchId)``
+runs :class:`TwoPhaseCommitCoordinator`. The commit messages carry the pre-commits and the
+marker rows, which feed the valve. The store claimed at a run's first commit is kept in the
+driver's long-lived Python worker (``_STORES``) across epochs, one generation per Spark run
+(docs/architecture.md, "Two-phase commit" and "Checkpoint storage and fencing").
 """
 
 from __future__ import annotations
@@ -38,13 +29,7 @@ from checkpointing.query import store_location as _store_location
 from flinkish_core.epoch_valve import EpochWatermark
 from flinkish_core.errors import OptionError
 from flinkish_core.late_data import late_mask, late_threshold
-from flinkish_core.markers import (
-    KIND_RECORD,
-    MARKER_COLUMNS,
-    MARKER_FIELDS,
-    MARKER_KINDS,
-    Marker,
-)
+from flinkish_core.markers import KIND_RECORD, MARKER_COLUMNS, MARKER_FIELDS, MARKER_KINDS, Marker
 from flinkish_core.watermark import SPARK_DELAY_KEY
 from flinkish_core.window_output import KIND, LATE, PANE_COLUMNS, is_window_output, late_columns
 from flinkish_sink import targets
@@ -73,70 +58,53 @@ logger = logging.getLogger(__name__)
 @functools.cache
 def _marker_kinds() -> pa.Array:
     """The marker kinds as an Arrow array, built at first use: ``pa.array`` of a Python list
-    imports pandas (pyarrow looks for pandas array-likes), ~0.4 s of CPU that every process
-    importing this module would pay, the driver's commit runner included, which never needs
-    it (a restarted query waits for that runner's start before its first commit)."""
+    imports pandas, which the driver's commit runner, never needing it, would pay for."""
     return pa.array(MARKER_KINDS)
 
 
 #: (options, schema) pairs whose targets this process has checked (and created) already.
 _CHECKED: set[tuple[str, str]] = set()
 
-#: Write tasks per epoch above which the sink warns even where the target allows them. With
-#: exactly-once each task opens its own PostgreSQL session and holds one prepared transaction
-#: (its locks, a shared-memory slot, an fsync at PREPARE and another at the driver's COMMIT
-#: PREPARED, which runs them one after another) until the epoch commits: a per-epoch cost
-#: that grows with the tasks, not the rows, while more tasks than the cluster's cores add
-#: no parallelism. 64 covers a generous cluster; it is also the max_prepared_transactions
-#: the sink's setup message suggests, and below PostgreSQL's default max_connections (100).
+#: Write tasks per epoch above which the sink warns: each holds a PostgreSQL session and a
+#: prepared transaction per epoch, a cost that grows with the tasks, not the rows. 64 is the
+#: max_prepared_transactions the setup message suggests, below the default max_connections.
 SENSIBLE_WRITE_TASKS = 64
 
-#: Queries this process has warned about their number of write tasks (said once a query).
+#: Queries this process has warned about their number of write tasks.
 _WARNED_TASKS: set[str] = set()
 
 
 def dropped_markers(schema: StructType) -> bool:
-    """Whether ``schema`` looks like the flinkish source's rows with the marker columns
-    dropped (a projection that should have kept them), rather than a stateful operator's
-    output: the source's row columns, no ``kind`` and no column with an event-time
-    watermark."""
+    """Whether ``schema`` looks like the source's rows with the marker columns projected
+    away, rather than a stateful operator's output (which has an event-time watermark)."""
     names = set(schema.fieldNames())
-    return (
-        names >= SOURCE_POSITION and "kind" not in names
-        and not any(SPARK_DELAY_KEY in (f.metadata or {}) for f in schema.fields)
-    )
+    return (names >= SOURCE_POSITION and "kind" not in names
+            and not any(SPARK_DELAY_KEY in (f.metadata or {}) for f in schema.fields))
 
 
 def write_task_problem(tasks: int, limit: int) -> str | None:
-    """Why ``tasks`` write tasks per epoch are too many for a PostgreSQL server holding at
-    most ``limit`` prepared transactions at once, with the fix; None when they are not."""
+    """Why ``tasks`` write tasks per epoch are too many for a server holding ``limit``
+    prepared transactions, with the fix; None when they are not."""
     if tasks > limit:
-        return (
-            f"{tasks} write tasks but PostgreSQL's max_prepared_transactions is {limit}: the "
-            f"epoch fails when they pre-commit; {FIX_WRITE_TASKS}"
-        )
+        return (f"{tasks} write tasks but PostgreSQL's max_prepared_transactions is {limit}: "
+                f"the epoch fails when they pre-commit; {FIX_WRITE_TASKS}")
     if tasks > SENSIBLE_WRITE_TASKS:
-        return (
-            f"{tasks} write tasks, more than {SENSIBLE_WRITE_TASKS}: each pays a session and a "
-            f"prepared transaction per epoch (PostgreSQL allows {limit} at once); "
-            f"{FIX_WRITE_TASKS}"
-        )
+        return (f"{tasks} write tasks, more than {SENSIBLE_WRITE_TASKS}: each pays a session "
+                f"and a prepared transaction per epoch (PostgreSQL allows {limit} at once); "
+                f"{FIX_WRITE_TASKS}")
     return None
 
-#: The checkpoint stores this process holds a claim on, by (store location, query id), with
-#: the run that claimed it (see the module docstring).
+
+#: The checkpoint stores this process holds a claim on, by (location, query), with the run.
 _STORES: dict[tuple[str, str], tuple[str | None, CheckpointStore]] = {}
 
 
 def spark_run_id() -> str | None:
-    """In a write task, the run of the streaming query that runs it (Spark's ``runId``: the
-    micro-batch's job group); None outside a task."""
+    """In a write task, Spark's ``runId`` of the query (the job group); None outside one."""
     from pyspark import TaskContext
 
     context = TaskContext.get()
-    if context is None:
-        return None
-    return context.getLocalProperty("spark.jobGroup.id") or None
+    return None if context is None else context.getLocalProperty("spark.jobGroup.id") or None
 
 
 @dataclass
@@ -146,7 +114,7 @@ class SinkCommitMessage(WriterCommitMessage):
     markers: list[list[Any]] = field(default_factory=list)
     rows: int = 0
     late_rows: int = 0
-    #: the query run whose task built the message (set where it is built: in the task)
+    #: the query run whose task built the message
     run: str | None = field(default_factory=spark_run_id)
 
 
@@ -161,9 +129,8 @@ def store_location(options: SinkOptions) -> str:
 
 
 def carries_markers(schema: StructType) -> bool:
-    """Whether the rows carry the source's markers: every column a marker is read from. A
-    ``kind`` column without the others is the user's data (``flinkish.windows`` calls its
-    firings and late rows ``result`` and ``late``), written like any other column."""
+    """Whether the rows carry every marker column; a ``kind`` alone is the user's data (as
+    ``flinkish.windows``' ``result`` and ``late``)."""
     return set(MARKER_FIELDS) <= set(schema.fieldNames())
 
 
@@ -186,18 +153,15 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         self._data_schema = _data_schema(schema)
         # flinkish.windows' rows come judged: its ``late`` rows are the late ones
         self._window_output = not self._has_markers and is_window_output(schema.fieldNames())
-        self._event_time = (
-            self._options.event_time_column
-            if self._options.event_time_column in schema.fieldNames()
-            and not self._window_output else None
-        )
+        self._event_time = (self._options.event_time_column
+                            if self._options.event_time_column in schema.fieldNames()
+                            and not self._window_output else None)
         if self._event_time is not None:
             kind = schema[self._event_time].dataType.typeName()
             if kind not in ("timestamp", "timestamp_ntz"):
                 raise OptionError(
                     f"option eventTimeColumn: column {self._event_time!r} is {kind}, not a "
-                    "timestamp; late data is judged on the source's eventTime column"
-                )
+                    "timestamp; late data is judged on the source's eventTime column")
         upsert_key = self._options[UPSERT_KEY]
         if self._window_output and upsert_key and self._options.late_data is LateData.KEEP:
             raise OptionError(
@@ -205,8 +169,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 f"cannot be upserted on {','.join(upsert_key)}; set "
                 "lateData=side (with lateData.table) to append them to a table of their own, "
                 "or lateData=drop to count and drop them, or write windows.split()'s results "
-                "alone"
-            )
+                "alone")
         self._target = make_target(self._options)
         self._policy = RetryPolicy(self._options.outage_timeout_ms / 1000)
         self._side = make_target(self._options, late=True) if (
@@ -220,10 +183,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     "the flinkish sink got the source's rows without their marker columns "
                     "(kind, watermark, status): it commits exactly once but cannot compute a "
                     "combined watermark or judge late rows. Keep those columns in the "
-                    "projection before writeStream (the sink drops them itself)"
-                )
-            # retried: a fresh Python worker of a running query checks again, maybe while
-            # the target is away
+                    "projection before writeStream (the sink drops them itself)")
+            # retried: a fresh Python worker checks again, maybe while the target is away
             for target, kind in ((self._target, "data"), (self._side, "late")):
                 if target is not None:
                     self._policy.call(target, "check", functools.partial(
@@ -231,18 +192,16 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             _CHECKED.add(checked)
         self._query = ""
         self._run = uuid.uuid4().hex[:8]  # see TransactionId.run
-        # the latest completed epoch's watermarks (valve state left out: tasks get a pickled
-        # copy): enough for a task of epoch N to know its late threshold without the store
+        # the latest completed epoch's watermarks, for the tasks' late threshold (no valve
+        # state: the tasks get a pickled copy)
         self._latest: EpochWatermark | None = None
-        # epochs decided before this batch was planned: (the latest completed, the pending
-        # ones), for a target whose replays must not write a decided epoch again
+        # (latest completed, pending) epochs, for a target that must not rewrite a decided one
         self._decided: tuple[int, frozenset[int]] = (-1, frozenset())
         if self._options.guarantee is not DeliveryGuarantee.NONE:
             if not self._options.checkpoint_location:
                 raise OptionError(
                     "the flinkish sink needs the query's checkpointLocation: its id names the "
-                    "query's transactions and owns the checkpoint store"
-                )
+                    "query's transactions and owns the checkpoint store")
             self._query = query_id(self._options.checkpoint_location)
             view = CheckpointStore.reader(CheckpointStorage.open(store_location(self._options)))
             latest = latest_watermark(view)
@@ -268,8 +227,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         message = SinkCommitMessage(task)
         open_txns: dict[str, TaskTransaction] = {}
         if exactly_once and (epoch <= self._decided[0] or epoch in self._decided[1]):
-            # a replay of a decided epoch into a target that reuses its ids: the decided
-            # transactions hold its rows and the epoch's commit commits them
+            # a replay into a target that reuses its ids: the decided transactions hold the rows
             logger.info("flinkish sink, query %s: epoch %s was decided before; task %s "
                         "writes nothing", self._query, epoch, task)
             for _ in iterator:
@@ -279,28 +237,22 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             self._policy.call(self._target, "recovery before writing",
                               lambda: self._resolve_leftovers(message.run))
 
-        def txn(kind: str) -> TaskTransaction:
-            if kind not in open_txns:
-                prefix = self._options.prefix + (LATE_SUFFIX if kind == "late" else "")
-                target = self._side if kind == "late" else self._target
-                assert target is not None
-                open_txns[kind] = RetriedTransaction(
-                    target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
-                    self._schemas[kind], self._policy,
-                )
-            return open_txns[kind]
-
         def emit(kind: str, rows: pa.RecordBatch) -> None:
             if rows.num_rows == 0:
                 return
             rows = rows.select(self._schemas[kind].names)
-            if exactly_once:
-                txn(kind).write(rows)
-            else:
-                target = self._side if kind == "late" else self._target
-                assert target is not None
+            target = self._side if kind == "late" else self._target
+            assert target is not None
+            if not exactly_once:
                 # a retry may write the rows again: at-least-once allows it
                 self._policy.call(target, "write", lambda: target.write_direct(rows))
+                return
+            if kind not in open_txns:
+                prefix = self._options.prefix + (LATE_SUFFIX if kind == "late" else "")
+                open_txns[kind] = RetriedTransaction(
+                    target, TransactionId(prefix, self._query, epoch, task, attempt, self._run),
+                    self._schemas[kind], self._policy)
+            open_txns[kind].write(rows)
 
         try:
             for batch in iterator:
@@ -313,8 +265,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                             message.markers.extend(_markers(markers))
                         batch = batch.filter(records)
                 data = pa.RecordBatch.from_arrays(
-                    [batch.column(f.name) for f in self._data_schema], schema=self._data_schema
-                )
+                    [batch.column(f.name) for f in self._data_schema], schema=self._data_schema)
                 message.rows += data.num_rows
                 late = None
                 if self._window_output:
@@ -344,30 +295,19 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         return message
 
     def _table_schemas(self, schema: StructType) -> dict[str, pa.Schema]:
-        """The columns of the table for records ("data") and of the late side table ("late").
-        Where flinkish.windows' results and late rows go to tables of their own (``lateData``
-        side or drop), each leaves out the other's columns, null in all its rows: the late
-        rows' event time and value, the results' window and pane."""
+        """The columns of the "data" and "late" tables; where flinkish.windows' results and late
+        rows go apart, each leaves out the other's columns (null in all its rows)."""
         split = self._window_output and self._options.late_data is not LateData.KEEP
         late_only = late_columns((f.name, f.metadata) for f in schema.fields) if split else set()
-        return {
-            "data": pa.schema([f for f in self._data_schema if f.name not in late_only]),
-            "late": pa.schema([f for f in self._data_schema
-                               if not (late_only and f.name in PANE_COLUMNS)]),
-        }
+        return {"data": pa.schema([f for f in self._data_schema if f.name not in late_only]),
+                "late": pa.schema([f for f in self._data_schema
+                                   if not (late_only and f.name in PANE_COLUMNS)])}
 
     def _resolve_leftovers(self, run: str | None) -> None:
-        """Before this task writes: resolve the transactions other writers of the query left
-        pre-committed where they would hold up the writes (a prepared PostgreSQL transaction
-        keeps its row locks, so a replayed epoch's upserts, or inserts under any unique key,
-        would wait on it forever: the epoch's commit, which resolves leftovers too, runs only
-        after its tasks finish). This is Flink's recoverAndCommit / recoverAndAbort at
-        ``initializeState``, before the first record; it must run here, in the tasks, since
-        the driver builds a writer both before a batch's tasks and again for its commit and
-        cannot tell the two apart. Only transactions of other writers are touched (this
-        batch's tasks share :attr:`_run`), under a claim of the store for this task's Spark
-        run (:meth:`TwoPhaseCommitCoordinator.recover_before_writes`), which the run's driver
-        adopts at its commit. One look at the prepared transactions when there are none."""
+        """Resolve what other writers left pre-committed where it would hold up the writes
+        (a prepared transaction's row locks): Flink's recoverAndCommit at ``initializeState``,
+        in the task since the driver cannot tell its two writer builds apart
+        (docs/architecture.md, "Before a task writes")."""
         if not (self._target.leftovers_block_writes
                 or (self._side is not None and self._side.leftovers_block_writes)):
             return
@@ -376,38 +316,33 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             return
         if run is None:  # not a micro-batch's task: no run to claim for
             return
-        store = CheckpointStore(
-            CheckpointStorage.open(store_location(self._options)), owner=self._query,
-            retain=self._options.retain, run=run,
-        )
-        committed, rolled = self._coordinator_over(store).recover_before_writes(self._run)
+        committed, rolled = self._coordinator_over(
+            self._open_store(run)).recover_before_writes(self._run)
         logger.warning(
             "flinkish sink, query %s: before writing, resolved what an earlier run left "
             "pre-committed: committed %s (their epochs decided on them), rolled back %s",
-            self._query, committed or "none", rolled or "none",
-        )
+            self._query, committed or "none", rolled or "none")
 
     # -- driver side -----------------------------------------------------------------------
 
     def _store(self, run: str | None) -> CheckpointStore:
-        """This process's claim on the query's store: kept across epochs of a run, claimed
-        anew by a new run (``run`` None: a batch without tasks; keep whatever is held)."""
-        location = store_location(self._options)
-        key = (location, self._query)
+        """This process's claim on the store: kept across a run's epochs, claimed anew by a new
+        run (``run`` None: a batch without tasks)."""
+        key = (store_location(self._options), self._query)
         held = _STORES.get(key)
         if held is not None and (run is None or held[0] == run):
             return held[1]
-        store = CheckpointStore(
-            CheckpointStorage.open(location), owner=self._query, retain=self._options.retain,
-            run=run,
-        )
+        store = self._open_store(run)
         _STORES[key] = (run, store)
         return store
 
+    def _open_store(self, run: str | None) -> CheckpointStore:
+        """A claim of the query's store for Spark run ``run``."""
+        return CheckpointStore(CheckpointStorage.open(store_location(self._options)),
+                               owner=self._query, retain=self._options.retain, run=run)
+
     def _check_write_tasks(self, tasks: int) -> None:
-        """Warn once per query when an epoch has more write tasks than PostgreSQL holds
-        prepared transactions (the epoch fails) or than is sensible
-        (:data:`SENSIBLE_WRITE_TASKS`). Parquet's staged files have no such limit."""
+        """Warn once per query of too many write tasks (:func:`write_task_problem`)."""
         if (self._options.guarantee is not DeliveryGuarantee.EXACTLY_ONCE
                 or self._query in _WARNED_TASKS):
             return
@@ -424,30 +359,26 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         else:  # reads only: this process's claim if it holds one, else a view claiming nothing
             held = _STORES.get((store_location(self._options), self._query))
             store = held[1] if held is not None else CheckpointStore.reader(
-                CheckpointStorage.open(store_location(self._options))
-            )
+                CheckpointStorage.open(store_location(self._options)))
         return self._coordinator_over(store)
 
     def _coordinator_over(self, store: CheckpointStore) -> TwoPhaseCommitCoordinator:
         return TwoPhaseCommitCoordinator(
             store, self._target, self._options.prefix, self._query, side_target=self._side,
-            transaction_timeout_s=self._options.transaction_timeout_ms / 1000,
-        )
+            transaction_timeout_s=self._options.transaction_timeout_ms / 1000)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self._options.guarantee is DeliveryGuarantee.NONE:
             return
         received = [m for m in messages if isinstance(m, SinkCommitMessage)]
         run = next((m.run for m in received if m.run), None)
-        # without markers the valve has nothing; Spark's event-time watermark of the batch is
-        # the next best (through with_watermark it is the combined watermark)
+        # without markers, Spark's event-time watermark of the batch is the next best
         spark_watermark = None
         if not self._has_markers and self._options.checkpoint_location:
             spark_watermark = spark_batch_watermark(self._options.checkpoint_location, batchId)
 
         def commit_epoch() -> EpochOutcome:
-            # a retry after a failure part-way through is a replay of the epoch: the
-            # coordinator finishes the recorded decision, as after a crash
+            # a retry part-way through is a replay: the recorded decision is finished
             self._check_write_tasks(len(messages))
             return self._coordinator(run).commit_epoch(
                 batchId,
@@ -455,23 +386,19 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                 [Marker.from_json(mk) for m in received for mk in m.markers],
                 sum(m.rows for m in received),
                 sum(m.late_rows for m in received),
-                spark_watermark,
-            )
+                spark_watermark)
 
         outcome = self._policy.call(self._target, f"commit of epoch {batchId}", commit_epoch)
         logger.info(
             "epoch %s committed: watermark %s, %s rows (%s late)%s", batchId,
             outcome.watermark.watermark, outcome.checkpoint.state["rows"],
-            outcome.checkpoint.state["late_rows"], " (replay)" if outcome.replayed else "",
-        )
+            outcome.checkpoint.state["late_rows"], " (replay)" if outcome.replayed else "")
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         if self._options.guarantee is not DeliveryGuarantee.EXACTLY_ONCE:
             return
-        pre_commits = [
-            PreCommit.from_json(p)
-            for m in messages if isinstance(m, SinkCommitMessage) for p in m.pre_commits
-        ]
+        pre_commits = [PreCommit.from_json(p) for m in messages
+                       if isinstance(m, SinkCommitMessage) for p in m.pre_commits]
 
         def abort_epoch() -> None:
             # too many write tasks may be why the epoch failed

@@ -1,19 +1,10 @@
 """What a table's schema and constraints refuse, checked on a write task's rows before it
 pre-commits.
 
-A table target commits files written elsewhere (Delta's add actions, Iceberg's
-``add_files``): neither delta-rs nor pyiceberg checks the rows of such a commit against the
-table's ``NOT NULL`` columns or ``CHECK`` constraints, and a check at the commit would come
-after the epoch's decision is recorded, which every restart would then replay into the same
-error. So the task checks its rows: a row the table would refuse fails the task, before any
-decision names it, with an error naming the column or constraint.
-
-``CHECK`` constraints are SQL; :func:`compile_check` understands the subset they are written
-in (comparisons, ``AND``/``OR``/``NOT``, ``IS [NOT] NULL``, ``IS [NOT] DISTINCT FROM``,
-``[NOT] IN``, ``BETWEEN``, arithmetic, literals -- a string beside a date or timestamp column
-read as one --, columns) and turns it into a ``pyarrow.compute`` expression; a
-constraint outside it is refused at query start, named. As delta-rs' own writer does, a row
-passes a constraint only when the expression is true (NULL fails).
+Neither delta-rs nor pyiceberg checks the rows of a commit of files written elsewhere, and a
+check at the commit would come after the decision, which every restart would replay into the
+same error. So the task checks its rows; ``CHECK`` constraints are compiled from a subset of
+SQL (docs/delta.md) into ``pyarrow.compute``, and a row passes only when true (not NULL).
 """
 
 from __future__ import annotations
@@ -31,8 +22,7 @@ _FIX_NULLS = ("filter those rows out or fill the column (e.g. coalesce) before w
 
 
 def refuse_nulls(batch: pa.RecordBatch, columns: Iterable[str], table: str, relax: str) -> None:
-    """ValueError if a row of ``batch`` has a NULL in one of ``columns`` (the ``NOT NULL``
-    columns of ``table``; ``relax`` says how to lift the rule)."""
+    """ValueError if a row has a NULL in one of ``table``'s NOT NULL ``columns``."""
     for name in columns:
         nulls = batch.column(name).null_count
         if nulls:
@@ -44,7 +34,6 @@ def refuse_nulls(batch: pa.RecordBatch, columns: Iterable[str], table: str, rela
 
 @dataclass(frozen=True)
 class Check:
-    """A ``CHECK`` constraint: its name, SQL text and compiled expression."""
 
     name: str
     sql: str
@@ -53,7 +42,6 @@ class Check:
 
 @dataclass(frozen=True)
 class TableRules:
-    """The ``NOT NULL`` columns and ``CHECK`` constraints of a table."""
 
     table: str
     not_null: tuple[str, ...] = ()
@@ -99,10 +87,9 @@ class UnsupportedCheck(ValueError):
 
 
 def compile_check(sql: str, schema: pa.Schema) -> pc.Expression:
-    """``sql`` (a CHECK constraint's expression over the columns of ``schema``) as a
-    ``pyarrow.compute`` expression; UnsupportedCheck saying what is not understood."""
-    tokens = _tokenize(sql)
-    parser = _Parser(tokens, schema)
+    """A CHECK constraint's ``sql`` as a ``pyarrow.compute`` expression; UnsupportedCheck
+    saying what is not understood."""
+    parser = _Parser(_tokenize(sql), schema)
     expression = parser.disjunction()
     left = parser.peek()
     if left is not None:
@@ -139,9 +126,8 @@ class _Parser:
         self._tokens = tokens
         self._at = 0
         self._schema = schema
-        #: the column's type of an expression that is a column, the text of a string literal
-        #: (by the expression's id, while it is parsed): a literal compared with a date or
-        #: timestamp column is read as one, as SQL does
+        #: by expression id: a column's type, a string literal's text (a literal compared with
+        #: a date or timestamp column is read as one, as SQL does)
         self._columns: dict[int, pa.DataType] = {}
         self._strings: dict[int, str] = {}
 
@@ -156,7 +142,6 @@ class _Parser:
         return token
 
     def _keyword(self, *words: str) -> bool:
-        """Consume the keywords ``words`` if they come next."""
         upcoming = self._tokens[self._at:self._at + len(words)]
         if len(upcoming) == len(words) and all(
                 kind == "word" and text.upper() == word
@@ -232,8 +217,8 @@ class _Parser:
                           pc.coalesce(pc.equal(left, right), pc.scalar(False)))
 
     def _typed(self, left: Any, right: Any) -> tuple[Any, Any]:
-        """``left`` and ``right`` to compare, a string literal beside a date or timestamp
-        column read as a value of the column's type."""
+        """``left`` and ``right``, a string literal beside a date or timestamp column read as
+        the column's type."""
         def read(literal: Any, column: Any) -> Any:
             dtype = self._columns.get(id(column))
             text = self._strings.get(id(literal))

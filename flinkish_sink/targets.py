@@ -1,12 +1,7 @@
-"""The sink's targets, found by name (option ``target``), like Flink's connector factories
-found by their identifier.
+"""The sink's targets, found by name (option ``target``), as Flink finds its connector factories.
 
-A target is one module that declares, at module level, ``FACTORY = TargetFactory(...)``: its
-name, its options (:class:`flinkish_core.config.Option`, its own declared in the module, the
-shared ones from :mod:`flinkish_sink.options`), which of them it cannot do without, its side
-output for late rows, its cross-option rules and how to build it. Adding a target is that
-module and a line in :data:`TARGETS`; the sink's option parser, ``flinkish transactions`` and
-the docs' option reference find it here (docs/architecture.md, "How to add a target").
+A target is a module declaring ``FACTORY = TargetFactory(...)`` and a line in :data:`TARGETS`
+(docs/architecture.md, "How to add a target").
 """
 
 from __future__ import annotations
@@ -32,10 +27,6 @@ TARGETS: dict[str, str] = {
     "iceberg": "flinkish_sink.iceberg_target",
     "kafka": "flinkish_sink.kafka_target",
 }
-
-
-def _no_rules(options: TargetOptions) -> None:
-    """A target whose options have no rules across each other."""
 
 
 @dataclass(frozen=True)
@@ -67,11 +58,10 @@ class TargetFactory:
     doc: str
     required: Mapping[Option[Any], str] = field(default_factory=dict)
     side_output: Option[Any] | None = None
-    check: Callable[[TargetOptions], None] = _no_rules
+    check: Callable[[TargetOptions], object] = lambda options: None
 
 
 def names() -> list[str]:
-    """The targets' names."""
     return list(TARGETS)
 
 

@@ -1,19 +1,9 @@
-"""Flink's two-phase commit, with Spark micro-batch ids as checkpoint ids.
+"""Flink's two-phase commit, driver half, with Spark micro-batch ids as checkpoint ids.
 
-Tasks run beginTransaction / write / preCommit (see :mod:`flinkish_sink.stream_writer`); this
-module is the driver half, on top of a :class:`~checkpointing.CheckpointStore`:
-
-1. **decide**: durably record which pre-commits make up epoch N (``begin(N, decision)``) —
-   after this point the epoch's outcome is fixed, whatever crashes;
-2. **commit** each decided transaction (idempotent);
-3. **complete** checkpoint N with the valve's combined watermark for the epoch, after
-   publishing it beside the data.
-
-Recovery follows from the decision records (Flink's recoverAndCommit / recoverAndAbort): a
-lingering transaction whose epoch has a recorded decision naming it is committed; any other is
-rolled back — safe, because Spark replays an epoch that did not complete and its tasks
-pre-commit again. A replay of a decided epoch finishes the recorded commit and discards the
-replay's own pre-commits, so no row is ever written twice.
+Decide (record epoch N's pre-commits in the store: its outcome is fixed from here), commit
+each decided one (idempotent), complete N with the combined watermark. Recovery commits what a
+recorded decision names and rolls back the rest: Spark replays an epoch that did not complete.
+The steps: docs/architecture.md, "Two-phase commit".
 """
 
 from __future__ import annotations
@@ -46,17 +36,14 @@ logger = logging.getLogger(__name__)
 
 LATE_SUFFIX = "-late"
 
-#: The key of Spark's event-time watermark of the epoch in its decision record (and so in its
-#: completed checkpoint): None when not given (absent from the records of 0.1 builds before it).
+#: The key of Spark's event-time watermark of the epoch in its decision record (None: not given).
 SPARK_WATERMARK_KEY = "spark_watermark"
 
 
-def published_watermark(
-    result: EpochWatermark, state: dict[str, Any]
-) -> tuple[int | None, str | None]:
-    """The watermark an epoch publishes and where it comes from: the valve's combined
-    watermark once it has one, else Spark's event-time watermark recorded in the epoch's
-    ``state`` (its decision record or completed checkpoint), else none."""
+def published_watermark(result: EpochWatermark, state: dict[str, Any]
+                        ) -> tuple[int | None, str | None]:
+    """The watermark an epoch publishes and its source: the valve's once it has one, else
+    Spark's recorded in the epoch's ``state``, else none."""
     if result.watermark != MIN_WATERMARK:
         return result.watermark, WATERMARK_VALVE
     spark = state.get(SPARK_WATERMARK_KEY)
@@ -75,24 +62,13 @@ class EpochOutcome:
 
 
 class TwoPhaseCommitCoordinator:
-    """The driver side of the protocol for one query writing to ``target`` (and, for late
-    rows routed to a side output, ``side_target``).
+    """The driver side of the protocol for one query writing to ``target`` (and late rows to
+    ``side_target``); a pre-commit older than ``transaction_timeout_s`` is warned about, as
+    Flink's transaction-timeout warning."""
 
-    ``transaction_timeout_s`` (the sink's ``transactionTimeout``; None: never) is Flink's
-    transaction-timeout warning: a pre-commit of this query met at commit or recovery that has
-    been prepared longer than that is logged as a warning before it is resolved — a prepared
-    transaction holds its locks and keeps PostgreSQL's VACUUM from cleaning up.
-    """
-
-    def __init__(
-        self,
-        store: CheckpointStore,
-        target: AnyTarget,
-        prefix: str,
-        query: str,
-        side_target: AnyTarget | None = None,
-        transaction_timeout_s: float | None = None,
-    ) -> None:
+    def __init__(self, store: CheckpointStore, target: AnyTarget, prefix: str, query: str,
+                 side_target: AnyTarget | None = None,
+                 transaction_timeout_s: float | None = None) -> None:
         self._store = store
         self._target = target
         self._side = side_target
@@ -107,49 +83,31 @@ class TwoPhaseCommitCoordinator:
             return self._side
         return self._target
 
-    def commit_epoch(
-        self,
-        epoch: int,
-        pre_commits: Iterable[PreCommit],
-        markers: Iterable[Marker],
-        rows: int,
-        late_rows: int,
-        spark_watermark: int | None = None,
-    ) -> EpochOutcome:
+    def commit_epoch(self, epoch: int, pre_commits: Iterable[PreCommit], markers: Iterable[Marker],
+                     rows: int, late_rows: int, spark_watermark: int | None = None
+                     ) -> EpochOutcome:
         """Decide, commit and complete epoch ``epoch``; idempotent under Spark's replays.
-
-        ``spark_watermark``: Spark's event-time watermark of the micro-batch, given when the
-        rows carry no markers (a stateful operator's output); it is published for the epoch
-        while the valve has no combined watermark. It is recorded with the decision, so a
-        replay publishes the same value. Late rows are still judged on the valve only: the
-        stateful operator that made the rows dropped its late input already."""
+        ``spark_watermark`` (rows without markers) is recorded with the decision, so that a
+        replay publishes the same value."""
         pre_commits = list(pre_commits)
         done = self._store.completed(epoch)
         if done is not None:
-            # everything the epoch decided was committed before it completed: whatever this
-            # replay pre-committed, or still lingers of the epoch, goes
+            # all it decided was committed before it completed: what else there is goes
             rolled = self._discard(pre_commits, set())
             recovered, recover_rolled = self.recover(epoch)
             self._maintain(epoch)
             return EpochOutcome(
                 done, EpochWatermark.from_json(done.state[STATE_KEY]), tuple(recovered),
-                tuple(rolled + recover_rolled), True,
-            )
+                tuple(rolled + recover_rolled), True)
 
         pending = self._store.pending(epoch)
         replayed = pending is not None
         if pending is None:
             failpoint("before_decision", query=self._query, epoch=epoch)
-            pending = self._store.begin(
-                epoch,
-                {
-                    "decision": [pc.to_json() for pc in pre_commits],
-                    "markers": [m.to_json() for m in markers],
-                    "rows": rows,
-                    "late_rows": late_rows,
-                    SPARK_WATERMARK_KEY: spark_watermark,
-                },
-            )
+            pending = self._store.begin(epoch, {
+                "decision": [pc.to_json() for pc in pre_commits],
+                "markers": [m.to_json() for m in markers],
+                "rows": rows, "late_rows": late_rows, SPARK_WATERMARK_KEY: spark_watermark})
             failpoint("after_decision", query=self._query, epoch=epoch,
                       transactions=len(pending.state["decision"]))
         decision = pending.state
@@ -160,8 +118,7 @@ class TwoPhaseCommitCoordinator:
                 self._target_of(chosen[0].txn),
                 f"epoch {epoch}'s {len(chosen)} decided pre-commit(s) "
                 f"({', '.join(pc.txn.gid for pc in chosen[:3])}{', …' if len(chosen) > 3 else ''})",
-                (now_ms() - pending.created_ms) / 1000, "committing them now",
-            )
+                (now_ms() - pending.created_ms) / 1000, "committing them now")
         result, record = self._epoch_record(epoch, decision)
         committed = self._commit_decided(chosen, record)
         rolled = self._discard(pre_commits, {pc.txn.gid for pc in chosen})
@@ -170,10 +127,8 @@ class TwoPhaseCommitCoordinator:
         rolled += recover_rolled
 
         if not isinstance(self._target, EpochTarget):  # an epoch target's commit carried it
-            self._target.publish_epoch(
-                self._query, epoch, record.watermark, record.rows, record.late_rows,
-                record.watermark_source,
-            )
+            self._target.publish_epoch(self._query, epoch, record.watermark, record.rows,
+                                       record.late_rows, record.watermark_source)
         failpoint("before_checkpoint", query=self._query, epoch=epoch)
         checkpoint = self._store.complete(epoch, {**decision, STATE_KEY: result.to_json()})
         failpoint("after_checkpoint", query=self._query, epoch=epoch)
@@ -188,28 +143,22 @@ class TwoPhaseCommitCoordinator:
             if isinstance(target, MaintainedTarget):
                 target.maintain(prefix, self._query, epoch, self._store.check_claim)
 
-    def _epoch_record(
-        self, epoch: int, decision: dict[str, Any]
-    ) -> tuple[EpochWatermark, EpochRecord]:
-        """The combined watermark after decided epoch ``epoch`` (the valve restored from the
-        latest completed epoch, the one before, advanced over the decided markers: the same
-        on every replay) and what the epoch publishes."""
-        result = advance_epoch(
-            self._store, epoch, (Marker.from_json(m) for m in decision["markers"])
-        )
+    def _epoch_record(self, epoch: int, decision: dict[str, Any]
+                      ) -> tuple[EpochWatermark, EpochRecord]:
+        """The combined watermark after decided epoch ``epoch`` (the same on every replay) and
+        what the epoch publishes."""
+        result = advance_epoch(self._store, epoch,
+                               (Marker.from_json(m) for m in decision["markers"]))
         published, source = published_watermark(result, decision)
         return result, EpochRecord(
             self._query, epoch, published, source, result.status,
-            tuple(result.idle_partitions), decision["rows"], decision["late_rows"],
-        )
+            tuple(result.idle_partitions), decision["rows"], decision["late_rows"])
 
     def _commit_decided(self, chosen: list[PreCommit], record: EpochRecord) -> list[str]:
-        """Commit an epoch's decided pre-commits: one by one into a :class:`Target`, all at
-        once into an :class:`EpochTarget` (the main one even without any: its commit
-        publishes the epoch). Returns the gids committed."""
+        """Commit the decided pre-commits, one by one into a :class:`Target`, all at once into
+        an :class:`EpochTarget` (the main one even without any: it publishes the epoch)."""
         whole: list[tuple[EpochTarget, list[PreCommit]]] = [
-            (t, []) for t in (self._target, self._side) if isinstance(t, EpochTarget)
-        ]
+            (t, []) for t in (self._target, self._side) if isinstance(t, EpochTarget)]
         committed: list[str] = []
         for pc in chosen:
             target = self._target_of(pc.txn)
@@ -262,27 +211,20 @@ class TwoPhaseCommitCoordinator:
             "%s of query %s prepared %s ago, longer than transactionTimeout (%s): %s (the "
             "query was down, or its commits fail); %s",
             what, self._query, format_duration(age), format_duration(self._timeout),
-            target.pending_consequence, action,
-        )
+            target.pending_consequence, action)
 
     def recover_before_writes(self, writer: str) -> tuple[list[str], list[str]]:
-        """Flink's ``initializeState`` (recoverAndCommit / recoverAndAbort before the first
-        record): resolve every transaction other writers of the query left pre-committed,
-        sparing those of ``writer`` (the :attr:`TransactionId.run` of the batch about to
-        write: its own tasks' pre-commits await its commit). The claim is checked first
-        (FencedError if a newer run holds the location), so no other run can still decide
-        on what this rolls back."""
+        """Flink's ``initializeState``: resolve what other writers left pre-committed, sparing
+        ``writer``'s (its :attr:`TransactionId.run`), once the claim is checked (so no other
+        run can still decide on what this rolls back)."""
         self._store.check_claim()
         return self.recover(spare=writer)
 
-    def recover(
-        self, up_to_epoch: int | None = None, *, spare: str | None = None
-    ) -> tuple[list[str], list[str]]:
-        """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None), except
-        those of the writer ``spare`` (a :attr:`TransactionId.run`): recoverAndCommit those a
-        pending epoch's recorded decision names, recoverAndAbort the rest — including any of
-        a completed epoch, which committed all it decided before it completed. Returns the
-        gids (committed, rolled back)."""
+    def recover(self, up_to_epoch: int | None = None, *, spare: str | None = None
+                ) -> tuple[list[str], list[str]]:
+        """Resolve lingering transactions of epochs <= ``up_to_epoch`` (all if None) but
+        ``spare``'s: commit those a pending epoch's decision names, roll back the rest (a
+        completed epoch committed all it decided). The gids (committed, rolled back)."""
         committed: list[str] = []
         rolled: list[str] = []
         decisions: dict[int, dict[str, Any]] = {}
@@ -294,22 +236,18 @@ class TwoPhaseCommitCoordinator:
                     spare is not None and txn.run == spare):
                 continue
             if txn.epoch not in decisions:
-                pending = (
-                    None if self._store.completed(txn.epoch) is not None
-                    else self._store.pending(txn.epoch)
-                )
+                pending = (None if self._store.completed(txn.epoch) is not None
+                           else self._store.pending(txn.epoch))
                 if pending is not None:
                     states[txn.epoch] = pending.state
                 decisions[txn.epoch] = {
-                    d["gid"]: d for d in (pending.state.get("decision", []) if pending else [])
-                }
+                    d["gid"]: d for d in (pending.state.get("decision", []) if pending else [])}
             target = self._target_of(txn)
             found = decisions[txn.epoch].get(txn.gid)
             self._warn_if_old(
                 target, f"pre-commit {txn.gid}", ages[txn],
                 "committing it now (its epoch decided on it)" if found is not None
-                else "rolling it back now (no decision names it)",
-            )
+                else "rolling it back now (no decision names it)")
             if found is not None:
                 logger.info("recovering %s: committing (its epoch decided on it)", txn.gid)
                 if isinstance(target, EpochTarget):
@@ -322,8 +260,7 @@ class TwoPhaseCommitCoordinator:
                 target.rollback(txn)
                 rolled.append(txn.gid)
         for epoch in sorted(whole):
-            # an epoch target takes the epoch whole: every decided pre-commit of it, with the
-            # record the epoch's own commit would publish
+            # an epoch target takes the epoch whole, with the record its commit would publish
             decided = [PreCommit.from_json(d) for d in decisions[epoch].values()]
             _, record = self._epoch_record(epoch, states[epoch])
             self._commit_decided(decided, record)

@@ -1,33 +1,26 @@
-"""Spark time windows as two columns: a window struct ``w`` is stored as ``w_start`` and
-``w_end``, since tables are queried, partitioned and indexed by a window's bounds, which a
-nested value would hide. One rule for every table target (PostgreSQL, Delta, Iceberg)."""
+"""Spark time windows as two columns ``w_start`` and ``w_end`` in every table target: tables
+are queried, partitioned and indexed by a window's bounds, which a nested value would hide."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: The fields of a Spark time window (``window``, ``session_window``):
-#: struct<start: timestamp, end: timestamp>.
+#: The fields of a Spark time window (``window``, ``session_window``).
 WINDOW_FIELDS = ("start", "end")
 
 
 def is_window(dtype: pa.DataType) -> bool:
-    """Whether ``dtype`` is a Spark time window's struct (Arrow struct<start, end> of
-    timestamps)."""
-    return (
-        pa.types.is_struct(dtype)
-        and [dtype.field(i).name for i in range(dtype.num_fields)] == list(WINDOW_FIELDS)
-        and all(pa.types.is_timestamp(dtype.field(i).type) for i in range(dtype.num_fields))
-    )
+    """Whether ``dtype`` is a Spark time window's struct<start, end> of timestamps."""
+    return (pa.types.is_struct(dtype)
+            and [dtype.field(i).name for i in range(dtype.num_fields)] == list(WINDOW_FIELDS)
+            and all(pa.types.is_timestamp(dtype.field(i).type)
+                    for i in range(dtype.num_fields)))
 
 
 def table_schema(schema: pa.Schema) -> pa.Schema:
-    """The table's columns for a stream's ``schema``: each window struct ``w`` becomes two
-    timestamp columns ``w_start`` and ``w_end``.
-
-    Raises:
-        ValueError: a split column's name is already taken by another column."""
+    """The table's columns for a stream's ``schema``, windows split; ValueError if a split
+    column's name is taken."""
     fields: list[pa.Field] = []
     for field in schema:
         if not is_window(field.type):
@@ -39,8 +32,7 @@ def table_schema(schema: pa.Schema) -> pa.Schema:
                 raise ValueError(
                     f"column {field.name!r} (a window) is stored as {field.name}_start and "
                     f"{field.name}_end, but the stream has a column {name!r} too: rename one "
-                    "of them before the sink"
-                )
+                    "of them before the sink")
             fields.append(pa.field(name, field.type.field(part).type))
     return pa.schema(fields)
 
