@@ -1,7 +1,8 @@
 """PySpark's Python worker daemon with what flinkish's read and write tasks import loaded and
 frozen before it forks its workers (``flinkish.worker_launcher`` runs it in place of
-``pyspark.daemon`` for the data source's processes); a driver-side call's worker freezes what
-each call leaves. PySpark's full collection after each task or call then skips those objects
+``pyspark.daemon`` for the data source's processes); a driver-side call's worker imports what
+its first call needs before it is asked (:data:`CALL_MODULES`), and freezes what each call
+leaves. PySpark's full collection after each task or call then skips those objects
 (docs/guides/recover-after-crash.md, with why forking after these imports is safe).
 """
 
@@ -26,16 +27,36 @@ def preload(argv: list[str]) -> list[str]:
         return []
     from flinkish.worker_python import TASK_MODULES
 
-    loaded = []
-    for name in (*PRELOADED, *TASK_MODULES):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the task's own import reports it
-            continue
-        loaded.append(name)
+    loaded = import_quietly((*PRELOADED, *TASK_MODULES))
     # the import's garbage collected first: what is frozen is never collected
     gc.collect()
     gc.freeze()
+    return loaded
+
+
+#: What the worker of each driver-side call imports at its first call: the call's module, the
+#: data source's class (which the call unpickles) and the reader's or the writer's modules.
+CALL_MODULES = {
+    module: (module, "flinkish.data_source", *call_modules)
+    for module, call_modules in (
+        ("pyspark.sql.worker.create_data_source", ()),
+        ("pyspark.sql.worker.plan_data_source_read", ("flinkish_source.stream_reader",)),
+        ("pyspark.sql.worker.write_into_data_source", ("flinkish_sink.stream_writer",)),
+        ("pyspark.sql.worker.python_streaming_sink_runner", ("flinkish_sink.stream_writer",)),
+    )
+}
+
+
+def import_quietly(names: tuple[str, ...]) -> list[str]:
+    """Import ``names``, leaving a module that fails to the code that needs it (which reports the
+    error where it belongs); the modules imported."""
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the task's or the call's own import reports it
+            continue
+        loaded.append(name)
     return loaded
 
 
@@ -54,6 +75,8 @@ def freeze_after_each_call(argv: list[str]) -> bool:
 
     def worker(sock: socket.socket, authenticated: bool) -> int:
         nonlocal calls
+        if calls == 0:  # a fresh fork: what its first call imports, before it is asked
+            import_quietly(CALL_MODULES.get(argv[1], ()))
         code = call(sock, authenticated)
         calls += 1
         if calls % FULL_COLLECTION_EVERY == 0:
