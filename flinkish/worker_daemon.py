@@ -1,9 +1,10 @@
 """PySpark's Python worker daemon with what flinkish's read and write tasks import loaded and
 frozen before it forks its workers (``flinkish.worker_launcher`` runs it in place of
 ``pyspark.daemon`` for the data source's processes); a driver-side call's worker imports what
-its first call needs before it is asked (:data:`CALL_MODULES`), and freezes what each call
-leaves. PySpark's full collection after each task or call then skips those objects
-(docs/guides/recover-after-crash.md, with why forking after these imports is safe).
+its first call needs once it has authenticated the JVM, before it is asked
+(:data:`CALL_MODULES`), and freezes what each call leaves. PySpark's full collection after each
+task or call then skips those objects (docs/guides/recover-after-crash.md, with why forking
+after these imports is safe).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import gc
 import importlib
 import socket
 import sys
+from types import ModuleType
 
 from pyspark import daemon
 
@@ -60,6 +62,25 @@ def import_quietly(names: tuple[str, ...]) -> list[str]:
     return loaded
 
 
+def import_with(module: str, names: tuple[str, ...]) -> None:
+    """Have ``names`` imported right after PySpark's worker imports its call's ``module``, which
+    it does once it has authenticated the JVM: until then Spark holds its worker lock (the one
+    every Python worker of the driver is created under), so imports before would hold up the
+    query's own calls."""
+    if not names:
+        return
+    import_module = importlib.import_module
+
+    def then_names(name: str, package: str | None = None) -> ModuleType:
+        imported = import_module(name, package)
+        if name == module:
+            importlib.import_module = import_module
+            import_quietly(names)
+        return imported
+
+    importlib.import_module = then_names
+
+
 #: How many calls a driver-side worker makes between collections over its whole heap.
 FULL_COLLECTION_EVERY = 256
 
@@ -76,7 +97,7 @@ def freeze_after_each_call(argv: list[str]) -> bool:
     def worker(sock: socket.socket, authenticated: bool) -> int:
         nonlocal calls
         if calls == 0:  # a fresh fork: what its first call imports, before it is asked
-            import_quietly(CALL_MODULES.get(argv[1], ()))
+            import_with(argv[1], CALL_MODULES.get(argv[1], ()))
         code = call(sock, authenticated)
         calls += 1
         if calls % FULL_COLLECTION_EVERY == 0:

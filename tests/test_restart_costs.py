@@ -224,14 +224,17 @@ def test_a_driver_side_calls_worker_reclaims_a_dropped_cycle_at_its_next_full_co
 
 def test_a_driver_side_calls_worker_imports_its_calls_modules_before_its_first_call() -> None:
     """A fresh fork of a driver-side call's daemon imports what that call needs before Spark
-    hands it the call (``register`` forks one ahead): the writer's creation finds the sink's
-    modules imported; a module that cannot be imported is left to the call."""
-    code = ("import sys, flinkish.worker_daemon as d\n"
+    hands it the call (``register`` forks one ahead), once it has authenticated the JVM (Spark
+    holds its worker lock until then): the writer's creation finds the sink's modules imported;
+    a module that cannot be imported is left to the call."""
+    code = ("import importlib, sys, flinkish.worker_daemon as d\n"
             "from pyspark import daemon\n"
             "module = 'pyspark.sql.worker.write_into_data_source'\n"
             "seen = []\n"
-            "def call(sock, authenticated):\n"
-            "    seen.append(all(m in sys.modules for m in d.CALL_MODULES[module]))\n"
+            "def call(sock, authenticated):\n"  # PySpark's: authenticate, import the module, serve
+            "    before = 'flinkish_sink.stream_writer' in sys.modules\n"
+            "    importlib.import_module(module)\n"
+            "    seen.append((before, all(m in sys.modules for m in d.CALL_MODULES[module])))\n"
             "    return 0\n"
             "daemon.worker = call\n"
             "print('flinkish_sink.stream_writer' in sys.modules)\n"
@@ -239,4 +242,5 @@ def test_a_driver_side_calls_worker_imports_its_calls_modules_before_its_first_c
             "daemon.worker(None, False); daemon.worker(None, True)\n"
             "print(seen, 'flinkish_sink.stream_writer' in d.CALL_MODULES[module])\n"
             "print(d.import_quietly(('json', 'no_such_module_here')))\n")
-    assert python_lines(code)[:3] == ["False", "[True, True] True", "['json']"]
+    assert python_lines(code)[:3] == [
+        "False", "[(False, True), (True, True)] True", "['json']"]
