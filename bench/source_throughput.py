@@ -310,10 +310,10 @@ class KafkaFloorSource(DataSource):
     def name(cls) -> str:
         return "flinkish_kafka_floor_bench"
 
-    def schema(self) -> str:
-        from flinkish_source.schema import spark_ddl
+    def schema(self) -> Any:
+        from flinkish_source.schema import spark_schema
 
-        return spark_ddl(False)
+        return spark_schema(False)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return KafkaFloorReader(dict(self.options))
@@ -353,10 +353,10 @@ class BareSource(DataSource):
     def name(cls) -> str:
         return "flinkish_bare_bench"
 
-    def schema(self) -> str:
-        from flinkish_source.schema import spark_ddl
+    def schema(self) -> Any:
+        from flinkish_source.schema import spark_schema
 
-        return spark_ddl(False)
+        return spark_schema(False)
 
     def streamReader(self, schema: Any) -> DataSourceStreamReader:
         return BareReader(int(self.options["records"]), int(self.options["tasks"]),

@@ -21,7 +21,7 @@ from pyspark.sql.datasource import (
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
-from pyspark.sql.types import StructType
+from pyspark.sql.types import BinaryType, StructField, StructType
 
 from flinkish.data_source import FlinkishDataSource
 from flinkish.epoch_listener import CompletedEpochListener
@@ -83,9 +83,9 @@ def connect_source(master: str) -> type[FlinkishDataSource]:
             # reused Python worker may serve later
             os.environ[MASTER_ENV] = self.spark_master
 
-        def schema(self) -> str:
+        def schema(self) -> StructType:
             if WARMUP_OPTION in self.options:
-                return "value binary"
+                return StructType([StructField("value", BinaryType())])
             self._with_master()
             return super().schema()
 

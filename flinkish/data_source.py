@@ -7,7 +7,7 @@ from pyspark.sql.datasource import DataSource, DataSourceStreamReader, DataSourc
 from pyspark.sql.types import StructType
 
 from flinkish_source.options import parse_options
-from flinkish_source.schema import spark_ddl
+from flinkish_source.schema import spark_schema
 
 
 class FlinkishDataSource(DataSource):
@@ -15,9 +15,9 @@ class FlinkishDataSource(DataSource):
     def name(cls) -> str:
         return "flinkish"
 
-    def schema(self) -> str:
+    def schema(self) -> StructType:
         # Parsing here makes a wrong option fail at load(), before any query starts.
-        return spark_ddl(parse_options(self.options).include_headers)
+        return spark_schema(parse_options(self.options).include_headers)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         from flinkish_source.stream_reader import FlinkishStreamReader

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+import weakref
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -32,13 +34,11 @@ DRIVER_MODULES = (
 )
 
 
-def planner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
-    """The environment ``PythonPlannerRunner.runInPython`` (Spark 4.3) gives a worker of a data
-    source whose shared map is ``source_env``; None when it cannot be known from here."""
+def planner_environment(spark: Any, runner: dict[str, str]) -> dict[str, str]:
+    """What ``PythonPlannerRunner.runInPython`` (Spark 4.3) adds to ``runner``'s entries in a
+    worker's environment."""
     sql_conf = spark._jsparkSession.sessionState().conf()
-    env = runner_environment(spark, source_env)
-    if env is None:
-        return None
+    env = dict(runner)
     memory = sql_conf.pythonPlannerExecMemory()
     if memory.isDefined():
         env["PYSPARK_PLANNER_MEMORY_MB"] = str(memory.get())
@@ -47,15 +47,15 @@ def planner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
     return env
 
 
-def task_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
-    """The environment ``BasePythonRunner.compute`` (Spark 4.3) gives the data source's read and
-    write tasks' workers; None when it cannot be known from here (the tasks' executor memory for
-    Python set, Python UDF pipelining on)."""
+def task_environment(spark: Any, runner: dict[str, str]) -> dict[str, str] | None:
+    """What ``BasePythonRunner.compute`` (Spark 4.3) adds to ``runner``'s entries in the data
+    source's read and write tasks' workers; None when it cannot be known from here (the tasks'
+    executor memory for Python set, Python UDF pipelining on)."""
     conf = spark.sparkContext._jsc.sc().conf()
-    env = runner_environment(spark, source_env)
-    if env is None or conf.contains("spark.executor.pyspark.memory") or conf.getBoolean(
+    if conf.contains("spark.executor.pyspark.memory") or conf.getBoolean(
             "spark.python.udf.pipelined.enabled", False):
         return None
+    env = dict(runner)
     if not conf.contains("spark.executorEnv.OMP_NUM_THREADS"):
         env["OMP_NUM_THREADS"] = str(conf.getInt("spark.task.cpus", 1))
     env["PYTHON_UDF_BATCH_SIZE"] = str(
@@ -63,14 +63,14 @@ def task_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
     return env
 
 
-def runner_environment(spark: Any, source_env: Any) -> dict[str, str] | None:
-    """What the planner's and the tasks' runners both put into a worker's environment."""
+def runner_environment(spark: Any) -> dict[str, str] | None:
+    """What the planner's and the tasks' runners both add to the data source's shared map in a
+    worker's environment; None when it cannot be known from here."""
     sql_conf = spark._jsparkSession.sessionState().conf()
     conf = spark.sparkContext._jsc.sc().conf()
     if sql_conf.pythonUDFWorkerFaulthandlerEnabled():
         return None
-    env = {str(entry.getKey()): str(entry.getValue()) for entry in source_env.entrySet()}
-    env["SPARK_LOCAL_DIRS"] = block_manager_dirs(spark)
+    env = {"SPARK_LOCAL_DIRS": block_manager_dirs(spark)}
     if conf.getBoolean("spark.python.worker.reuse", True):
         env["SPARK_REUSE_WORKER"] = "1"
     for flag, key in ((sql_conf.pysparkHideTraceback(), "SPARK_HIDE_TRACEBACK"),
@@ -102,23 +102,34 @@ def block_manager_dirs(spark: Any) -> str:
     return ",".join(str(d.getPath()) for d in dirs)
 
 
+#: Per py4j gateway: the method handles :func:`call` looked up, by (class, method, signature).
+_handles: weakref.WeakKeyDictionary[Any, dict[tuple[str, ...], Any]] = (
+    weakref.WeakKeyDictionary())
+
+
 def call(spark: Any, target: Any, owner: str, method: str, returns: str,
          *args: tuple[str, Any]) -> Any:
     """``target.method(*args)`` in the JVM, each argument a (class name, value) pair, through a
     method handle: py4j's reflection fails on ``SparkEnv`` and ``BlockManager`` in a
-    pip-installed PySpark (a signature names ``com.google.protobuf`` classes it does not ship)."""
+    pip-installed PySpark (a signature names ``com.google.protobuf`` classes it does not ship).
+    Each handle is looked up once per JVM (every py4j call is a round trip)."""
     jvm, gateway = spark._jvm, spark.sparkContext._gateway
+    signature = (owner, method, returns, *(name for name, _ in args))
+    handles = _handles.setdefault(gateway, {})
+    handle = handles.get(signature)
+    if handle is None:
+        def java_class(name: str) -> Any:
+            if name == "boolean":
+                return jvm.java.lang.Boolean.TYPE
+            return jvm.java.lang.Void.TYPE if name == "void" else jvm.java.lang.Class.forName(name)
 
-    def java_class(name: str) -> Any:
-        primitive = {"boolean": jvm.java.lang.Boolean.TYPE, "void": jvm.java.lang.Void.TYPE}
-        return primitive.get(name) or jvm.java.lang.Class.forName(name)
-
-    types = gateway.new_array(jvm.java.lang.Class, len(args))
-    for i, (name, _) in enumerate(args):
-        types[i] = java_class(name)
-    handle = jvm.java.lang.invoke.MethodHandles.publicLookup().findVirtual(
-        java_class(owner), method, jvm.java.lang.invoke.MethodType.methodType(
-            java_class(returns), types))
+        types = gateway.new_array(jvm.java.lang.Class, len(args))
+        for i, (name, _) in enumerate(args):
+            types[i] = java_class(name)
+        handle = jvm.java.lang.invoke.MethodHandles.publicLookup().findVirtual(
+            java_class(owner), method, jvm.java.lang.invoke.MethodType.methodType(
+                java_class(returns), types))
+        handles[signature] = handle
     values = gateway.new_array(jvm.java.lang.Object, len(args) + 1)
     values[0] = target
     for i, (_, value) in enumerate(args):
@@ -126,22 +137,43 @@ def call(spark: Any, target: Any, owner: str, method: str, returns: str,
     return handle.invokeWithArguments(values)
 
 
-def plans(spark: Any, source: Any) -> list[tuple[str, str, dict[str, str]]]:
+def plans(spark: Any, source: Any) -> list[tuple[str, str, Any]]:
     """(worker module, daemon module, environment) of each daemon to start ahead, in order:
     :data:`DRIVER_MODULES` and, with a local master, the tasks' last: it holds Spark's one
-    start lock the longest, and before the commit's the first batch would wait for both."""
+    start lock the longest, and before the commit's the first batch would wait for both. Each
+    environment is a Scala map: the data source's shared map copied in the JVM with the
+    runner's entries added (one py4j call, where reading it into Python takes several an
+    entry)."""
     conf = spark.sparkContext._jsc.sc().conf()
     if not conf.getBoolean("spark.python.use.daemon", True):
         return []
+    runner = runner_environment(spark)
+    if runner is None:
+        return []
     source_env = source.dataSourceCls().envVars()
-    planner = planner_environment(spark, source_env)
-    found = [(module, DEFAULT_DAEMON, planner) for module in DRIVER_MODULES if planner]
+    jvm = spark._jvm
+    python_utils = jvm.org.apache.spark.api.python.PythonUtils
+
+    def scala_env(entries: dict[str, str]) -> Any:
+        env = jvm.java.util.HashMap(source_env)
+        env.putAll(entries)  # py4j hands the dict over as a java.util.Map
+        return python_utils.toScalaMap(env)
+
+    planner = scala_env(planner_environment(spark, runner))
+    found = [(module, DEFAULT_DAEMON, planner) for module in DRIVER_MODULES]
     master = spark.sparkContext.master
-    tasks = task_environment(spark, source_env)
+    tasks = task_environment(spark, runner)
     if tasks is not None and (master == "local" or master.startswith("local[")):
         found.append((conf.get("spark.python.worker.module", "pyspark.worker"),
-                      conf.get("spark.python.daemon.module", DEFAULT_DAEMON), tasks))
+                      conf.get("spark.python.daemon.module", DEFAULT_DAEMON), scala_env(tasks)))
     return found
+
+
+#: How long the background thread leaves Spark's worker lock free between two daemons: a call
+#: of the query's own (``load()``'s creation of the data source) waiting for the lock gets it
+#: then, instead of after every daemon (Java's monitors are not fair: the thread that releases
+#: one takes it again first, unless the waiting thread has run in between).
+PAUSE_BETWEEN_DAEMONS_S = 0.05
 
 
 def warm_start(spark: Any, source: Any) -> None:
@@ -151,21 +183,17 @@ def warm_start(spark: Any, source: Any) -> None:
     with _lock:
         if application in _runs:
             return
-        jvm = spark._jvm
-        keys = []
-        for module, daemon, env in plans(spark, source):
-            java_env = jvm.java.util.HashMap()
-            for name, value in env.items():
-                java_env.put(name, value)
-            keys.append((("java.lang.String", source.dataSourceCls().pythonExec()),
-                         ("java.lang.String", module), ("java.lang.String", daemon),
-                         ("scala.collection.immutable.Map",
-                          jvm.org.apache.spark.api.python.PythonUtils.toScalaMap(java_env))))
+        python = source.dataSourceCls().pythonExec()
+        keys = [(("java.lang.String", python), ("java.lang.String", module),
+                 ("java.lang.String", daemon), ("scala.collection.immutable.Map", env))
+                for module, daemon, env in plans(spark, source)]
         started: list[str] = []
 
         def start() -> None:
             spark_env = spark.sparkContext._jsc.sc().env()
-            for key in keys:
+            for i, key in enumerate(keys):
+                if i:
+                    time.sleep(PAUSE_BETWEEN_DAEMONS_S)
                 try:
                     worker = call(spark, spark_env, SPARK_ENV, "createPythonWorker",
                                   "scala.Tuple2", *key, ("boolean", True))._1()

@@ -1,8 +1,10 @@
 """PySpark's Python worker daemon with what flinkish's read and write tasks import loaded and
 frozen before it forks its workers (``flinkish.worker_launcher`` runs it in place of
-``pyspark.daemon`` for the data source's processes); a driver-side call's worker freezes what
-each call leaves. PySpark's full collection after each task or call then skips those objects
-(docs/guides/recover-after-crash.md, with why forking after these imports is safe).
+``pyspark.daemon`` for the data source's processes); a driver-side call's worker imports what
+its first call needs once it has authenticated the JVM, before it is asked
+(:data:`CALL_MODULES`), and freezes what each call leaves. PySpark's full collection after each
+task or call then skips those objects (docs/guides/recover-after-crash.md, with why forking
+after these imports is safe).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import gc
 import importlib
 import socket
 import sys
+from types import ModuleType
 
 from pyspark import daemon
 
@@ -26,17 +29,56 @@ def preload(argv: list[str]) -> list[str]:
         return []
     from flinkish.worker_python import TASK_MODULES
 
-    loaded = []
-    for name in (*PRELOADED, *TASK_MODULES):
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the task's own import reports it
-            continue
-        loaded.append(name)
+    loaded = import_quietly((*PRELOADED, *TASK_MODULES))
     # the import's garbage collected first: what is frozen is never collected
     gc.collect()
     gc.freeze()
     return loaded
+
+
+#: What the worker of each driver-side call imports at its first call: the call's module, the
+#: data source's class (which the call unpickles) and the reader's or the writer's modules.
+CALL_MODULES = {
+    module: (module, "flinkish.data_source", *call_modules)
+    for module, call_modules in (
+        ("pyspark.sql.worker.create_data_source", ()),
+        ("pyspark.sql.worker.plan_data_source_read", ("flinkish_source.stream_reader",)),
+        ("pyspark.sql.worker.write_into_data_source", ("flinkish_sink.stream_writer",)),
+        ("pyspark.sql.worker.python_streaming_sink_runner", ("flinkish_sink.stream_writer",)),
+    )
+}
+
+
+def import_quietly(names: tuple[str, ...]) -> list[str]:
+    """Import ``names``, leaving a module that fails to the code that needs it (which reports the
+    error where it belongs); the modules imported."""
+    loaded = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the task's or the call's own import reports it
+            continue
+        loaded.append(name)
+    return loaded
+
+
+def import_with(module: str, names: tuple[str, ...]) -> None:
+    """Have ``names`` imported right after PySpark's worker imports its call's ``module``, which
+    it does once it has authenticated the JVM: until then Spark holds its worker lock (the one
+    every Python worker of the driver is created under), so imports before would hold up the
+    query's own calls."""
+    if not names:
+        return
+    import_module = importlib.import_module
+
+    def then_names(name: str, package: str | None = None) -> ModuleType:
+        imported = import_module(name, package)
+        if name == module:
+            importlib.import_module = import_module
+            import_quietly(names)
+        return imported
+
+    importlib.import_module = then_names
 
 
 #: How many calls a driver-side worker makes between collections over its whole heap.
@@ -54,6 +96,8 @@ def freeze_after_each_call(argv: list[str]) -> bool:
 
     def worker(sock: socket.socket, authenticated: bool) -> int:
         nonlocal calls
+        if calls == 0:  # a fresh fork: what its first call imports, before it is asked
+            import_with(argv[1], CALL_MODULES.get(argv[1], ()))
         code = call(sock, authenticated)
         calls += 1
         if calls % FULL_COLLECTION_EVERY == 0:

@@ -1,14 +1,28 @@
-"""The source's output columns: Spark's Kafka source columns plus the marker columns, as a Spark
-DDL string and as the Arrow schema ``read()`` must match exactly.
+"""The source's output columns: Spark's Kafka source columns plus the marker columns, as Spark's
+``StructType`` (sent to the JVM as JSON: a DDL string would go through Spark's SQL parser, whose
+first parse in a JVM holds a restarted driver's ``load()``) and as the Arrow schema ``read()``
+must match exactly.
 
-pyarrow is imported only for the Arrow schema: the processes that need the DDL alone (~0.2 s
-saved) are on the way of every query's (re)start.
+pyarrow is imported only for the Arrow schema: the processes that need Spark's schema alone
+(~0.2 s saved) are on the way of every query's (re)start.
 """
 
 from __future__ import annotations
 
 import functools
 from typing import TYPE_CHECKING
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -41,11 +55,16 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(fields)
 
 
-def spark_ddl(include_headers: bool) -> str:
-    headers = "headers array<struct<key: string, value: binary>>, " if include_headers else ""
-    return (
-        "key binary, value binary, topic string, partition int, offset bigint, "
-        "timestamp timestamp, timestampType int, "
-        + headers
-        + "eventTime timestamp, kind string, watermark bigint, status string"
-    )
+def spark_schema(include_headers: bool) -> StructType:
+    """The source's columns as Spark's schema, each nullable (as :func:`arrow_schema`'s)."""
+    columns: list[tuple[str, DataType]] = [
+        ("key", BinaryType()), ("value", BinaryType()), ("topic", StringType()),
+        ("partition", IntegerType()), ("offset", LongType()), ("timestamp", TimestampType()),
+        ("timestampType", IntegerType()),
+    ]
+    if include_headers:
+        columns.append(("headers", ArrayType(StructType([
+            StructField("key", StringType()), StructField("value", BinaryType())]))))
+    columns += [("eventTime", TimestampType()), ("kind", StringType()),
+                ("watermark", LongType()), ("status", StringType())]
+    return StructType([StructField(name, data_type) for name, data_type in columns])

@@ -21,8 +21,8 @@ def python_lines(code: str) -> list[str]:
 
 def test_discovering_the_data_source_leaves_pyarrow_out() -> None:
     """Spark's discovery of installed data sources (at the first ``format("flinkish")``) and
-    its ``create_data_source`` process import ``pyspark_flinkish`` and ask for the schema's
-    DDL; pyarrow and numpy (~0.2 s) are for the processes that read or write rows."""
+    its ``create_data_source`` process import ``pyspark_flinkish`` and ask for the schema;
+    pyarrow and numpy (~0.2 s) are for the processes that read or write rows."""
     code = ("import sys, pyspark_flinkish; "
             "pyspark_flinkish.DefaultSource({'subscribe': 't', 'kafka.bootstrap.servers': 'b:1',"
             " 'checkpointing.location': '/tmp/x'}).schema(); "
@@ -30,6 +30,25 @@ def test_discovering_the_data_source_leaves_pyarrow_out() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, cwd=ROOT).stdout
     assert out.strip() == "[]"
+
+
+def test_the_sources_schema_reaches_spark_as_a_struct_type_matching_the_arrow_schema() -> None:
+    """A ``StructType`` goes to the JVM as JSON; a DDL string would be parsed there by Spark's
+    SQL parser, whose first parse in a JVM holds every (re)started driver's ``load()``. It is
+    the schema ``read()``'s Arrow batches have, headers or not."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import StructType
+
+    from flinkish.data_source import FlinkishDataSource
+    from flinkish_source.schema import arrow_schema, spark_schema
+
+    options = {"subscribe": "t", "kafka.bootstrap.servers": "b:1",
+               "checkpointing.location": "/tmp/x"}
+    schema = FlinkishDataSource(options).schema()
+    assert isinstance(schema, StructType)
+    assert schema == spark_schema(False)
+    for headers in (False, True):
+        assert spark_schema(headers) == from_arrow_schema(arrow_schema(headers))
 
 
 def test_the_launcher_puts_the_installed_packages_in_place_of_sparks_zips_and_jars() -> None:
@@ -201,3 +220,27 @@ def test_a_driver_side_calls_worker_reclaims_a_dropped_cycle_at_its_next_full_co
             "    daemon.worker(None, True); alive.append(kept['ref']() is not None)\n"
             "print(alive)\n")
     assert python_lines(code)[0] == "[True, True, True, False]"
+
+
+def test_a_driver_side_calls_worker_imports_its_calls_modules_before_its_first_call() -> None:
+    """A fresh fork of a driver-side call's daemon imports what that call needs before Spark
+    hands it the call (``register`` forks one ahead), once it has authenticated the JVM (Spark
+    holds its worker lock until then): the writer's creation finds the sink's modules imported;
+    a module that cannot be imported is left to the call."""
+    code = ("import importlib, sys, flinkish.worker_daemon as d\n"
+            "from pyspark import daemon\n"
+            "module = 'pyspark.sql.worker.write_into_data_source'\n"
+            "seen = []\n"
+            "def call(sock, authenticated):\n"  # PySpark's: authenticate, import the module, serve
+            "    before = 'flinkish_sink.stream_writer' in sys.modules\n"
+            "    importlib.import_module(module)\n"
+            "    seen.append((before, all(m in sys.modules for m in d.CALL_MODULES[module])))\n"
+            "    return 0\n"
+            "daemon.worker = call\n"
+            "print('flinkish_sink.stream_writer' in sys.modules)\n"
+            "d.freeze_after_each_call(['-m', module])\n"
+            "daemon.worker(None, False); daemon.worker(None, True)\n"
+            "print(seen, 'flinkish_sink.stream_writer' in d.CALL_MODULES[module])\n"
+            "print(d.import_quietly(('json', 'no_such_module_here')))\n")
+    assert python_lines(code)[:3] == [
+        "False", "[(False, True), (True, True)] True", "['json']"]
