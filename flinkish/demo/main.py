@@ -242,25 +242,19 @@ def _log_due(run: _Run, last_stage: str, quiet_for: float) -> bool:
 
 
 @contextlib.contextmanager
-def _broker(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    from flinkish.demo.embedded_kafka import EmbeddedKafka
+def _services(bootstrap: str | None, postgres: bool) -> Iterator[tuple[str, str | None]]:
+    """The brokers (``bootstrap``, else an embedded one) and, for ``postgres``, a DSN."""
+    with contextlib.ExitStack() as stack:
+        if not bootstrap:
+            from flinkish.demo.embedded_kafka import EmbeddedKafka
 
-    with EmbeddedKafka() as broker:
-        yield broker.bootstrap_servers
+            bootstrap = stack.enter_context(EmbeddedKafka()).bootstrap_servers
+        dsn = None
+        if postgres:
+            from flinkish.demo.embedded_postgres import postgres_for_tests
 
-
-@contextlib.contextmanager
-def _postgres(enabled: bool) -> Iterator[str | None]:
-    if not enabled:
-        yield None
-        return
-    from flinkish.demo.embedded_postgres import postgres_for_tests
-
-    with postgres_for_tests() as dsn:
-        yield dsn
+            dsn = stack.enter_context(postgres_for_tests())
+        yield bootstrap, dsn
 
 
 def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -> Table:
@@ -511,7 +505,7 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
     stop_file = work / "stop"
     started = time.monotonic()
     try:
-        with _broker(bootstrap) as servers, _postgres(target == "postgres") as dsn:
+        with _services(bootstrap, target == "postgres") as (servers, dsn):
             from flinkish.demo.embedded_kafka import create_topic
 
             topic = f"flinkish-demo-{int(time.time())}"
