@@ -152,22 +152,13 @@ def log_lag(spark: Any, level: int = logging.INFO) -> Any:
     Returns:
         The listener it added (``spark.streams.removeListener`` takes it off).
     """
-    from pyspark.sql.streaming import StreamingQueryListener
+    from flinkish.listeners import progress_listener
 
-    class LagListener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
+    def log(progress: dict[str, Any]) -> None:
+        for lag in source_lags(progress):
+            logger.log(level, "query %s batch %s: %s", progress.get("name") or progress.get("id"),
+                       lag.batch_id, lag.describe())
 
-        def onQueryProgress(self, event: Any) -> None:
-            progress = json.loads(event.progress.json)
-            for lag in source_lags(progress):
-                logger.log(level, "query %s batch %s: %s",
-                           progress.get("name") or progress.get("id"), lag.batch_id,
-                           lag.describe())
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    listener = LagListener()
+    listener = progress_listener(log)
     spark.streams.addListener(listener)
     return listener

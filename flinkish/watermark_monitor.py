@@ -126,30 +126,16 @@ _installed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def install(spark: Any) -> None:
     """Add the monitor's listener to ``spark`` once (``with_watermark`` calls this)."""
+    from flinkish.listeners import progress_listener
+
     if spark in _installed:
         return
-    spark.streams.addListener(_listener())
+    monitor = WatermarkMonitor()
+
+    def log(progress: dict[str, Any]) -> None:
+        message = monitor.on_progress(progress)
+        if message is not None:
+            logger.error(message)
+
+    spark.streams.addListener(progress_listener(log, monitor.forget))
     _installed.add(spark)
-
-
-def _listener() -> Any:
-    from pyspark.sql.streaming import StreamingQueryListener
-
-    class WatermarkMonitorListener(StreamingQueryListener):
-        """Logs :class:`WatermarkMonitor`'s findings at ERROR."""
-
-        def __init__(self) -> None:
-            self.monitor = WatermarkMonitor()
-
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            message = self.monitor.on_progress(json.loads(event.progress.json))
-            if message is not None:
-                logger.error(message)
-
-        def onQueryTerminated(self, event: Any) -> None:
-            self.monitor.forget(str(event.runId))
-
-    return WatermarkMonitorListener()

@@ -64,27 +64,16 @@ class ProgressFiles:
     """Appends each followed query's progress reports to its file as Spark reports them."""
 
     def __init__(self, spark: Any) -> None:
-        from pyspark.sql.streaming import StreamingQueryListener
+        from flinkish.listeners import progress_listener
 
         self._lock = threading.Lock()
         self._files: dict[str, str] = {}
         self._early: dict[str, list[str]] = {}  # reports of a query before it is followed
-        files = self
+        spark.streams.addListener(progress_listener(self.write))
 
-        class Listener(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None:
-                pass
-
-            def onQueryProgress(self, event: Any) -> None:
-                files.write(str(event.progress.id), event.progress.json)
-
-            def onQueryTerminated(self, event: Any) -> None:
-                pass
-
-        spark.streams.addListener(Listener())
-
-    def write(self, query_id: str, report: str) -> None:
-        line = json.dumps(json.loads(report)) + "\n"
+    def write(self, report: dict[str, Any]) -> None:
+        line = json.dumps(report) + "\n"
+        query_id = str(report["id"])
         with self._lock:
             path = self._files.get(query_id)
             if path is None:
