@@ -13,7 +13,7 @@ from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import resolve_store
-from flinkish.lag import SourceLag, combined, source_lags
+from flinkish.lag import SourceLag, combined, json_value, source_lags
 from flinkish_core.durations import format_duration
 from flinkish_core.epoch_valve import EpochWatermark, advance
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
@@ -247,7 +247,6 @@ def _positions(offsets: list[Any]) -> Iterator[Positions]:
 def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
     """(batch id, batch metadata, each source's offset) from ``<checkpointLocation>/offsets/N``
     in batch order; empty when the location is not a query's checkpoint."""
-    import json
     import posixpath
 
     import pyarrow.fs as pafs
@@ -263,12 +262,7 @@ def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], li
             continue
         with filesystem.open_input_stream(info.path) as stream:
             lines = stream.read().decode("utf-8").splitlines()
-        parsed = []
-        for line in lines[1:]:
-            try:
-                parsed.append(json.loads(line))
-            except ValueError:  # a source whose offset is not JSON
-                parsed.append(None)
+        parsed = [json_value(line) for line in lines[1:]]  # None: an offset not in JSON
         if parsed and isinstance(parsed[0], dict):
             batches.append((int(info.base_name), parsed[0], parsed[1:]))
     return sorted(batches, key=lambda b: b[0])

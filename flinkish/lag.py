@@ -50,7 +50,8 @@ def _source_lag(batch_id: int, behind: dict[str, int], watermark_lag_ms: int | N
                      watermark_lag_ms, partition_watermark_lag_ms, idle_ms)
 
 
-def _json(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A progress report's offset: JSON text parsed (None when it is not JSON), else as is."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -69,7 +70,7 @@ def _flinkish_sources(progress: Mapping[str, Any]) -> list[tuple[Mapping[str, An
     """The flinkish sources of one progress report, each with its end offset (parsed)."""
     out = []
     for source in progress.get("sources") or []:
-        end = _json(source.get("endOffset"))
+        end = json_value(source.get("endOffset"))
         if isinstance(end, Mapping) and isinstance(end.get("topics"), Mapping):
             out.append((source, end))
     return out
@@ -97,7 +98,7 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
         now_ms = int(time.time() * 1000) if stamp is None else timestamp_ms(str(stamp))
     out = []
     for source, end in _flinkish_sources(progress):
-        latest = _json(source.get("latestOffset"))
+        latest = json_value(source.get("latestOffset"))
         behind: dict[str, int] = {}
         watermarks: dict[str, int] = {}
         idle: dict[str, int] = {}

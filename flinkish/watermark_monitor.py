@@ -10,7 +10,6 @@ earlier, at least two batches old: a working query never falls behind it.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from flinkish.lag import EPOCH, timestamp_ms
+from flinkish.lag import EPOCH, json_value, timestamp_ms
 from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
@@ -53,12 +52,7 @@ def _journaled_watermark(sources: list[Mapping[str, Any]]) -> int | None:
     none yet); flinkish offsets are the ones with a journaled valve."""
     found: list[int] = []
     for source in sources:
-        offset = source.get("endOffset")
-        if isinstance(offset, str):
-            try:
-                offset = json.loads(offset)
-            except ValueError:
-                continue
+        offset = json_value(source.get("endOffset"))
         if isinstance(offset, Mapping) and isinstance(offset.get("valve"), Mapping):
             found.append(int(offset["valve"]["watermark"]))
     if not found or MIN_WATERMARK in found:
