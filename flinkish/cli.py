@@ -158,17 +158,16 @@ def _transactions(args: argparse.Namespace) -> int:
         store = CheckpointStore.reader(CheckpointStorage.open(resolve_store(args.checkpoint)))
     ages = target.pending_ages(args.prefix, query)
     lingering = sorted(ages)
+    old = {txn for txn, age in ages.items() if age is not None and age > timeout_s}
     for txn in sorted(lingering, key=lambda t: -(ages[t] or 0.0)):  # oldest first
         age = ages[txn]
         since = "age unknown" if age is None else f"prepared {format_duration(age)} ago"
-        old = age is not None and age > timeout_s
         console.print(
             f"lingering pre-commit {txn.gid} (epoch {txn.epoch}, task {txn.task}, attempt "
             f"{txn.attempt}), {since}"
-            + (f" [bold red]older than {format_duration(timeout_s)}[/]" if old else ""),
-            highlight=False,
-        )
-    if any(age is not None and age > timeout_s for age in ages.values()):
+            + (f" [bold red]older than {format_duration(timeout_s)}[/]" if txn in old else ""),
+            highlight=False)
+    if old:
         console.print(
             "pre-commits older than the transaction timeout hold locks (and, in PostgreSQL, "
             "keep VACUUM from cleaning up): restart the query, or stop it and run this "
