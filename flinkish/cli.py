@@ -279,11 +279,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(duration=args.duration, target=args.target, bootstrap=args.bootstrap,
                         live=not args.plain, workdir=args.workdir)
-    if args.command == "dev":
-        return _dev(args)
-    if args.command == "inspect":
-        return _inspect(args)
-    return _transactions(args)
+    return {"dev": _dev, "inspect": _inspect, "transactions": _transactions}[args.command](args)
 
 
 if __name__ == "__main__":

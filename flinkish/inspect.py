@@ -110,7 +110,7 @@ def capped_partitions(checkpoint_location: str) -> dict[int, list[str]]:
 def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
     """Batch id -> the partitions whose journaled position has ``decision`` set."""
     batches: dict[int, list[str]] = {}
-    for batch, _, offsets in _offsets_log(checkpoint_location):
+    for batch, _, offsets in offsets_log(checkpoint_location):
         names = [f"{topic}/{p}" for positions in _positions(offsets)
                  for (topic, p), pos in positions.items() if getattr(pos, decision)]
         if names:
@@ -123,7 +123,7 @@ def reading_batches(checkpoint_location: str) -> dict[int, int]:
     read any (from the previous batch's end offsets, or where the partition entered)."""
     out: dict[int, int] = {}
     before: dict[tuple[str, int], int] = {}
-    for batch, _, offsets in _offsets_log(checkpoint_location):
+    for batch, _, offsets in offsets_log(checkpoint_location):
         count = 0
         for positions in _positions(offsets):
             for key, pos in positions.items():
@@ -175,7 +175,7 @@ def lags(checkpoint_location: str) -> dict[int, SourceLag]:
     """Batch id -> how far its flinkish sources were behind when Spark planned it
     (``flinkish.lag``), from Spark's offsets log."""
     out = {}
-    for batch, metadata, offsets in _offsets_log(checkpoint_location):
+    for batch, metadata, offsets in offsets_log(checkpoint_location):
         planned = metadata.get("batchTimestampMs")
         if planned is None:
             continue
@@ -190,7 +190,7 @@ def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
     """Batch id -> the valve as the flinkish source journaled it in the batch's end offset
     (Spark's ``offsets/N``) when planning it: what the batch's carrier row brought to Spark."""
     out = {}
-    for batch, _, offsets in _offsets_log(checkpoint_location):
+    for batch, _, offsets in offsets_log(checkpoint_location):
         for offset in offsets:
             if isinstance(offset, Mapping) and OFFSET_KEY in offset:
                 before = PlanningValve.from_offset(offset).before
@@ -244,7 +244,7 @@ def _positions(offsets: list[Any]) -> Iterator[Positions]:
             continue
 
 
-def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
+def offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
     """(batch id, batch metadata, each source's offset) from ``<checkpointLocation>/offsets/N``
     in batch order; empty when the location is not a query's checkpoint."""
     import posixpath

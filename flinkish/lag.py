@@ -35,11 +35,9 @@ class SourceLag:
     def describe(self) -> str:
         lag = "-" if self.watermark_lag_ms is None else f"{self.watermark_lag_ms} ms"
         idle = ", ".join(f"{tp} {ms} ms" for tp, ms in sorted(self.idle_ms.items())) or "none"
-        return (
-            f"offsets behind latest min {self.min_offsets_behind_latest} max "
-            f"{self.max_offsets_behind_latest} avg {self.avg_offsets_behind_latest:.1f}; "
-            f"watermark lag {lag}; idle: {idle}"
-        )
+        return (f"offsets behind latest min {self.min_offsets_behind_latest} max "
+                f"{self.max_offsets_behind_latest} avg {self.avg_offsets_behind_latest:.1f}; "
+                f"watermark lag {lag}; idle: {idle}")
 
 
 def _source_lag(batch_id: int, behind: dict[str, int], watermark_lag_ms: int | None,

@@ -33,7 +33,7 @@ from rich.text import Text
 
 from flinkish.demo.processes import kill_tree
 from flinkish.demo.windows import Comparison, WindowCount, WindowQuery
-from flinkish.inspect import EpochRow, format_watermark, load_epochs, number_ranges
+from flinkish.inspect import EpochRow, format_watermark, load_epochs, number_ranges, offsets_log
 
 PARTITIONS = 4
 LAGGING, SILENT = 3, 2
@@ -123,17 +123,8 @@ def _epochs(checkpoint: Path) -> list[EpochRow]:
 
 def _spark_batches(checkpoint: Path, topic: str) -> list[dict[int, int]]:
     """End offsets per partition of every batch Spark planned (its offsets log)."""
-    out: list[dict[int, int]] = []
-    directory = checkpoint / "offsets"
-    if not directory.is_dir():
-        return out
-    for name in sorted((n for n in os.listdir(directory) if n.isdigit()), key=int):
-        try:
-            data = json.loads((directory / name).read_text().splitlines()[-1])
-            out.append({int(p): e["offset"] for p, e in data["topics"].get(topic, {}).items()})
-        except (OSError, ValueError, KeyError, IndexError):
-            break  # being written
-    return out
+    return [{int(p): e["offset"] for p, e in offsets[-1]["topics"].get(topic, {}).items()}
+            for _, _, offsets in offsets_log(str(checkpoint))]
 
 
 def _idle_alone(epochs: list[EpochRow], topic: str) -> list[int]:

@@ -159,9 +159,8 @@ def main() -> None:
         progress.follow(query, os.path.join(home, "progress.jsonl"))
         return query
 
-    starts: dict[str, Callable[[], Any]] = {"events": events}
-    for name in WINDOW_QUERIES if args.windows else ():
-        starts[name] = functools.partial(windows, name)
+    starts: dict[str, Callable[[], Any]] = {"events": events, **{
+        name: functools.partial(windows, name) for name in WINDOW_QUERIES if args.windows}}
     queries: dict[str, Any] = {}
     retries: dict[str, int] = {}
     failures: list[str] = []
