@@ -225,12 +225,11 @@ def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[
         valve = journal.get(row.epoch)
         if row.watermark_source == WATERMARK_SPARK and first is not None and row.epoch <= first:
             row = replace(row, watermark=None)
-        if row.watermark_source != WATERMARK_SPARK or row.partitions or valve is None:
-            out.append(row)
-            continue
-        out.append(replace(row, partitions=valve.partitions,
-                           idle_partitions=tuple(valve.idle_partitions),
-                           journaled_watermark=_wm(valve.watermark)))
+        if row.watermark_source == WATERMARK_SPARK and not row.partitions and valve is not None:
+            row = replace(row, partitions=valve.partitions,
+                          idle_partitions=tuple(valve.idle_partitions),
+                          journaled_watermark=_wm(valve.watermark))
+        out.append(row)
     return out
 
 

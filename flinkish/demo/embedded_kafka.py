@@ -52,16 +52,12 @@ class EmbeddedKafka:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def log_path(self) -> str:
-        assert self._log_dir is not None
-        return os.path.join(self._log_dir, "tansu.log")
-
     def start(self) -> EmbeddedKafka:
         self.port = free_port()
         url = f"tcp://127.0.0.1:{self.port}"
         self._log_dir = tempfile.mkdtemp(prefix="flinkish-kafka-")
-        with open(self.log_path, "wb") as log:
+        log_path = Path(self._log_dir) / "tansu.log"
+        with open(log_path, "wb") as log:
             self._process = subprocess.Popen(
                 [str(tansu_binary()), "broker", "--listener-url", url,
                  "--advertised-listener-url", url, "--cluster-id", "flinkish",
@@ -73,7 +69,7 @@ class EmbeddedKafka:
             if self._process.poll() is not None:
                 raise RuntimeError(
                     f"the embedded broker exited with {self._process.returncode}: "
-                    + Path(self.log_path).read_text(errors="replace")[-2000:])
+                    + log_path.read_text(errors="replace")[-2000:])
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return self
