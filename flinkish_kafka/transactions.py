@@ -275,10 +275,9 @@ class TransactionClient:
     def _connection(self, address: tuple[str, int], deadline: float) -> BrokerConnection:
         connection = self._connections.get(address)
         if connection is None:
-            connection = BrokerConnection(address[0], address[1], self._config,
-                                          _remaining(deadline), speaks=SPEAKS,
-                                          client_id=str(self._config.get("client.id",
-                                                                         "flinkish")))
+            connection = BrokerConnection(*address, self._config, _remaining(deadline),
+                                          speaks=SPEAKS,
+                                          client_id=str(self._config.get("client.id", "flinkish")))
             self._connections[address] = connection
         return connection
 

@@ -37,9 +37,7 @@ def _processes() -> dict[int, Stat]:
 def tree(root: int) -> dict[int, Stat]:
     """``root``, its descendants, and every process in its session; zombies left out."""
     table = _processes()
-    found = {pid for pid, (_, _, sid, _) in table.items() if sid == root}
-    if root in table:
-        found.add(root)
+    found = {pid for pid, (_, _, sid, _) in table.items() if root in (pid, sid)}
     frontier = list(found)
     while frontier:
         parent = frontier.pop()

@@ -32,17 +32,11 @@ RETRIES = 20
 
 
 def source(spark: Any, args: argparse.Namespace, state: str) -> Any:
-    return (
-        spark.readStream.format("flinkish")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("subscribe", args.topic)
-        .option("startingOffsets", "earliest")
-        .option("watermark.maxOutOfOrderness", SPARK_DELAY)
-        .option("idleTimeout", args.idle_timeout)
-        .option("maxOffsetsPerTrigger", "5000")
-        .option("checkpointing.location", state)
-        .load()
-    )
+    return spark.readStream.format("flinkish").options(**{
+        "kafka.bootstrap.servers": args.bootstrap, "subscribe": args.topic,
+        "startingOffsets": "earliest", "watermark.maxOutOfOrderness": SPARK_DELAY,
+        "idleTimeout": args.idle_timeout, "maxOffsetsPerTrigger": "5000",
+        "checkpointing.location": state}).load()
 
 
 def windowed(events: Any, name: str) -> Any:
@@ -132,17 +126,11 @@ def main() -> None:
         rows = source(spark, args, os.path.join(args.checkpoint, "source-state")).selectExpr(
             "CAST(value AS STRING) AS event", "topic", "partition", "offset", "eventTime",
             "kind", "watermark", "status")
-        writer = (
-            rows.writeStream.format("flinkish").queryName("events")
-            .option("checkpointLocation", args.checkpoint)
-            .trigger(processingTime=TRIGGER)
-        )
+        writer = (rows.writeStream.format("flinkish").queryName("events")
+                  .option("checkpointLocation", args.checkpoint).trigger(processingTime=TRIGGER))
         if args.postgres:
-            writer = writer.option("target", "postgres").option("dsn", args.postgres).option(
-                "table", args.table)
-        else:
-            writer = writer.option("target", "parquet").option("path", args.parquet)
-        return writer.start()
+            return writer.options(target="postgres", dsn=args.postgres, table=args.table).start()
+        return writer.options(target="parquet", path=args.parquet).start()
 
     def windows(name: str) -> Any:
         home = os.path.join(args.windows, name)
@@ -150,11 +138,9 @@ def main() -> None:
         query = (
             windowed(source(spark, args, os.path.join(home, "source-state")), name)
             .writeStream.format("flinkish").queryName(f"windows-{name}").outputMode("append")
-            .option("checkpointLocation", os.path.join(home, "checkpoint"))
-            .option("target", "parquet").option("path", os.path.join(home, "output"))
-            .trigger(processingTime=TRIGGER)
-            .start()
-        )
+            .options(checkpointLocation=os.path.join(home, "checkpoint"), target="parquet",
+                     path=os.path.join(home, "output"))
+            .trigger(processingTime=TRIGGER).start())
         assert progress is not None
         progress.follow(query, os.path.join(home, "progress.jsonl"))
         return query
