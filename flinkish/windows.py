@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -310,19 +309,6 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
             df.filter(df[KIND] == LATE).select(*keys, *extra))
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic collector off for a visit: its many survivors would set off full collections
-    of the worker's heap; reference counting frees them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _bound(window: Any, end: bool) -> int | None:
     """A window's start or end (ms); None for the global window."""
     if isinstance(window, GlobalWindow):
@@ -381,8 +367,15 @@ class GroupStateWindow:
     def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
         import pandas as pd
 
-        with _collector_paused():
+        # the cyclic collector off: a visit's many survivors would set off full collections of
+        # the worker's heap; reference counting frees them
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
             row = self._visit(frames, state)
+        finally:
+            if enabled:
+                gc.enable()
         if row is not None:
             # one row; each cell one of the visit's output columns, a sequence
             yield pd.DataFrame({name: [cell] for name, cell in zip(self.row, row, strict=True)})

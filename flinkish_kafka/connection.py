@@ -367,11 +367,6 @@ class _OAuthBearer(_Sasl):
         return super().step(server)
 
 
-def _oauth_config(text: str) -> dict[str, str]:
-    """librdkafka's ``sasl.oauthbearer.config``: blank-separated ``name=value`` pairs."""
-    return dict(item.split("=", 1) for item in text.split() if "=" in item)
-
-
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -379,7 +374,9 @@ def _b64url(data: bytes) -> str:
 def _unsecured_jwt(config: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     """librdkafka's unsecured JWT (``enable.sasl.oauthbearer.unsecure.jwt``): ``alg: none``,
     subject ``principal``, ``scope`` and lifetime from ``sasl.oauthbearer.config``."""
-    settings = _oauth_config(str(config.get("sasl.oauthbearer.config", "")))
+    # blank-separated name=value pairs
+    text = str(config.get("sasl.oauthbearer.config", ""))
+    settings = dict(item.split("=", 1) for item in text.split() if "=" in item)
     if not settings.get("principal"):
         raise OptionError("option sasl.oauthbearer.config needs principal=… for an unsecured "
                           "JWT (enable.sasl.oauthbearer.unsecure.jwt)")

@@ -617,12 +617,6 @@ def _window_table(results: list[Comparison], labels: list[str]) -> Table:
     return table
 
 
-def _window_line(label: str, result: Comparison, lagging: int) -> str:
-    return (f"{label}: {len(result.wrong)} of {len(result.closed)} closed windows wrong, "
-            f"{result.dropped} rows dropped ({result.dropped_of(LAGGING)} of the lagging "
-            f"partition's {lagging}; numRowsDroppedByWatermark {result.progress.dropped})")
-
-
 def _verdict(console: Console, produced: Produced, target: str, output: Path, dsn: str | None,
              checkpoint: Path, topic: str, run: _Run, started: float) -> int:
     times = produced.snapshot()
@@ -661,8 +655,11 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     verdict.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
     console.print(verdict)
     for count in run.counts:
-        _say(console, _window_line(count.label, results[count.name], lagging) + (
-            "" if read_all[count.name] else "; did NOT read every event"))
+        result = results[count.name]
+        _say(console, f"{count.label}: {len(result.wrong)} of {len(result.closed)} closed "
+             f"windows wrong, {result.dropped} rows dropped ({result.dropped_of(LAGGING)} of the "
+             f"lagging partition's {lagging}; numRowsDroppedByWatermark {result.progress.dropped})"
+             + ("" if read_all[count.name] else "; did NOT read every event"))
     _say(console, f"partition {SILENT} (silent) IDLE in epochs "
          f"{number_ranges(_idle_alone(epochs, topic))}; every partition IDLE in epochs "
          f"{number_ranges(_all_idle(epochs))}")
