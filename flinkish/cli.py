@@ -171,8 +171,7 @@ def _transactions(args: argparse.Namespace) -> int:
         console.print(
             "pre-commits older than the transaction timeout hold locks (and, in PostgreSQL, "
             "keep VACUUM from cleaning up): restart the query, or stop it and run this "
-            "command with --resolve"
-        )
+            "command with --resolve")
     if not lingering:
         console.print(f"no lingering pre-commits for prefix {args.prefix!r}, query {query}")
     if args.resolve and lingering:

@@ -336,8 +336,7 @@ def table(rows: list[EpochRow]) -> Any:
                else ""),
             _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),
-            "-" if r.late_rows is None else str(r.late_rows),
-        )
+            "-" if r.late_rows is None else str(r.late_rows))
     return out
 
 
@@ -360,8 +359,7 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
             "-" if figures.watermark_lag_ms is None
             else format_duration(figures.watermark_lag_ms / 1000),
             ", ".join(f"{_short((tp,), topics)}: {format_duration(ms / 1000)}"
-                      for tp, ms in sorted(figures.idle_ms.items())) or "-",
-        )
+                      for tp, ms in sorted(figures.idle_ms.items())) or "-")
     return out
 
 

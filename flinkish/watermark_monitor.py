@@ -108,8 +108,7 @@ class WatermarkMonitor:
             "transform its result instead; (2) the query also reads another stream with its "
             "own withWatermark, and Spark's global watermark is the minimum of both "
             "(spark.sql.streaming.multipleWatermarkPolicy): give every stream flinkish's "
-            "watermark, or accept the slower one."
-        )
+            "watermark, or accept the slower one.")
 
     def forget(self, run_id: str) -> None:
         self._queries.pop(run_id, None)

@@ -203,13 +203,10 @@ def _msk_iam(entry: JaasEntry, module: str, servers: str) -> MskIam:
         raise OptionError(
             f"option kafka.sasl.jaas.config: {module} takes awsProfileName or awsRoleArn, not "
             "both (the signer assumes the role with the default credentials)")
-    return MskIam(
-        region=_region(servers),
-        profile=opts.get("awsProfileName") or None,
-        role_arn=opts.get("awsRoleArn") or None,
-        role_session_name=opts.get("awsRoleSessionName") or None,
-        debug_creds=opts.get("awsDebugCreds", "false").strip().lower() == "true",
-    )
+    return MskIam(region=_region(servers), profile=opts.get("awsProfileName") or None,
+                  role_arn=opts.get("awsRoleArn") or None,
+                  role_session_name=opts.get("awsRoleSessionName") or None,
+                  debug_creds=opts.get("awsDebugCreds", "false").strip().lower() == "true")
 
 
 def _check_client_handler(module: str, mechanism: str | None, login_handler: str | None,

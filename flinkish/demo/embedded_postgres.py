@@ -78,10 +78,6 @@ class EmbeddedPostgres:
             raise RuntimeError("EmbeddedPostgres is not running: call start() first")
         return _dsn(self._port)
 
-    @property
-    def port(self) -> int | None:
-        return self._port
-
     def __enter__(self) -> EmbeddedPostgres:
         return self.start()
 

@@ -262,8 +262,7 @@ def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -
             short, format_watermark(result.progress.watermark, False), str(len(result.closed)),
             Text(str(wrong), style="bold red" if wrong else "green"),
             Text(str(dropped), style="bold red" if dropped else "green"),
-            str(result.progress.dropped),
-        )
+            str(result.progress.dropped))
     return table
 
 
