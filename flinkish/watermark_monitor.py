@@ -39,10 +39,6 @@ def metrics_name(horizon_ms: int) -> str:
     return f"{METRICS_PREFIX}_h{horizon_ms}_{uuid.uuid4().hex[:12]}"
 
 
-def _horizons(observed: Mapping[str, Any]) -> list[int]:
-    return [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
-
-
 def _iso(ms: int) -> str:
     return (EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
 
@@ -76,7 +72,8 @@ class WatermarkMonitor:
     def on_progress(self, progress: Mapping[str, Any]) -> str | None:
         """Feed one ``StreamingQueryProgress`` (as its JSON dict); the ERROR message when the
         query has just been behind for :data:`STALLED_BATCHES` batches in a row."""
-        horizons = _horizons(progress.get("observedMetrics") or {})
+        observed = progress.get("observedMetrics") or {}
+        horizons = [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
         if not horizons:
             return None
         query = self._queries.setdefault(str(progress.get("runId")), _Query())

@@ -84,12 +84,8 @@ class ProgressFiles:
 
     def finish(self, query: Any) -> None:
         """Spark's reports once more at a graceful stop: the listener's last may be on its way."""
-        with self._lock:
-            path = self._files.get(str(query.id))
-            if path is not None:
-                with open(path, "a", encoding="utf-8") as f:
-                    f.writelines(json.dumps(json.loads(r.json)) + "\n"
-                                 for r in query.recentProgress)
+        for report in query.recentProgress:
+            self.write(json.loads(report.json))
 
 
 def _started(query: Any) -> bool:
@@ -100,10 +96,8 @@ def _started(query: Any) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("bootstrap")
-    parser.add_argument("topic")
-    parser.add_argument("checkpoint")
-    parser.add_argument("stop_file")
+    for name in ("bootstrap", "topic", "checkpoint", "stop_file"):
+        parser.add_argument(name)
     parser.add_argument("--parquet")
     parser.add_argument("--postgres")
     parser.add_argument("--table", default="demo_events")
