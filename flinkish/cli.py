@@ -158,22 +158,20 @@ def _transactions(args: argparse.Namespace) -> int:
         store = CheckpointStore.reader(CheckpointStorage.open(resolve_store(args.checkpoint)))
     ages = target.pending_ages(args.prefix, query)
     lingering = sorted(ages)
+    old = {txn for txn, age in ages.items() if age is not None and age > timeout_s}
     for txn in sorted(lingering, key=lambda t: -(ages[t] or 0.0)):  # oldest first
         age = ages[txn]
         since = "age unknown" if age is None else f"prepared {format_duration(age)} ago"
-        old = age is not None and age > timeout_s
         console.print(
             f"lingering pre-commit {txn.gid} (epoch {txn.epoch}, task {txn.task}, attempt "
             f"{txn.attempt}), {since}"
-            + (f" [bold red]older than {format_duration(timeout_s)}[/]" if old else ""),
-            highlight=False,
-        )
-    if any(age is not None and age > timeout_s for age in ages.values()):
+            + (f" [bold red]older than {format_duration(timeout_s)}[/]" if txn in old else ""),
+            highlight=False)
+    if old:
         console.print(
             "pre-commits older than the transaction timeout hold locks (and, in PostgreSQL, "
             "keep VACUUM from cleaning up): restart the query, or stop it and run this "
-            "command with --resolve"
-        )
+            "command with --resolve")
     if not lingering:
         console.print(f"no lingering pre-commits for prefix {args.prefix!r}, query {query}")
     if args.resolve and lingering:
@@ -280,11 +278,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return run_demo(duration=args.duration, target=args.target, bootstrap=args.bootstrap,
                         live=not args.plain, workdir=args.workdir)
-    if args.command == "dev":
-        return _dev(args)
-    if args.command == "inspect":
-        return _inspect(args)
-    return _transactions(args)
+    return {"dev": _dev, "inspect": _inspect, "transactions": _transactions}[args.command](args)
 
 
 if __name__ == "__main__":

@@ -67,15 +67,9 @@ class ValveForEachBatch:
         retain: how many completed epochs the valve's store keeps.
     """
 
-    def __init__(
-        self,
-        func: Callable[[WatermarkedBatch], None],
-        checkpoint_location: str,
-        *,
-        state_location: str | None = None,
-        event_time_column: str = "eventTime",
-        retain: int = 100,
-    ) -> None:
+    def __init__(self, func: Callable[[WatermarkedBatch], None], checkpoint_location: str, *,
+                 state_location: str | None = None, event_time_column: str = "eventTime",
+                 retain: int = 100) -> None:
         self._func = func
         self._checkpoint = checkpoint_location
         self._location = store_location(checkpoint_location, state_location)
@@ -100,15 +94,11 @@ class ValveForEachBatch:
         if "kind" not in df.columns:
             raise ValueError(
                 "ValveForEachBatch needs the flinkish source's marker rows (column 'kind'); "
-                "apply it to the source's output before dropping or filtering them"
-            )
+                "apply it to the source's output before dropping or filtering them")
         df = df.persist()
         try:
-            done = completed_watermark(store, epoch)
-            result: EpochWatermark
-            if done is not None:
-                result = done
-            else:
+            done = result = completed_watermark(store, epoch)
+            if result is None:
                 rows = df.filter(F.col("kind").isin(*MARKER_KINDS)).select(*MARKER_FIELDS).collect()
                 result = advance_epoch(store, epoch, (Marker(*row) for row in rows))
             records = df.filter(F.col("kind") == KIND_RECORD).drop(*MARKER_COLUMNS)
@@ -116,15 +106,12 @@ class ValveForEachBatch:
             if cutoff is None or self._event_time not in records.columns:
                 is_late = F.lit(False)
             else:
-                is_late = F.coalesce(
-                    F.col(self._event_time) <= F.timestamp_micros(F.lit(cutoff)), F.lit(False)
-                )
-            counts = records.agg(
-                F.count(F.lit(1)).alias("rows"),
-                F.sum(F.when(is_late, 1).otherwise(0)).alias("late"),
-            ).first()
-            total = int(counts["rows"]) if counts else 0
-            late_rows = int(counts["late"] or 0) if counts else 0
+                is_late = F.coalesce(F.col(self._event_time) <= F.timestamp_micros(F.lit(cutoff)),
+                                     F.lit(False))
+            # a global aggregation: one row, its sum null when there is no record
+            counts = records.agg(F.count(F.lit(1)).alias("rows"),
+                                 F.sum(F.when(is_late, 1).otherwise(0)).alias("late")).first()
+            total, late_rows = int(counts["rows"]), int(counts["late"] or 0)
             self._func(WatermarkedBatch(epoch, records, records.filter(~is_late),
                                         records.filter(is_late), result, total, late_rows))
             if done is None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from checkpointing import CheckpointStorage, CheckpointStore
 from checkpointing.query import resolve_store
-from flinkish.lag import SourceLag, combined, source_lags
+from flinkish.lag import SourceLag, combined, json_value, source_lags
 from flinkish_core.durations import format_duration
 from flinkish_core.epoch_valve import EpochWatermark, advance
 from flinkish_core.watermark import MAX_WATERMARK, MIN_WATERMARK
@@ -110,7 +110,7 @@ def capped_partitions(checkpoint_location: str) -> dict[int, list[str]]:
 def _alignment(checkpoint_location: str, decision: str) -> dict[int, list[str]]:
     """Batch id -> the partitions whose journaled position has ``decision`` set."""
     batches: dict[int, list[str]] = {}
-    for batch, _, offsets in _offsets_log(checkpoint_location):
+    for batch, _, offsets in offsets_log(checkpoint_location):
         names = [f"{topic}/{p}" for positions in _positions(offsets)
                  for (topic, p), pos in positions.items() if getattr(pos, decision)]
         if names:
@@ -123,7 +123,7 @@ def reading_batches(checkpoint_location: str) -> dict[int, int]:
     read any (from the previous batch's end offsets, or where the partition entered)."""
     out: dict[int, int] = {}
     before: dict[tuple[str, int], int] = {}
-    for batch, _, offsets in _offsets_log(checkpoint_location):
+    for batch, _, offsets in offsets_log(checkpoint_location):
         count = 0
         for positions in _positions(offsets):
             for key, pos in positions.items():
@@ -175,7 +175,7 @@ def lags(checkpoint_location: str) -> dict[int, SourceLag]:
     """Batch id -> how far its flinkish sources were behind when Spark planned it
     (``flinkish.lag``), from Spark's offsets log."""
     out = {}
-    for batch, metadata, offsets in _offsets_log(checkpoint_location):
+    for batch, metadata, offsets in offsets_log(checkpoint_location):
         planned = metadata.get("batchTimestampMs")
         if planned is None:
             continue
@@ -190,7 +190,7 @@ def journaled_watermarks(checkpoint_location: str) -> dict[int, EpochWatermark]:
     """Batch id -> the valve as the flinkish source journaled it in the batch's end offset
     (Spark's ``offsets/N``) when planning it: what the batch's carrier row brought to Spark."""
     out = {}
-    for batch, _, offsets in _offsets_log(checkpoint_location):
+    for batch, _, offsets in offsets_log(checkpoint_location):
         for offset in offsets:
             if isinstance(offset, Mapping) and OFFSET_KEY in offset:
                 before = PlanningValve.from_offset(offset).before
@@ -225,12 +225,11 @@ def with_source_journal(rows: list[EpochRow], checkpoint_location: str) -> list[
         valve = journal.get(row.epoch)
         if row.watermark_source == WATERMARK_SPARK and first is not None and row.epoch <= first:
             row = replace(row, watermark=None)
-        if row.watermark_source != WATERMARK_SPARK or row.partitions or valve is None:
-            out.append(row)
-            continue
-        out.append(replace(row, partitions=valve.partitions,
-                           idle_partitions=tuple(valve.idle_partitions),
-                           journaled_watermark=_wm(valve.watermark)))
+        if row.watermark_source == WATERMARK_SPARK and not row.partitions and valve is not None:
+            row = replace(row, partitions=valve.partitions,
+                          idle_partitions=tuple(valve.idle_partitions),
+                          journaled_watermark=_wm(valve.watermark))
+        out.append(row)
     return out
 
 
@@ -244,10 +243,9 @@ def _positions(offsets: list[Any]) -> Iterator[Positions]:
             continue
 
 
-def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
+def offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], list[Any]]]:
     """(batch id, batch metadata, each source's offset) from ``<checkpointLocation>/offsets/N``
     in batch order; empty when the location is not a query's checkpoint."""
-    import json
     import posixpath
 
     import pyarrow.fs as pafs
@@ -263,12 +261,7 @@ def _offsets_log(checkpoint_location: str) -> list[tuple[int, dict[str, Any], li
             continue
         with filesystem.open_input_stream(info.path) as stream:
             lines = stream.read().decode("utf-8").splitlines()
-        parsed = []
-        for line in lines[1:]:
-            try:
-                parsed.append(json.loads(line))
-            except ValueError:  # a source whose offset is not JSON
-                parsed.append(None)
+        parsed = [json_value(line) for line in lines[1:]]  # None: an offset not in JSON
         if parsed and isinstance(parsed[0], dict):
             batches.append((int(info.base_name), parsed[0], parsed[1:]))
     return sorted(batches, key=lambda b: b[0])
@@ -343,8 +336,7 @@ def table(rows: list[EpochRow]) -> Any:
                else ""),
             _short(r.idle_partitions, topics),
             "-" if r.rows is None else str(r.rows),
-            "-" if r.late_rows is None else str(r.late_rows),
-        )
+            "-" if r.late_rows is None else str(r.late_rows))
     return out
 
 
@@ -367,8 +359,7 @@ def lag_table(lag: Mapping[int, SourceLag]) -> Any:
             "-" if figures.watermark_lag_ms is None
             else format_duration(figures.watermark_lag_ms / 1000),
             ", ".join(f"{_short((tp,), topics)}: {format_duration(ms / 1000)}"
-                      for tp, ms in sorted(figures.idle_ms.items())) or "-",
-        )
+                      for tp, ms in sorted(figures.idle_ms.items())) or "-")
     return out
 
 

@@ -35,11 +35,9 @@ class SourceLag:
     def describe(self) -> str:
         lag = "-" if self.watermark_lag_ms is None else f"{self.watermark_lag_ms} ms"
         idle = ", ".join(f"{tp} {ms} ms" for tp, ms in sorted(self.idle_ms.items())) or "none"
-        return (
-            f"offsets behind latest min {self.min_offsets_behind_latest} max "
-            f"{self.max_offsets_behind_latest} avg {self.avg_offsets_behind_latest:.1f}; "
-            f"watermark lag {lag}; idle: {idle}"
-        )
+        return (f"offsets behind latest min {self.min_offsets_behind_latest} max "
+                f"{self.max_offsets_behind_latest} avg {self.avg_offsets_behind_latest:.1f}; "
+                f"watermark lag {lag}; idle: {idle}")
 
 
 def _source_lag(batch_id: int, behind: dict[str, int], watermark_lag_ms: int | None,
@@ -50,7 +48,8 @@ def _source_lag(batch_id: int, behind: dict[str, int], watermark_lag_ms: int | N
                      watermark_lag_ms, partition_watermark_lag_ms, idle_ms)
 
 
-def _json(value: Any) -> Any:
+def json_value(value: Any) -> Any:
+    """A progress report's offset: JSON text parsed (None when it is not JSON), else as is."""
     if isinstance(value, str):
         try:
             return json.loads(value)
@@ -69,7 +68,7 @@ def _flinkish_sources(progress: Mapping[str, Any]) -> list[tuple[Mapping[str, An
     """The flinkish sources of one progress report, each with its end offset (parsed)."""
     out = []
     for source in progress.get("sources") or []:
-        end = _json(source.get("endOffset"))
+        end = json_value(source.get("endOffset"))
         if isinstance(end, Mapping) and isinstance(end.get("topics"), Mapping):
             out.append((source, end))
     return out
@@ -97,7 +96,7 @@ def source_lags(progress: Mapping[str, Any], now_ms: int | None = None) -> list[
         now_ms = int(time.time() * 1000) if stamp is None else timestamp_ms(str(stamp))
     out = []
     for source, end in _flinkish_sources(progress):
-        latest = _json(source.get("latestOffset"))
+        latest = json_value(source.get("latestOffset"))
         behind: dict[str, int] = {}
         watermarks: dict[str, int] = {}
         idle: dict[str, int] = {}
@@ -152,22 +151,13 @@ def log_lag(spark: Any, level: int = logging.INFO) -> Any:
     Returns:
         The listener it added (``spark.streams.removeListener`` takes it off).
     """
-    from pyspark.sql.streaming import StreamingQueryListener
+    from flinkish.listeners import progress_listener
 
-    class LagListener(StreamingQueryListener):
-        def onQueryStarted(self, event: Any) -> None:
-            pass
+    def log(progress: dict[str, Any]) -> None:
+        for lag in source_lags(progress):
+            logger.log(level, "query %s batch %s: %s", progress.get("name") or progress.get("id"),
+                       lag.batch_id, lag.describe())
 
-        def onQueryProgress(self, event: Any) -> None:
-            progress = json.loads(event.progress.json)
-            for lag in source_lags(progress):
-                logger.log(level, "query %s batch %s: %s",
-                           progress.get("name") or progress.get("id"), lag.batch_id,
-                           lag.describe())
-
-        def onQueryTerminated(self, event: Any) -> None:
-            pass
-
-    listener = LagListener()
+    listener = progress_listener(log)
     spark.streams.addListener(listener)
     return listener

@@ -18,9 +18,8 @@ from flinkish.worker_python import check_worker_python
 from flinkish_core.locations import MASTER_ENV
 
 #: The keys ``PythonStreamingSourceRunner.init`` (Spark 4.x) puts into the shared map.
-RUNNER_ENV_KEYS = (
-    "SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE", "SPARK_PYTHON_RUNTIME"
-)
+RUNNER_ENV_KEYS = ("SPARK_LOCAL_DIRS", "SPARK_AUTH_SOCKET_TIMEOUT", "SPARK_BUFFER_SIZE",
+                   "SPARK_PYTHON_RUNTIME")
 
 
 def register(spark: Any) -> None:
@@ -95,14 +94,11 @@ def seed_runner_environment(spark: Any) -> dict[str, str]:
     # the runner overwrites these values with its own before it starts a worker: only the keys
     # matter
     local_dirs = spark._jvm.org.apache.spark.util.Utils.getConfiguredLocalDirs(conf)
-    values = {
-        "SPARK_LOCAL_DIRS": ",".join(local_dirs),
-        "SPARK_AUTH_SOCKET_TIMEOUT": str(
-            conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s")
-        ),
-        "SPARK_BUFFER_SIZE": str(conf.getInt("spark.buffer.size", 65536)),
-        "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER",
-    }
+    values = {"SPARK_LOCAL_DIRS": ",".join(local_dirs),
+              "SPARK_AUTH_SOCKET_TIMEOUT": str(
+                  conf.getTimeAsSeconds("spark.python.authenticate.socketTimeout", "15s")),
+              "SPARK_BUFFER_SIZE": str(conf.getInt("spark.buffer.size", 65536)),
+              "SPARK_PYTHON_RUNTIME": "PYTHON_WORKER"}
     added = {key: value for key, value in values.items() if not env.containsKey(key)}
     for key, value in added.items():
         env.put(key, value)

@@ -10,7 +10,6 @@ earlier, at least two batches old: a working query never falls behind it.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import uuid
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from flinkish.lag import EPOCH, timestamp_ms
+from flinkish.lag import EPOCH, json_value, timestamp_ms
 from flinkish_core.watermark import LAST_CARRIER_MS, MIN_WATERMARK
 
 logger = logging.getLogger(__name__)
@@ -40,10 +39,6 @@ def metrics_name(horizon_ms: int) -> str:
     return f"{METRICS_PREFIX}_h{horizon_ms}_{uuid.uuid4().hex[:12]}"
 
 
-def _horizons(observed: Mapping[str, Any]) -> list[int]:
-    return [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
-
-
 def _iso(ms: int) -> str:
     return (EPOCH + timedelta(milliseconds=ms)).isoformat(timespec="milliseconds")
 
@@ -53,12 +48,7 @@ def _journaled_watermark(sources: list[Mapping[str, Any]]) -> int | None:
     none yet); flinkish offsets are the ones with a journaled valve."""
     found: list[int] = []
     for source in sources:
-        offset = source.get("endOffset")
-        if isinstance(offset, str):
-            try:
-                offset = json.loads(offset)
-            except ValueError:
-                continue
+        offset = json_value(source.get("endOffset"))
         if isinstance(offset, Mapping) and isinstance(offset.get("valve"), Mapping):
             found.append(int(offset["valve"]["watermark"]))
     if not found or MIN_WATERMARK in found:
@@ -82,7 +72,8 @@ class WatermarkMonitor:
     def on_progress(self, progress: Mapping[str, Any]) -> str | None:
         """Feed one ``StreamingQueryProgress`` (as its JSON dict); the ERROR message when the
         query has just been behind for :data:`STALLED_BATCHES` batches in a row."""
-        horizons = _horizons(progress.get("observedMetrics") or {})
+        observed = progress.get("observedMetrics") or {}
+        horizons = [int(m.group(1)) for m in map(_METRICS_NAME.match, observed) if m]
         if not horizons:
             return None
         query = self._queries.setdefault(str(progress.get("runId")), _Query())
@@ -114,8 +105,7 @@ class WatermarkMonitor:
             "transform its result instead; (2) the query also reads another stream with its "
             "own withWatermark, and Spark's global watermark is the minimum of both "
             "(spark.sql.streaming.multipleWatermarkPolicy): give every stream flinkish's "
-            "watermark, or accept the slower one."
-        )
+            "watermark, or accept the slower one.")
 
     def forget(self, run_id: str) -> None:
         self._queries.pop(run_id, None)
@@ -126,30 +116,16 @@ _installed: weakref.WeakSet[Any] = weakref.WeakSet()
 
 def install(spark: Any) -> None:
     """Add the monitor's listener to ``spark`` once (``with_watermark`` calls this)."""
+    from flinkish.listeners import progress_listener
+
     if spark in _installed:
         return
-    spark.streams.addListener(_listener())
+    monitor = WatermarkMonitor()
+
+    def log(progress: dict[str, Any]) -> None:
+        message = monitor.on_progress(progress)
+        if message is not None:
+            logger.error(message)
+
+    spark.streams.addListener(progress_listener(log, monitor.forget))
     _installed.add(spark)
-
-
-def _listener() -> Any:
-    from pyspark.sql.streaming import StreamingQueryListener
-
-    class WatermarkMonitorListener(StreamingQueryListener):
-        """Logs :class:`WatermarkMonitor`'s findings at ERROR."""
-
-        def __init__(self) -> None:
-            self.monitor = WatermarkMonitor()
-
-        def onQueryStarted(self, event: Any) -> None:
-            pass
-
-        def onQueryProgress(self, event: Any) -> None:
-            message = self.monitor.on_progress(json.loads(event.progress.json))
-            if message is not None:
-                logger.error(message)
-
-        def onQueryTerminated(self, event: Any) -> None:
-            self.monitor.forget(str(event.runId))
-
-    return WatermarkMonitorListener()

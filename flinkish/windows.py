@@ -11,7 +11,6 @@ from __future__ import annotations
 import gc
 import json
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
 from functools import partial
 from operator import itemgetter
 from typing import Any
@@ -172,26 +171,16 @@ def _result_type(function: Any, value_type: str | None, result_type: str | None)
     raise OptionError(
         f"window: give result_type (a Spark type such as 'long' or 'struct<...>') for "
         f"{type(function).__name__}; it is inferred only for Count, Avg, and Sum, Min, Max "
-        "of a numeric value column (Min and Max of any value column)"
-    )
+        "of a numeric value column (Min and Max of any value column)")
 
 
-def window(
-    df: Any,
-    key: str | Sequence[str],
-    assigner: WindowAssigner,
-    *,
-    aggregate: AggregateFunction[Any, Any, Any] | None = None,
-    process: ProcessWindowFunction[Any, Any] | None = None,
-    value: str | None = None,
-    result_type: str | None = None,
-    trigger: Trigger | None = None,
-    allowed_lateness: str | int = 0,
-    evictor: Evictor | None = None,
-    event_time: str = "eventTime",
-    key_groups: int | None = None,
-    operator: str = APPLY_IN_PANDAS_WITH_STATE,
-) -> Any:
+def window(df: Any, key: str | Sequence[str], assigner: WindowAssigner, *,
+           aggregate: AggregateFunction[Any, Any, Any] | None = None,
+           process: ProcessWindowFunction[Any, Any] | None = None, value: str | None = None,
+           result_type: str | None = None, trigger: Trigger | None = None,
+           allowed_lateness: str | int = 0, evictor: Evictor | None = None,
+           event_time: str = "eventTime", key_groups: int | None = None,
+           operator: str = APPLY_IN_PANDAS_WITH_STATE) -> Any:
     """Windows of ``df`` per ``key``, as Flink's ``keyBy(key).window(assigner)``
     ``.trigger(trigger).allowedLateness(...).evictor(evictor).aggregate(...)`` (or
     ``.process(...)``) with ``sideOutputLateData``.
@@ -248,8 +237,7 @@ def window(
     if not assigner.is_event_time and not isinstance(assigner, GlobalWindows):
         raise OptionError(
             f"window: {assigner!r} is a processing-time assigner; flinkish.windows runs in "
-            "event time (use tumbling, sliding, session or global_windows)"
-        )
+            "event time (use tumbling, sliding, session or global_windows)")
     for name in [*keys, event_time, *([value] if value is not None else [])]:
         if name not in df.columns:
             raise OptionError(f"window: no column {name!r} in {df.columns}")
@@ -257,8 +245,7 @@ def window(
         raise OptionError(
             f"window: column {event_time!r} carries no watermark; apply "
             "flinkish.with_watermark to the source's DataFrame first (its event_time is this "
-            "column)"
-        )
+            "column)")
     # keys (and values) are kept in state as JSON
     for name in [*keys, *([value] if value is not None else [])]:
         type_name = df.schema[name].dataType.simpleString()
@@ -322,19 +309,6 @@ def split(df: Any, event_time: str = "eventTime", value: str | None = None) -> t
             df.filter(df[KIND] == LATE).select(*keys, *extra))
 
 
-@contextmanager
-def _collector_paused() -> Iterator[None]:
-    """The cyclic collector off for a visit: its many survivors would set off full collections
-    of the worker's heap; reference counting frees them."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
 def _bound(window: Any, end: bool) -> int | None:
     """A window's start or end (ms); None for the global window."""
     if isinstance(window, GlobalWindow):
@@ -393,8 +367,15 @@ class GroupStateWindow:
     def visit(self, key: Any, frames: Iterator[Any], state: Any) -> Iterator[Any]:
         import pandas as pd
 
-        with _collector_paused():
+        # the cyclic collector off: a visit's many survivors would set off full collections of
+        # the worker's heap; reference counting frees them
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
             row = self._visit(frames, state)
+        finally:
+            if enabled:
+                gc.enable()
         if row is not None:
             # one row; each cell one of the visit's output columns, a sequence
             yield pd.DataFrame({name: [cell] for name, cell in zip(self.row, row, strict=True)})

@@ -25,6 +25,7 @@ import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partialmethod
 from typing import Any
 
 from flinkish_core.errors import OptionError
@@ -86,21 +87,14 @@ class Writer:
         self.flexible = flexible
         self.parts: list[bytes] = []
 
-    def int8(self, value: int) -> Writer:
-        self.parts.append(struct.pack(">b", value))
+    def _fixed(self, fmt: str, value: int) -> Writer:
+        self.parts.append(struct.pack(fmt, value))
         return self
 
-    def int16(self, value: int) -> Writer:
-        self.parts.append(struct.pack(">h", value))
-        return self
-
-    def int32(self, value: int) -> Writer:
-        self.parts.append(struct.pack(">i", value))
-        return self
-
-    def int64(self, value: int) -> Writer:
-        self.parts.append(struct.pack(">q", value))
-        return self
+    int8 = partialmethod(_fixed, ">b")
+    int16 = partialmethod(_fixed, ">h")
+    int32 = partialmethod(_fixed, ">i")
+    int64 = partialmethod(_fixed, ">q")
 
     def boolean(self, value: bool) -> Writer:
         return self.int8(1 if value else 0)
@@ -155,17 +149,10 @@ class Reader:
     def _fixed(self, fmt: str) -> int:
         return int(struct.unpack(fmt, self._raw(struct.calcsize(fmt)))[0])
 
-    def int8(self) -> int:
-        return self._fixed(">b")
-
-    def int16(self) -> int:
-        return self._fixed(">h")
-
-    def int32(self) -> int:
-        return self._fixed(">i")
-
-    def int64(self) -> int:
-        return self._fixed(">q")
+    int8 = partialmethod(_fixed, ">b")
+    int16 = partialmethod(_fixed, ">h")
+    int32 = partialmethod(_fixed, ">i")
+    int64 = partialmethod(_fixed, ">q")
 
     def uvarint(self) -> int:
         value, shift = 0, 0
@@ -380,11 +367,6 @@ class _OAuthBearer(_Sasl):
         return super().step(server)
 
 
-def _oauth_config(text: str) -> dict[str, str]:
-    """librdkafka's ``sasl.oauthbearer.config``: blank-separated ``name=value`` pairs."""
-    return dict(item.split("=", 1) for item in text.split() if "=" in item)
-
-
 def _b64url(data: bytes) -> str:
     return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
 
@@ -392,7 +374,9 @@ def _b64url(data: bytes) -> str:
 def _unsecured_jwt(config: Mapping[str, Any]) -> tuple[str, dict[str, str]]:
     """librdkafka's unsecured JWT (``enable.sasl.oauthbearer.unsecure.jwt``): ``alg: none``,
     subject ``principal``, ``scope`` and lifetime from ``sasl.oauthbearer.config``."""
-    settings = _oauth_config(str(config.get("sasl.oauthbearer.config", "")))
+    # blank-separated name=value pairs
+    text = str(config.get("sasl.oauthbearer.config", ""))
+    settings = dict(item.split("=", 1) for item in text.split() if "=" in item)
     if not settings.get("principal"):
         raise OptionError("option sasl.oauthbearer.config needs principal=… for an unsecured "
                           "JWT (enable.sasl.oauthbearer.unsecure.jwt)")

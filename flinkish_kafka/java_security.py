@@ -96,11 +96,8 @@ class ClientSecurity:
         return bool(self.truststore or self.keystore or self.msk_iam)
 
     def secrets(self) -> list[str]:
-        out = list(self.hidden)
-        for store in (self.truststore, self.keystore):
-            if store is not None:
-                out += store.secrets()
-        return out
+        stores = [s for s in (self.truststore, self.keystore) if s is not None]
+        return [*self.hidden, *(secret for store in stores for secret in store.secrets())]
 
 
 NO_SECURITY = ClientSecurity()
@@ -134,8 +131,7 @@ def check_client_security(security: ClientSecurity) -> None:
 
 
 def _class(name: str) -> str:
-    name = name.strip()
-    return name[len(SHADED_PREFIX):] if name.startswith(SHADED_PREFIX) else name
+    return name.strip().removeprefix(SHADED_PREFIX)
 
 
 def _conflict(kafka: Mapping[str, str], java: str, twins: tuple[str, ...]) -> None:
@@ -190,9 +186,9 @@ def _region(servers: str) -> str:
                       servers)
     if found:
         return found.group(1)
-    for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
-        if os.environ.get(name):
-            return os.environ[name]
+    region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    if region:
+        return region
     raise OptionError(
         "AWS MSK IAM: the region is not in the bootstrap servers' host names "
         f"({servers!r} is not *.kafka.<region>.amazonaws.com) and neither AWS_REGION nor "
@@ -207,13 +203,10 @@ def _msk_iam(entry: JaasEntry, module: str, servers: str) -> MskIam:
         raise OptionError(
             f"option kafka.sasl.jaas.config: {module} takes awsProfileName or awsRoleArn, not "
             "both (the signer assumes the role with the default credentials)")
-    return MskIam(
-        region=_region(servers),
-        profile=opts.get("awsProfileName") or None,
-        role_arn=opts.get("awsRoleArn") or None,
-        role_session_name=opts.get("awsRoleSessionName") or None,
-        debug_creds=opts.get("awsDebugCreds", "false").strip().lower() == "true",
-    )
+    return MskIam(region=_region(servers), profile=opts.get("awsProfileName") or None,
+                  role_arn=opts.get("awsRoleArn") or None,
+                  role_session_name=opts.get("awsRoleSessionName") or None,
+                  debug_creds=opts.get("awsDebugCreds", "false").strip().lower() == "true")
 
 
 def _check_client_handler(module: str, mechanism: str | None, login_handler: str | None,
@@ -438,12 +431,9 @@ def _endpoint_identification(kafka: dict[str, str]) -> None:
     if key not in kafka:
         return
     value = kafka[key].strip().lower()
-    if value in ("", "none"):
-        kafka[key] = "none"  # Java's "" turns host name verification off
-    elif value == "https":
-        kafka[key] = "https"
-    else:
+    if value not in ("", "none", "https"):
         raise OptionError(f"option kafka.{key}: {kafka[key]!r} is not https or \"\" (off)")
+    kafka[key] = value or "none"  # Java's "" turns host name verification off
 
 
 def translate(kafka: Mapping[str, str]) -> tuple[dict[str, str], ClientSecurity]:

@@ -268,11 +268,7 @@ _converted: dict[StoreSpec, tuple[int | None, StorePem]] = {}
 def store_pem(spec: StoreSpec) -> StorePem:
     """The PEM text of ``spec`` in this process, converted on first use and again when the
     store's file changed (a rotated certificate reaches the clients built after it)."""
-    from cryptography.hazmat.primitives.serialization import (
-        Encoding,
-        NoEncryption,
-        PrivateFormat,
-    )
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
 
     modified = None
     if spec.location is not None:

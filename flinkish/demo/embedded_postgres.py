@@ -45,37 +45,26 @@ def find_pg_bin() -> Path:
     else:
         on_path = shutil.which("initdb")
         candidates = [Path(on_path).parent] if on_path else []
-        candidates += sorted(
-            (Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin")),
-            key=lambda p: _version_key(p.parent.name),
-            reverse=True,
-        )
+        candidates += sorted((Path(p) for p in glob.glob("/usr/lib/postgresql/*/bin")),
+                             key=lambda p: [int(n) for n in p.parts[-2].split(".") if n.isdigit()],
+                             reverse=True)
     for directory in candidates:
         if all(os.access(directory / tool, os.X_OK) for tool in ("initdb", "pg_ctl")):
             return directory
-    where = (
-        f"{BIN_ENV}={override} holds no initdb/pg_ctl"
-        if override
-        else "PostgreSQL server binaries (initdb, pg_ctl) are not on PATH nor in "
-        "/usr/lib/postgresql/*/bin"
-    )
+    where = (f"{BIN_ENV}={override} holds no initdb/pg_ctl" if override
+             else "PostgreSQL server binaries (initdb, pg_ctl) are not on PATH nor in "
+             "/usr/lib/postgresql/*/bin")
     raise PostgresNotFoundError(
         f"{where}. Install them with `apt-get install postgresql`, set {BIN_ENV} to the "
-        f"directory that holds them, or set {DSN_ENV} to use a running server."
-    )
-
-
-def _version_key(name: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in name.split(".") if part.isdigit())
+        f"directory that holds them, or set {DSN_ENV} to use a running server.")
 
 
 class EmbeddedPostgres:
     """A temporary PostgreSQL cluster on ``127.0.0.1``, trust auth, superuser ``postgres``,
     ``fsync=off`` (the data is thrown away), two-phase commit on unless a test turns it off."""
 
-    def __init__(
-        self, *, max_prepared_transactions: int = 64, startup_timeout: float = 30.0
-    ) -> None:
+    def __init__(self, *, max_prepared_transactions: int = 64,
+                 startup_timeout: float = 30.0) -> None:
         self.max_prepared_transactions = max_prepared_transactions
         self.startup_timeout = startup_timeout
         self._port: int | None = None
@@ -87,11 +76,7 @@ class EmbeddedPostgres:
         """libpq connection string of the running server."""
         if self._port is None:
             raise RuntimeError("EmbeddedPostgres is not running: call start() first")
-        return f"host=127.0.0.1 port={self._port} user=postgres dbname=postgres"
-
-    @property
-    def port(self) -> int | None:
-        return self._port
+        return _dsn(self._port)
 
     def __enter__(self) -> EmbeddedPostgres:
         return self.start()
@@ -120,31 +105,29 @@ class EmbeddedPostgres:
                     self._port = port
                     self._server = (bin_dir, run_as, base)
                     return self
-            raise RuntimeError(f"PostgreSQL did not start: {_log_tail(base)}")
+            logs = sorted(base.glob("postgres-*.log"))
+            tail = logs[-1].read_text(errors="replace")[-2000:] if logs else "(no log)"
+            raise RuntimeError(f"PostgreSQL did not start: {tail}")
         except BaseException:
             self.stop()
             raise
 
-    def _start_server(
-        self, bin_dir: Path, run_as: list[str], base: Path, port: int, attempt: int
-    ) -> bool:
+    def _start_server(self, bin_dir: Path, run_as: list[str], base: Path, port: int,
+                      attempt: int) -> bool:
         """Start on ``port``; False if the port was taken meanwhile (the caller retries)."""
         log = base / f"postgres-{attempt}.log"
-        options = (
-            f"-p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
-            f"-c max_prepared_transactions={self.max_prepared_transactions} "
-            # No Unix socket: the default directory may not exist or be writable here.
-            "-c unix_socket_directories="
-        )
+        # No Unix socket: the default directory may not exist or be writable here.
+        options = (f"-p {port} -c listen_addresses=127.0.0.1 -c fsync=off "
+                   f"-c max_prepared_transactions={self.max_prepared_transactions} "
+                   "-c unix_socket_directories=")
         _run([*run_as, str(bin_dir / "pg_ctl"), "start", "-D", str(base / "data"), "-l", str(log),
               "-W", "-o", options], cwd=base, what="pg_ctl start")
         deadline = time.monotonic() + self.startup_timeout
         while True:
-            if _pidfile_status(base) == "ready":
-                with psycopg.connect(
-                    f"host=127.0.0.1 port={port} user=postgres dbname=postgres",
-                    connect_timeout=max(1, int(deadline - time.monotonic())),
-                ):
+            pidfile = _pidfile(base)  # line 8: starting, ready or stopping (PostgreSQL >= 10)
+            if len(pidfile) > 7 and pidfile[7].strip() == "ready":
+                with psycopg.connect(_dsn(port),
+                                     connect_timeout=max(1, int(deadline - time.monotonic()))):
                     return True
             text = log.read_text(errors="replace") if log.exists() else ""
             if "FATAL" in text or "PANIC" in text:
@@ -153,8 +136,7 @@ class EmbeddedPostgres:
                 raise RuntimeError(f"PostgreSQL failed to start:\n{text[-2000:]}")
             if time.monotonic() > deadline:
                 raise TimeoutError(
-                    f"PostgreSQL not ready after {self.startup_timeout:.0f}s:\n{text[-2000:]}"
-                )
+                    f"PostgreSQL not ready after {self.startup_timeout:.0f}s:\n{text[-2000:]}")
             time.sleep(_POLL_SECONDS)
 
     @contextlib.contextmanager
@@ -190,8 +172,7 @@ def _run_as_prefix() -> list[str]:
     except KeyError:
         raise RuntimeError(
             "running as root, and PostgreSQL refuses to run as root, but there is no `postgres` "
-            "user to run it as (`apt-get install postgresql` creates one)"
-        ) from None
+            "user to run it as (`apt-get install postgresql` creates one)") from None
     runuser = shutil.which("runuser")
     if runuser is None:
         raise RuntimeError("running as root needs `runuser` (util-linux) to start PostgreSQL")
@@ -205,8 +186,7 @@ def _hand_to_postgres_user(base: Path) -> None:
             raise RuntimeError(
                 f"the postgres user cannot traverse {parent} (mode "
                 f"{oct(parent.stat().st_mode & 0o777)}), so it cannot use {base}; point TMPDIR "
-                "at a directory under world-traversable parents, e.g. /tmp"
-            )
+                "at a directory under world-traversable parents, e.g. /tmp")
     entry = pwd.getpwnam("postgres")
     os.chown(base, entry.pw_uid, entry.pw_gid)
 
@@ -215,29 +195,19 @@ def _run(cmd: list[str], *, cwd: Path, what: str) -> None:
     done = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(
-            f"{what} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}"
-        )
+            f"{what} failed (exit {done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
 
 
-def _pidfile_status(base: Path) -> str | None:
-    """Line 8 of postmaster.pid: ``starting``, ``ready`` or ``stopping`` (PostgreSQL >= 10)."""
+def _dsn(port: int) -> str:
+    return f"host=127.0.0.1 port={port} user=postgres dbname=postgres"
+
+
+def _pidfile(base: Path) -> list[str]:
+    """postmaster.pid's lines (none while there is no server): the pid first."""
     try:
-        lines = (base / "data" / "postmaster.pid").read_text().splitlines()
+        return (base / "data" / "postmaster.pid").read_text().splitlines()
     except FileNotFoundError:
-        return None
-    return lines[7].strip() if len(lines) > 7 else None
-
-
-def _postmaster_pid(base: Path) -> int | None:
-    try:
-        return int((base / "data" / "postmaster.pid").read_text().split("\n", 1)[0])
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _log_tail(base: Path) -> str:
-    logs = sorted(base.glob("postgres-*.log"))
-    return logs[-1].read_text(errors="replace")[-2000:] if logs else "(no log)"
+        return []
 
 
 def _stop_command(bin_dir: Path, run_as: list[str], base: Path) -> list[str]:
@@ -249,12 +219,12 @@ def _stop_command(bin_dir: Path, run_as: list[str], base: Path) -> list[str]:
 def _shutdown(bin_dir: Path, run_as: list[str], base: Path) -> None:
     """pg_ctl stop -m fast; SIGKILL the postmaster if that fails; remove the directory."""
     try:
-        pid = _postmaster_pid(base)
-        if pid is not None:
+        pidfile = _pidfile(base)
+        if pidfile and pidfile[0].isdigit():
             stopped = subprocess.run(_stop_command(bin_dir, run_as, base), cwd=base,
                                      capture_output=True, check=False)
             if stopped.returncode != 0:
-                _kill(pid)
+                _kill(int(pidfile[0]))
     finally:
         shutil.rmtree(base, ignore_errors=True)
 

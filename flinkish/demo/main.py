@@ -33,7 +33,7 @@ from rich.text import Text
 
 from flinkish.demo.processes import kill_tree
 from flinkish.demo.windows import Comparison, WindowCount, WindowQuery
-from flinkish.inspect import EpochRow, format_watermark, load_epochs, number_ranges
+from flinkish.inspect import EpochRow, format_watermark, load_epochs, number_ranges, offsets_log
 
 PARTITIONS = 4
 LAGGING, SILENT = 3, 2
@@ -123,17 +123,8 @@ def _epochs(checkpoint: Path) -> list[EpochRow]:
 
 def _spark_batches(checkpoint: Path, topic: str) -> list[dict[int, int]]:
     """End offsets per partition of every batch Spark planned (its offsets log)."""
-    out: list[dict[int, int]] = []
-    directory = checkpoint / "offsets"
-    if not directory.is_dir():
-        return out
-    for name in sorted((n for n in os.listdir(directory) if n.isdigit()), key=int):
-        try:
-            data = json.loads((directory / name).read_text().splitlines()[-1])
-            out.append({int(p): e["offset"] for p, e in data["topics"].get(topic, {}).items()})
-        except (OSError, ValueError, KeyError, IndexError):
-            break  # being written
-    return out
+    return [{int(p): e["offset"] for p, e in offsets[-1]["topics"].get(topic, {}).items()}
+            for _, _, offsets in offsets_log(str(checkpoint))]
 
 
 def _idle_alone(epochs: list[EpochRow], topic: str) -> list[int]:
@@ -242,25 +233,19 @@ def _log_due(run: _Run, last_stage: str, quiet_for: float) -> bool:
 
 
 @contextlib.contextmanager
-def _broker(bootstrap: str | None) -> Iterator[str]:
-    if bootstrap:
-        yield bootstrap
-        return
-    from flinkish.demo.embedded_kafka import EmbeddedKafka
+def _services(bootstrap: str | None, postgres: bool) -> Iterator[tuple[str, str | None]]:
+    """The brokers (``bootstrap``, else an embedded one) and, for ``postgres``, a DSN."""
+    with contextlib.ExitStack() as stack:
+        if not bootstrap:
+            from flinkish.demo.embedded_kafka import EmbeddedKafka
 
-    with EmbeddedKafka() as broker:
-        yield broker.bootstrap_servers
+            bootstrap = stack.enter_context(EmbeddedKafka()).bootstrap_servers
+        dsn = None
+        if postgres:
+            from flinkish.demo.embedded_postgres import postgres_for_tests
 
-
-@contextlib.contextmanager
-def _postgres(enabled: bool) -> Iterator[str | None]:
-    if not enabled:
-        yield None
-        return
-    from flinkish.demo.embedded_postgres import postgres_for_tests
-
-    with postgres_for_tests() as dsn:
-        yield dsn
+            dsn = stack.enter_context(postgres_for_tests())
+        yield bootstrap, dsn
 
 
 def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -> Table:
@@ -277,8 +262,7 @@ def _window_summary(counts: list[WindowQuery], results: dict[str, Comparison]) -
             short, format_watermark(result.progress.watermark, False), str(len(result.closed)),
             Text(str(wrong), style="bold red" if wrong else "green"),
             Text(str(dropped), style="bold red" if dropped else "green"),
-            str(result.progress.dropped),
-        )
+            str(result.progress.dropped))
     return table
 
 
@@ -511,7 +495,7 @@ def run_demo(duration: float = 60.0, target: str = "parquet", bootstrap: str | N
     stop_file = work / "stop"
     started = time.monotonic()
     try:
-        with _broker(bootstrap) as servers, _postgres(target == "postgres") as dsn:
+        with _services(bootstrap, target == "postgres") as (servers, dsn):
             from flinkish.demo.embedded_kafka import create_topic
 
             topic = f"flinkish-demo-{int(time.time())}"
@@ -632,12 +616,6 @@ def _window_table(results: list[Comparison], labels: list[str]) -> Table:
     return table
 
 
-def _window_line(label: str, result: Comparison, lagging: int) -> str:
-    return (f"{label}: {len(result.wrong)} of {len(result.closed)} closed windows wrong, "
-            f"{result.dropped} rows dropped ({result.dropped_of(LAGGING)} of the lagging "
-            f"partition's {lagging}; numRowsDroppedByWatermark {result.progress.dropped})")
-
-
 def _verdict(console: Console, produced: Produced, target: str, output: Path, dsn: str | None,
              checkpoint: Path, topic: str, run: _Run, started: float) -> int:
     times = produced.snapshot()
@@ -676,8 +654,11 @@ def _verdict(console: Console, produced: Produced, target: str, output: Path, ds
     verdict.add_row("elapsed", f"{time.monotonic() - started:.0f} s")
     console.print(verdict)
     for count in run.counts:
-        _say(console, _window_line(count.label, results[count.name], lagging) + (
-            "" if read_all[count.name] else "; did NOT read every event"))
+        result = results[count.name]
+        _say(console, f"{count.label}: {len(result.wrong)} of {len(result.closed)} closed "
+             f"windows wrong, {result.dropped} rows dropped ({result.dropped_of(LAGGING)} of the "
+             f"lagging partition's {lagging}; numRowsDroppedByWatermark {result.progress.dropped})"
+             + ("" if read_all[count.name] else "; did NOT read every event"))
     _say(console, f"partition {SILENT} (silent) IDLE in epochs "
          f"{number_ranges(_idle_alone(epochs, topic))}; every partition IDLE in epochs "
          f"{number_ranges(_all_idle(epochs))}")

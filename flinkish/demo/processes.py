@@ -30,21 +30,14 @@ def _stat(pid: int) -> Stat | None:
 
 
 def _processes() -> dict[int, Stat]:
-    table = {}
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            stat = _stat(int(name))
-            if stat is not None:
-                table[int(name)] = stat
-    return table
+    table = {int(name): _stat(int(name)) for name in os.listdir("/proc") if name.isdigit()}
+    return {pid: stat for pid, stat in table.items() if stat is not None}
 
 
 def tree(root: int) -> dict[int, Stat]:
     """``root``, its descendants, and every process in its session; zombies left out."""
     table = _processes()
-    found = {pid for pid, (_, _, sid, _) in table.items() if sid == root}
-    if root in table:
-        found.add(root)
+    found = {pid for pid, (_, _, sid, _) in table.items() if root in (pid, sid)}
     frontier = list(found)
     while frontier:
         parent = frontier.pop()
@@ -58,12 +51,6 @@ def tree(root: int) -> dict[int, Stat]:
 def _signal(pid: int, sig: int) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-
-
-def _kill_groups(groups: set[int]) -> None:
-    for group in groups:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(group, signal.SIGKILL)
 
 
 def kill_tree(root: int, timeout: float = 30.0, *, led_groups_only: bool = False) -> None:
@@ -83,7 +70,9 @@ def kill_tree(root: int, timeout: float = 30.0, *, led_groups_only: bool = False
     groups = {pgid for _, pgid, _, _ in seen.values()} - {own_group}
     if led_groups_only:
         groups &= set(seen)
-    _kill_groups(groups)
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, signal.SIGKILL)
     for pid in seen:
         _signal(pid, signal.SIGKILL)
     with contextlib.suppress(ChildProcessError):
@@ -94,10 +83,8 @@ def kill_tree(root: int, timeout: float = 30.0, *, led_groups_only: bool = False
 def wait_gone(pids: set[int], groups: set[int], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while True:
-        alive = sorted(
-            pid for pid, (_, pgid, _, state) in _processes().items()
-            if state != "Z" and (pid in pids or pgid in groups)
-        )
+        alive = sorted(pid for pid, (_, pgid, _, state) in _processes().items()
+                       if state != "Z" and (pid in pids or pgid in groups))
         if not alive:
             return
         if time.monotonic() > deadline:

@@ -32,17 +32,11 @@ RETRIES = 20
 
 
 def source(spark: Any, args: argparse.Namespace, state: str) -> Any:
-    return (
-        spark.readStream.format("flinkish")
-        .option("kafka.bootstrap.servers", args.bootstrap)
-        .option("subscribe", args.topic)
-        .option("startingOffsets", "earliest")
-        .option("watermark.maxOutOfOrderness", SPARK_DELAY)
-        .option("idleTimeout", args.idle_timeout)
-        .option("maxOffsetsPerTrigger", "5000")
-        .option("checkpointing.location", state)
-        .load()
-    )
+    return spark.readStream.format("flinkish").options(**{
+        "kafka.bootstrap.servers": args.bootstrap, "subscribe": args.topic,
+        "startingOffsets": "earliest", "watermark.maxOutOfOrderness": SPARK_DELAY,
+        "idleTimeout": args.idle_timeout, "maxOffsetsPerTrigger": "5000",
+        "checkpointing.location": state}).load()
 
 
 def windowed(events: Any, name: str) -> Any:
@@ -64,27 +58,16 @@ class ProgressFiles:
     """Appends each followed query's progress reports to its file as Spark reports them."""
 
     def __init__(self, spark: Any) -> None:
-        from pyspark.sql.streaming import StreamingQueryListener
+        from flinkish.listeners import progress_listener
 
         self._lock = threading.Lock()
         self._files: dict[str, str] = {}
         self._early: dict[str, list[str]] = {}  # reports of a query before it is followed
-        files = self
+        spark.streams.addListener(progress_listener(self.write))
 
-        class Listener(StreamingQueryListener):
-            def onQueryStarted(self, event: Any) -> None:
-                pass
-
-            def onQueryProgress(self, event: Any) -> None:
-                files.write(str(event.progress.id), event.progress.json)
-
-            def onQueryTerminated(self, event: Any) -> None:
-                pass
-
-        spark.streams.addListener(Listener())
-
-    def write(self, query_id: str, report: str) -> None:
-        line = json.dumps(json.loads(report)) + "\n"
+    def write(self, report: dict[str, Any]) -> None:
+        line = json.dumps(report) + "\n"
+        query_id = str(report["id"])
         with self._lock:
             path = self._files.get(query_id)
             if path is None:
@@ -101,12 +84,8 @@ class ProgressFiles:
 
     def finish(self, query: Any) -> None:
         """Spark's reports once more at a graceful stop: the listener's last may be on its way."""
-        with self._lock:
-            path = self._files.get(str(query.id))
-            if path is not None:
-                with open(path, "a", encoding="utf-8") as f:
-                    f.writelines(json.dumps(json.loads(r.json)) + "\n"
-                                 for r in query.recentProgress)
+        for report in query.recentProgress:
+            self.write(json.loads(report.json))
 
 
 def _started(query: Any) -> bool:
@@ -117,10 +96,8 @@ def _started(query: Any) -> bool:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("bootstrap")
-    parser.add_argument("topic")
-    parser.add_argument("checkpoint")
-    parser.add_argument("stop_file")
+    for name in ("bootstrap", "topic", "checkpoint", "stop_file"):
+        parser.add_argument(name)
     parser.add_argument("--parquet")
     parser.add_argument("--postgres")
     parser.add_argument("--table", default="demo_events")
@@ -143,17 +120,11 @@ def main() -> None:
         rows = source(spark, args, os.path.join(args.checkpoint, "source-state")).selectExpr(
             "CAST(value AS STRING) AS event", "topic", "partition", "offset", "eventTime",
             "kind", "watermark", "status")
-        writer = (
-            rows.writeStream.format("flinkish").queryName("events")
-            .option("checkpointLocation", args.checkpoint)
-            .trigger(processingTime=TRIGGER)
-        )
+        writer = (rows.writeStream.format("flinkish").queryName("events")
+                  .option("checkpointLocation", args.checkpoint).trigger(processingTime=TRIGGER))
         if args.postgres:
-            writer = writer.option("target", "postgres").option("dsn", args.postgres).option(
-                "table", args.table)
-        else:
-            writer = writer.option("target", "parquet").option("path", args.parquet)
-        return writer.start()
+            return writer.options(target="postgres", dsn=args.postgres, table=args.table).start()
+        return writer.options(target="parquet", path=args.parquet).start()
 
     def windows(name: str) -> Any:
         home = os.path.join(args.windows, name)
@@ -161,18 +132,15 @@ def main() -> None:
         query = (
             windowed(source(spark, args, os.path.join(home, "source-state")), name)
             .writeStream.format("flinkish").queryName(f"windows-{name}").outputMode("append")
-            .option("checkpointLocation", os.path.join(home, "checkpoint"))
-            .option("target", "parquet").option("path", os.path.join(home, "output"))
-            .trigger(processingTime=TRIGGER)
-            .start()
-        )
+            .options(checkpointLocation=os.path.join(home, "checkpoint"), target="parquet",
+                     path=os.path.join(home, "output"))
+            .trigger(processingTime=TRIGGER).start())
         assert progress is not None
         progress.follow(query, os.path.join(home, "progress.jsonl"))
         return query
 
-    starts: dict[str, Callable[[], Any]] = {"events": events}
-    for name in WINDOW_QUERIES if args.windows else ():
-        starts[name] = functools.partial(windows, name)
+    starts: dict[str, Callable[[], Any]] = {"events": events, **{
+        name: functools.partial(windows, name) for name in WINDOW_QUERIES if args.windows}}
     queries: dict[str, Any] = {}
     retries: dict[str, int] = {}
     failures: list[str] = []

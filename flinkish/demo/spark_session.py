@@ -53,22 +53,17 @@ def local_session(app: str = "flinkish", cores: str = "2", master: str | None = 
     log4j.write_text(_LOG4J)
     from pyspark.sql import SparkSession
 
-    builder = (
-        SparkSession.builder.master(master or f"local[{cores}]")
-        .appName(app)
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.python.daemon.module", "flinkish.worker_daemon")
+    settings = {
+        "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2", "spark.sql.session.timeZone": "UTC",
+        "spark.python.daemon.module": "flinkish.worker_daemon",
         # the default 15 s to connect to the JVM's sockets is missed by queries starting at once
-        .config("spark.python.authenticate.socketTimeout", "120s")
-        .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
-        .config("spark.executor.extraJavaOptions", f"-Dlog4j2.configurationFile={log4j}")
-        .config("spark.executorEnv.PYTHONPATH", os.environ["PYTHONPATH"])
-    )
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+        "spark.python.authenticate.socketTimeout": "120s",
+        "spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j}",
+        "spark.executor.extraJavaOptions": f"-Dlog4j2.configurationFile={log4j}",
+        "spark.executorEnv.PYTHONPATH": os.environ["PYTHONPATH"],
+    }
+    spark = (SparkSession.builder.master(master or f"local[{cores}]").appName(app)
+             .config(map={**settings, **conf}).getOrCreate())
     spark.sparkContext.setLogLevel("ERROR")
     return spark

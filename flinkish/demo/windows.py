@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from flinkish.lag import timestamp_ms
+from flinkish.lag import json_value, timestamp_ms
 
 WINDOW_MS = 10_000
 
@@ -47,10 +47,9 @@ class Progress:
 
 
 def read_progress(path: Path, topic: str) -> Progress:
-    if not path.exists():
-        return Progress()
     reports: dict[int, dict[str, Any]] = {}
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines() if path.exists() else []
+    for line in lines:
         try:
             report = json.loads(line)
             reports[int(report["batchId"])] = report
@@ -64,9 +63,7 @@ def read_progress(path: Path, topic: str) -> Progress:
                   for report in reports.values() for op in report.get("stateOperators", []))
     ends: dict[int, int] = {}
     for source in last.get("sources", []):
-        end = source.get("endOffset")
-        if isinstance(end, str):
-            end = json.loads(end)
+        end = json_value(source.get("endOffset"))
         for p, entry in ((end or {}).get("topics", {}).get(topic, {})).items():
             ends[int(p)] = int(entry["offset"])
     return Progress(len(reports), int(last["batchId"]),
@@ -153,10 +150,10 @@ class Comparison:
 
 def compare(progress: Progress, emitted: list[tuple[int, int, int]], produced: Counter[Key]
             ) -> Comparison:
-    counted: dict[Key, int] = {}
+    counted: Counter[Key] = Counter()
     times: Counter[Key] = Counter()
     for start, partition, count in emitted:
-        counted[(start, partition)] = counted.get((start, partition), 0) + count
+        counted[(start, partition)] += count
         times[(start, partition)] += 1
     watermark = progress.watermark
     windows = {}
