@@ -320,12 +320,8 @@ def _holds(table: Any, app: str, epoch: int) -> bool:
 
 def _summary_of(record: EpochRecord) -> dict[str, str]:
     fields = record.to_json()
-    summary = {}
-    for name, key in _RECORD_KEYS.items():
-        value = fields[name]
-        if value is not None:
-            summary[key] = json.dumps(value) if isinstance(value, list) else str(value)
-    return summary
+    return {key: json.dumps(fields[name]) if isinstance(fields[name], list) else str(fields[name])
+            for name, key in _RECORD_KEYS.items() if fields[name] is not None}
 
 
 def _record_of(summary: dict[str, str]) -> dict[str, Any] | None:
