@@ -80,11 +80,6 @@ class ParquetTarget:
         self._compact_every = compact_every
         self._target_file_size = target_file_size
 
-    @classmethod
-    def from_filesystem(cls, filesystem: pafs.FileSystem, base_path: str, **options: Any
-                        ) -> ParquetTarget:
-        return cls(base_path, filesystem=filesystem, **options)
-
     def __repr__(self) -> str:
         return f"ParquetTarget({self._where!r})"
 
@@ -162,10 +157,9 @@ class ParquetTarget:
         directory = self.staged_dir(txn)
         staged = [f"{directory}/{name}" for name in names]
         final = [self._path(name) for name in names]
-        infos = self._fs.get_file_info(staged + final)
-        staged_present = [i.type != pafs.FileType.NotFound for i in infos[: len(names)]]
-        final_present = [i.type != pafs.FileType.NotFound for i in infos[len(names) :]]
-        lost = [name for name, s, f in zip(names, staged_present, final_present, strict=True)
+        present = [i.type != pafs.FileType.NotFound for i in self._fs.get_file_info(staged + final)]
+        staged_present = present[:len(names)]
+        lost = [name for name, s, f in zip(names, staged_present, present[len(names):], strict=True)
                 if not (s or f)]
         if lost:
             raise RuntimeError(
@@ -242,11 +236,9 @@ class ParquetTarget:
 
     def _latest_epoch_record(self, query: str) -> dict[str, Any] | None:
         selector = pafs.FileSelector(self._epochs_dir(query), allow_not_found=True)
-        latest: tuple[int, str] | None = None
-        for info in self._fs.get_file_info(selector):
-            match = _EPOCH_RECORD.match(info.base_name)
-            if match and info.is_file and (latest is None or int(match[1]) > latest[0]):
-                latest = (int(match[1]), info.path)
+        latest = max(((int(match[1]), info.path) for info in self._fs.get_file_info(selector)
+                      if info.is_file and (match := _EPOCH_RECORD.match(info.base_name))),
+                     default=None)
         if latest is None:
             return None
         with self._fs.open_input_stream(latest[1]) as stream:
