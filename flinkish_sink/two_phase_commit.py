@@ -227,8 +227,8 @@ class TwoPhaseCommitCoordinator:
         completed epoch committed all it decided). The gids (committed, rolled back)."""
         committed: list[str] = []
         rolled: list[str] = []
+        states: dict[int, dict[str, Any]] = {}  # the pending epochs' decision records
         decisions: dict[int, dict[str, Any]] = {}
-        states: dict[int, dict[str, Any]] = {}
         whole: set[int] = set()  # epochs to commit whole into an epoch target
         ages = self.lingering_ages()
         for txn in sorted(ages):
@@ -238,10 +238,8 @@ class TwoPhaseCommitCoordinator:
             if txn.epoch not in decisions:
                 pending = (None if self._store.completed(txn.epoch) is not None
                            else self._store.pending(txn.epoch))
-                if pending is not None:
-                    states[txn.epoch] = pending.state
-                decisions[txn.epoch] = {
-                    d["gid"]: d for d in (pending.state.get("decision", []) if pending else [])}
+                states[txn.epoch] = {} if pending is None else pending.state
+                decisions[txn.epoch] = {d["gid"]: d for d in states[txn.epoch].get("decision", [])}
             target = self._target_of(txn)
             found = decisions[txn.epoch].get(txn.gid)
             self._warn_if_old(
