@@ -158,7 +158,7 @@ def _is_text_or_binary(dtype: pa.DataType) -> bool:
             or pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype))
 
 
-def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str]:
+def record_columns(schema: pa.Schema, topic_option: str | None) -> set[str]:
     """Which of ``schema``'s columns make the records, checked as Spark's Kafka sink does."""
     names = set(schema.names)
     if VALUE not in names:
@@ -166,7 +166,6 @@ def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str
             f"target kafka needs a value column (string or binary); the rows have "
             f"{', '.join(schema.names) or 'no columns'}: select or compute one, e.g. "
             "to_json(struct(*)) AS value")
-    used = {VALUE: VALUE}
     from_source = names >= SOURCE_POSITION
     if from_source and topic_option is None:
         raise OptionError(
@@ -175,12 +174,10 @@ def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str
             "partition from them. Set option topic (the output topic; records are "
             "partitioned by key), or select the columns to write without offset (key, "
             "value, and a topic column of your own)")
-    for name in (KEY, TOPIC, PARTITION, HEADERS):
-        if name not in names or (from_source and name in (TOPIC, PARTITION)):
-            continue
-        if name == TOPIC and topic_option is not None:
-            continue  # the option overrides the column, as in Spark
-        used[name] = name
+    wanted = {KEY, HEADERS} if from_source else {KEY, PARTITION, HEADERS}
+    if topic_option is None:  # else the option overrides the column, as in Spark
+        wanted.add(TOPIC)
+    used = {VALUE} | (names & wanted)
     for name in (VALUE, KEY, TOPIC):
         if name in used and not _is_text_or_binary(schema.field(name).type):
             raise OptionError(f"target kafka: column {name} is {schema.field(name).type}; "
@@ -314,16 +311,15 @@ class KafkaTransaction:
         self._client.producer.abort_transaction(PRODUCER_TIMEOUT_S)
 
 
-def produce_rows(producer: Any, batch: pa.RecordBatch, columns: dict[str, str],
+def produce_rows(producer: Any, batch: pa.RecordBatch, columns: set[str],
                  topic: str | None) -> int:
-    """Produce ``batch``'s rows as records; the number produced."""
-    values = batch.column(columns[VALUE]).to_pylist()
+    """Produce ``batch``'s rows as records (of ``columns``); the number produced."""
+    values = batch.column(VALUE).to_pylist()
     n = len(values)
-    keys = batch.column(columns[KEY]).to_pylist() if KEY in columns else [None] * n
-    topics = batch.column(columns[TOPIC]).to_pylist() if TOPIC in columns else [topic] * n
-    partitions = (batch.column(columns[PARTITION]).to_pylist() if PARTITION in columns
-                  else [None] * n)
-    headers = batch.column(columns[HEADERS]).to_pylist() if HEADERS in columns else None
+    keys = batch.column(KEY).to_pylist() if KEY in columns else [None] * n
+    topics = batch.column(TOPIC).to_pylist() if TOPIC in columns else [topic] * n
+    partitions = batch.column(PARTITION).to_pylist() if PARTITION in columns else [None] * n
+    headers = batch.column(HEADERS).to_pylist() if HEADERS in columns else None
     produce = producer.produce
     for i in range(n):
         to = topics[i]
@@ -400,9 +396,9 @@ class KafkaTarget:
         finally:
             client.producer.flush(0)
 
-    def abort_siblings(self, txn: TransactionId, *, before: bool) -> list[str]:
+    def abort_siblings(self, txn: TransactionId, *, before: bool) -> None:
         """Abort the attempts before ``txn`` (``before``), or those after it up to the first
-        id never used; the ids that were used."""
+        id never used."""
         aborted = []
         attempts = range(txn.attempt) if before else itertools.count(txn.attempt + 1)
         for attempt in attempts:
@@ -414,7 +410,6 @@ class KafkaTarget:
         if aborted:
             logger.info("before writing %s: fenced and aborted %s", transactional_id(txn),
                         ", ".join(aborted))
-        return aborted
 
     def _transactions(self) -> TransactionClient:
         key = self.options.fingerprint
