@@ -121,12 +121,10 @@ def postgres_types(schema: pa.Schema) -> list[ColumnType]:
     return [postgres_type(field.type, field.name) for field in schema]
 
 
-def _binary_values(data: np.ndarray, width: int) -> pa.Array:
-    """A large_binary array over ``data`` (a contiguous buffer), ``width`` bytes per value."""
-    count = len(data) * data.dtype.itemsize // width
-    offsets = np.arange(0, (count + 1) * width, width, dtype=np.int64)
+def _large_binary(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    """A large_binary array over the contiguous ``data``, value i at ``offsets[i:i + 2]``."""
     return pa.Array.from_buffers(
-        pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _numbers(column: pa.Array) -> np.ndarray:
@@ -200,7 +198,8 @@ def _records(fields: list[np.ndarray]) -> pa.Array:
     packed = np.empty(len(fields[0]), dtype=[(f"f{i}", f.dtype) for i, f in enumerate(fields)])
     for i, values in enumerate(fields):
         packed[f"f{i}"] = values
-    return _binary_values(packed, packed.dtype.itemsize)
+    width = packed.dtype.itemsize
+    return _large_binary(np.arange(0, (len(packed) + 1) * width, width, dtype=np.int64), packed)
 
 
 def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Array]:
@@ -209,9 +208,7 @@ def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Arr
     lengths = np.where(valid, width, -1).astype(">i4")
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(valid * width, out=offsets[1:])
-    data = np.ascontiguousarray(values[valid])
-    return lengths, pa.Array.from_buffers(
-        pa.large_binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return lengths, _large_binary(offsets, np.ascontiguousarray(values[valid]))
 
 
 def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
