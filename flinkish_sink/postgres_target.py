@@ -34,7 +34,7 @@ from flinkish_sink.options import LATE_TABLE, TABLE, UPSERT_KEY, DeliveryGuarant
 from flinkish_sink.outages import postgres_transient
 from flinkish_sink.target import FIX_WRITE_TASKS, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
-from flinkish_sink.window_columns import is_window, table_batch, table_schema
+from flinkish_sink.window_columns import check_columns, is_window, table_batch, table_schema
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -446,11 +446,7 @@ class PostgresTarget:
         windows = [f.name for f in schema if is_window(f.type)]
         schema = table_schema(schema)
         types = postgres_types(schema)
-        missing = [name for name in self.upsert_key if name not in schema.names]
-        if missing:
-            raise ValueError(
-                f"option upsertKey: {missing} are not columns of table {self.table} (its "
-                f"columns for this stream: {schema.names}; a window w is w_start and w_end)")
+        check_columns("upsertKey", self.upsert_key, schema)
         found = conn.execute("SELECT to_regclass(%s)::oid",
                              [self._table.as_string(conn)]).fetchone()
         if found is None or found[0] is None:
