@@ -233,11 +233,8 @@ class TargetOptions:
     @property
     def secrets(self) -> list[str]:
         """The secret values among the options, to scrub from messages."""
-        found: list[str] = []
-        for option in targets.factory(self.name).options:
-            if option.secrets is not None:
-                found += option.secrets(self[option])
-        return found
+        return [secret for option in targets.factory(self.name).options
+                if option.secrets is not None for secret in option.secrets(self[option])]
 
 
 def _masked(option: Option[Any] | None, value: Any) -> Any:
