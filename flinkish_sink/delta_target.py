@@ -140,16 +140,12 @@ def _delta_fields(schema: pa.Schema) -> list[dict[str, Any]]:
 
 def _delta_types(schema: pa.Schema) -> dict[str, Any]:
     """Column name -> Delta type, without nullability (Spark writes every column nullable)."""
+    from deltalake import Schema
 
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items()
-                    if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return {f["name"]: strip(f["type"]) for f in _delta_fields(schema)}
+    fields = json.loads(Schema.from_arrow(schema).to_json(), object_hook=lambda node: {
+        k: v for k, v in node.items()
+        if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")})["fields"]
+    return {f["name"]: f["type"] for f in fields}
 
 
 def _nested_not_null(table: Any, stream: Any, path: str) -> list[str]:

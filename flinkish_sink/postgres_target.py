@@ -249,10 +249,7 @@ def _names(names: Iterable[str]) -> sql.Composed:
 
 
 def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
-    batch = table_batch(batch)
     types = postgres_types(batch.schema)
-    if batch.num_rows == 0:
-        return
     order = copy_order(batch, types)
     batch, types = batch.select(order), [types[i] for i in order]
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
@@ -273,9 +270,6 @@ def _upsert_into(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
                  key: tuple[str, ...]) -> None:
     """Upsert ``batch`` on ``key`` through a staging table (a prepared transaction may not
     touch temporary ones); of several rows with one key the last one wins."""
-    batch = table_batch(batch)
-    if batch.num_rows == 0:
-        return
     staging = sql.Identifier(f"flinkish_staging_{uuid.uuid4().hex}")
     order = sql.Identifier(_STAGING_ORDER)
     conn.execute(sql.SQL("CREATE TABLE {} (LIKE {}, {} bigserial)").format(
@@ -302,6 +296,9 @@ def _identifier(name: str) -> sql.Identifier:
 
 def _write(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
            upsert_key: tuple[str, ...]) -> None:
+    batch = table_batch(batch)
+    if batch.num_rows == 0:
+        return
     if upsert_key:
         _upsert_into(conn, table, batch, upsert_key)
     else:
