@@ -110,7 +110,8 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     if any(kind(dtype) for kind in (pa.types.is_list, pa.types.is_large_list,
                                     pa.types.is_fixed_size_list, pa.types.is_struct,
                                     pa.types.is_map)):
-        return ColumnType("jsonb", frozenset({"jsonb"}), _encode_jsonb)
+        return ColumnType("jsonb", frozenset({"jsonb"}),
+                          partial(_encode_per_value, dump=_dump_jsonb))
     raise ValueError(
         f"unsupported type for column {column!r}: Arrow {dtype} has no PostgreSQL mapping "
         "(supported: integers, floats, bool, string, binary, timestamp, date32, decimal, "
@@ -183,14 +184,10 @@ def _json_default(value: object) -> str:
 
 
 def _dump_jsonb(value: object) -> bytes:
-    # jsonb's binary format: a version byte (1), then the JSON text
+    """A list or struct as a JSON array or object (a map as an array of [key, value] pairs),
+    in jsonb's binary format: a version byte (1), then the JSON text."""
     text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
     return b"\x01" + text.encode()
-
-
-def _encode_jsonb(column: pa.Array) -> pa.Array:
-    """Lists and structs as JSON arrays and objects (maps as arrays of [key, value] pairs)."""
-    return _encode_per_value(column, _dump_jsonb)
 
 
 def _records(fields: list[np.ndarray]) -> pa.Array:
