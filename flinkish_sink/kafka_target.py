@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flinkish_core.config import Option, collected, optional_text
+from flinkish_core.config import Option, collected, optional_text, whole_number
 from flinkish_core.durations import format_duration
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import fingerprint, redact_config, secret_values
@@ -122,12 +122,8 @@ def kafka_options(options: TargetOptions) -> KafkaSinkOptions:
             raise OptionError(f"option kafka.{key} is not supported: {why}")
     timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
     if "transaction.timeout.ms" in kafka:
-        text = kafka.pop("transaction.timeout.ms").strip()
-        if not text.isdigit() or int(text) < 1:
-            raise OptionError(
-                f"option kafka.transaction.timeout.ms: {text!r} is not a whole number of "
-                "milliseconds >= 1")
-        timeout_ms = int(text)
+        timeout_ms = whole_number(1, "a whole number of milliseconds >= 1")(
+            "kafka.transaction.timeout.ms", kafka.pop("transaction.timeout.ms"))
     config, security = translate(kafka)
     topic = options[TOPIC_OPTION]
     if topic is not None and not topic.strip():
