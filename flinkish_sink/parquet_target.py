@@ -25,7 +25,7 @@ from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.data_files import publish_file, staged_ages, type_differences
 from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
-from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
+from flinkish_sink.target import EPOCHS_DIR, GID_PART, STAGING_DIR, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ TARGET_FILE_SIZE = Option(
         "(powers of 1024).")
 
 _DIRECT_DIR = "_direct"
-_QUERY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _EPOCH_RECORD = re.compile(r"^(\d+)\.json$")
 
 
@@ -92,7 +91,7 @@ class ParquetTarget:
         return self._path(STAGING_DIR, txn.staged_name)
 
     def _epochs_dir(self, query: str) -> str:
-        if not _QUERY_NAME.match(query) or query in (".", ".."):
+        if not GID_PART.match(query) or query in (".", ".."):
             raise ValueError(
                 f"query name {query!r} must be letters, digits, '_', '.' and '-', "
                 "and not '.' or '..'")
