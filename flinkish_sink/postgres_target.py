@@ -563,12 +563,9 @@ class PostgresTarget:
         rows = self._connection().execute(
             "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts"
             " WHERE database = current_database() ORDER BY prepared, gid").fetchall()
-        found: dict[TransactionId, float | None] = {}
-        for gid, age in rows:
-            txn = TransactionId.parse(gid)
-            if txn is not None and txn.prefix == prefix and txn.query == query:
-                found[txn] = None if age is None else max(0.0, float(age))
-        return found
+        ids = ((TransactionId.parse(gid), age) for gid, age in rows)
+        return {txn: None if age is None else max(0.0, float(age)) for txn, age in ids
+                if txn is not None and txn.prefix == prefix and txn.query == query}
 
     def _ensure_epochs_table(self) -> None:
         if self._epochs_ready:
