@@ -156,9 +156,9 @@ class ParquetTarget:
         directory = self.staged_dir(txn)
         staged = [f"{directory}/{name}" for name in names]
         final = [self._path(name) for name in names]
-        present = [i.type != pafs.FileType.NotFound for i in self._fs.get_file_info(staged + final)]
-        staged_present = present[:len(names)]
-        lost = [name for name, s, f in zip(names, staged_present, present[len(names):], strict=True)
+        found = [i.type != pafs.FileType.NotFound for i in self._fs.get_file_info(staged + final)]
+        staged_present = found[:len(names)]
+        lost = [name for name, s, f in zip(names, staged_present, found[len(names):], strict=True)
                 if not (s or f)]
         if lost:
             raise RuntimeError(
