@@ -178,11 +178,10 @@ class TwoPhaseCommitCoordinator:
     def abort_epoch(self, epoch: int, pre_commits: Iterable[PreCommit | None]) -> list[str]:
         """Spark gave up on the epoch's tasks: roll back what they pre-committed, unless an
         earlier attempt of the epoch already decided on it."""
-        decided: set[str] = set()
         recorded = self._store.completed(epoch) or self._store.pending(epoch)
-        if recorded is not None:
-            decided = {d["gid"] for d in recorded.state.get("decision", [])}
-        return self._discard([pc for pc in pre_commits if pc is not None], decided)
+        state = {} if recorded is None else recorded.state
+        return self._discard([pc for pc in pre_commits if pc is not None],
+                             {d["gid"] for d in state.get("decision", [])})
 
     def _discard(self, pre_commits: list[PreCommit], keep: set[str]) -> list[str]:
         rolled = []
