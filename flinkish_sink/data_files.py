@@ -11,7 +11,7 @@ import contextlib
 import json
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -62,16 +62,6 @@ def split_by_partition(batch: pa.RecordBatch, columns: tuple[str, ...]
                     else pc.fill_null(pc.equal(column, pa.scalar(key[name], column.type)), False))
             mask = test if mask is None else pc.and_(mask, test)
         yield key, batch.filter(mask)
-
-
-def check_columns(option: str, names: Iterable[str], columns: pa.Schema) -> None:
-    """Raise unless ``names``, given by ``option``, are columns of the stream's rows."""
-    missing = [name for name in names if name not in columns.names]
-    if missing:
-        raise ValueError(
-            f"option {option}: {', '.join(map(repr, missing))} "
-            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of the stream's "
-            f"rows (their columns: {columns.names}; a window w is w_start and w_end)")
 
 
 def type_differences(existing: Mapping[str, Any], new: Mapping[str, Any], where: str,

@@ -107,8 +107,7 @@ class FileStats:
 
     def __init__(self, schema: pa.Schema) -> None:
         self._rows = 0
-        trees = {f.name: _tree(f.type) for f in schema}
-        self._columns = {name: tree for name, tree in trees.items() if tree is not None}
+        self._columns = {f.name: tree for f in schema if (tree := _tree(f.type)) is not None}
         self._safe = all(tree is not False for tree in _leaves(self._columns))
 
     def add(self, batch: pa.RecordBatch) -> None:

@@ -26,7 +26,7 @@ from flinkish_core.config import Option, duration_ms, whole_number
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import delete_file_if_present, filesystem_of
 from flinkish_core.secrets import mask_uri
-from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
+from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget
 from flinkish_sink.delta_stats import FileStats
 from flinkish_sink.options import (
     LATE_PATH,
@@ -40,7 +40,7 @@ from flinkish_sink.options import (
 from flinkish_sink.table_constraints import Check, TableRules, UnsupportedCheck, compile_check
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
-from flinkish_sink.window_columns import table_schema
+from flinkish_sink.window_columns import check_columns, table_schema
 
 logger = logging.getLogger(__name__)
 
@@ -140,16 +140,12 @@ def _delta_fields(schema: pa.Schema) -> list[dict[str, Any]]:
 
 def _delta_types(schema: pa.Schema) -> dict[str, Any]:
     """Column name -> Delta type, without nullability (Spark writes every column nullable)."""
+    from deltalake import Schema
 
-    def strip(node: Any) -> Any:
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items()
-                    if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")}
-        if isinstance(node, list):
-            return [strip(v) for v in node]
-        return node
-
-    return {f["name"]: strip(f["type"]) for f in _delta_fields(schema)}
+    fields = json.loads(Schema.from_arrow(schema).to_json(), object_hook=lambda node: {
+        k: v for k, v in node.items()
+        if k not in ("nullable", "containsNull", "valueContainsNull", "metadata")})["fields"]
+    return {f["name"]: f["type"] for f in fields}
 
 
 def _nested_not_null(table: Any, stream: Any, path: str) -> list[str]:
@@ -506,8 +502,7 @@ def _holds(table: Any, app: str, epoch: int) -> bool:
 
 def _last_per_key(tables: list[pa.Table], key: tuple[str, ...]) -> pa.Table | None:
     """The rows of ``tables`` (in order), only the last of each ``key``; None if none."""
-    rows = pa.concat_tables(tables) if tables else None
-    if rows is None or rows.num_rows == 0:
+    if not tables or (rows := pa.concat_tables(tables)).num_rows == 0:
         return None
     order = "__flinkish_row"
     numbered = rows.append_column(order, pa.array(range(rows.num_rows), pa.int64()))

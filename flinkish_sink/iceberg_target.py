@@ -23,7 +23,7 @@ from flinkish_core.config import Option, collected
 from flinkish_core.errors import OptionError
 from flinkish_core.locations import filesystem_of
 from flinkish_core.secrets import dsn_secrets, fingerprint, mask_uri, redact_config, secret_values
-from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget, check_columns
+from flinkish_sink.data_files import DataFile, StagedFiles, StagedFilesTarget
 from flinkish_sink.options import (
     LATE_TABLE,
     PARTITION_BY,
@@ -35,7 +35,7 @@ from flinkish_sink.options import (
 from flinkish_sink.table_constraints import refuse_nulls
 from flinkish_sink.target import EpochRecord, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
-from flinkish_sink.window_columns import table_schema
+from flinkish_sink.window_columns import check_columns, table_schema
 
 logger = logging.getLogger(__name__)
 
@@ -320,12 +320,8 @@ def _holds(table: Any, app: str, epoch: int) -> bool:
 
 def _summary_of(record: EpochRecord) -> dict[str, str]:
     fields = record.to_json()
-    summary = {}
-    for name, key in _RECORD_KEYS.items():
-        value = fields[name]
-        if value is not None:
-            summary[key] = json.dumps(value) if isinstance(value, list) else str(value)
-    return summary
+    return {key: json.dumps(fields[name]) if isinstance(fields[name], list) else str(fields[name])
+            for name, key in _RECORD_KEYS.items() if fields[name] is not None}
 
 
 def _record_of(summary: dict[str, str]) -> dict[str, Any] | None:

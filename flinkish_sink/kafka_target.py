@@ -18,7 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flinkish_core.config import Option, collected, optional_text
+from flinkish_core.config import Option, collected, optional_text, whole_number
 from flinkish_core.durations import format_duration
 from flinkish_core.errors import OptionError
 from flinkish_core.secrets import fingerprint, redact_config, secret_values
@@ -122,12 +122,8 @@ def kafka_options(options: TargetOptions) -> KafkaSinkOptions:
             raise OptionError(f"option kafka.{key} is not supported: {why}")
     timeout_ms = DEFAULT_TRANSACTION_TIMEOUT_MS
     if "transaction.timeout.ms" in kafka:
-        text = kafka.pop("transaction.timeout.ms").strip()
-        if not text.isdigit() or int(text) < 1:
-            raise OptionError(
-                f"option kafka.transaction.timeout.ms: {text!r} is not a whole number of "
-                "milliseconds >= 1")
-        timeout_ms = int(text)
+        timeout_ms = whole_number(1, "a whole number of milliseconds >= 1")(
+            "kafka.transaction.timeout.ms", kafka.pop("transaction.timeout.ms"))
     config, security = translate(kafka)
     topic = options[TOPIC_OPTION]
     if topic is not None and not topic.strip():
@@ -158,7 +154,7 @@ def _is_text_or_binary(dtype: pa.DataType) -> bool:
             or pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype))
 
 
-def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str]:
+def record_columns(schema: pa.Schema, topic_option: str | None) -> set[str]:
     """Which of ``schema``'s columns make the records, checked as Spark's Kafka sink does."""
     names = set(schema.names)
     if VALUE not in names:
@@ -166,7 +162,6 @@ def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str
             f"target kafka needs a value column (string or binary); the rows have "
             f"{', '.join(schema.names) or 'no columns'}: select or compute one, e.g. "
             "to_json(struct(*)) AS value")
-    used = {VALUE: VALUE}
     from_source = names >= SOURCE_POSITION
     if from_source and topic_option is None:
         raise OptionError(
@@ -175,12 +170,10 @@ def record_columns(schema: pa.Schema, topic_option: str | None) -> dict[str, str
             "partition from them. Set option topic (the output topic; records are "
             "partitioned by key), or select the columns to write without offset (key, "
             "value, and a topic column of your own)")
-    for name in (KEY, TOPIC, PARTITION, HEADERS):
-        if name not in names or (from_source and name in (TOPIC, PARTITION)):
-            continue
-        if name == TOPIC and topic_option is not None:
-            continue  # the option overrides the column, as in Spark
-        used[name] = name
+    wanted = {KEY, HEADERS} if from_source else {KEY, PARTITION, HEADERS}
+    if topic_option is None:  # else the option overrides the column, as in Spark
+        wanted.add(TOPIC)
+    used = {VALUE} | (names & wanted)
     for name in (VALUE, KEY, TOPIC):
         if name in used and not _is_text_or_binary(schema.field(name).type):
             raise OptionError(f"target kafka: column {name} is {schema.field(name).type}; "
@@ -314,16 +307,15 @@ class KafkaTransaction:
         self._client.producer.abort_transaction(PRODUCER_TIMEOUT_S)
 
 
-def produce_rows(producer: Any, batch: pa.RecordBatch, columns: dict[str, str],
+def produce_rows(producer: Any, batch: pa.RecordBatch, columns: set[str],
                  topic: str | None) -> int:
-    """Produce ``batch``'s rows as records; the number produced."""
-    values = batch.column(columns[VALUE]).to_pylist()
+    """Produce ``batch``'s rows as records (of ``columns``); the number produced."""
+    values = batch.column(VALUE).to_pylist()
     n = len(values)
-    keys = batch.column(columns[KEY]).to_pylist() if KEY in columns else [None] * n
-    topics = batch.column(columns[TOPIC]).to_pylist() if TOPIC in columns else [topic] * n
-    partitions = (batch.column(columns[PARTITION]).to_pylist() if PARTITION in columns
-                  else [None] * n)
-    headers = batch.column(columns[HEADERS]).to_pylist() if HEADERS in columns else None
+    keys = batch.column(KEY).to_pylist() if KEY in columns else [None] * n
+    topics = batch.column(TOPIC).to_pylist() if TOPIC in columns else [topic] * n
+    partitions = batch.column(PARTITION).to_pylist() if PARTITION in columns else [None] * n
+    headers = batch.column(HEADERS).to_pylist() if HEADERS in columns else None
     produce = producer.produce
     for i in range(n):
         to = topics[i]
@@ -400,9 +392,9 @@ class KafkaTarget:
         finally:
             client.producer.flush(0)
 
-    def abort_siblings(self, txn: TransactionId, *, before: bool) -> list[str]:
+    def abort_siblings(self, txn: TransactionId, *, before: bool) -> None:
         """Abort the attempts before ``txn`` (``before``), or those after it up to the first
-        id never used; the ids that were used."""
+        id never used."""
         aborted = []
         attempts = range(txn.attempt) if before else itertools.count(txn.attempt + 1)
         for attempt in attempts:
@@ -414,7 +406,6 @@ class KafkaTarget:
         if aborted:
             logger.info("before writing %s: fenced and aborted %s", transactional_id(txn),
                         ", ".join(aborted))
-        return aborted
 
     def _transactions(self) -> TransactionClient:
         key = self.options.fingerprint

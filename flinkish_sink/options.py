@@ -14,7 +14,6 @@ from enum import Enum
 from typing import Any, TypeVar
 
 from flinkish_core.config import (
-    Given,
     Option,
     checked,
     choice,
@@ -233,11 +232,8 @@ class TargetOptions:
     @property
     def secrets(self) -> list[str]:
         """The secret values among the options, to scrub from messages."""
-        found: list[str] = []
-        for option in targets.factory(self.name).options:
-            if option.secrets is not None:
-                found += option.secrets(self[option])
-        return found
+        return [secret for option in targets.factory(self.name).options
+                if option.secrets is not None for secret in option.secrets(self[option])]
 
 
 def _masked(option: Option[Any] | None, value: Any) -> Any:
@@ -359,7 +355,9 @@ def parse_sink_options(raw: Mapping[str, Any]) -> SinkOptions:
         OptionError: an unknown, misplaced, missing or wrong option, with the fix.
     """
     target = parse_target_options(raw)
-    given = _sink_given(raw)
+    own = {s for o in SINK_OPTIONS for s in o.spellings()}
+    given = match({k: v for k, v in raw.items() if str(k).lower() in own}, SINK_OPTIONS,
+                  lambda key, declared: OptionError(f"unknown option {key!r}"))
     if target.guarantee is DeliveryGuarantee.NONE and target.late_data is not LateData.KEEP:
         raise OptionError(
             "option lateData: judging late rows needs the epoch bookkeeping that "
@@ -376,12 +374,6 @@ def parse_sink_options(raw: Mapping[str, Any]) -> SinkOptions:
         prefix=given.value(TRANSACTIONAL_ID_PREFIX),
         transaction_timeout_ms=given.value(TRANSACTION_TIMEOUT),
         outage_timeout_ms=given.value(OUTAGE_TIMEOUT))
-
-
-def _sink_given(raw: Mapping[str, Any]) -> Given:
-    own = {s for o in SINK_OPTIONS for s in o.spellings()}
-    return match({k: v for k, v in raw.items() if str(k).lower() in own}, SINK_OPTIONS,
-                 lambda key, declared: OptionError(f"unknown option {key!r}"))
 
 
 def reference() -> str:

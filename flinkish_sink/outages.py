@@ -123,10 +123,6 @@ def _first_line(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0] if text else ''}"
 
 
-def _whole(error: BaseException) -> str:
-    return f"{type(error).__name__}: {' '.join(str(error).split())}"
-
-
 @dataclass(frozen=True)
 class RetryPolicy:
     """Exponential backoff with jitter up to ``timeout_s`` after the step's first attempt
@@ -168,7 +164,8 @@ class RetryPolicy:
                         f"{target!r}: {what} failed: the target stayed unreachable for "
                         f"{format_duration(elapsed)} ({attempt} attempts), longer than the "
                         f"sink's outageTimeout ({format_duration(self.timeout_s)}); last "
-                        f"error: {_whole(error)}") from error
+                        f"error: {type(error).__name__}: {' '.join(str(error).split())}"
+                    ) from error
                 pause = min(left, next(delays))
                 logger.warning(
                     "%r unreachable: %s failed (attempt %d, %s of outageTimeout left), "

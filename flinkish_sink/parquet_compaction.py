@@ -107,11 +107,10 @@ class Compactor:
         compaction_id = f"{self._key}{epoch:09d}{_SEP}{token}"
         staging = self._path(_STAGING, compaction_id)
         self._fs.create_dir(staging, recursive=True)
-        outputs = []
-        for n, group in enumerate(groups):
-            name = f"part-{self._prefix}-{self._query}-{epoch:09d}-c{token}-{n:03d}.parquet"
+        outputs = [f"part-{self._prefix}-{self._query}-{epoch:09d}-c{token}-{n:03d}.parquet"
+                   for n in range(len(groups))]
+        for group, name in zip(groups, outputs, strict=True):
             self._merge(group, f"{staging}/{name}")
-            outputs.append(name)
         sync_path(self._fs, staging)
         failpoint("compaction_staged", query=self._query, epoch=epoch)
         compaction = Compaction(compaction_id, tuple(n for g in groups for n in g),
@@ -135,10 +134,10 @@ class Compactor:
     def _finish(self, compaction: Compaction, epoch: int) -> None:
         staging = self._path(_STAGING, compaction.id)
         staged = [f"{staging}/{name}" for name in compaction.outputs]
-        for n, (source, info) in enumerate(
-                zip(staged, self._fs.get_file_info(staged), strict=True)):
+        for name, source, info in zip(compaction.outputs, staged, self._fs.get_file_info(staged),
+                                      strict=True):
             if info.type != pafs.FileType.NotFound:
-                self._fs.move(source, self._path(compaction.outputs[n]))
+                self._fs.move(source, self._path(name))
                 failpoint("compaction_mid_move", query=self._query, epoch=epoch)
         missing = [name for name, info in zip(
             compaction.outputs,

@@ -25,7 +25,7 @@ from flinkish_core.locations import delete_file_if_present, filesystem_of, sync_
 from flinkish_core.secrets import mask_uri
 from flinkish_sink.data_files import publish_file, staged_ages, type_differences
 from flinkish_sink.options import LATE_PATH, PATH, TargetOptions, distinct
-from flinkish_sink.target import EPOCHS_DIR, STAGING_DIR, PreCommit, TransactionId
+from flinkish_sink.target import EPOCHS_DIR, GID_PART, STAGING_DIR, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
 
 logger = logging.getLogger(__name__)
@@ -44,7 +44,6 @@ TARGET_FILE_SIZE = Option(
         "(powers of 1024).")
 
 _DIRECT_DIR = "_direct"
-_QUERY_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 _EPOCH_RECORD = re.compile(r"^(\d+)\.json$")
 
 
@@ -80,11 +79,6 @@ class ParquetTarget:
         self._compact_every = compact_every
         self._target_file_size = target_file_size
 
-    @classmethod
-    def from_filesystem(cls, filesystem: pafs.FileSystem, base_path: str, **options: Any
-                        ) -> ParquetTarget:
-        return cls(base_path, filesystem=filesystem, **options)
-
     def __repr__(self) -> str:
         return f"ParquetTarget({self._where!r})"
 
@@ -97,7 +91,7 @@ class ParquetTarget:
         return self._path(STAGING_DIR, txn.staged_name)
 
     def _epochs_dir(self, query: str) -> str:
-        if not _QUERY_NAME.match(query) or query in (".", ".."):
+        if not GID_PART.match(query) or query in (".", ".."):
             raise ValueError(
                 f"query name {query!r} must be letters, digits, '_', '.' and '-', "
                 "and not '.' or '..'")
@@ -162,10 +156,9 @@ class ParquetTarget:
         directory = self.staged_dir(txn)
         staged = [f"{directory}/{name}" for name in names]
         final = [self._path(name) for name in names]
-        infos = self._fs.get_file_info(staged + final)
-        staged_present = [i.type != pafs.FileType.NotFound for i in infos[: len(names)]]
-        final_present = [i.type != pafs.FileType.NotFound for i in infos[len(names) :]]
-        lost = [name for name, s, f in zip(names, staged_present, final_present, strict=True)
+        found = [i.type != pafs.FileType.NotFound for i in self._fs.get_file_info(staged + final)]
+        staged_present = found[:len(names)]
+        lost = [name for name, s, f in zip(names, staged_present, found[len(names):], strict=True)
                 if not (s or f)]
         if lost:
             raise RuntimeError(
@@ -242,11 +235,9 @@ class ParquetTarget:
 
     def _latest_epoch_record(self, query: str) -> dict[str, Any] | None:
         selector = pafs.FileSelector(self._epochs_dir(query), allow_not_found=True)
-        latest: tuple[int, str] | None = None
-        for info in self._fs.get_file_info(selector):
-            match = _EPOCH_RECORD.match(info.base_name)
-            if match and info.is_file and (latest is None or int(match[1]) > latest[0]):
-                latest = (int(match[1]), info.path)
+        latest = max(((int(match[1]), info.path) for info in self._fs.get_file_info(selector)
+                      if info.is_file and (match := _EPOCH_RECORD.match(info.base_name))),
+                     default=None)
         if latest is None:
             return None
         with self._fs.open_input_stream(latest[1]) as stream:

@@ -34,7 +34,7 @@ from flinkish_sink.options import LATE_TABLE, TABLE, UPSERT_KEY, DeliveryGuarant
 from flinkish_sink.outages import postgres_transient
 from flinkish_sink.target import FIX_WRITE_TASKS, PreCommit, TransactionId
 from flinkish_sink.targets import TargetFactory
-from flinkish_sink.window_columns import is_window, table_batch, table_schema
+from flinkish_sink.window_columns import check_columns, is_window, table_batch, table_schema
 
 Connection = psycopg.Connection[TupleRow]
 
@@ -110,7 +110,8 @@ def postgres_type(dtype: pa.DataType, column: str) -> ColumnType:
     if any(kind(dtype) for kind in (pa.types.is_list, pa.types.is_large_list,
                                     pa.types.is_fixed_size_list, pa.types.is_struct,
                                     pa.types.is_map)):
-        return ColumnType("jsonb", frozenset({"jsonb"}), _encode_jsonb)
+        return ColumnType("jsonb", frozenset({"jsonb"}),
+                          partial(_encode_per_value, dump=_dump_jsonb))
     raise ValueError(
         f"unsupported type for column {column!r}: Arrow {dtype} has no PostgreSQL mapping "
         "(supported: integers, floats, bool, string, binary, timestamp, date32, decimal, "
@@ -121,12 +122,10 @@ def postgres_types(schema: pa.Schema) -> list[ColumnType]:
     return [postgres_type(field.type, field.name) for field in schema]
 
 
-def _binary_values(data: np.ndarray, width: int) -> pa.Array:
-    """A large_binary array over ``data`` (a contiguous buffer), ``width`` bytes per value."""
-    count = len(data) * data.dtype.itemsize // width
-    offsets = np.arange(0, (count + 1) * width, width, dtype=np.int64)
+def _large_binary(offsets: np.ndarray, data: np.ndarray) -> pa.Array:
+    """A large_binary array over the contiguous ``data``, value i at ``offsets[i:i + 2]``."""
     return pa.Array.from_buffers(
-        pa.large_binary(), count, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+        pa.large_binary(), len(offsets) - 1, [None, pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
 def _numbers(column: pa.Array) -> np.ndarray:
@@ -185,14 +184,10 @@ def _json_default(value: object) -> str:
 
 
 def _dump_jsonb(value: object) -> bytes:
-    # jsonb's binary format: a version byte (1), then the JSON text
+    """A list or struct as a JSON array or object (a map as an array of [key, value] pairs),
+    in jsonb's binary format: a version byte (1), then the JSON text."""
     text = json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
     return b"\x01" + text.encode()
-
-
-def _encode_jsonb(column: pa.Array) -> pa.Array:
-    """Lists and structs as JSON arrays and objects (maps as arrays of [key, value] pairs)."""
-    return _encode_per_value(column, _dump_jsonb)
 
 
 def _records(fields: list[np.ndarray]) -> pa.Array:
@@ -200,7 +195,8 @@ def _records(fields: list[np.ndarray]) -> pa.Array:
     packed = np.empty(len(fields[0]), dtype=[(f"f{i}", f.dtype) for i, f in enumerate(fields)])
     for i, values in enumerate(fields):
         packed[f"f{i}"] = values
-    return _binary_values(packed, packed.dtype.itemsize)
+    width = packed.dtype.itemsize
+    return _large_binary(np.arange(0, (len(packed) + 1) * width, width, dtype=np.int64), packed)
 
 
 def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Array]:
@@ -209,9 +205,7 @@ def _nullable(values: np.ndarray, valid: np.ndarray) -> tuple[np.ndarray, pa.Arr
     lengths = np.where(valid, width, -1).astype(">i4")
     offsets = np.zeros(len(values) + 1, dtype=np.int64)
     np.cumsum(valid * width, out=offsets[1:])
-    data = np.ascontiguousarray(values[valid])
-    return lengths, pa.Array.from_buffers(
-        pa.large_binary(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(data)])
+    return lengths, _large_binary(offsets, np.ascontiguousarray(values[valid]))
 
 
 def encode_rows(batch: pa.RecordBatch, types: list[ColumnType]) -> memoryview:
@@ -252,10 +246,7 @@ def _names(names: Iterable[str]) -> sql.Composed:
 
 
 def _copy_into(conn: Connection, table: sql.Composable, batch: pa.RecordBatch) -> None:
-    batch = table_batch(batch)
     types = postgres_types(batch.schema)
-    if batch.num_rows == 0:
-        return
     order = copy_order(batch, types)
     batch, types = batch.select(order), [types[i] for i in order]
     statement = sql.SQL("COPY {} ({}) FROM STDIN (FORMAT BINARY)").format(
@@ -276,9 +267,6 @@ def _upsert_into(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
                  key: tuple[str, ...]) -> None:
     """Upsert ``batch`` on ``key`` through a staging table (a prepared transaction may not
     touch temporary ones); of several rows with one key the last one wins."""
-    batch = table_batch(batch)
-    if batch.num_rows == 0:
-        return
     staging = sql.Identifier(f"flinkish_staging_{uuid.uuid4().hex}")
     order = sql.Identifier(_STAGING_ORDER)
     conn.execute(sql.SQL("CREATE TABLE {} (LIKE {}, {} bigserial)").format(
@@ -305,6 +293,9 @@ def _identifier(name: str) -> sql.Identifier:
 
 def _write(conn: Connection, table: sql.Identifier, batch: pa.RecordBatch,
            upsert_key: tuple[str, ...]) -> None:
+    batch = table_batch(batch)
+    if batch.num_rows == 0:
+        return
     if upsert_key:
         _upsert_into(conn, table, batch, upsert_key)
     else:
@@ -449,11 +440,7 @@ class PostgresTarget:
         windows = [f.name for f in schema if is_window(f.type)]
         schema = table_schema(schema)
         types = postgres_types(schema)
-        missing = [name for name in self.upsert_key if name not in schema.names]
-        if missing:
-            raise ValueError(
-                f"option upsertKey: {missing} are not columns of table {self.table} (its "
-                f"columns for this stream: {schema.names}; a window w is w_start and w_end)")
+        check_columns("upsertKey", self.upsert_key, schema)
         found = conn.execute("SELECT to_regclass(%s)::oid",
                              [self._table.as_string(conn)]).fetchone()
         if found is None or found[0] is None:
@@ -576,12 +563,9 @@ class PostgresTarget:
         rows = self._connection().execute(
             "SELECT gid, extract(epoch FROM now() - prepared)::float8 FROM pg_prepared_xacts"
             " WHERE database = current_database() ORDER BY prepared, gid").fetchall()
-        found: dict[TransactionId, float | None] = {}
-        for gid, age in rows:
-            txn = TransactionId.parse(gid)
-            if txn is not None and txn.prefix == prefix and txn.query == query:
-                found[txn] = None if age is None else max(0.0, float(age))
-        return found
+        ids = ((TransactionId.parse(gid), age) for gid, age in rows)
+        return {txn: None if age is None else max(0.0, float(age)) for txn, age in ids
+                if txn is not None and txn.prefix == prefix and txn.query == query}
 
     def _ensure_epochs_table(self) -> None:
         if self._epochs_ready:

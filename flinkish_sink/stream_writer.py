@@ -149,7 +149,6 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, schema: StructType, raw_options: dict[str, str]) -> None:
         self._options = parse_sink_options(raw_options)
         self._has_markers = carries_markers(schema)
-        self._dropped_markers = dropped_markers(schema)
         self._data_schema = _data_schema(schema)
         # flinkish.windows' rows come judged: its ``late`` rows are the late ones
         self._window_output = not self._has_markers and is_window_output(schema.fieldNames())
@@ -178,7 +177,7 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
         # a hash, not the options: the DSN may hold a password
         checked = (self._options.fingerprint, self._data_schema.to_string())
         if checked not in _CHECKED:  # Spark builds a writer per batch in one long-lived process
-            if self._dropped_markers:  # said once, not at every batch
+            if dropped_markers(schema):  # said once, not at every batch
                 logger.warning(
                     "the flinkish sink got the source's rows without their marker columns "
                     "(kind, watermark, status): it commits exactly once but cannot compute a "
@@ -262,7 +261,8 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
                     if not pc.all(records).as_py():  # else nothing to take out: no copy
                         markers = batch.filter(pc.is_in(kind, _marker_kinds()))
                         if markers.num_rows:
-                            message.markers.extend(_markers(markers))
+                            columns = [markers.column(name).to_pylist() for name in MARKER_FIELDS]
+                            message.markers.extend(map(list, zip(*columns, strict=True)))
                         batch = batch.filter(records)
                 data = pa.RecordBatch.from_arrays(
                     [batch.column(f.name) for f in self._data_schema], schema=self._data_schema)
@@ -407,8 +407,3 @@ class FlinkishStreamWriter(DataSourceStreamArrowWriter):
             self._coordinator(claim=False).abort_epoch(batchId, pre_commits)
 
         self._policy.call(self._target, f"abort of epoch {batchId}", abort_epoch)
-
-
-def _markers(rows: pa.RecordBatch) -> list[list[Any]]:
-    columns = [rows.column(name).to_pylist() for name in MARKER_FIELDS]
-    return [list(values) for values in zip(*columns, strict=True)]

@@ -9,6 +9,7 @@ SQL (docs/delta.md) into ``pyarrow.compute``, and a row passes only when true (n
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -196,7 +197,8 @@ class _Parser:
             while self._op(","):
                 values.append(self._sum())
             self._expect(")")
-            result = _any(pc.equal(*self._typed(left, v)) for v in values)
+            result = functools.reduce(pc.or_kleene,
+                                      [pc.equal(*self._typed(left, v)) for v in values])
         elif self._keyword("BETWEEN"):
             low = self._sum()
             if not self._keyword("AND"):
@@ -289,10 +291,3 @@ class _Parser:
         column = pc.field(found[0])
         self._columns[id(column)] = self._schema.field(found[0]).type
         return column
-
-
-def _any(tests: Iterable[Any]) -> Any:
-    result = None
-    for test in tests:
-        result = test if result is None else pc.or_kleene(result, test)
-    return result

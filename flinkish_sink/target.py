@@ -13,7 +13,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 
-_GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
+GID_PART = re.compile(r"^[A-Za-z0-9_.-]+$")
 
 #: Where an epoch's published watermark comes from: the valve over the marker rows, or, for
 #: rows without markers, Spark's event-time watermark of the micro-batch.
@@ -58,7 +58,7 @@ class TransactionId:
     def __post_init__(self) -> None:
         for name in ("prefix", "query", "run"):
             value = getattr(self, name)
-            if (value or name != "run") and not _GID_PART.match(value):
+            if (value or name != "run") and not GID_PART.match(value):
                 raise ValueError(f"transaction id {name} {value!r} may only hold letters, "
                                  "digits, '_', '.' and '-'")
 

@@ -178,11 +178,10 @@ class TwoPhaseCommitCoordinator:
     def abort_epoch(self, epoch: int, pre_commits: Iterable[PreCommit | None]) -> list[str]:
         """Spark gave up on the epoch's tasks: roll back what they pre-committed, unless an
         earlier attempt of the epoch already decided on it."""
-        decided: set[str] = set()
         recorded = self._store.completed(epoch) or self._store.pending(epoch)
-        if recorded is not None:
-            decided = {d["gid"] for d in recorded.state.get("decision", [])}
-        return self._discard([pc for pc in pre_commits if pc is not None], decided)
+        state = {} if recorded is None else recorded.state
+        return self._discard([pc for pc in pre_commits if pc is not None],
+                             {d["gid"] for d in state.get("decision", [])})
 
     def _discard(self, pre_commits: list[PreCommit], keep: set[str]) -> list[str]:
         rolled = []
@@ -227,8 +226,8 @@ class TwoPhaseCommitCoordinator:
         completed epoch committed all it decided). The gids (committed, rolled back)."""
         committed: list[str] = []
         rolled: list[str] = []
+        states: dict[int, dict[str, Any]] = {}  # the pending epochs' decision records
         decisions: dict[int, dict[str, Any]] = {}
-        states: dict[int, dict[str, Any]] = {}
         whole: set[int] = set()  # epochs to commit whole into an epoch target
         ages = self.lingering_ages()
         for txn in sorted(ages):
@@ -238,10 +237,8 @@ class TwoPhaseCommitCoordinator:
             if txn.epoch not in decisions:
                 pending = (None if self._store.completed(txn.epoch) is not None
                            else self._store.pending(txn.epoch))
-                if pending is not None:
-                    states[txn.epoch] = pending.state
-                decisions[txn.epoch] = {
-                    d["gid"]: d for d in (pending.state.get("decision", []) if pending else [])}
+                states[txn.epoch] = {} if pending is None else pending.state
+                decisions[txn.epoch] = {d["gid"]: d for d in states[txn.epoch].get("decision", [])}
             target = self._target_of(txn)
             found = decisions[txn.epoch].get(txn.gid)
             self._warn_if_old(

@@ -3,6 +3,8 @@ are queried, partitioned and indexed by a window's bounds, which a nested value 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -35,6 +37,16 @@ def table_schema(schema: pa.Schema) -> pa.Schema:
                     "of them before the sink")
             fields.append(pa.field(name, field.type.field(part).type))
     return pa.schema(fields)
+
+
+def check_columns(option: str, names: Iterable[str], columns: pa.Schema) -> None:
+    """Raise unless ``names``, given by ``option``, are columns of the stream's rows."""
+    missing = [name for name in names if name not in columns.names]
+    if missing:
+        raise ValueError(
+            f"option {option}: {', '.join(map(repr, missing))} "
+            f"{'is not a column' if len(missing) == 1 else 'are not columns'} of the stream's "
+            f"rows (their columns: {columns.names}; a window w is w_start and w_end)")
 
 
 def table_batch(batch: pa.RecordBatch) -> pa.RecordBatch:

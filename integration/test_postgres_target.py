@@ -570,7 +570,7 @@ def test_upsert_key_must_name_columns_with_a_unique_index(env: Env) -> None:
     execute(env.dsn, sql.SQL("CREATE UNIQUE INDEX ON {} (start, k)").format(
         sql.Identifier(env.table)))
     target.check(PANES)  # any column order
-    with pytest.raises(ValueError, match=r"\['window_start'\] are not columns"):
+    with pytest.raises(ValueError, match="'window_start' is not a column"):
         PostgresTarget(env.dsn, env.table, upsert_key=("k", "window_start")).check(PANES)
     target.close()
 

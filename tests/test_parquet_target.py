@@ -411,7 +411,7 @@ def exercise(target: ParquetTarget, filesystem: pafs.FileSystem, base: str) -> N
 def test_object_store_like_filesystem(tmp_path: Path) -> None:
     handler = CopyDeleteHandler(str(tmp_path))
     filesystem = pafs.PyFileSystem(handler)
-    target = ParquetTarget.from_filesystem(filesystem, "bucket/table")
+    target = ParquetTarget("bucket/table", filesystem=filesystem)
 
     exercise(target, filesystem, "bucket/table")
 
@@ -423,7 +423,7 @@ def test_object_store_like_filesystem(tmp_path: Path) -> None:
 
 def test_subtree_filesystem(tmp_path: Path) -> None:
     filesystem = pafs.SubTreeFileSystem(str(tmp_path), pafs.LocalFileSystem())
-    exercise(ParquetTarget.from_filesystem(filesystem, "data"), filesystem, "data")
+    exercise(ParquetTarget("data", filesystem=filesystem), filesystem, "data")
     assert read_ids(tmp_path / "data") == [0, 1, 2, 3]
 
 
