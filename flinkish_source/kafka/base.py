@@ -164,12 +164,8 @@ _CONNECTION_REFUSED = re.compile(r"^(?P<name>\S+)/bootstrap: Connect to \S+ fail
 
 def bootstrap_names(bootstrap_servers: str) -> frozenset[str]:
     """librdkafka's names of the bootstrap servers (``host:port``, port 9092 when left out)."""
-    names = set()
-    for entry in bootstrap_servers.split(","):
-        entry = entry.strip().rpartition("://")[2]
-        if entry:
-            names.add(entry if re.search(r":\d+$", entry) else f"{entry}:9092")
-    return frozenset(names)
+    entries = (entry.strip().rpartition("://")[2] for entry in bootstrap_servers.split(","))
+    return frozenset(e if re.search(r":\d+$", e) else f"{e}:9092" for e in entries if e)
 
 
 class RefusalWatch:
@@ -184,7 +180,7 @@ class RefusalWatch:
         self._clock = clock
         self._refused: set[str] = set()
         self._since: float | None = None
-        self._reached = False
+        self.reached = False  # a broker answered
 
     def note(self, error: KafkaError) -> None:
         found = _CONNECTION_REFUSED.match(error.str() or "")
@@ -196,19 +192,15 @@ class RefusalWatch:
             self._refused, self._since = set(), None
 
     def answered(self) -> None:
-        self._reached = True
-
-    @property
-    def reached(self) -> bool:
-        return self._reached
+        self.reached = True
 
     def refusing(self) -> bool:
         """Whether every report so far, if any, was a refused connection."""
-        return not self._reached and self._since is not None
+        return not self.reached and self._since is not None
 
     def refused_for(self) -> float:
         """For how long every bootstrap server has refused connections (0: not so)."""
-        if self._reached or self._since is None or self._refused != self._names:
+        if self.reached or self._since is None or self._refused != self._names:
             return 0.0
         return self._clock() - self._since
 
@@ -392,8 +384,7 @@ class ConsumerPool:
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
             self._forked.extend(c for idle in self._idle.values() for c, _ in idle)
-            self._idle, self._pid, self._evictor = {}, os.getpid(), None
-            self._topics = {}
+            self._idle, self._pid, self._evictor, self._topics = {}, os.getpid(), None, {}
             self._lock = threading.Lock()
 
     def acquire(self, config: dict[str, Any]) -> Any:
@@ -441,7 +432,6 @@ class ConsumerPool:
             self.release(config, consumer, clean)
 
     def _take(self, key: PoolKey) -> Any | None:
-        expired: list[Any] = []
         with self._lock:
             self._check_fork()
             expired = self._expire_locked()
@@ -469,14 +459,10 @@ class ConsumerPool:
 
     def _expire_locked(self) -> list[Any]:
         now = self.clock()
-        expired: list[Any] = []
-        for key in list(self._idle):
-            keep = [(c, t) for c, t in self._idle[key] if now - t < self.idle_timeout]
-            expired.extend(c for c, t in self._idle[key] if now - t >= self.idle_timeout)
-            if keep:
-                self._idle[key] = keep
-            else:
-                del self._idle[key]
+        expired = [c for idle in self._idle.values() for c, t in idle
+                   if now - t >= self.idle_timeout]
+        self._idle = {key: keep for key, idle in self._idle.items()
+                      if (keep := [(c, t) for c, t in idle if now - t < self.idle_timeout])}
         return expired
 
     def evict(self) -> int:
