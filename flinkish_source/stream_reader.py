@@ -42,7 +42,6 @@ from flinkish_source.kafka.metadata import OffsetRange
 from flinkish_source.kafka.offsets_by_time import offsets_for_times
 from flinkish_source.offset_planner import (
     OffsetPlanner,
-    PartitionPosition,
     Positions,
     from_json,
     per_partition,
@@ -288,13 +287,10 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Whether the batch ending at ``end`` ends the input for now: every partition at
         Trigger.AvailableNow's target or at its stop (``endingOffsets``)."""
         target = self._target
-
-        def done(tp: TopicPartitionKey, pos: PartitionPosition) -> bool:
-            if pos.stop is not None and pos.offset >= pos.stop:
-                return True
-            return target is not None and pos.offset >= target.get(tp, pos.offset)
-
-        return bool(end) and all(done(tp, pos) for tp, pos in end.items())
+        return bool(end) and all(
+            (pos.stop is not None and pos.offset >= pos.stop)
+            or (target is not None and pos.offset >= target.get(tp, pos.offset))
+            for tp, pos in end.items())
 
     def _delay_batch(self, positions: Positions, end: Positions, now: int) -> bool:
         """Spark's ``minOffsetsPerTrigger``/``maxTriggerDelay`` (not under Trigger.AvailableNow,
