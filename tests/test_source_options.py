@@ -438,7 +438,7 @@ def test_event_time_on_error() -> None:
     assert parse(**{"eventTime.onError": "SKIP"}).event_time.on_error is OnError.SKIP
     assert parse(**{"eventTime.onError": "fail"}).event_time.on_error is OnError.FAIL
     message = error_with(**{"eventTime.onError": "ignore"})
-    assert message == "option eventTime.onError: 'ignore' is not fail or skip"
+    assert message == "option eventTime.onError: 'ignore' is not one of fail, skip"
 
 
 # ---------------------------------------------------------------- watermark strategy
