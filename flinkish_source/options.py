@@ -338,11 +338,6 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
-    return redact_config(config)
-
-
 @dataclass(frozen=True)
 class TopicSelection:
     """Exactly one of Spark's three ways to name the input."""
@@ -376,7 +371,8 @@ class KafkaClient:
 
     @property
     def safe_config(self) -> dict[str, Any]:
-        return redact_kafka_config(self.config)
+        """The settings safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
+        return redact_config(self.config)
 
     @property
     def secrets(self) -> list[str]:

@@ -12,6 +12,7 @@ from flinkish_core.locations import MASTER_ENV
 from flinkish_source.options import (
     EARLIEST,
     LATEST,
+    KafkaClient,
     OnError,
     OptionError,
     SourceOptions,
@@ -19,7 +20,6 @@ from flinkish_source.options import (
     WatermarkKind,
     parse_duration_ms,
     parse_options,
-    redact_kafka_config,
 )
 
 BASE = {
@@ -654,7 +654,7 @@ def test_safe_kafka_config_masks_secrets() -> None:
     assert o.kafka.config["sasl.password"] == "hunter2-sasl"
 
 
-def test_redact_kafka_config() -> None:
+def test_safe_config_masks_secrets() -> None:
     config = {
         "bootstrap.servers": "b:1",
         "SSL.Key.Pem": "pem",
@@ -663,7 +663,7 @@ def test_redact_kafka_config() -> None:
         "api.password": "p",
         "client.id": "me",
     }
-    assert redact_kafka_config(config) == {
+    assert KafkaClient(config).safe_config == {
         "bootstrap.servers": "b:1",
         "SSL.Key.Pem": "***",
         "token.endpoint": "***",
