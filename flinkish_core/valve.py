@@ -94,8 +94,10 @@ class StatusWatermarkValve:
             if self._aligned[channel]:
                 self._unalign(channel)
             if self._num_active == 0:
-                # correction 1
-                self._output_maximum_watermark()
+                maximum = max(self._watermarks)  # correction 1
+                if maximum > self._last_output_watermark:
+                    self._last_output_watermark = maximum
+                    self._output.emit_watermark(maximum)
                 self._last_output_status = WatermarkStatus.IDLE
                 self._output.emit_watermark_status(WatermarkStatus.IDLE)
             elif self._watermarks[channel] == self._last_output_watermark:
@@ -207,12 +209,6 @@ class StatusWatermarkValve:
                     self._output.emit_watermark(watermark)
                 return
             heapq.heappop(heap)
-
-    def _output_maximum_watermark(self) -> None:
-        maximum = max(self._watermarks)
-        if maximum > self._last_output_watermark:
-            self._last_output_watermark = maximum
-            self._output.emit_watermark(maximum)
 
 
 def _parse_snapshot(snapshot: Any) -> tuple[int, WatermarkStatus, list[tuple[int, bool, bool]]]:
