@@ -278,17 +278,12 @@ class BrokerWait:
             time.sleep(max(0.0, min(limit - (time.monotonic() - begun), self.remaining())))
             self.unanswered(reason)
 
-    def _complaint(self) -> KafkaError | None:
-        """The client's latest report (the previous one if it made none since)."""
-        latest = self._complaints() if self._complaints is not None else None
-        if latest is not None:
-            self._latest = latest
-        return self._latest
-
     def unanswered(self, reason: str | None = None) -> None:
         """An attempt went unanswered: raise at the bound (at once when the client was refused,
         or nothing listens), log a warning every sixth of the bound."""
-        complaint = self._complaint()
+        # the client's latest report (the previous one if it made none since)
+        latest = self._complaints() if self._complaints is not None else None
+        complaint = self._latest = latest if latest is not None else self._latest
         refused = (security_error(self._kafka, self.what, complaint)
                    if complaint is not None else None)
         if refused is not None:
