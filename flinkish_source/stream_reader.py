@@ -240,10 +240,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         drift = self._options.event_time.alignment_max_drift_ms
         if combined is not None and drift is not None:
             def hold(offsets: Any, available: Any, share: Any) -> Mapping[TopicPartitionKey, int]:
-                def pace(tp: TopicPartitionKey) -> float | None:
-                    return alignment.pace_at(self._store, tp, offsets[tp])
-
-                return alignment.decide(combined, offsets, available, drift, pace, share).limits
+                return alignment.decide(
+                    combined, offsets, available, drift,
+                    lambda tp: alignment.pace_at(self._store, tp, offsets[tp]), share).limits
         now = _now_ms()
         end = self._planner.latest(positions, partitions, ranges, now, max_rows, self._target,
                                    self._load_state, hold)
@@ -298,12 +297,10 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         minimum = self._options.admission.min_offsets_per_trigger
         if minimum is None or self._target is not None:
             return False
-        if now - self._last_trigger_ms >= self._options.admission.max_trigger_delay_ms:
-            self._last_trigger_ms = now
-            return False
         admitted = sum(pos.offset - positions[tp].offset if tp in positions else
                        pos.offset - pos.first for tp, pos in end.items())
-        if admitted < minimum:
+        waited = now - self._last_trigger_ms
+        if admitted < minimum and waited < self._options.admission.max_trigger_delay_ms:
             return True
         self._last_trigger_ms = now
         return False
