@@ -705,7 +705,7 @@ class WindowOperator:
         return self._timers.event_time_timers.earliest()
 
     def num_event_time_timers(self) -> int:
-        return self._timers.num_event_time_timers()
+        return self._timers.event_time_timers.count()
 
     def num_processing_time_timers(self) -> int:
-        return self._timers.num_processing_time_timers()
+        return self._timers.processing_time_timers.count()
