@@ -13,7 +13,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -411,20 +411,6 @@ class ConsumerPool:
             self._give_back(pool_key(config), consumer)
         else:
             self._discard(consumer)
-
-    @contextlib.contextmanager
-    def borrow(self, config: dict[str, Any]) -> Iterator[Any]:
-        """:meth:`acquire` and :meth:`release` around a block (closed if the block fails)."""
-        consumer = self.acquire(config)
-        clean = False
-        try:
-            yield consumer
-            clean = True
-        except GeneratorExit:  # the borrower stopped early; the consumer itself is fine
-            clean = True
-            raise
-        finally:
-            self.release(config, consumer, clean)
 
     def _take(self, key: PoolKey) -> Any | None:
         with self._lock:
