@@ -180,7 +180,8 @@ class WindowOperator:
                 self._on_element(key, value, timestamp, window, window)
         # Flink side-outputs an element late by its own timestamp; one whose windows were all
         # late goes there too (a point window [t, t) can be late while t is not)
-        late = bool(windows) or self._is_element_late(timestamp)
+        late = bool(windows) or (timestamp is not None  # Flink's isElementLate
+                                 and timestamp + self.allowed_lateness <= self.current_watermark)
         if skipped and self.assigner.is_event_time and late:
             self.late_records += 1
             self._out.late.append(LateElement(key, value, timestamp))
@@ -319,7 +320,8 @@ class WindowOperator:
             self._emit(key, window, state_window, self._clock(), clock_timer=False, last=False)
         if result.is_purge:
             self._contents.pop((key, state_window), None)
-        self._register_cleanup_timer(key, window)
+        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
+            self._cleanup_timers().register(key, window, cleanup)
 
     def _on_timer(self, timer: InternalTimer, *, event_time: bool) -> None:
         key, window = timer.key, timer.window
@@ -366,7 +368,8 @@ class WindowOperator:
             for merged in merged_windows:
                 self._point(key, merged)
                 self.trigger.clear(merged, self._ctx)
-                self._delete_cleanup_timer(key, merged)
+                if (cleanup := self._cleanup_time(merged)) != LONG_MAX:
+                    self._cleanup_timers().delete(key, merged, cleanup)
             self._merge_namespaces(key, state_window_result, merged_state_windows)
         return merge
 
@@ -387,11 +390,6 @@ class WindowOperator:
         return self.assigner.is_event_time and (
             self._cleanup_time(window) <= self._timers.current_watermark)
 
-    def _is_element_late(self, timestamp: int | None) -> bool:
-        """Flink's ``isElementLate``."""
-        return timestamp is not None and (
-            timestamp + self.allowed_lateness <= self._timers.current_watermark)
-
     def _cleanup_timers(self) -> TimerQueue:
         if self.assigner.is_event_time:
             return self._timers.event_time_timers
@@ -401,14 +399,6 @@ class WindowOperator:
         """The timer queues by their names in snapshots."""
         return {"event_timers": self._timers.event_time_timers,
                 "processing_timers": self._timers.processing_time_timers}
-
-    def _register_cleanup_timer(self, key: Any, window: Window) -> None:
-        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
-            self._cleanup_timers().register(key, window, cleanup)
-
-    def _delete_cleanup_timer(self, key: Any, window: Window) -> None:
-        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
-            self._cleanup_timers().delete(key, window, cleanup)
 
     def _clear_all_state(
         self, key: Any, window: Window, state_window: Window, merging: MergingWindowSet | None,
