@@ -92,7 +92,9 @@ class StatusWatermarkValve:
             self._active[channel] = False
             self._num_active -= 1
             if self._aligned[channel]:
-                self._unalign(channel)
+                self._aligned[channel] = False
+                self._num_aligned -= 1
+                self._versions[channel] += 1  # its heap entries go stale
             if self._num_active == 0:
                 maximum = max(self._watermarks)  # correction 1
                 if maximum > self._last_output_watermark:
@@ -193,11 +195,6 @@ class StatusWatermarkValve:
         self._aligned[channel] = True
         self._num_aligned += 1
         self._push(channel)
-
-    def _unalign(self, channel: int) -> None:
-        self._aligned[channel] = False
-        self._num_aligned -= 1
-        self._versions[channel] += 1
 
     def _output_new_aligned_minimum(self) -> None:
         heap, versions = self._heap, self._versions
