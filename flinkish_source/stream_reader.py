@@ -155,11 +155,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, self.metadata.offset_ranges(partitions, exact=exact)
 
     def initialOffset(self) -> dict:
-        if self._initial is None:
-            self._initial = self._initial_offset()
-        return self._initial
-
-    def _initial_offset(self) -> dict:
+        if self._initial is not None:
+            return self._initial
         prepared, self._prepared = self._prepared, None
         partitions, ranges = prepared if prepared is not None else self._cluster()
         if self._options.topics.assign:
@@ -174,7 +171,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bounds = self._options.offsets
         starts = self._offsets_at_times(bounds.starting_times, "starting", partitions, ranges)
         stops = self._offsets_at_times(bounds.ending_times, "ending", partitions, ranges)
-        return to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
+        self._initial = to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
+        return self._initial
 
     def _offsets_at_times(
         self, times: int | dict[str, dict[int, int]] | None, which: str,
