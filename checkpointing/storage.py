@@ -144,9 +144,7 @@ class CheckpointStorage:
         elif base_path != "/":
             base_path = base_path.rstrip("/")
         self._base = base_path
-        if rename_writes is None:
-            rename_writes = filesystem.type_name == "hdfs"
-        self._rename = rename_writes
+        self._rename = filesystem.type_name == "hdfs" if rename_writes is None else rename_writes
         self._s3_options = s3_client_options if filesystem.type_name == "s3" else None
         self._s3_client: Any = None
         if location is None:
