@@ -19,6 +19,7 @@ import posixpath
 import uuid
 import zlib
 from collections.abc import Callable
+from importlib.util import find_spec
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -74,11 +75,10 @@ def decode_record(data: bytes, path: str) -> Any:
         raise CorruptRecordError(path, "malformed header: no end of line")
     fields = data[len(prefix) : newline].split(b" ")
     try:
-        version, length, crc = int(fields[0]), int(fields[1]), int(fields[2], 16)
-    except (IndexError, ValueError):
+        raw_version, raw_length, raw_crc = fields  # ValueError unless three
+        version, length, crc = int(raw_version), int(raw_length), int(raw_crc, 16)
+    except ValueError:
         raise CorruptRecordError(path, f"malformed header {data[:newline]!r}") from None
-    if len(fields) != 3:
-        raise CorruptRecordError(path, f"malformed header {data[:newline]!r}")
     if version != VERSION:
         raise CorruptRecordError(path, f"unsupported record version {version} (this is {VERSION})")
     payload = data[newline + 1 :]
@@ -99,14 +99,6 @@ def decode_record(data: bytes, path: str) -> Any:
         return json.loads(payload.decode("utf-8"))
     except ValueError as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CorruptRecordError(path, f"bad JSON: {e}") from e
-
-
-def _has_boto3() -> bool:
-    try:
-        import boto3  # noqa: F401
-    except ImportError:
-        return False
-    return True
 
 
 def _s3_client_options(location: str) -> dict[str, str]:
@@ -152,9 +144,7 @@ class CheckpointStorage:
         elif base_path != "/":
             base_path = base_path.rstrip("/")
         self._base = base_path
-        if rename_writes is None:
-            rename_writes = filesystem.type_name == "hdfs"
-        self._rename = rename_writes
+        self._rename = filesystem.type_name == "hdfs" if rename_writes is None else rename_writes
         self._s3_options = s3_client_options if filesystem.type_name == "s3" else None
         self._s3_client: Any = None
         if location is None:
@@ -177,7 +167,7 @@ class CheckpointStorage:
             return cls(filesystem, path, location=path)
         return cls(
             filesystem, path, location=_display_uri(location),
-            s3_client_options=_s3_client_options(location) if _has_boto3() else None,
+            s3_client_options=_s3_client_options(location) if find_spec("boto3") else None,
         )
 
     def _path(self, relpath: str, *, allow_root: bool = False) -> str:

@@ -92,10 +92,14 @@ class StatusWatermarkValve:
             self._active[channel] = False
             self._num_active -= 1
             if self._aligned[channel]:
-                self._unalign(channel)
+                self._aligned[channel] = False
+                self._num_aligned -= 1
+                self._versions[channel] += 1  # its heap entries go stale
             if self._num_active == 0:
-                # correction 1
-                self._output_maximum_watermark()
+                maximum = max(self._watermarks)  # correction 1
+                if maximum > self._last_output_watermark:
+                    self._last_output_watermark = maximum
+                    self._output.emit_watermark(maximum)
                 self._last_output_status = WatermarkStatus.IDLE
                 self._output.emit_watermark_status(WatermarkStatus.IDLE)
             elif self._watermarks[channel] == self._last_output_watermark:
@@ -192,11 +196,6 @@ class StatusWatermarkValve:
         self._num_aligned += 1
         self._push(channel)
 
-    def _unalign(self, channel: int) -> None:
-        self._aligned[channel] = False
-        self._num_aligned -= 1
-        self._versions[channel] += 1
-
     def _output_new_aligned_minimum(self) -> None:
         heap, versions = self._heap, self._versions
         while heap:
@@ -207,12 +206,6 @@ class StatusWatermarkValve:
                     self._output.emit_watermark(watermark)
                 return
             heapq.heappop(heap)
-
-    def _output_maximum_watermark(self) -> None:
-        maximum = max(self._watermarks)
-        if maximum > self._last_output_watermark:
-            self._last_output_watermark = maximum
-            self._output.emit_watermark(maximum)
 
 
 def _parse_snapshot(snapshot: Any) -> tuple[int, WatermarkStatus, list[tuple[int, bool, bool]]]:

@@ -197,11 +197,9 @@ class OffsetPlanner:
         admitted = _prorate({tp: min(lag, limits.get(tp, lag)) for tp, lag in lags.items()},
                             limit)
         held = {tp for tp, most in limits.items() if most == 0 and lags.get(tp, 0) > 0}
-        if limits:  # capped: reads less than its share of the budget without the limits
-            share = _prorate({tp: 0 if tp in held else lag for tp, lag in lags.items()}, limit)
-            capped = {tp for tp in limits if tp not in held and admitted[tp] < share[tp]}
-        else:
-            capped = set()
+        # capped: reads less than its share of the budget without the limits
+        share = _prorate({tp: 0 if tp in held else lag for tp, lag in lags.items()}, limit)
+        capped = {tp for tp in limits if tp not in held and admitted[tp] < share[tp]}
 
         end: Positions = {}
         for tp, pos in positions.items():

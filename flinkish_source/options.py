@@ -19,6 +19,7 @@ from flinkish_core.config import (
     Given,
     Option,
     boolean,
+    choice,
     collected,
     did_you_mean,
     duration_ms,
@@ -98,14 +99,6 @@ def _event_time_unit(key: str, value: str) -> float:
     if unit not in _EVENT_TIME_UNITS:
         raise OptionError(f"option {key}: {unit!r} is not one of " + ", ".join(_EVENT_TIME_UNITS))
     return _EVENT_TIME_UNITS[unit]
-
-
-def _on_error(key: str, value: str) -> OnError:
-    word = value.strip().lower()
-    try:
-        return OnError(word)
-    except ValueError:
-        raise OptionError(f"option {key}: {word!r} is not fail or skip") from None
 
 
 def _watermark_strategy(key: str, value: str) -> WatermarkKind:
@@ -230,7 +223,7 @@ EVENT_TIME_UNIT: Option[float] = Option(
     doc="`milliseconds`, `seconds`, `microseconds`. Only with "
         "`eventTime.field`/`eventTime.header`.")
 EVENT_TIME_ON_ERROR = Option(
-    "eventTime.onError", _on_error, OnError.FAIL, owner=EVENT_TIME,
+    "eventTime.onError", choice(OnError), OnError.FAIL, owner=EVENT_TIME,
     doc="`fail`: stop, naming partition and offset. `skip`: emit the record with a null "
         "`eventTime`. The record does not move the watermark and is never late.")
 WATERMARK_STRATEGY = Option(
@@ -345,11 +338,6 @@ CLIENT_DEFAULTS: dict[str, Any] = {
 }
 
 
-def redact_kafka_config(config: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
-    return redact_config(config)
-
-
 @dataclass(frozen=True)
 class TopicSelection:
     """Exactly one of Spark's three ways to name the input."""
@@ -383,7 +371,8 @@ class KafkaClient:
 
     @property
     def safe_config(self) -> dict[str, Any]:
-        return redact_kafka_config(self.config)
+        """The settings safe to log or put in an error: secrets (SASL, SSL, passwords) masked."""
+        return redact_config(self.config)
 
     @property
     def secrets(self) -> list[str]:

@@ -8,7 +8,6 @@ order survives a shuffle (sort on offset, status ACTIVE < watermark < status IDL
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import gc
 import json
@@ -423,27 +422,22 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
-def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
-    """Stream a read task's pieces one after the other with one consumer that fetches ahead;
-    then record the generator state and markers of each slice it finished, in one record."""
-    with _young_collections_spaced():
-        yield from _coalesced(_read_task(options, task))
-
-
 #: Allocations of container objects between two young-generation collections while a read task
 #: runs (Python's default is 700).
 READ_GC_THRESHOLD = 50_000
 
 
-@contextlib.contextmanager
-def _young_collections_spaced() -> Iterator[None]:
-    """A read task allocates a few objects per record, almost none in cycles; at Python's
-    default threshold the cyclic collector rescanned the worker's long-lived objects, ~40% of a
-    task's CPU. The thresholds are restored afterwards."""
+def read_task(options: SourceOptions, task: ReadTask) -> Iterator[pa.RecordBatch]:
+    """Stream a read task's pieces one after the other with one consumer that fetches ahead;
+    then record the generator state and markers of each slice it finished, in one record.
+
+    A read task allocates a few objects per record, almost none in cycles; at Python's default
+    threshold the cyclic collector rescanned the worker's long-lived objects, ~40% of a task's
+    CPU: young collections are spaced out while it runs."""
     thresholds = gc.get_threshold()
     gc.set_threshold(max(thresholds[0], READ_GC_THRESHOLD), *thresholds[1:])
     try:
-        yield
+        yield from _coalesced(_read_task(options, task))
     finally:
         gc.set_threshold(*thresholds)
 

@@ -197,9 +197,7 @@ class SourceStateStore:
     def find_state(self, topic: str, partition: int, at: int) -> GeneratorState | None:
         """The generator state at ``at``: from a task record, else a per-partition record."""
         entries = self._entries(topic, partition, at)
-        if entries:
-            return entries[0][2]
-        return self.load(topic, partition, at)
+        return entries[0][2] if entries else self.load(topic, partition, at)
 
     def find_outcomes(self, topic: str, partition: int, at: int) -> list[SliceOutcome]:
         """The recorded outcomes of slices that ended at ``at``: the task records', then the

@@ -42,7 +42,6 @@ from flinkish_source.kafka.metadata import OffsetRange
 from flinkish_source.kafka.offsets_by_time import offsets_for_times
 from flinkish_source.offset_planner import (
     OffsetPlanner,
-    PartitionPosition,
     Positions,
     from_json,
     per_partition,
@@ -156,11 +155,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return partitions, self.metadata.offset_ranges(partitions, exact=exact)
 
     def initialOffset(self) -> dict:
-        if self._initial is None:
-            self._initial = self._initial_offset()
-        return self._initial
-
-    def _initial_offset(self) -> dict:
+        if self._initial is not None:
+            return self._initial
         prepared, self._prepared = self._prepared, None
         partitions, ranges = prepared if prepared is not None else self._cluster()
         if self._options.topics.assign:
@@ -175,7 +171,8 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         bounds = self._options.offsets
         starts = self._offsets_at_times(bounds.starting_times, "starting", partitions, ranges)
         stops = self._offsets_at_times(bounds.ending_times, "ending", partitions, ranges)
-        return to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
+        self._initial = to_json(self._planner.initial(partitions, ranges, _now_ms(), starts, stops))
+        return self._initial
 
     def _offsets_at_times(
         self, times: int | dict[str, dict[int, int]] | None, which: str,
@@ -241,10 +238,9 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         drift = self._options.event_time.alignment_max_drift_ms
         if combined is not None and drift is not None:
             def hold(offsets: Any, available: Any, share: Any) -> Mapping[TopicPartitionKey, int]:
-                def pace(tp: TopicPartitionKey) -> float | None:
-                    return alignment.pace_at(self._store, tp, offsets[tp])
-
-                return alignment.decide(combined, offsets, available, drift, pace, share).limits
+                return alignment.decide(
+                    combined, offsets, available, drift,
+                    lambda tp: alignment.pace_at(self._store, tp, offsets[tp]), share).limits
         now = _now_ms()
         end = self._planner.latest(positions, partitions, ranges, now, max_rows, self._target,
                                    self._load_state, hold)
@@ -288,13 +284,10 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Whether the batch ending at ``end`` ends the input for now: every partition at
         Trigger.AvailableNow's target or at its stop (``endingOffsets``)."""
         target = self._target
-
-        def done(tp: TopicPartitionKey, pos: PartitionPosition) -> bool:
-            if pos.stop is not None and pos.offset >= pos.stop:
-                return True
-            return target is not None and pos.offset >= target.get(tp, pos.offset)
-
-        return bool(end) and all(done(tp, pos) for tp, pos in end.items())
+        return bool(end) and all(
+            (pos.stop is not None and pos.offset >= pos.stop)
+            or (target is not None and pos.offset >= target.get(tp, pos.offset))
+            for tp, pos in end.items())
 
     def _delay_batch(self, positions: Positions, end: Positions, now: int) -> bool:
         """Spark's ``minOffsetsPerTrigger``/``maxTriggerDelay`` (not under Trigger.AvailableNow,
@@ -302,12 +295,10 @@ class FlinkishStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         minimum = self._options.admission.min_offsets_per_trigger
         if minimum is None or self._target is not None:
             return False
-        if now - self._last_trigger_ms >= self._options.admission.max_trigger_delay_ms:
-            self._last_trigger_ms = now
-            return False
         admitted = sum(pos.offset - positions[tp].offset if tp in positions else
                        pos.offset - pos.first for tp, pos in end.items())
-        if admitted < minimum:
+        waited = now - self._last_trigger_ms
+        if admitted < minimum and waited < self._options.admission.max_trigger_delay_ms:
             return True
         self._last_trigger_ms = now
         return False

@@ -282,13 +282,15 @@ def test_a_consumer_is_never_lent_twice_at_once(logs: dict[tuple[str, int], list
     def task() -> None:
         start.wait()
         for _ in range(200):
-            with pool.borrow(dict(config, **{"group.id": str(threading.get_ident())})) as c:
-                with lock:
-                    if id(c) in in_use:
-                        clash.set()
-                    in_use.add(id(c))
-                with lock:
-                    in_use.discard(id(c))
+            own = dict(config, **{"group.id": str(threading.get_ident())})
+            c = pool.acquire(own)
+            with lock:
+                if id(c) in in_use:
+                    clash.set()
+                in_use.add(id(c))
+            with lock:
+                in_use.discard(id(c))
+            pool.release(own, c)
 
     threads = [threading.Thread(target=task) for _ in range(6)]
     for t in threads:

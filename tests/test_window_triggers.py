@@ -104,10 +104,10 @@ class TriggerTestHarness:
         return self.state.count(window)
 
     def num_event_time_timers(self, window: Window | None = None) -> int:
-        return self.timers.num_event_time_timers(window)
+        return self.timers.event_time_timers.count(window)
 
     def num_processing_time_timers(self, window: Window | None = None) -> int:
-        return self.timers.num_processing_time_timers(window)
+        return self.timers.processing_time_timers.count(window)
 
 
 W02, W24, W04, W46 = TimeWindow(0, 2), TimeWindow(2, 4), TimeWindow(0, 4), TimeWindow(4, 6)

@@ -39,8 +39,7 @@ class TimerQueue:
     def register(self, key: Any, window: Window, timestamp: int, seq: int | None = None) -> None:
         if (key, window, timestamp) in self._live:
             return
-        if seq is None:
-            seq = self.next_seq
+        seq = self.next_seq if seq is None else seq
         self.next_seq = max(self.next_seq, seq + 1)
         self._live[(key, window, timestamp)] = seq
         heapq.heappush(self._heap, (timestamp, seq, key, window))
@@ -109,9 +108,3 @@ class InternalTimerService:
         self.current_processing_time = MIN_WATERMARK
         self.event_time_timers = TimerQueue()
         self.processing_time_timers = TimerQueue()
-
-    def num_event_time_timers(self, window: Window | None = None) -> int:
-        return self.event_time_timers.count(window)
-
-    def num_processing_time_timers(self, window: Window | None = None) -> int:
-        return self.processing_time_timers.count(window)

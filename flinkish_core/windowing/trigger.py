@@ -103,3 +103,6 @@ class Trigger:
 
     def clear(self, window: Window, ctx: TriggerContext) -> None:
         """Removes the trigger's timers and state of ``window`` (it is being dropped)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"

@@ -57,9 +57,6 @@ class EventTimeTrigger(Trigger):
     def clear(self, window: Window, ctx: TriggerContext) -> None:
         ctx.delete_event_time_timer(window.max_timestamp())
 
-    def __repr__(self) -> str:
-        return "EventTimeTrigger()"
-
 
 class ProcessingTimeTrigger(Trigger):
     """Fires when the processing time reaches the window's end. The default of
@@ -83,9 +80,6 @@ class ProcessingTimeTrigger(Trigger):
 
     def clear(self, window: Window, ctx: TriggerContext) -> None:
         ctx.delete_processing_time_timer(window.max_timestamp())
-
-    def __repr__(self) -> str:
-        return "ProcessingTimeTrigger()"
 
 
 class CountTrigger(Trigger):

@@ -83,9 +83,7 @@ def java_remainder(dividend: int, divisor: int) -> int:
 def get_window_start_with_offset(timestamp: int, offset: int, window_size: int) -> int:
     """Flink's ``TimeWindow.getWindowStartWithOffset``."""
     remainder = java_remainder(timestamp - offset, window_size)
-    if remainder < 0:
-        return timestamp - (remainder + window_size)
-    return timestamp - remainder
+    return timestamp - (remainder + window_size if remainder < 0 else remainder)
 
 
 def merge_time_windows(
@@ -93,21 +91,15 @@ def merge_time_windows(
 ) -> None:
     """Flink's ``TimeWindow.mergeWindows``: ``callback(merged, result)`` for each run of two
     or more distinct intersecting windows (equal ones collapse, as in Flink's set)."""
-    current: TimeWindow | None = None
-    members: list[TimeWindow] = []
-    runs: list[tuple[TimeWindow, list[TimeWindow]]] = []
+    runs: list[tuple[TimeWindow, list[TimeWindow]]] = []  # (cover, members)
     for candidate in sorted(windows, key=lambda w: w.start):
-        if current is None:
-            current, members = candidate, [candidate]
-        elif current.intersects(candidate):
-            current = current.cover(candidate)
+        if runs and runs[-1][0].intersects(candidate):
+            cover, members = runs[-1]
+            runs[-1] = (cover.cover(candidate), members)
             if candidate not in members:
                 members.append(candidate)
         else:
-            runs.append((current, members))
-            current, members = candidate, [candidate]
-    if current is not None:
-        runs.append((current, members))
+            runs.append((candidate, [candidate]))
     for result, merged in runs:
         if len(merged) > 1:
             callback(merged, result)

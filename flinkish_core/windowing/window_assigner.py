@@ -47,13 +47,25 @@ class WindowAssigner:
         raise NotImplementedError
 
     def default_trigger(self) -> Trigger:
-        raise NotImplementedError
+        """The trigger that fires a window at its end, by the assigner's clock."""
+        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def _time(self, timestamp: int | None, context: WindowAssignerContext) -> int:
         """The element's event time, or the operator's processing time."""
-        if self.is_event_time:
-            return _require_timestamp(timestamp)
-        return _processing_time(context)
+        if not self.is_event_time:
+            now = context.current_processing_time
+            if now == MIN_WATERMARK:
+                raise ValueError(
+                    "processing-time windows need the processing time: advance it "
+                    "(process_processing_time) before the first element"
+                )
+            return now
+        if timestamp is None:
+            raise ValueError(
+                "an element without a timestamp cannot be assigned to event-time windows: give "
+                "every element its event time"
+            )
+        return timestamp
 
 
 class MergingWindowAssigner(WindowAssigner):
@@ -64,25 +76,6 @@ class MergingWindowAssigner(WindowAssigner):
     ) -> None:
         """Calls ``callback(to_be_merged, merge_result)`` for each group of windows to merge."""
         merge_time_windows(windows, callback)
-
-
-def _processing_time(context: WindowAssignerContext) -> int:
-    now = context.current_processing_time
-    if now == MIN_WATERMARK:
-        raise ValueError(
-            "processing-time windows need the processing time: advance it "
-            "(process_processing_time) before the first element"
-        )
-    return now
-
-
-def _require_timestamp(timestamp: int | None) -> int:
-    if timestamp is None:
-        raise ValueError(
-            "an element without a timestamp cannot be assigned to event-time windows: give "
-            "every element its event time"
-        )
-    return timestamp
 
 
 class TumblingEventTimeWindows(WindowAssigner):
@@ -103,9 +96,6 @@ class TumblingEventTimeWindows(WindowAssigner):
         time = self._time(timestamp, context)
         start = get_window_start_with_offset(time, self.offset % self.size, self.size)
         return [TimeWindow(start, start + self.size)]
-
-    def default_trigger(self) -> Trigger:
-        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(size={self.size}, offset={self.offset})"
@@ -142,9 +132,6 @@ class SlidingEventTimeWindows(WindowAssigner):
             windows.append(TimeWindow(start, start + self.size))
             start -= self.slide
         return windows
-
-    def default_trigger(self) -> Trigger:
-        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(size={self.size}, slide={self.slide}, "
@@ -186,9 +173,6 @@ class EventTimeSessionWindows(MergingWindowAssigner):
         if gap <= 0:
             raise ValueError(f"a dynamic session gap must be > 0, got {gap} for {element!r}")
         return [TimeWindow(time, time + gap)]
-
-    def default_trigger(self) -> Trigger:
-        return EventTimeTrigger() if self.is_event_time else ProcessingTimeTrigger()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(gap={self.gap!r})"

@@ -102,11 +102,18 @@ class Count(AggregateFunction[Any, int, int]):
         return accumulator
 
 
-class Sum(AggregateFunction[Any, Any, Any]):
-    """The sum of ``value(element)`` (the element itself by default)."""
+class _OfValue(AggregateFunction[Any, Any, Any]):
+    """Aggregates ``value(element)`` (the element itself by default)."""
 
     def __init__(self, value: Callable[[Any], Any] = _identity) -> None:
         self.value = value
+
+    def get_result(self, accumulator: Any) -> Any:
+        return accumulator
+
+
+class Sum(_OfValue):
+    """The sum of ``value(element)``."""
 
     def create_accumulator(self) -> Any:
         return 0
@@ -117,15 +124,9 @@ class Sum(AggregateFunction[Any, Any, Any]):
     def merge(self, a: Any, b: Any) -> Any:
         return a + b
 
-    def get_result(self, accumulator: Any) -> Any:
-        return accumulator
 
-
-class _Extreme(AggregateFunction[Any, Any, Any]):
+class _Extreme(_OfValue):
     _pick: Callable[[Any, Any], Any]  # min or max
-
-    def __init__(self, value: Callable[[Any], Any] = _identity) -> None:
-        self.value = value
 
     def create_accumulator(self) -> Any:
         return None
@@ -138,9 +139,6 @@ class _Extreme(AggregateFunction[Any, Any, Any]):
         if a is None or b is None:
             return b if a is None else a
         return self._pick(a, b)
-
-    def get_result(self, accumulator: Any) -> Any:
-        return accumulator
 
 
 class Min(_Extreme):
@@ -155,11 +153,8 @@ class Max(_Extreme):
     _pick = staticmethod(max)
 
 
-class Avg(AggregateFunction[Any, list[Any], float]):
+class Avg(_OfValue):
     """The mean of ``value(element)``; the accumulator is ``[sum, count]``."""
-
-    def __init__(self, value: Callable[[Any], Any] = _identity) -> None:
-        self.value = value
 
     def create_accumulator(self) -> list[Any]:
         return [0, 0]

@@ -144,9 +144,8 @@ class WindowOperator:
 
     def _clock(self) -> int:
         """The time the window's lateness and panes are judged by."""
-        if self.assigner.is_event_time:
-            return self._timers.current_watermark
-        return self._timers.current_processing_time
+        return self._timers.current_watermark if self.assigner.is_event_time else (
+            self._timers.current_processing_time)
 
     # ------------------------------------------------------------------ inputs
 
@@ -157,7 +156,9 @@ class WindowOperator:
         windows = self.assigner.assign_windows(value, timestamp, self)
         skipped = True
         if isinstance(self.assigner, MergingWindowAssigner):
-            merging = self._merging_window_set(key)
+            merging = self._merging.get(key)
+            if merging is None:
+                merging = self._merging[key] = MergingWindowSet(self.assigner)
             for window in windows:
                 assert isinstance(window, TimeWindow)
                 actual = merging.add_window(window, self._merge_function(key))
@@ -179,7 +180,8 @@ class WindowOperator:
                 self._on_element(key, value, timestamp, window, window)
         # Flink side-outputs an element late by its own timestamp; one whose windows were all
         # late goes there too (a point window [t, t) can be late while t is not)
-        late = bool(windows) or self._is_element_late(timestamp)
+        late = bool(windows) or (timestamp is not None  # Flink's isElementLate
+                                 and timestamp + self.allowed_lateness <= self.current_watermark)
         if skipped and self.assigner.is_event_time and late:
             self.late_records += 1
             self._out.late.append(LateElement(key, value, timestamp))
@@ -318,7 +320,8 @@ class WindowOperator:
             self._emit(key, window, state_window, self._clock(), clock_timer=False, last=False)
         if result.is_purge:
             self._contents.pop((key, state_window), None)
-        self._register_cleanup_timer(key, window)
+        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
+            self._cleanup_timers().register(key, window, cleanup)
 
     def _on_timer(self, timer: InternalTimer, *, event_time: bool) -> None:
         key, window = timer.key, timer.window
@@ -365,7 +368,8 @@ class WindowOperator:
             for merged in merged_windows:
                 self._point(key, merged)
                 self.trigger.clear(merged, self._ctx)
-                self._delete_cleanup_timer(key, merged)
+                if (cleanup := self._cleanup_time(merged)) != LONG_MAX:
+                    self._cleanup_timers().delete(key, merged, cleanup)
             self._merge_namespaces(key, state_window_result, merged_state_windows)
         return merge
 
@@ -374,13 +378,6 @@ class WindowOperator:
     def _point(self, key: Any, window: Window) -> None:
         self._ctx.key = key
         self._ctx.window = window
-
-    def _merging_window_set(self, key: Any) -> MergingWindowSet:
-        merging = self._merging.get(key)
-        if merging is None:
-            assert isinstance(self.assigner, MergingWindowAssigner)
-            merging = self._merging[key] = MergingWindowSet(self.assigner)
-        return merging
 
     def _cleanup_time(self, window: Window) -> int:
         """Flink's ``cleanupTime`` (``Long.MAX`` on overflow: no cleanup timer)."""
@@ -393,24 +390,15 @@ class WindowOperator:
         return self.assigner.is_event_time and (
             self._cleanup_time(window) <= self._timers.current_watermark)
 
-    def _is_element_late(self, timestamp: int | None) -> bool:
-        """Flink's ``isElementLate``."""
-        return timestamp is not None and (
-            timestamp + self.allowed_lateness <= self._timers.current_watermark)
-
     def _cleanup_timers(self) -> TimerQueue:
-        timers = self._timers
         if self.assigner.is_event_time:
-            return timers.event_time_timers
-        return timers.processing_time_timers
+            return self._timers.event_time_timers
+        return self._timers.processing_time_timers
 
-    def _register_cleanup_timer(self, key: Any, window: Window) -> None:
-        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
-            self._cleanup_timers().register(key, window, cleanup)
-
-    def _delete_cleanup_timer(self, key: Any, window: Window) -> None:
-        if (cleanup := self._cleanup_time(window)) != LONG_MAX:
-            self._cleanup_timers().delete(key, window, cleanup)
+    def _timer_queues(self) -> dict[str, TimerQueue]:
+        """The timer queues by their names in snapshots."""
+        return {"event_timers": self._timers.event_time_timers,
+                "processing_timers": self._timers.processing_time_timers}
 
     def _clear_all_state(
         self, key: Any, window: Window, state_window: Window, merging: MergingWindowSet | None,
@@ -426,9 +414,6 @@ class WindowOperator:
             merging.retire_window(window)
 
     # ------------------------------------------------------------------ contents
-
-    def _keeps_elements(self) -> bool:
-        return self.evictor is not None or isinstance(self.function, ProcessWindowFunction)
 
     def _add_to_contents(
         self, key: Any, state_window: Window, value: Any, timestamp: int | None,
@@ -463,10 +448,9 @@ class WindowOperator:
             self._panes[(key, target)] = next_pane
 
     def _merge_contents(self, a: Any, b: Any) -> Any:
-        if self._keeps_elements():
-            return a + b
-        assert isinstance(self.function, AggregateFunction)
-        return self.function.merge(a, b)
+        if isinstance(self.function, AggregateFunction) and self.evictor is None:
+            return self.function.merge(a, b)
+        return a + b  # lists of elements
 
     def _results(self, key: Any, window: Window, state_window: Window) -> list[Any]:
         contents = self._contents[(key, state_window)]
@@ -533,8 +517,7 @@ class WindowOperator:
             "watermark": self._timers.current_watermark,
             "processing_time": self._timers.current_processing_time,
             "late_records": self.late_records,
-            "timer_seq": [self._timers.event_time_timers.next_seq,
-                          self._timers.processing_time_timers.next_seq],
+            "timer_seq": [queue.next_seq for queue in self._timer_queues().values()],
         }
 
     def columnar_snapshot(self, *, copy: bool = True) -> dict[str, Any]:
@@ -545,9 +528,7 @@ class WindowOperator:
         value = deepcopy if copy else _same
         trigger_state = list(self._trigger_state.items())
         contents, panes = list(self._contents), list(self._panes)
-        timers = {name: queue.columns() for name, queue in (
-            ("event_timers", self._timers.event_time_timers),
-            ("processing_timers", self._timers.processing_time_timers))}
+        timers = {name: queue.columns() for name, queue in self._timer_queues().items()}
         slot_columns = {
             "contents": ([k for k, _ in contents], [w for _, w in contents]),
             "panes": ([k for k, _ in panes], [w for _, w in panes]),
@@ -597,8 +578,7 @@ class WindowOperator:
                 self._load_key(entry, copy)
         else:
             self._load_columns(snapshot, copy)
-        queues = (self._timers.event_time_timers, self._timers.processing_time_timers)
-        for queue, seq in zip(queues, snapshot["timer_seq"], strict=True):
+        for queue, seq in zip(self._timer_queues().values(), snapshot["timer_seq"], strict=True):
             queue.next_seq = max(queue.next_seq, seq)
 
     def key_state(self, key: Any) -> dict[str, Any] | None:
@@ -640,8 +620,7 @@ class WindowOperator:
         for key, window, name, state in self._trigger_state.items():
             if (e := entry(key)) is not None:
                 e["trigger_state"].append([window_to_data(window), name, value(state)])
-        for name, queue in (("event_timers", self._timers.event_time_timers),
-                            ("processing_timers", self._timers.processing_time_timers)):
+        for name, queue in self._timer_queues().items():
             for key, window, timestamp, seq in queue.items():
                 if (e := entry(key)) is not None:
                     e[name].append([window_to_data(window), timestamp, seq])
@@ -659,11 +638,9 @@ class WindowOperator:
             self._merging[key] = MergingWindowSet.from_data(self.assigner, entry["merging_windows"])
         for window, name, state in entry["trigger_state"]:
             self._trigger_state.put(key, window_from_data(window), name, value(state))
-        for window, timestamp, seq in entry["event_timers"]:
-            self._timers.event_time_timers.register(key, window_from_data(window), timestamp, seq)
-        for window, timestamp, seq in entry["processing_timers"]:
-            self._timers.processing_time_timers.register(
-                key, window_from_data(window), timestamp, seq)
+        for name, queue in self._timer_queues().items():
+            for window, timestamp, seq in entry[name]:
+                queue.register(key, window_from_data(window), timestamp, seq)
 
     def _load_columns(self, snapshot: dict[str, Any], copy: bool) -> None:
         value = deepcopy if copy else _same
@@ -686,8 +663,7 @@ class WindowOperator:
         *where, names, states = snapshot["trigger_state"]
         for (key, window), name, state in zip(slots(*where), names, states, strict=True):
             self._trigger_state.put(key, window, name, value(state))
-        for name, queue in (("event_timers", self._timers.event_time_timers),
-                            ("processing_timers", self._timers.processing_time_timers)):
+        for name, queue in self._timer_queues().items():
             *where, timestamps, seqs = snapshot[name]
             pairs = slots(*where)
             queue.load([key for key, _ in pairs], [window for _, window in pairs], timestamps, seqs)
@@ -700,7 +676,7 @@ class WindowOperator:
         for k, window, name, _ in list(self._trigger_state.items()):
             if k == key:
                 self._trigger_state.delete(k, window, name)
-        for queue in (self._timers.event_time_timers, self._timers.processing_time_timers):
+        for queue in self._timer_queues().values():
             for k, window, timestamp, _ in list(queue.items()):
                 if k == key:
                     queue.delete(k, window, timestamp)
@@ -719,7 +695,7 @@ class WindowOperator:
         return self._timers.event_time_timers.earliest()
 
     def num_event_time_timers(self) -> int:
-        return self._timers.num_event_time_timers()
+        return self._timers.event_time_timers.count()
 
     def num_processing_time_timers(self) -> int:
-        return self._timers.num_processing_time_timers()
+        return self._timers.processing_time_timers.count()

@@ -13,7 +13,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -164,12 +164,8 @@ _CONNECTION_REFUSED = re.compile(r"^(?P<name>\S+)/bootstrap: Connect to \S+ fail
 
 def bootstrap_names(bootstrap_servers: str) -> frozenset[str]:
     """librdkafka's names of the bootstrap servers (``host:port``, port 9092 when left out)."""
-    names = set()
-    for entry in bootstrap_servers.split(","):
-        entry = entry.strip().rpartition("://")[2]
-        if entry:
-            names.add(entry if re.search(r":\d+$", entry) else f"{entry}:9092")
-    return frozenset(names)
+    entries = (entry.strip().rpartition("://")[2] for entry in bootstrap_servers.split(","))
+    return frozenset(e if re.search(r":\d+$", e) else f"{e}:9092" for e in entries if e)
 
 
 class RefusalWatch:
@@ -184,7 +180,7 @@ class RefusalWatch:
         self._clock = clock
         self._refused: set[str] = set()
         self._since: float | None = None
-        self._reached = False
+        self.reached = False  # a broker answered
 
     def note(self, error: KafkaError) -> None:
         found = _CONNECTION_REFUSED.match(error.str() or "")
@@ -196,19 +192,15 @@ class RefusalWatch:
             self._refused, self._since = set(), None
 
     def answered(self) -> None:
-        self._reached = True
-
-    @property
-    def reached(self) -> bool:
-        return self._reached
+        self.reached = True
 
     def refusing(self) -> bool:
         """Whether every report so far, if any, was a refused connection."""
-        return not self._reached and self._since is not None
+        return not self.reached and self._since is not None
 
     def refused_for(self) -> float:
         """For how long every bootstrap server has refused connections (0: not so)."""
-        if self._reached or self._since is None or self._refused != self._names:
+        if self.reached or self._since is None or self._refused != self._names:
             return 0.0
         return self._clock() - self._since
 
@@ -286,17 +278,12 @@ class BrokerWait:
             time.sleep(max(0.0, min(limit - (time.monotonic() - begun), self.remaining())))
             self.unanswered(reason)
 
-    def _complaint(self) -> KafkaError | None:
-        """The client's latest report (the previous one if it made none since)."""
-        latest = self._complaints() if self._complaints is not None else None
-        if latest is not None:
-            self._latest = latest
-        return self._latest
-
     def unanswered(self, reason: str | None = None) -> None:
         """An attempt went unanswered: raise at the bound (at once when the client was refused,
         or nothing listens), log a warning every sixth of the bound."""
-        complaint = self._complaint()
+        # the client's latest report (the previous one if it made none since)
+        latest = self._complaints() if self._complaints is not None else None
+        complaint = self._latest = latest if latest is not None else self._latest
         refused = (security_error(self._kafka, self.what, complaint)
                    if complaint is not None else None)
         if refused is not None:
@@ -392,8 +379,7 @@ class ConsumerPool:
     def _check_fork(self) -> None:
         if self._pid != os.getpid():
             self._forked.extend(c for idle in self._idle.values() for c, _ in idle)
-            self._idle, self._pid, self._evictor = {}, os.getpid(), None
-            self._topics = {}
+            self._idle, self._pid, self._evictor, self._topics = {}, os.getpid(), None, {}
             self._lock = threading.Lock()
 
     def acquire(self, config: dict[str, Any]) -> Any:
@@ -426,22 +412,7 @@ class ConsumerPool:
         else:
             self._discard(consumer)
 
-    @contextlib.contextmanager
-    def borrow(self, config: dict[str, Any]) -> Iterator[Any]:
-        """:meth:`acquire` and :meth:`release` around a block (closed if the block fails)."""
-        consumer = self.acquire(config)
-        clean = False
-        try:
-            yield consumer
-            clean = True
-        except GeneratorExit:  # the borrower stopped early; the consumer itself is fine
-            clean = True
-            raise
-        finally:
-            self.release(config, consumer, clean)
-
     def _take(self, key: PoolKey) -> Any | None:
-        expired: list[Any] = []
         with self._lock:
             self._check_fork()
             expired = self._expire_locked()
@@ -469,14 +440,10 @@ class ConsumerPool:
 
     def _expire_locked(self) -> list[Any]:
         now = self.clock()
-        expired: list[Any] = []
-        for key in list(self._idle):
-            keep = [(c, t) for c, t in self._idle[key] if now - t < self.idle_timeout]
-            expired.extend(c for c, t in self._idle[key] if now - t >= self.idle_timeout)
-            if keep:
-                self._idle[key] = keep
-            else:
-                del self._idle[key]
+        expired = [c for idle in self._idle.values() for c, t in idle
+                   if now - t >= self.idle_timeout]
+        self._idle = {key: keep for key, idle in self._idle.items()
+                      if (keep := [(c, t) for c, t in idle if now - t < self.idle_timeout])}
         return expired
 
     def evict(self) -> int:

@@ -140,9 +140,7 @@ class RangeReader:
         offsets still to serve (read or not) stay under ``lookahead``."""
         current = self._current
         todo = [] if current is None or current.done or current.assigned else [current]
-        ahead = self._buffered + sum(r.end - r.position for r in self._assigned.values())
-        if current is not None and not current.assigned and not current.done:
-            ahead += current.end - current.position
+        ahead = self._buffered + sum(r.end - r.position for r in [*self._assigned.values(), *todo])
         taken = {(r.topic, r.partition) for r in todo}
         while self._cursor < len(self._ranges) and ahead < self._lookahead:
             r = self._ranges[self._cursor]

@@ -114,13 +114,10 @@ class KafkaMetadata:
         metadata = self._wait("could not list Kafka topics (metadata request)").call(
             lambda timeout: client.list_topics(timeout=timeout)
         )
-        found: list[TopicPartitionKey] = []
-        for name, topic in metadata.topics.items():
-            if selection.matches(name) and topic.error is None:
-                found.extend((name, p) for p in topic.partitions)
-        if selection.assign:
-            found = [tp for tp in found if tp in set(selection.assign)]
-        return sorted(found)
+        assigned = set(selection.assign)
+        return sorted((name, p) for name, topic in metadata.topics.items()
+                      if selection.matches(name) and topic.error is None
+                      for p in topic.partitions if not assigned or (name, p) in assigned)
 
     def offset_ranges(
         self, partitions: list[TopicPartitionKey], *, exact: bool = True
