@@ -29,6 +29,10 @@ What is measured, and how:
 * Also into ``python_floor``: a Python data source of this script whose write tasks only count
   the Arrow batches Spark gives them, the floor of any Python sink (Spark's JVM turning every
   row into Arrow for a Python worker, the worker, the epoch's driver-side Python calls).
+* And into ``spark_parquet``: Spark's own Parquet file sink (``format("parquet")``, written in
+  the JVM, exactly once for readers of its ``_spark_metadata`` log), the same source and data:
+  what Spark itself gets when it writes these rows somewhere, the honest ceiling of the
+  ``parquet`` target; ``parquet_ratio_vs_spark_parquet`` compares the two.
 * ``<target>_ratio`` = the target's median rps / ``noop``'s median rps (target >= 0.8), the
   runs alternating the order of the sinks; ``<target>_ratio_runs`` pairs each run with the
   ``noop`` run of the same round; ``<target>_ratio_vs_python_floor`` the same against
@@ -92,6 +96,8 @@ from checkpointing import CheckpointStorage, CheckpointStore  # noqa: E402
 TARGETS = ("postgres", "parquet", "delta", "iceberg")
 #: the floor of any Python sink: a Python data source whose write tasks only count the rows
 FLOOR = "python_floor"
+#: Spark's own Parquet file sink, from the same source: what writing the rows costs Spark itself
+SPARK_PARQUET = "spark_parquet"
 MAX_OUT_OF_ORDERNESS = "2 seconds"
 TARGET_RATIO = 0.8
 
@@ -179,6 +185,8 @@ class Sinks:
         writer = df.writeStream.option("checkpointLocation", str(self.run / "checkpoint"))
         if kind in ("noop", FLOOR):
             return writer.format(kind)
+        if kind == SPARK_PARQUET:
+            return writer.format("parquet").option("path", str(self.run / "out"))
         writer = writer.format("flinkish").option("target", kind).option(
             "checkpointing.retain", "1000000")  # keep every epoch's record for the report
         if kind == "postgres":
@@ -217,8 +225,9 @@ class Sinks:
 
         import flinkish
 
-        return sum(pq.ParquetFile(f).metadata.num_rows
-                   for f in flinkish.parquet_files(str(self.run / "out")))
+        files = (sorted((self.run / "out").glob("part-*.parquet")) if kind == SPARK_PARQUET
+                 else flinkish.parquet_files(str(self.run / "out")))
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
 
 
 def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max_offsets: int,
@@ -245,14 +254,14 @@ def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max
     if server is not None:
         seconds["postgres"] = round(sum(v for k, v in pg.seconds.items()
                                         if k != "other_processes"), 2)
-    if kind in ("noop", FLOOR):
-        rows, spans = expected or 0, []
-        epochs = len(result.progress)
+    if kind in ("noop", FLOOR, SPARK_PARQUET):
+        spans, epochs = [], len(result.progress)
+        rows = sinks.rows(kind) if kind == SPARK_PARQUET else expected or 0
     else:
         spans = commit_spans(run / "checkpoint")
         rows, epochs = sinks.rows(kind), len(spans)
-        if expected is not None and rows != expected:
-            raise RuntimeError(f"{kind} wrote {rows:,} rows, expected {expected:,}")
+    if expected is not None and rows != expected:
+        raise RuntimeError(f"{kind} wrote {rows:,} rows, expected {expected:,}")
     shutil.rmtree(run, ignore_errors=True)
     phases: dict[str, int] = {}
     for progress in result.progress:
@@ -289,7 +298,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     max_offsets = math.ceil(args.rows / args.epochs)
-    sinks = ["noop", FLOOR, *args.targets]
+    sinks = ["noop", FLOOR, SPARK_PARQUET, *args.targets]
     runs: dict[str, list[Run]] = {kind: [] for kind in sinks}
     load_start = os.getloadavg()[0]
     if "TieredStopAtLevel" in os.environ.get("SPARK_SUBMIT_OPTS", ""):
@@ -316,7 +325,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for kind in sinks:
             log(f"warm-up: {args.warmup_rows:,} rows into {kind} (not timed)")
             query(kind, warmup_topic, math.ceil(args.warmup_rows / 2), f"warmup_{kind}",
-                  args.warmup_rows if kind in args.targets else None)
+                  args.warmup_rows if kind in (SPARK_PARQUET, *args.targets) else None)
         log(f"priming: the whole topic into {args.targets[0]} (not timed)")
         query(args.targets[0], topic, max_offsets, "prime", args.rows)
 
@@ -343,16 +352,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "spark_submit_opts": os.environ.get("SPARK_SUBMIT_OPTS", ""),
         "noop_rps": round(rps["noop"]),
     }
-    for kind in (FLOOR, *args.targets):
+    for kind in (FLOOR, SPARK_PARQUET, *args.targets):
         result[f"{kind}_rps"] = round(rps[kind])
         result[f"{kind}_ratio"] = round(rps[kind] / rps["noop"], 3)
-        if kind != FLOOR:
+        if kind in args.targets:
             result[f"{kind}_ratio_vs_python_floor"] = round(rps[kind] / rps[FLOOR], 3)
         result[f"{kind}_ratio_runs"] = [
             round(r.rps / n.rps, 3) for r, n in zip(runs[kind], runs["noop"], strict=True)]
-        if kind != FLOOR:
+        if kind in args.targets:
             result[f"{kind}_median_epoch_commit_ms"] = median(
                 [ms for r in runs[kind] for ms in r.commit_ms])
+    if "parquet" in args.targets:
+        result["parquet_ratio_vs_spark_parquet"] = round(rps["parquet"] / rps[SPARK_PARQUET], 3)
     result["seconds"] = {kind: [round(r.seconds, 3) for r in runs[kind]] for kind in sinks}
     result["cpu_s_per_million_rows"] = {
         kind: {what: round(median([r.cpu.get(what, 0.0) for r in runs[kind]]) * 1e6 / args.rows,
