@@ -225,9 +225,15 @@ class Sinks:
 
         import flinkish
 
-        files = (sorted((self.run / "out").glob("part-*.parquet")) if kind == SPARK_PARQUET
-                 else flinkish.parquet_files(str(self.run / "out")))
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in files)
+        if kind == SPARK_PARQUET:  # Spark's sink writes the source's marker rows too
+            import pyarrow.compute as pc
+
+            from flinkish_core.markers import KIND_RECORD
+
+            return sum(pc.sum(pc.equal(pq.read_table(f, columns=["kind"])["kind"], KIND_RECORD))
+                       .as_py() or 0 for f in (self.run / "out").glob("part-*.parquet"))
+        return sum(pq.ParquetFile(f).metadata.num_rows
+                   for f in flinkish.parquet_files(str(self.run / "out")))
 
 
 def run_once(spark: Any, kind: str, *, bootstrap: str, topic: str, dsn: str, max_offsets: int,
