@@ -10,7 +10,6 @@ repeated in ``flinkish.fork_server``, whose tests hold the two together.
 """
 
 import os
-import signal
 import socket
 import struct
 import sys
@@ -76,8 +75,6 @@ def main(argv: list[str]) -> int:
         os.execvp(python, [python, *args])
     # Spark stops the process by SIGTERM: this one ends, the server sees its connection close
     # and kills the fork
-    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
-        signal.signal(sig, lambda number, _: os._exit(128 + number))
     return exit_status(sock)
 
 
