@@ -49,13 +49,7 @@ def test_the_daemons_started_ahead_are_the_ones_the_query_uses(
     assert set(planned) == {*warm_start.DRIVER_MODULES, "pyspark.worker"}  # a local master
     assert warm_start.started(spark, timeout=120) == planned
     before = daemons()
-    name = topic(1)
-    produce(kafka_bootstrap, name, [(0, b"k", b"v%d" % i, 1_000 + i) for i in range(5)])
-    query = (source(spark, kafka_bootstrap, name, str(tmp_path / "state"))
-             .writeStream.format("flinkish").option("target", "parquet")
-             .option("path", str(tmp_path / "out"))
-             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-             .trigger(availableNow=True).start())
+    query = flinkish_query(spark, kafka_bootstrap, topic, tmp_path, availableNow=True)
     query.awaitTermination(300)
     assert not query.isActive and query.exception() is None
     assert {m for _, m in daemons() - before} & set(planned) == set()
@@ -95,7 +89,18 @@ def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
         time.sleep(0.1)
 
 
-def flinkish_query(spark: Any, bootstrap: str, name: str, tmp_path: Path, **trigger: Any) -> Any:
+def registered_server(spark: Any) -> int:
+    """The pid of the fork server ``register`` started."""
+    flinkish.register(spark)
+    server = fork_server.server_pid()
+    assert server is not None
+    return server
+
+
+def flinkish_query(spark: Any, bootstrap: str, topic: Any, tmp_path: Path, **trigger: Any) -> Any:
+    """A query from a new topic of five records into Parquet, started with ``trigger``."""
+    name = topic(1)
+    produce(bootstrap, name, [(0, b"k", b"v%d" % i, 1_000 + i) for i in range(5)])
     return (source(spark, bootstrap, name, str(tmp_path / "state"))
             .writeStream.format("flinkish").option("target", "parquet")
             .option("path", str(tmp_path / "out"))
@@ -106,12 +111,8 @@ def flinkish_query(spark: Any, bootstrap: str, name: str, tmp_path: Path, **trig
 def test_the_source_runner_is_a_fork_of_the_fork_server_and_goes_with_its_query(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
 ) -> None:
-    flinkish.register(spark)
-    server = fork_server.server_pid()
-    assert server is not None
-    name = topic(1)
-    produce(kafka_bootstrap, name, [(0, b"k", b"v%d" % i, 1_000 + i) for i in range(5)])
-    query = flinkish_query(spark, kafka_bootstrap, name, tmp_path, processingTime="1 second")
+    server = registered_server(spark)
+    query = flinkish_query(spark, kafka_bootstrap, topic, tmp_path, processingTime="1 second")
     try:
         wait_until(lambda: query.lastProgress is not None or not query.isActive, "a batch")
         assert query.isActive, query.exception()
@@ -127,14 +128,10 @@ def test_the_source_runner_is_a_fork_of_the_fork_server_and_goes_with_its_query(
 def test_a_query_runs_without_the_fork_server_and_register_starts_it_again(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
 ) -> None:
-    flinkish.register(spark)
-    server = fork_server.server_pid()
-    assert server is not None
+    server = registered_server(spark)
     os.kill(server, signal.SIGKILL)
     wait_until(lambda: fork_server.server_pid() is None, "the server gone")
-    name = topic(1)
-    produce(kafka_bootstrap, name, [(0, b"k", b"v%d" % i, 1_000 + i) for i in range(5)])
-    query = flinkish_query(spark, kafka_bootstrap, name, tmp_path, availableNow=True)
+    query = flinkish_query(spark, kafka_bootstrap, topic, tmp_path, availableNow=True)
     query.awaitTermination(300)
     assert not query.isActive and query.exception() is None
     assert spark.read.parquet(str(tmp_path / "out")).count() == 5
