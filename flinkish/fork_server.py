@@ -51,6 +51,10 @@ SERVED = {
         "flinkish_source.stream_reader"),
 }
 
+#: The environment variables PySpark reads when the served modules are imported (Spark 4.3's
+#: ``pyspark.serializers``, ``pyspark.worker_util``): a request must have the server's values.
+IMPORT_TIME_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
+
 #: The largest request (an environment of ~1 MiB) the server reads.
 MAX_REQUEST = 1 << 20
 PR_SET_PDEATHSIG = 1
@@ -137,6 +141,9 @@ def refusal(request: tuple[str, str, list[str], dict[str, str]], python: str,
         return f"arguments {args} are not a served module's"
     if env.get("PYTHONPATH", "") != python_path:
         return "another PYTHONPATH"
+    for name in IMPORT_TIME_ENV:
+        if env.get(name) != os.environ.get(name):
+            return f"another {name}"
     if cwd != os.getcwd():
         return "another working directory"
     return None

@@ -402,3 +402,29 @@ def test_a_fork_ends_with_its_client_and_with_the_server(tmp_path: Path) -> None
     poll(lambda: gone(fork), "the fork gone with the server")
     client.communicate(timeout=30)
     assert client.returncode == 1  # the server gone, its fork with it
+
+
+def test_the_fork_server_refuses_what_its_imports_would_not_run_as_the_interpreter_would(
+    monkeypatch: Any
+) -> None:
+    """A fork runs with the server's interpreter, path, working directory and imports: a request
+    that differs in any of them, or asks for another module, is refused."""
+    from flinkish.fork_server import parse_request, refusal
+
+    monkeypatch.delenv("SPARK_TESTING", raising=False)
+    served = ("m.served",)
+    env = {"PYTHONPATH": "/p", "X": "a=b"}
+
+    def request(python: str = sys.executable, cwd: str = os.getcwd(),
+                args: tuple[str, ...] = ("-m", "m.served"), **changed: str) -> Any:
+        fields = [python, cwd, str(len(args)), *args,
+                  *(f"{k}={v}" for k, v in {**env, **changed}.items())]
+        return parse_request("\0".join(fields).encode())
+
+    assert request() == (sys.executable, os.getcwd(), ["-m", "m.served"], env)
+    assert refusal(request(), sys.executable, "/p", served) is None
+    for refused in (request(python="/other/python"), request(cwd="/"),
+                    request(args=("-m", "m.other")), request(args=("-m", "m.served", "x")),
+                    request(args=("-c", "m.served")), request(PYTHONPATH="/q"),
+                    request(SPARK_TESTING="1")):
+        assert refusal(refused, sys.executable, "/p", served) is not None
