@@ -32,8 +32,9 @@ def register(spark: Any) -> None:
     queries starting together would corrupt, tells the source the Spark master (a local
     ``checkpointing.location`` on a cluster then fails at query start), adds the listener that
     commits each completed epoch to the query's consumer group, and starts the data source's
-    Python processes ahead, faster, so a (re)started query finds them running. It works on a
-    Spark Connect session too.
+    Python processes ahead, faster, so a (re)started query finds them running (with a local
+    master, a fork server for the source's runner too: ``flinkish.fork_server``). It works on
+    a Spark Connect session too.
 
     Args:
         spark: the driver's ``SparkSession``, classic or Spark Connect.
