@@ -19,6 +19,8 @@ ACCEPTED, REFUSED = b"A", b"R"
 #: How long the server may take to answer a request (it binds its socket before its imports,
 #: so a request can wait for the end of them).
 ANSWER_TIMEOUT_S = 10.0
+#: The modules the server runs (``flinkish.worker_launcher`` hands only those to the client).
+SERVED_MODULES = ("pyspark.sql.streaming.python_streaming_source_runner",)
 #: The environment variable naming the server's socket.
 SOCKET_ENV = "FLINKISH_FORK_SERVER"
 

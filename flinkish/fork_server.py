@@ -5,27 +5,31 @@ ahead can serve it). Its start is an interpreter importing PySpark, pyarrow and 
 modules, ~0.6 s of CPU; a fork of a process that has imported them already takes milliseconds
 (docs/guides/recover-after-crash.md).
 
-``register`` starts one server per driver with a local master (:func:`start_fork_server`), with
-the interpreter, ``PYTHONPATH`` and working directory Spark gives the runner, and puts its
-socket into the data source's worker environment; ``flinkish.worker_launcher`` then hands the
-runner's start to ``flinkish.fork_client``, which passes its standard streams, arguments and
-environment to the server. The server forks a child that takes them over and runs the module as
-``python -m`` would. Anything that differs from what the server was started with (another
-interpreter, path or directory, another module) is refused, and the client runs the interpreter
-as Spark asked: a restart never depends on the server.
+With a local master ``register`` names the server's socket in the data source's worker
+environment (:func:`fork_server_socket`). The daemon Spark starts for the data source's creation
+(``flinkish.worker_daemon``, the first of the data source's processes, which ``register`` starts
+ahead) forks the server before it serves (:func:`fork`): the server shares the daemon's
+interpreter, ``PYTHONPATH``, working directory and PySpark import, which are the runner's, and
+imports the rest of the runner's modules. ``flinkish.worker_launcher`` hands the runner's start
+to ``flinkish.fork_client``, which passes its standard streams, arguments and environment to the
+server; the server forks a child that takes them over and runs the module as ``python -m``
+would. Anything that differs from the server's own (another interpreter, path or directory,
+another module) is refused, and the client runs the interpreter as Spark asked: a restart never
+depends on the server.
 
-Lifetimes: the server exits when the driver does (its standard input is a pipe from the driver)
-and kills its children then; a child dies with the server (``PR_SET_PDEATHSIG``) and is killed
-when its client's connection closes (Spark stops the runner by SIGTERM to the process it
-started: the client). The socket is in a directory only this user can enter, and the server
-serves only its own user (``SO_PEERCRED``). It forks from its one thread: the imports start no
-Python thread (the native ones they start are fork-safe, see ``flinkish.worker_daemon``).
+Lifetimes: the server dies with the daemon, and its children with the server
+(``PR_SET_PDEATHSIG``); a child is killed when its client's connection closes (Spark stops the
+runner by SIGTERM to the process it started: the client). The socket is in a directory only
+this user can enter, and the server serves only its own user (``SO_PEERCRED``). It forks from
+its one thread: the imports start no Python thread (the native ones they start are fork-safe,
+see ``flinkish.worker_daemon``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import gc
 import os
 import runpy
@@ -34,22 +38,18 @@ import signal
 import socket
 import stat
 import struct
-import subprocess
 import sys
 import tempfile
-import threading
 import traceback
 from pathlib import Path
 from typing import Any
 
-from flinkish.fork_client import ACCEPTED, REFUSED, SOCKET_ENV
+from flinkish.fork_client import ACCEPTED, REFUSED, SERVED_MODULES, SOCKET_ENV
+from flinkish.worker_launcher import FLINKISH_DAEMON, PYSPARK_DAEMON
 
 #: The modules the server runs, with what it imports for them before it serves.
-SERVED = {
-    "pyspark.sql.streaming.python_streaming_source_runner": (
-        "pyspark.sql.streaming.python_streaming_source_runner", "flinkish.data_source",
-        "flinkish_source.stream_reader"),
-}
+SERVED = {module: (module, "flinkish.data_source", "flinkish_source.stream_reader")
+          for module in SERVED_MODULES}
 
 #: The environment variables PySpark reads when the served modules are imported (Spark 4.3's
 #: ``pyspark.serializers``, ``pyspark.worker_util``): a request must have the server's values.
@@ -57,14 +57,16 @@ IMPORT_TIME_ENV = ("PYSPARK_ENABLE_NAMEDTUPLE_PATCH", "SPARK_TESTING")
 
 #: The largest request (an environment of ~1 MiB) the server reads.
 MAX_REQUEST = 1 << 20
-PR_SET_PDEATHSIG = 1
+PR_SET_PDEATHSIG, PR_SET_NAME = 1, 15
+#: The server's process name (``/proc/<pid>/comm``).
+NAME = b"flinkish-forks"
 
 
 # -- the driver's side --------------------------------------------------------------------------
 
-#: The driver's server, started once per driver process.
-_server: subprocess.Popen[bytes] | None = None
-_server_lock = threading.Lock()
+#: The daemon that forks the server: the data source's creation's, the first ``register``
+#: starts (``flinkish.warm_start.DRIVER_MODULES``).
+HOST_MODULE = "pyspark.sql.worker.create_data_source"
 
 
 def socket_directory() -> Path | None:
@@ -79,44 +81,37 @@ def socket_directory() -> Path | None:
     return path
 
 
-def worker_python_path(spark: Any, source_env: Any) -> str:
-    """The ``PYTHONPATH`` Spark gives the data source's processes (``PythonWorkerFactory``,
-    Spark 4.3: Spark's own Python path, the data source's and the JVM's environment's)."""
-    jvm = spark._jvm
-    paths = (jvm.org.apache.spark.api.python.PythonUtils.sparkPythonPath(),
-             source_env.get("PYTHONPATH"), jvm.java.lang.System.getenv("PYTHONPATH"))
-    return os.pathsep.join(p for p in paths if p)
+def remove_dead_drivers_sockets(directory: Path) -> None:
+    """Remove the sockets of drivers no longer running (a server killed outright leaves its
+    socket behind)."""
+    for entry in directory.glob("*.sock"):
+        try:
+            os.kill(int(entry.stem), 0)
+        except ProcessLookupError:
+            entry.unlink(missing_ok=True)
+        except (ValueError, PermissionError):
+            continue
 
 
-def start_fork_server(spark: Any, source: Any, launcher: str) -> str | None:
-    """Start the driver's fork server (once) for the data source ``source`` run by
-    ``launcher`` (``flinkish.worker_launcher``'s), and name its socket in the data source's
-    worker environment; the socket's path, or None where none is started (the source run by
-    another interpreter command, no private socket directory)."""
-    global _server
+def fork_server_socket(spark: Any, source: Any, launcher: str) -> str | None:
+    """Name the driver's fork server's socket in the worker environment of the data source
+    ``source`` run by ``launcher`` (``flinkish.worker_launcher``'s), which makes its daemons run
+    ``flinkish.worker_daemon``; the socket's path, or None where there is no server (the source
+    run by another interpreter command, another daemon module set by the session, no private
+    socket directory)."""
     function = source.dataSourceCls()
-    if function.pythonExec() != launcher:
+    daemon = spark.sparkContext._jsc.sc().conf().get("spark.python.daemon.module", PYSPARK_DAEMON)
+    if function.pythonExec() != launcher or daemon not in (PYSPARK_DAEMON, FLINKISH_DAEMON):
         return None
     directory = socket_directory()
     if directory is None:
         return None
+    remove_dead_drivers_sockets(directory)
     path = str(directory / f"{os.getpid()}.sock")
     env = function.envVars()
-    with _server_lock:
-        if _server is None or _server.poll() is not None:
-            server_env = {**os.environ, "PYTHONPATH": worker_python_path(spark, env),
-                          "PYTHONUNBUFFERED": "YES"}
-            _server = subprocess.Popen(
-                [launcher, "-m", __name__, path], stdin=subprocess.PIPE,
-                env=server_env, close_fds=True)
     if env.get(SOCKET_ENV) != path:
         env.put(SOCKET_ENV, path)
     return path
-
-
-def server_pid() -> int | None:
-    """The pid of the driver's fork server, while it runs."""
-    return _server.pid if _server is not None and _server.poll() is None else None
 
 
 # -- the server ---------------------------------------------------------------------------------
@@ -173,14 +168,14 @@ def receive(conn: socket.socket) -> tuple[bytes, list[int]]:
     return data[4:], fds
 
 
-def run_child(module: str, args: list[str], env: dict[str, str], fds: list[int],
+def run_child(server: int, module: str, args: list[str], env: dict[str, str], fds: list[int],
               inherited: list[int]) -> None:
     """In the fork: take over the client's standard streams and environment, run ``module`` as
     ``python -m`` does, and exit with its status."""
     code = 1
     try:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() == 1:  # the server died before the call
+        if os.getppid() != server:  # the server died before the call
             os._exit(1)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -210,8 +205,8 @@ def run_child(module: str, args: list[str], env: dict[str, str], fds: list[int],
 
 
 class Server:
-    """The server's loop: one thread, a selector over the listening socket, the driver's pipe,
-    the SIGCHLD wake-up and each client's connection."""
+    """The server's loop: one thread, a selector over the listening socket, the SIGCHLD wake-up
+    and each client's connection."""
 
     def __init__(self, listener: socket.socket, served: tuple[str, ...]) -> None:
         self.listener, self.python, self.served = listener, sys.executable, served
@@ -228,14 +223,10 @@ class Server:
 
     def serve(self) -> None:
         self.selector.register(self.listener, selectors.EVENT_READ, "accept")
-        self.selector.register(sys.stdin.fileno(), selectors.EVENT_READ, "driver")
         self.selector.register(self.wakeup_read, selectors.EVENT_READ, "reap")
         while True:
             for key, _ in self.selector.select():
-                if key.data == "driver":
-                    if not os.read(sys.stdin.fileno(), 4096):
-                        return
-                elif key.data == "accept":
+                if key.data == "accept":
                     self.accept()
                 elif key.data == "reap":
                     with contextlib.suppress(BlockingIOError):
@@ -285,9 +276,10 @@ class Server:
         inherited = [self.listener.fileno(), self.wakeup_read, self.wakeup_write,
                      self.selector.fileno(), conn.fileno(),
                      *(c.fileno() for c in self.children.values() if c is not None)]
+        server = os.getpid()
         pid = os.fork()
         if pid == 0:
-            run_child(args[1], args, env, fds, inherited)
+            run_child(server, args[1], args, env, fds, inherited)
         for fd in fds:
             os.close(fd)
         conn.setblocking(True)
@@ -329,32 +321,67 @@ class Server:
         self.listener.close()
 
 
-def main(argv: list[str]) -> None:
-    """``python -m flinkish.fork_server SOCKET [MODULE ...]``: bind, import, serve the modules
-    (:data:`SERVED`'s when none is named) until the driver's pipe closes."""
-    path, *modules = argv
-    served = tuple(modules) or tuple(SERVED)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
+def listening(path: str) -> socket.socket | None:
+    """A socket listening at ``path``; None when another server listens there already."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    try:
+        listener.bind(path)
+    except OSError as exc:
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except OSError:  # a dead server's: this one takes its place
+            os.unlink(path)
+            listener.bind(path)
+        else:
+            listener.close()
+            return None
+        finally:
+            probe.close()
     os.chmod(path, 0o600)
     listener.listen(16)  # requests wait in the backlog while the imports run
+    return listener
+
+
+def serve(path: str, served: tuple[str, ...]) -> None:
+    """Listen at ``path``, import what ``served`` needs, then serve until killed."""
+    listener = listening(path)
+    if listener is None:
+        return
     try:
         from flinkish.worker_daemon import import_quietly
 
         import_quietly(tuple(name for module in served for name in SERVED.get(module, (module,))))
         gc.collect()
         gc.freeze()
-        server = Server(listener, served)
-        try:
-            server.serve()
-        finally:
-            server.close()
+        Server(listener, served).serve()
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
 
 
-if __name__ == "__main__":
-    main(sys.argv[1:])
+def fork(path: str, served: tuple[str, ...] = tuple(SERVED)) -> int:
+    """Fork the server from this process, before it starts any thread: the child's pid. The
+    server dies with this process, never writes to its standard output (a daemon's, which
+    Spark reads its port from) nor reads its standard input."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # it died before the call
+            os._exit(0)
+        libc.prctl(PR_SET_NAME, NAME, 0, 0, 0)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(2, 1)
+        serve(path, served)
+    except BaseException:  # noqa: BLE001 - the daemon goes on without a server
+        traceback.print_exc()
+    finally:
+        os._exit(0)

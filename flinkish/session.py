@@ -12,7 +12,7 @@ from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
 from flinkish.discovery import PYTHON_DATA_SOURCE, discover
 from flinkish.epoch_listener import listen
-from flinkish.fork_server import start_fork_server
+from flinkish.fork_server import fork_server_socket
 from flinkish.warm_start import warm_start
 from flinkish.worker_launcher import worker_launcher
 from flinkish.worker_python import check_worker_python
@@ -33,7 +33,7 @@ def register(spark: Any) -> None:
     ``checkpointing.location`` on a cluster then fails at query start), adds the listener that
     commits each completed epoch to the query's consumer group, and starts the data source's
     Python processes ahead, faster, so a (re)started query finds them running (with a local
-    master, a fork server for the source's runner too: ``flinkish.fork_server``). It works on
+    master, the source's runner is forked from a server: ``flinkish.fork_server``). It works on
     a Spark Connect session too.
 
     Args:
@@ -54,7 +54,7 @@ def register(spark: Any) -> None:
     seed_runner_environment(spark)
     source = manager.lookupDataSource(FlinkishDataSource.name())
     if launcher is not None:
-        start_fork_server(spark, source, launcher)
+        fork_server_socket(spark, source, launcher)
     warm_start(spark, source)
     listen(spark)
 

@@ -18,8 +18,7 @@ import tempfile
 from pathlib import Path
 
 from flinkish import fork_client
-from flinkish.fork_client import SOCKET_ENV
-from flinkish.fork_server import SERVED
+from flinkish.fork_client import SERVED_MODULES, SOCKET_ENV
 
 #: PySpark's daemon module (Spark's default ``spark.python.daemon.module``) and its replacement.
 PYSPARK_DAEMON, FLINKISH_DAEMON = "pyspark.daemon", "flinkish.worker_daemon"
@@ -91,7 +90,7 @@ def worker_launcher(python: str) -> str:
         return python
     text = _SCRIPT.format(python=shlex.quote(python), links=shlex.quote(str(package_links())),
                           pyspark_daemon=PYSPARK_DAEMON, flinkish_daemon=FLINKISH_DAEMON,
-                          served=" | ".join(SERVED), socket_env=SOCKET_ENV,
+                          served=" | ".join(SERVED_MODULES), socket_env=SOCKET_ENV,
                           client=shlex.quote(fork_client.__file__ or ""))
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"{LAUNCHER_PREFIX}{digest}"

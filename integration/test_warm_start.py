@@ -1,8 +1,8 @@
 """``flinkish.register`` starts the daemons of the data source's driver-side calls ahead, and a
 query's calls and tasks use them: the query starts no daemon of any of those modules (it would,
-with a worker environment that differs from the one Spark gives its runners). It starts the fork
-server the source's runner is forked from, which a query does without (it starts the runner as
-Spark does) when the server is gone."""
+with a worker environment that differs from the one Spark gives its runners). The first of them
+forks the server the source's runner is forked from, which a query does without (it starts the
+runner as Spark does) when the server is gone."""
 
 from __future__ import annotations
 
@@ -90,10 +90,22 @@ def wait_until(condition: Any, what: str, timeout: float = 60) -> None:
 
 
 def registered_server(spark: Any) -> int:
-    """The pid of the fork server ``register`` started."""
+    """The pid of the fork server of the daemons ``register`` started."""
     flinkish.register(spark)
-    server = fork_server.server_pid()
-    assert server is not None
+    assert warm_start.started(spark, timeout=120)
+
+    def found() -> set[int]:
+        names = {}
+        for pid in processes():
+            try:
+                with open(f"/proc/{pid}/comm", "rb") as f:
+                    names[pid] = f.read().strip()
+            except FileNotFoundError:
+                continue
+        return {pid for pid, name in names.items() if name == fork_server.NAME}
+
+    wait_until(lambda: len(found()) == 1, "one fork server")
+    (server,) = found()
     return server
 
 
@@ -125,16 +137,14 @@ def test_the_source_runner_is_a_fork_of_the_fork_server_and_goes_with_its_query(
     wait_until(lambda: runners(server) == (set(), set()), "the runner gone with its query", 30)
 
 
-def test_a_query_runs_without_the_fork_server_and_register_starts_it_again(
+def test_a_query_runs_without_the_fork_server(
     spark: Any, kafka_bootstrap: str, topic: Any, tmp_path: Path
 ) -> None:
     server = registered_server(spark)
     os.kill(server, signal.SIGKILL)
-    wait_until(lambda: fork_server.server_pid() is None, "the server gone")
+    wait_until(lambda: server not in processes(), "the server gone")
     query = flinkish_query(spark, kafka_bootstrap, topic, tmp_path, availableNow=True)
     query.awaitTermination(300)
     assert not query.isActive and query.exception() is None
     assert spark.read.parquet(str(tmp_path / "out")).count() == 5
     assert runners(None)[0] == set()
-    flinkish.register(spark)
-    assert fork_server.server_pid() not in (None, server)

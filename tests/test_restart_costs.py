@@ -286,20 +286,21 @@ if __name__ == "__main__":  # the pid of the process that imported it: the serve
 
 
 class ForkServer:
-    """``flinkish.fork_server`` serving the module ``probe`` from ``directory``, with its
-    driver's pipe."""
+    """``flinkish.fork_server`` serving the module ``probe`` from ``directory``, forked from a
+    process standing for the daemon, which lives until its standard input closes."""
 
     def __init__(self, directory: Path) -> None:
         (directory / "probe.py").write_text(PROBE)
         self.directory, self.socket = directory, str(directory / "server.sock")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "flinkish.fork_server", self.socket, "probe"],
-            stdin=subprocess.PIPE, cwd=directory,
+            [sys.executable, "-c", "import sys, flinkish.fork_server as f; "
+             "print(f.fork(sys.argv[1], ('probe',)), flush=True); sys.stdin.read()",
+             self.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            cwd=directory,
             env={**os.environ, "PYTHONPATH": str(directory), "PYTHONUNBUFFERED": "YES"})
-        deadline = time.monotonic() + 60
-        while not os.path.exists(self.socket):
-            assert time.monotonic() < deadline and self.process.poll() is None
-            time.sleep(0.05)
+        assert self.process.stdout is not None
+        self.pid = int(self.process.stdout.readline())
+        poll(lambda: os.path.exists(self.socket), "the server's socket")
 
     def client(self, stdin: str, python_path: str | None = None, socket: str | None = None
                ) -> subprocess.Popen[str]:
@@ -319,8 +320,7 @@ class ForkServer:
     def forks(self) -> set[int]:
         from flinkish.demo.processes import tree
 
-        return {pid for pid, (ppid, _, _, _) in tree(self.process.pid).items()
-                if ppid == self.process.pid}
+        return {pid for pid, (ppid, _, _, _) in tree(self.pid).items() if ppid == self.pid}
 
     def stop(self) -> None:
         assert self.process.stdin is not None
@@ -356,12 +356,11 @@ def test_a_fork_of_the_server_runs_the_module_with_the_clients_streams_and_envir
         out, err = client.communicate(timeout=60)
         imported_in, pid, ppid, probe, args = out.split(" ", 4)
         assert (int(imported_in), int(ppid), probe, args.strip()) == (
-            server.process.pid, server.process.pid, "p", "[]")
+            server.pid, server.pid, "p", "[]")
         assert int(pid) != client.pid
         assert (err.strip(), client.returncode) == ("read hello", 3)
     finally:
         server.stop()
-    assert not os.path.exists(server.socket)
 
 
 def test_the_client_runs_the_interpreter_itself_where_the_server_cannot_serve(
@@ -384,7 +383,8 @@ def test_the_client_runs_the_interpreter_itself_where_the_server_cannot_serve(
 
 def test_a_fork_ends_with_its_client_and_with_the_server(tmp_path: Path) -> None:
     """Spark stops the runner with SIGTERM to the process it started (the client): the fork
-    goes with it. The server goes when the driver's pipe closes, and its forks with it."""
+    goes with it. The server goes with the daemon that forked it, and its forks with it; a
+    server of the next daemon takes the dead one's socket."""
     import signal
 
     server = ForkServer(tmp_path)
@@ -399,9 +399,15 @@ def test_a_fork_ends_with_its_client_and_with_the_server(tmp_path: Path) -> None
         (fork,) = server.forks()
     finally:
         server.stop()
-    poll(lambda: gone(fork), "the fork gone with the server")
+    poll(lambda: gone(fork) and gone(server.pid), "the server and its fork gone with the daemon")
     client.communicate(timeout=30)
     assert client.returncode == 1  # the server gone, its fork with it
+    server = ForkServer(tmp_path)  # in place of the dead one, whose socket is left
+    try:
+        client = server.client("hello")
+        assert client.communicate(timeout=60)[0].split()[2] == str(server.pid)
+    finally:
+        server.stop()
 
 
 def test_the_fork_server_refuses_what_its_imports_would_not_run_as_the_interpreter_would(
