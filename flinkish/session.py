@@ -12,6 +12,7 @@ from flinkish.connect import is_connect, register_connect
 from flinkish.data_source import FlinkishDataSource
 from flinkish.discovery import PYTHON_DATA_SOURCE, discover
 from flinkish.epoch_listener import listen
+from flinkish.fork_server import fork_server_socket
 from flinkish.warm_start import warm_start
 from flinkish.worker_launcher import worker_launcher
 from flinkish.worker_python import check_worker_python
@@ -31,8 +32,9 @@ def register(spark: Any) -> None:
     queries starting together would corrupt, tells the source the Spark master (a local
     ``checkpointing.location`` on a cluster then fails at query start), adds the listener that
     commits each completed epoch to the query's consumer group, and starts the data source's
-    Python processes ahead, faster, so a (re)started query finds them running. It works on a
-    Spark Connect session too.
+    Python processes ahead, faster, so a (re)started query finds them running (with a local
+    master, the source's runner is forked from a server: ``flinkish.fork_server``). It works on
+    a Spark Connect session too.
 
     Args:
         spark: the driver's ``SparkSession``, classic or Spark Connect.
@@ -46,18 +48,22 @@ def register(spark: Any) -> None:
         register_connect(spark)
         return
     manager = spark._jsparkSession.sessionState().dataSourceManager()
-    register_data_source(spark, manager)
+    sc = spark.sparkContext
+    launcher = worker_launcher(sc.pythonExec) if sc.master.startswith("local") else None
+    register_data_source(spark, manager, launcher)
     seed_runner_environment(spark)
-    warm_start(spark, manager.lookupDataSource(FlinkishDataSource.name()))
+    source = manager.lookupDataSource(FlinkishDataSource.name())
+    if launcher is not None:
+        fork_server_socket(spark, source, launcher)
+    warm_start(spark, source)
     listen(spark)
 
 
-def register_data_source(spark: Any, manager: Any) -> None:
-    """Make ``format("flinkish")`` resolve to the source ``register`` builds: among the installed
-    data sources (``flinkish.discovery``), or registered when Spark's discovery has no flinkish."""
+def register_data_source(spark: Any, manager: Any, python: str | None) -> None:
+    """Make ``format("flinkish")`` resolve to the source ``register`` builds, run by the
+    interpreter command ``python`` (None: the session's): among the installed data sources
+    (``flinkish.discovery``), or registered when Spark's discovery has no flinkish."""
     name = FlinkishDataSource.name()
-    sc = spark.sparkContext
-    python = worker_launcher(sc.pythonExec) if sc.master.startswith("local") else None
 
     def entry() -> Any:
         return flinkish_source(spark, python)

@@ -4,18 +4,23 @@ frozen before it forks its workers (``flinkish.worker_launcher`` runs it in plac
 its first call needs once it has authenticated the JVM, before it is asked
 (:data:`CALL_MODULES`), and freezes what each call leaves. PySpark's full collection after each
 task or call then skips those objects (docs/guides/recover-after-crash.md, with why forking
-after these imports is safe).
+after these imports is safe). The data source's creation's daemon forks the driver's
+``flinkish.fork_server`` first, when ``register`` named its socket.
 """
 
 from __future__ import annotations
 
 import gc
 import importlib
+import os
 import socket
 import sys
 from types import ModuleType
 
 from pyspark import daemon
+
+from flinkish.fork_client import SOCKET_ENV
+from flinkish.fork_server import HOST_MODULE, fork
 
 #: Besides :data:`~flinkish.worker_python.TASK_MODULES`: pandas, which pyarrow imports at its
 #: first array from Python values, and psycopg (optional), the only costly target import.
@@ -110,7 +115,17 @@ def freeze_after_each_call(argv: list[str]) -> bool:
     return True
 
 
+def fork_server(argv: list[str]) -> int | None:
+    """In the data source's creation's daemon, when ``register`` named a fork server's socket,
+    fork the server (``flinkish.fork_server``) before the daemon serves: its pid."""
+    path = os.environ.get(SOCKET_ENV)
+    if not path or len(argv) < 2 or argv[1] != HOST_MODULE:
+        return None
+    return fork(path)
+
+
 if __name__ == "__main__":
     preload(sys.argv)
+    fork_server(sys.argv)
     freeze_after_each_call(sys.argv)
     daemon.manager()

@@ -3,7 +3,9 @@ local master: a small shell script in the temporary directory that runs the sess
 interpreter after two changes, so a (re)started query's processes start faster: the installed
 pyspark and py4j in the place of Spark's zips (imported from a zip, pyspark is compiled in every
 process) and no jars on ``PYTHONPATH``, and ``flinkish.worker_daemon`` in place of PySpark's
-daemon unless the session configured its own (docs/guides/recover-after-crash.md).
+daemon unless the session configured its own; and the streaming source's runner, which Spark
+starts without a daemon, is asked of the driver's ``flinkish.fork_server`` through
+``flinkish.fork_client`` when ``register`` started one (docs/guides/recover-after-crash.md).
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ import shlex
 import shutil
 import tempfile
 from pathlib import Path
+
+from flinkish import fork_client
+from flinkish.fork_client import SERVED_MODULES, SOCKET_ENV
 
 #: PySpark's daemon module (Spark's default ``spark.python.daemon.module``) and its replacement.
 PYSPARK_DAEMON, FLINKISH_DAEMON = "pyspark.daemon", "flinkish.worker_daemon"
@@ -40,6 +45,12 @@ done
 unset IFS
 PYTHONPATH=$path
 export PYTHONPATH
+case $2 in
+  {served})
+    if [ "$1" = -m ] && [ -n "${socket_env}" ]; then
+      exec {python} -S -I {client} {python} "$@"
+    fi ;;
+esac
 if [ "$1" = -m ] && [ "$2" = {pyspark_daemon} ]; then
   shift 2
   set -- -m {flinkish_daemon} "$@"
@@ -78,7 +89,9 @@ def worker_launcher(python: str) -> str:
     if Path(python).name.startswith(LAUNCHER_PREFIX):
         return python
     text = _SCRIPT.format(python=shlex.quote(python), links=shlex.quote(str(package_links())),
-                          pyspark_daemon=PYSPARK_DAEMON, flinkish_daemon=FLINKISH_DAEMON)
+                          pyspark_daemon=PYSPARK_DAEMON, flinkish_daemon=FLINKISH_DAEMON,
+                          served=" | ".join(SERVED_MODULES), socket_env=SOCKET_ENV,
+                          client=shlex.quote(fork_client.__file__ or ""))
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"{LAUNCHER_PREFIX}{digest}"
     if not path.exists():

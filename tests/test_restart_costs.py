@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -244,3 +245,192 @@ def test_a_driver_side_calls_worker_imports_its_calls_modules_before_its_first_c
             "print(d.import_quietly(('json', 'no_such_module_here')))\n")
     assert python_lines(code)[:3] == [
         "False", "[(False, True), (True, True)] True", "['json']"]
+
+
+def test_the_launcher_hands_the_source_runner_to_the_fork_client_when_a_server_is_named() -> None:
+    """Only the streaming source's runner (the one process Spark starts without a daemon on a
+    query's way to its first batch) goes to ``flinkish.fork_client``, and only when ``register``
+    named a server in the worker environment."""
+    from flinkish import fork_client
+    from flinkish.fork_client import SOCKET_ENV
+    from flinkish.worker_launcher import worker_launcher
+
+    launcher = worker_launcher("echo")
+    runner = ["-m", "pyspark.sql.streaming.python_streaming_source_runner"]
+    for args, env, runs in (
+        (runner, {SOCKET_ENV: "/s"}, ["-S", "-I", fork_client.__file__, "echo", *runner]),
+        (runner, {}, runner),
+        (["-m", "pyspark.sql.worker.plan_data_source_read"], {SOCKET_ENV: "/s"},
+         ["-m", "pyspark.sql.worker.plan_data_source_read"]),
+    ):
+        base = {k: v for k, v in os.environ.items() if k != SOCKET_ENV}
+        out = subprocess.run([launcher, *args], capture_output=True, text=True, check=True,
+                             env={**base, **env})
+        assert out.stdout.split() == runs
+
+
+PROBE = """\
+import os, sys
+IMPORTED_IN = os.getpid()
+if __name__ == "__main__":  # the pid of the process that imported it: the server's, if it did
+    imported = sys.modules["probe"].IMPORTED_IN if "probe" in sys.modules else IMPORTED_IN
+    print(imported, os.getpid(), os.getppid(), os.environ.get("PROBE"), sys.argv[1:],
+          flush=True)
+    line = sys.stdin.readline().strip()
+    print("read", line, file=sys.stderr, flush=True)
+    if line == "wait":
+        import time
+        time.sleep(120)
+    sys.exit(3)
+"""
+
+
+class ForkServer:
+    """``flinkish.fork_server`` serving the module ``probe`` from ``directory``, forked from a
+    process standing for the daemon, which lives until its standard input closes."""
+
+    def __init__(self, directory: Path) -> None:
+        (directory / "probe.py").write_text(PROBE)
+        self.directory, self.socket = directory, str(directory / "server.sock")
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "import sys, flinkish.fork_server as f; "
+             "print(f.fork(sys.argv[1], ('probe',)), flush=True); sys.stdin.read()",
+             self.socket], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+            cwd=directory,
+            env={**os.environ, "PYTHONPATH": str(directory), "PYTHONUNBUFFERED": "YES"})
+        assert self.process.stdout is not None
+        self.pid = int(self.process.stdout.readline())
+        poll(lambda: os.path.exists(self.socket), "the server's socket")
+
+    def client(self, stdin: str, python_path: str | None = None, socket: str | None = None
+               ) -> subprocess.Popen[str]:
+        from flinkish import fork_client
+
+        env = {**os.environ, "PYTHONPATH": python_path or str(self.directory), "PROBE": "p",
+               fork_client.SOCKET_ENV: socket or self.socket}
+        client = subprocess.Popen(
+            [sys.executable, "-S", "-I", fork_client.__file__, sys.executable, "-m", "probe"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=self.directory, env=env)
+        assert client.stdin is not None
+        client.stdin.write(stdin + "\n")
+        client.stdin.flush()
+        return client
+
+    def forks(self) -> set[int]:
+        from flinkish.demo.processes import tree
+
+        return {pid for pid, (ppid, _, _, _) in tree(self.pid).items() if ppid == self.pid}
+
+    def stop(self) -> None:
+        assert self.process.stdin is not None
+        self.process.stdin.close()
+        self.process.wait(30)
+
+
+def gone(pid: int) -> bool:
+    """Whether ``pid`` has ended (a zombie, or reaped)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def poll(condition: Any, what: str) -> None:
+    deadline = time.monotonic() + 30
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def test_a_fork_of_the_server_runs_the_module_with_the_clients_streams_and_environment(
+    tmp_path: Path
+) -> None:
+    """The module runs in a fork of the server that imported it (its import's pid is the
+    server's), reads the client's stdin, writes to its stdout and stderr, sees its environment,
+    and its exit status is the client's."""
+    server = ForkServer(tmp_path)
+    try:
+        client = server.client("hello")
+        out, err = client.communicate(timeout=60)
+        imported_in, pid, ppid, probe, args = out.split(" ", 4)
+        assert (int(imported_in), int(ppid), probe, args.strip()) == (
+            server.pid, server.pid, "p", "[]")
+        assert int(pid) != client.pid
+        assert (err.strip(), client.returncode) == ("read hello", 3)
+    finally:
+        server.stop()
+
+
+def test_the_client_runs_the_interpreter_itself_where_the_server_cannot_serve(
+    tmp_path: Path
+) -> None:
+    """Another ``PYTHONPATH`` than the server's (its imports would not be the module's), or no
+    server at the socket: the client becomes the interpreter Spark asked for, same result."""
+    server = ForkServer(tmp_path)
+    try:
+        for python_path, socket in ((f"{tmp_path}{os.pathsep}{tmp_path}", None),
+                                    (None, str(tmp_path / "none.sock"))):
+            client = server.client("hello", python_path, socket)
+            out, err = client.communicate(timeout=60)
+            imported_in, pid, ppid, _, _ = out.split(" ", 4)
+            assert int(imported_in) == int(pid) == client.pid
+            assert (err.strip(), client.returncode) == ("read hello", 3)
+    finally:
+        server.stop()
+
+
+def test_a_fork_ends_with_its_client_and_with_the_server(tmp_path: Path) -> None:
+    """Spark stops the runner with SIGTERM to the process it started (the client): the fork
+    goes with it. The server goes with the daemon that forked it, and its forks with it; a
+    server of the next daemon takes the dead one's socket."""
+    import signal
+
+    server = ForkServer(tmp_path)
+    try:
+        client = server.client("wait")
+        poll(lambda: len(server.forks()) == 1, "a fork")
+        client.send_signal(signal.SIGTERM)
+        assert client.wait(30) == -signal.SIGTERM
+        poll(lambda: not server.forks(), "the fork gone with its client")
+        client = server.client("wait")
+        poll(lambda: len(server.forks()) == 1, "a fork")
+        (fork,) = server.forks()
+    finally:
+        server.stop()
+    poll(lambda: gone(fork) and gone(server.pid), "the server and its fork gone with the daemon")
+    client.communicate(timeout=30)
+    assert client.returncode == 1  # the server gone, its fork with it
+    server = ForkServer(tmp_path)  # in place of the dead one, whose socket is left
+    try:
+        client = server.client("hello")
+        assert client.communicate(timeout=60)[0].split()[2] == str(server.pid)
+    finally:
+        server.stop()
+
+
+def test_the_fork_server_refuses_what_its_imports_would_not_run_as_the_interpreter_would(
+    monkeypatch: Any
+) -> None:
+    """A fork runs with the server's interpreter, path, working directory and imports: a request
+    that differs in any of them, or asks for another module, is refused."""
+    from flinkish.fork_server import parse_request, refusal
+
+    monkeypatch.delenv("SPARK_TESTING", raising=False)
+    served = ("m.served",)
+    env = {"PYTHONPATH": "/p", "X": "a=b"}
+
+    def request(python: str = sys.executable, cwd: str = os.getcwd(),
+                args: tuple[str, ...] = ("-m", "m.served"), **changed: str) -> Any:
+        fields = [python, cwd, str(len(args)), *args,
+                  *(f"{k}={v}" for k, v in {**env, **changed}.items())]
+        return parse_request("\0".join(fields).encode())
+
+    assert request() == (sys.executable, os.getcwd(), ["-m", "m.served"], env)
+    assert refusal(request(), sys.executable, "/p", served) is None
+    for refused in (request(python="/other/python"), request(cwd="/"),
+                    request(args=("-m", "m.other")), request(args=("-m", "m.served", "x")),
+                    request(args=("-c", "m.served")), request(PYTHONPATH="/q"),
+                    request(SPARK_TESTING="1")):
+        assert refusal(refused, sys.executable, "/p", served) is not None
